@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Checks the observability files: Prometheus rules (promtool check rules),
+# their unit tests (promtool test rules), the Grafana dashboard (valid JSON,
+# fixed uid, template variables, every panel query parses), and that every
+# runbook annotation points at a section of runbook/README.md and every metric
+# used is one docs/interfaces.md lists. Exits non-zero on any failure.
+# Needs promtool (scripts/install-deps.sh installs it) and python3.
+set -uo pipefail
+
+top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$top" || exit 1
+
+failures=0
+fail() {
+  echo "check-alerts: FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+for tool in promtool python3; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "check-alerts: $tool not found (run scripts/install-deps.sh)" >&2
+    exit 2
+  fi
+done
+
+shopt -s nullglob
+rule_files=(alerts/*.yml alerts/*.yaml)
+test_files=(alerts/tests/*.yml alerts/tests/*.yaml)
+dashboards=(dashboards/*.json)
+shopt -u nullglob
+
+[ ${#rule_files[@]} -gt 0 ] || fail "no rule files in alerts/"
+[ ${#test_files[@]} -gt 0 ] || fail "no unit tests in alerts/tests/"
+[ ${#dashboards[@]} -gt 0 ] || fail "no dashboards in dashboards/"
+
+if [ ${#rule_files[@]} -gt 0 ]; then
+  promtool check rules "${rule_files[@]}" || fail "promtool check rules"
+fi
+if [ ${#test_files[@]} -gt 0 ]; then
+  promtool test rules "${test_files[@]}" || fail "promtool test rules"
+fi
+
+# Every alert must appear in a unit test.
+for f in "${rule_files[@]}"; do
+  while read -r name; do
+    grep -qE "alertname: ${name}\$" "${test_files[@]}" || fail "alert $name has no unit test"
+  done < <(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\).*/\1/p' "$f")
+done
+
+# Every runbook annotation must name a heading of runbook/README.md (GitLab
+# and GitHub anchors: lower case, punctuation dropped, spaces to hyphens).
+anchors=$(sed -n 's/^#\{1,6\} \{1,\}//p' runbook/README.md 2>/dev/null |
+  tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9 _-]//g' -e 's/ /-/g')
+for f in "${rule_files[@]}"; do
+  while read -r link; do
+    case "$link" in
+      runbook/README.md#*) ;;
+      *) fail "$f: runbook annotation $link does not point into runbook/README.md"; continue ;;
+    esac
+    grep -qxF "${link#*#}" <<<"$anchors" || fail "$f: runbook anchor #${link#*#} has no section in runbook/README.md"
+  done < <(sed -n 's/^ *runbook: *//p' "$f")
+done
+
+for d in "${dashboards[@]}"; do
+  python3 -m json.tool "$d" >/dev/null || { fail "$d is not valid JSON"; continue; }
+  # Structure, then every panel query wrapped in a rule file so promtool parses it.
+  exprs=$(mktemp)
+  python3 - "$d" "$exprs" <<'PY' || fail "$d: dashboard model"
+import json, sys
+path, out = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+errors = []
+if d.get("uid") != "gitlab-haproxy-agent":
+    errors.append("uid must be gitlab-haproxy-agent")
+variables = {v.get("name"): v for v in d.get("templating", {}).get("list", [])}
+ds = variables.get("datasource")
+if not ds or ds.get("type") != "datasource" or ds.get("query") != "prometheus":
+    errors.append("needs a datasource variable of type datasource, query prometheus")
+for name in ("environment", "fqdn"):
+    v = variables.get(name)
+    if not v or v.get("type") != "query" or "label_values(" not in str(v.get("query")):
+        errors.append(f"needs a {name} query variable using label_values")
+exprs, ids = [], set()
+def walk(panels):
+    for p in panels:
+        if p.get("id") in ids:
+            errors.append(f"duplicate panel id {p.get('id')}")
+        ids.add(p.get("id"))
+        walk(p.get("panels", []))
+        for t in p.get("targets", []):
+            e = t.get("expr")
+            if not e:
+                errors.append(f"panel {p.get('title')!r} has a target without expr")
+                continue
+            e = (e.replace("$__rate_interval", "5m").replace("$__interval", "1m")
+                  .replace("$__range", "1h").replace("$environment", "gprd").replace("$fqdn", ".*"))
+            exprs.append(e)
+walk(d.get("panels", []))
+if not exprs:
+    errors.append("no panel queries")
+rules = {"groups": [{"name": "dashboard", "rules": [
+    {"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+json.dump(rules, open(out, "w"), indent=1)
+for e in errors:
+    print(f"{path}: {e}", file=sys.stderr)
+sys.exit(1 if errors else 0)
+PY
+  promtool check rules "$exprs" >/dev/null || {
+    promtool check rules "$exprs" >&2
+    fail "$d: a panel query does not parse"
+  }
+  rm -f "$exprs"
+done
+
+# Metric names used by rules and dashboards must be ones the agent exports.
+if [ -f docs/interfaces.md ]; then
+  while read -r metric; do
+    base=$metric
+    for suffix in _bucket _count _sum; do
+      base=${base%"$suffix"}
+    done
+    grep -qF "\`$base\`" docs/interfaces.md || fail "metric $metric is not listed in docs/interfaces.md"
+  done < <(cat "${rule_files[@]}" "${dashboards[@]}" |
+    grep -oE '(^|[^:a-z_])(gitlab_haproxy_agent_[a-z_]+|process_[a-z_]+)' |
+    sed -E 's/^[^a-z]//' | sort -u)
+fi
+
+if [ "$failures" -gt 0 ]; then
+  echo "check-alerts: $failures check(s) failed" >&2
+  exit 1
+fi
+echo "check-alerts: OK"

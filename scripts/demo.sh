@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Demo: a local Consul, a local HAProxy with five enrolled servers, and the
+# agent, all on loopback. Drains the canary group with one `consul kv put`,
+# overrides one server, then undrains with `consul kv delete`, printing
+# HAProxy's `show stat` after each step. Stops everything it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -eq 0 ]; then scripts/install-deps.sh >/dev/null; else sudo scripts/install-deps.sh >/dev/null; fi
+cargo build --quiet --locked
+agent_bin=target/debug/gitlab-haproxy-agent
+
+work=$(mktemp -d /tmp/gitlab-haproxy-agent-demo.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# A free loopback port: ask the kernel for one and release it.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+http_port=$(free_port); agent_port=$(free_port); metrics_port=$(free_port)
+
+echo "Starting Consul (dev mode) on 127.0.0.1:$http_port"
+consul agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$http_port" \
+  -dns-port "$(free_port)" -serf-lan-port "$(free_port)" -serf-wan-port "$(free_port)" \
+  -server-port "$(free_port)" -grpc-port "$(free_port)" >"$work/consul.log" 2>&1 &
+pids+=($!)
+export CONSUL_HTTP_ADDR="127.0.0.1:$http_port"
+for _ in $(seq 1 150); do
+  consul kv put demo-ping 1 >/dev/null 2>&1 && break
+  sleep 0.2
+done
+
+echo "Starting the agent on 127.0.0.1:$agent_port (metrics on 127.0.0.1:$metrics_port)"
+"$agent_bin" --listen "127.0.0.1:$agent_port" --http-listen "127.0.0.1:$metrics_port" \
+  --log-format text >"$work/agent.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 100); do
+  curl -fs "http://127.0.0.1:$metrics_port/-/ready" >/dev/null && break
+  sleep 0.1
+done
+
+server() { # backend server groups...
+  local backend=$1 name=$2; shift 2
+  local send="$backend/$name${*:+ $*}"
+  printf '    server %s 127.0.0.1:1 weight 100 agent-check agent-addr 127.0.0.1 agent-port %s agent-inter 2s agent-send "%s\\n"\n' \
+    "$name" "$agent_port" "$send"
+}
+{
+  echo "global"
+  echo "    stats socket $work/admin.sock mode 600 level admin"
+  echo "defaults"
+  echo "    mode http"
+  echo "    timeout connect 1s"
+  echo "    timeout client 5s"
+  echo "    timeout server 5s"
+  echo "backend web"
+  server web web-01
+  server web web-02
+  server web web-cny-01 canary
+  server web web-cny-02 canary
+  echo "backend api"
+  server api api-cny-01 canary
+} >"$work/haproxy.cfg"
+echo "HAProxy server lines:"
+grep '    server' "$work/haproxy.cfg"
+haproxy -W -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 1 50); do [ -S "$work/admin.sock" ] && break; sleep 0.1; done
+
+show_stat() {
+  echo "--- $1"
+  echo "show stat" | socat stdio "unix-connect:$work/admin.sock" \
+    | awk -F, -v OFS=, 'NR==1 || ($2 != "FRONTEND" && $2 != "BACKEND") {print $1, $2, $18, $19}' \
+    | sed 's/^# //' | column -t -s,
+}
+settle() { sleep 3; } # agent-inter is 2 s
+
+settle
+show_stat "Before: no keys in Consul, every server ready"
+
+echo; echo "\$ consul kv put gitlab-haproxy-agent/state/canary drain"
+consul kv put gitlab-haproxy-agent/state/canary drain
+settle
+show_stat "After draining the canary group"
+
+echo; echo "\$ consul kv put gitlab-haproxy-agent/state/web/web-cny-02 50%"
+consul kv put gitlab-haproxy-agent/state/web/web-cny-02 50%
+echo "\$ consul kv put gitlab-haproxy-agent/state/web/web-01 maint"
+consul kv put gitlab-haproxy-agent/state/web/web-01 maint
+settle
+show_stat "A row key overrides the group; one server in maintenance"
+
+echo; echo "\$ consul kv delete -recurse gitlab-haproxy-agent/state/"
+consul kv delete -recurse gitlab-haproxy-agent/state/
+settle
+show_stat "After deleting the keys: back to ready at configured weight"
+
+echo; echo "What the agent logged:"
+sed -n 's/^[^ ]* *//p' "$work/agent.log"

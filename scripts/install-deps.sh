@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs what the demo and the tests need on a Debian bookworm machine:
+# HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
+# taken from that suite), promtool/prometheus, Ruby for the cookbook tests,
+# socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
+set -euo pipefail
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: run as root (apt-get is needed)" >&2
+  exit 1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+
+if [ ! -f /etc/apt/sources.list.d/bullseye-consul.sources ]; then
+  cat >/etc/apt/sources.list.d/bullseye-consul.sources <<'SRC'
+Types: deb
+URIs: http://deb.debian.org/debian
+Suites: bullseye
+Components: main
+SRC
+  cat >/etc/apt/preferences.d/bullseye-consul.pref <<'PREF'
+Package: *
+Pin: release n=bullseye
+Pin-Priority: 100
+PREF
+fi
+
+# Keep any packaged daemon (haproxy, prometheus) from being started: the tests
+# start their own on loopback ports.
+if [ ! -f /usr/sbin/policy-rc.d ]; then
+  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+  chmod +x /usr/sbin/policy-rc.d
+fi
+
+want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# cargo-deb builds the .deb from debian/ and [package.metadata.deb].
+if ! cargo deb --version >/dev/null 2>&1; then
+  cargo install cargo-deb --locked
+fi
+
+# Packaged services must not be left running (no systemd here, but be sure).
+pkill -x haproxy 2>/dev/null || true
+pkill -x prometheus 2>/dev/null || true
+
+haproxy -v | head -1
+consul version | head -1
+promtool --version 2>&1 | head -1

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs every test of the project on a Debian bookworm machine with a Rust
+# toolchain: installs what is missing (HAProxy, Consul, promtool, Ruby, ...),
+# then lint, unit and integration tests against a real Consul and HAProxy,
+# the cookbook tests, the alert rule tests, and the packaging tests.
+# Prints one line per suite and a closing "suites: N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+sudo_if_needed() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+if ! command -v cargo >/dev/null; then
+  echo "test.sh: cargo not found; install a Rust toolchain (1.85 or newer) first" >&2
+  exit 1
+fi
+sudo_if_needed scripts/install-deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
+
+passed=0
+failed=0
+failed_names=()
+suite() {
+  local name=$1
+  shift
+  echo "==> $name"
+  local start=$SECONDS
+  if "$@"; then
+    passed=$((passed + 1))
+    echo "<== $name: ok ($((SECONDS - start)) s)"
+  else
+    failed=$((failed + 1))
+    failed_names+=("$name")
+    echo "<== $name: FAILED ($((SECONDS - start)) s)"
+  fi
+}
+
+suite "cargo fmt" cargo fmt --check
+suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
+suite "cargo test" cargo test --all-targets --locked
+[ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
+[ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh
+suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck'
+[ -x debian/tests/static.sh ] && suite "package (static)" debian/tests/static.sh
+[ -x debian/tests/nspawn.sh ] && suite "package (systemd)" debian/tests/nspawn.sh
+
+if [ "$failed" -gt 0 ]; then
+  echo "failed suites: ${failed_names[*]}"
+fi
+echo "suites: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

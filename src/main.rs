@@ -1,0 +1,64 @@
+//! The `gitlab-haproxy-agent` binary: parse options, set up logging, run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use gitlab_haproxy_agent::config::{AgentConfig, Cli, Fallbacks, EX_USAGE, TOKEN_CREDENTIAL};
+
+fn fallbacks() -> Fallbacks {
+    let credential_token_file = std::env::var_os("CREDENTIALS_DIRECTORY")
+        .map(|dir| PathBuf::from(dir).join(TOKEN_CREDENTIAL))
+        .filter(|p| p.is_file());
+    Fallbacks {
+        consul_http_addr: std::env::var("CONSUL_HTTP_ADDR")
+            .ok()
+            .filter(|s| !s.is_empty()),
+        credential_token_file,
+    }
+}
+
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("gitlab-haproxy-agent: {message}");
+    ExitCode::from(EX_USAGE as u8)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let rendered = e.render().to_string();
+            let first = rendered.lines().next().unwrap_or("invalid options");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            return usage_error(&format!("{first} (see --help)"));
+        }
+    };
+    let config = match AgentConfig::from_cli(&cli, &fallbacks()) {
+        Ok(c) => c,
+        Err(e) => return usage_error(&e.to_string()),
+    };
+    gitlab_haproxy_agent::logging::init(config.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gitlab-haproxy-agent: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(gitlab_haproxy_agent::run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gitlab-haproxy-agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! The agent's Prometheus metrics: one registry, created once and shared by
+//! the watcher, the responder and the HTTP endpoint. Names and units are
+//! listed in README.md ("Metrics").
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
+};
+
+use crate::state::AnswerKind;
+
+const NAMESPACE: &str = "gitlab_haproxy_agent";
+
+/// Outcomes of one Consul request, the values of the `outcome` label on
+/// `gitlab_haproxy_agent_consul_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsulOutcome {
+    /// A 200 or 404 whose index moved: a new snapshot was applied.
+    Ok,
+    /// A 200 or 404 with the same index: the blocking query timed out with no
+    /// change.
+    NotModified,
+    /// A 4xx status (403 for a bad token, 400 for a bad request).
+    Http4xx,
+    /// A 5xx status (500 `No cluster leader` during elections).
+    Http5xx,
+    /// The TCP connection failed or was reset.
+    ConnectError,
+    /// No answer within the wait plus Consul's jitter plus a margin.
+    Timeout,
+    /// An answer that could not be used: no or bad `X-Consul-Index`,
+    /// malformed JSON, bad base64, a 200 with no keys.
+    DecodeError,
+}
+
+impl ConsulOutcome {
+    /// Every outcome, so each label value exists at 0 from start-up.
+    pub const ALL: [ConsulOutcome; 7] = [
+        ConsulOutcome::Ok,
+        ConsulOutcome::NotModified,
+        ConsulOutcome::Http4xx,
+        ConsulOutcome::Http5xx,
+        ConsulOutcome::ConnectError,
+        ConsulOutcome::Timeout,
+        ConsulOutcome::DecodeError,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConsulOutcome::Ok => "ok",
+            ConsulOutcome::NotModified => "not_modified",
+            ConsulOutcome::Http4xx => "http_4xx",
+            ConsulOutcome::Http5xx => "http_5xx",
+            ConsulOutcome::ConnectError => "connect_error",
+            ConsulOutcome::Timeout => "timeout",
+            ConsulOutcome::DecodeError => "decode_error",
+        }
+    }
+}
+
+/// Every metric the agent exports. Cheap to update from any task: counters
+/// and gauges are atomics.
+pub struct Metrics {
+    registry: Registry,
+    /// `gitlab_haproxy_agent_synced`: 1 once the first snapshot is applied.
+    pub synced: IntGauge,
+    /// `gitlab_haproxy_agent_last_sync_timestamp_seconds`: Unix time of the
+    /// last Consul answer that was applied or confirmed the copy current.
+    pub last_sync_timestamp: Gauge,
+    /// `gitlab_haproxy_agent_last_sync_age_seconds`: seconds since then,
+    /// computed at scrape time.
+    last_sync_age: Gauge,
+    consul_requests: IntCounterVec,
+    /// `gitlab_haproxy_agent_consul_request_duration_seconds`: how long each
+    /// Consul request took, blocking queries included.
+    pub consul_request_duration: Histogram,
+    /// `gitlab_haproxy_agent_consul_index`: index of the copy served.
+    pub consul_index: IntGauge,
+    /// `gitlab_haproxy_agent_consul_index_resets_total`: times the index went
+    /// backwards and the watcher re-read from 0.
+    pub consul_index_resets: IntCounter,
+    /// `gitlab_haproxy_agent_keys`: keys held below the prefix.
+    pub keys: IntGauge,
+    /// `gitlab_haproxy_agent_invalid_keys`: keys held with an invalid value.
+    pub invalid_keys: IntGauge,
+    /// `gitlab_haproxy_agent_state_changes_total`: key changes applied
+    /// (added, changed or removed).
+    pub state_changes: IntCounter,
+    answers: IntCounterVec,
+    /// `gitlab_haproxy_agent_answer_duration_seconds`: from accept to the
+    /// reply written (or the connection closed without one).
+    pub answer_duration: Histogram,
+    /// `gitlab_haproxy_agent_connections_in_flight`: agent-check connections
+    /// being served.
+    pub connections_in_flight: IntGauge,
+    /// `gitlab_haproxy_agent_connections_refused_total`: connections closed at
+    /// once because `--max-connections` were in flight.
+    pub connections_refused: IntCounter,
+    /// `gitlab_haproxy_agent_accept_errors_total`: failed accepts (EMFILE and
+    /// the like), after each of which the responder backs off briefly.
+    pub accept_errors: IntCounter,
+    /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
+    /// seen in the last [`crate::seen::SEEN_WINDOW`].
+    pub rows_seen: IntGauge,
+    /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
+    /// last agent-check received.
+    pub last_check_timestamp: Gauge,
+}
+
+fn opts(name: &str, help: &str) -> Opts {
+    Opts::new(name, help).namespace(NAMESPACE)
+}
+
+impl Metrics {
+    /// Creates and registers every metric, label values pre-created at 0,
+    /// plus the standard `process_*` metrics (Linux only).
+    ///
+    /// # Panics
+    ///
+    /// Only on a programming error (a duplicate or malformed metric name).
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reg = |c: Box<dyn prometheus::core::Collector>| {
+            registry.register(c).expect("metric names are unique");
+        };
+
+        let build_info = IntGaugeVec::new(
+            opts("build_info", "Build of the agent; always 1."),
+            &["version"],
+        )
+        .unwrap();
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        reg(Box::new(build_info));
+
+        let synced = IntGauge::with_opts(opts(
+            "synced",
+            "1 once the first Consul snapshot is applied, 0 before.",
+        ))
+        .unwrap();
+        reg(Box::new(synced.clone()));
+
+        let last_sync_timestamp = Gauge::with_opts(opts(
+            "last_sync_timestamp_seconds",
+            "Unix time of the last successful Consul sync (new snapshot or confirmed current).",
+        ))
+        .unwrap();
+        reg(Box::new(last_sync_timestamp.clone()));
+
+        let last_sync_age = Gauge::with_opts(opts(
+            "last_sync_age_seconds",
+            "Seconds since the last successful Consul sync; since start-up before the first.",
+        ))
+        .unwrap();
+        reg(Box::new(last_sync_age.clone()));
+
+        let consul_requests = IntCounterVec::new(
+            opts("consul_requests_total", "Consul KV requests by outcome."),
+            &["outcome"],
+        )
+        .unwrap();
+        for o in ConsulOutcome::ALL {
+            consul_requests.with_label_values(&[o.as_str()]);
+        }
+        reg(Box::new(consul_requests.clone()));
+
+        let consul_request_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "consul_request_duration_seconds",
+                "Duration of Consul KV requests, blocking queries included.",
+            )
+            .namespace(NAMESPACE)
+            .buckets(vec![
+                0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+            ]),
+        )
+        .unwrap();
+        reg(Box::new(consul_request_duration.clone()));
+
+        let consul_index = IntGauge::with_opts(opts(
+            "consul_index",
+            "X-Consul-Index of the snapshot being served.",
+        ))
+        .unwrap();
+        reg(Box::new(consul_index.clone()));
+
+        let consul_index_resets = IntCounter::with_opts(opts(
+            "consul_index_resets_total",
+            "Times X-Consul-Index went backwards and the watcher re-read from 0.",
+        ))
+        .unwrap();
+        reg(Box::new(consul_index_resets.clone()));
+
+        let keys = IntGauge::with_opts(opts("keys", "Keys held below the prefix.")).unwrap();
+        reg(Box::new(keys.clone()));
+
+        let invalid_keys = IntGauge::with_opts(opts(
+            "invalid_keys",
+            "Keys held whose value is invalid (servers they decide get no answer).",
+        ))
+        .unwrap();
+        reg(Box::new(invalid_keys.clone()));
+
+        let state_changes = IntCounter::with_opts(opts(
+            "state_changes_total",
+            "Key changes applied from Consul (added, changed or removed keys).",
+        ))
+        .unwrap();
+        reg(Box::new(state_changes.clone()));
+
+        let answers = IntCounterVec::new(
+            opts("answers_total", "Agent-check answers by kind."),
+            &["kind"],
+        )
+        .unwrap();
+        for k in AnswerKind::ALL {
+            answers.with_label_values(&[k.as_str()]);
+        }
+        reg(Box::new(answers.clone()));
+
+        let answer_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "answer_duration_seconds",
+                "Time from accepting an agent-check connection to the answer.",
+            )
+            .namespace(NAMESPACE)
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+            ]),
+        )
+        .unwrap();
+        reg(Box::new(answer_duration.clone()));
+
+        let connections_in_flight = IntGauge::with_opts(opts(
+            "connections_in_flight",
+            "Agent-check connections being served.",
+        ))
+        .unwrap();
+        reg(Box::new(connections_in_flight.clone()));
+
+        let connections_refused = IntCounter::with_opts(opts(
+            "connections_refused_total",
+            "Agent-check connections closed at once because the connection cap was reached.",
+        ))
+        .unwrap();
+        reg(Box::new(connections_refused.clone()));
+
+        let accept_errors = IntCounter::with_opts(opts(
+            "accept_errors_total",
+            "Failed accepts on the agent-check listener (e.g. out of file descriptors).",
+        ))
+        .unwrap();
+        reg(Box::new(accept_errors.clone()));
+
+        let rows_seen = IntGauge::with_opts(opts(
+            "rows_seen",
+            "Distinct agent-send lines (enrolled servers) received in the last 60 seconds.",
+        ))
+        .unwrap();
+        reg(Box::new(rows_seen.clone()));
+
+        let last_check_timestamp = Gauge::with_opts(opts(
+            "last_check_timestamp_seconds",
+            "Unix time of the last agent-check received.",
+        ))
+        .unwrap();
+        reg(Box::new(last_check_timestamp.clone()));
+
+        #[cfg(target_os = "linux")]
+        reg(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ));
+
+        Metrics {
+            registry,
+            synced,
+            last_sync_timestamp,
+            last_sync_age,
+            consul_requests,
+            consul_request_duration,
+            consul_index,
+            consul_index_resets,
+            keys,
+            invalid_keys,
+            state_changes,
+            answers,
+            answer_duration,
+            connections_in_flight,
+            connections_refused,
+            accept_errors,
+            rows_seen,
+            last_check_timestamp,
+        }
+    }
+
+    /// Counts one Consul request.
+    pub fn consul_request(&self, outcome: ConsulOutcome) {
+        self.consul_requests
+            .with_label_values(&[outcome.as_str()])
+            .inc();
+    }
+
+    /// The counter for one answer kind, resolved once so the responder's hot
+    /// path does no label lookup.
+    pub fn answers(&self, kind: AnswerKind) -> IntCounter {
+        self.answers.with_label_values(&[kind.as_str()])
+    }
+
+    /// Renders the registry in the Prometheus text format, version 0.0.4.
+    /// `started_at` (Unix seconds) is the age origin before the first sync.
+    pub fn render(&self, started_at: f64) -> String {
+        let last = self.last_sync_timestamp.get();
+        let origin = if last > 0.0 { last } else { started_at };
+        self.last_sync_age.set((unix_now() - origin).max(0.0));
+        let mut out = Vec::with_capacity(8192);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding into a Vec cannot fail");
+        String::from_utf8(out).expect("the text format is UTF-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Seconds since the Unix epoch, as a float.
+pub fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_label_value_exists_from_start() {
+        let m = Metrics::new();
+        let text = m.render(unix_now());
+        for o in ConsulOutcome::ALL {
+            let line = format!(
+                "gitlab_haproxy_agent_consul_requests_total{{outcome=\"{}\"}} 0",
+                o.as_str()
+            );
+            assert!(text.contains(&line), "missing {line}");
+        }
+        for k in AnswerKind::ALL {
+            let line = format!(
+                "gitlab_haproxy_agent_answers_total{{kind=\"{}\"}} 0",
+                k.as_str()
+            );
+            assert!(text.contains(&line), "missing {line}");
+        }
+        assert!(text.contains("gitlab_haproxy_agent_build_info{version=\""));
+        assert!(text.contains("process_start_time_seconds"));
+    }
+
+    #[test]
+    fn sync_age_counts_from_start_until_first_sync() {
+        let m = Metrics::new();
+        let text = m.render(unix_now() - 30.0);
+        let age: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gitlab_haproxy_agent_last_sync_age_seconds "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((29.0..40.0).contains(&age), "age {age}");
+    }
+}

@@ -1,0 +1,177 @@
+//! What the watcher, the responder and the HTTP endpoint share: the current
+//! snapshot (swapped whole, read without locks), readiness, liveness
+//! heartbeats, the watcher's sync status, metrics, and the rows seen.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use arc_swap::ArcSwapOption;
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::seen::Seen;
+use crate::state::Snapshot;
+
+/// State shared by every task of a running agent.
+pub struct Shared {
+    /// The copy of the prefix being served; `None` until the first sync, and
+    /// then never `None` again: answers come from the last copy however stale.
+    pub snapshot: ArcSwapOption<Snapshot>,
+    /// Every metric.
+    pub metrics: Metrics,
+    /// Start-up latches read by `/-/ready` and sd_notify `READY=1`.
+    pub readiness: Readiness,
+    /// Proof of life of the watcher loop, for the systemd watchdog.
+    pub watcher_heartbeat: Heartbeat,
+    /// Proof of life of the responder's accept loop, for the watchdog.
+    pub responder_heartbeat: Heartbeat,
+    /// How the Consul sync is going, for `/status` and `STATUS=`.
+    pub sync: Mutex<SyncStatus>,
+    /// Which agent-send lines HAProxy asked about, and when.
+    pub seen: Seen,
+    /// Unix time the agent started, in seconds.
+    pub started_at: f64,
+    /// Where the agent reads Consul, for `/status`.
+    pub consul_addr: String,
+    /// The watched prefix, for `/status`.
+    pub prefix: String,
+}
+
+impl Shared {
+    /// A fresh state: unsynced, not ready, empty metrics.
+    pub fn new(consul_addr: &str, prefix: &str) -> Arc<Self> {
+        Arc::new(Shared {
+            snapshot: ArcSwapOption::empty(),
+            metrics: Metrics::new(),
+            readiness: Readiness::new(),
+            watcher_heartbeat: Heartbeat::new(),
+            responder_heartbeat: Heartbeat::new(),
+            sync: Mutex::new(SyncStatus::default()),
+            seen: Seen::default(),
+            started_at: crate::metrics::unix_now(),
+            consul_addr: consul_addr.to_string(),
+            prefix: prefix.to_string(),
+        })
+    }
+}
+
+/// The watcher's view of Consul, for humans.
+#[derive(Debug, Clone, Default)]
+pub struct SyncStatus {
+    /// Wall-clock time of the last successful sync.
+    pub last_sync: Option<SystemTime>,
+    /// When the current Consul outage started, if one is going on.
+    pub failing_since: Option<Instant>,
+    /// The last Consul error, kept until the next success.
+    pub last_error: Option<String>,
+}
+
+/// Start-up steps that must all be done before the agent is ready: both
+/// listeners bound and the first Consul snapshot applied.
+pub struct Readiness {
+    responder_bound: AtomicBool,
+    http_bound: AtomicBool,
+    synced: AtomicBool,
+    changed: watch::Sender<bool>,
+}
+
+/// One start-up step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyStep {
+    /// The agent-check listener is bound.
+    ResponderBound,
+    /// The HTTP listener is bound.
+    HttpBound,
+    /// The first Consul snapshot is applied.
+    Synced,
+}
+
+impl Readiness {
+    fn new() -> Self {
+        Readiness {
+            responder_bound: AtomicBool::new(false),
+            http_bound: AtomicBool::new(false),
+            synced: AtomicBool::new(false),
+            changed: watch::channel(false).0,
+        }
+    }
+
+    /// Marks one step done. Steps are latches: they never go back.
+    pub fn set(&self, step: ReadyStep) {
+        let flag = match step {
+            ReadyStep::ResponderBound => &self.responder_bound,
+            ReadyStep::HttpBound => &self.http_bound,
+            ReadyStep::Synced => &self.synced,
+        };
+        flag.store(true, Ordering::Release);
+        let ready = self.is_ready();
+        self.changed.send_replace(ready);
+    }
+
+    /// True once every step is done.
+    pub fn is_ready(&self) -> bool {
+        self.responder_bound.load(Ordering::Acquire)
+            && self.http_bound.load(Ordering::Acquire)
+            && self.synced.load(Ordering::Acquire)
+    }
+
+    /// True once the first snapshot is applied.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
+    /// Waits until every step is done.
+    pub async fn wait(&self) {
+        let mut rx = self.changed.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = rx.wait_for(|ready| *ready).await;
+    }
+}
+
+/// The time a loop last proved it was running, as milliseconds since an
+/// origin fixed at creation.
+pub struct Heartbeat {
+    origin: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Heartbeat {
+    fn new() -> Self {
+        Heartbeat {
+            origin: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Records that the loop is alive now.
+    pub fn beat(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the last beat.
+    pub fn age(&self) -> Duration {
+        let now = self.origin.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn ready_only_after_every_step() {
+        let r = Readiness::new();
+        r.set(ReadyStep::ResponderBound);
+        r.set(ReadyStep::Synced);
+        assert!(!r.is_ready());
+        assert!(r.is_synced());
+        r.set(ReadyStep::HttpBound);
+        assert!(r.is_ready());
+        tokio::time::timeout(Duration::from_secs(1), r.wait())
+            .await
+            .expect("wait returns once ready");
+    }
+}

@@ -1,0 +1,525 @@
+//! Desired admin state: the KV value grammar, the immutable snapshot the
+//! watcher builds from one Consul answer, and the first-match lookup the
+//! responder does for one agent-send line.
+
+use std::collections::HashMap;
+use std::fmt;
+
+/// Largest weight percentage accepted in a KV value.
+///
+/// HAProxy caps a server's user weight at 256 (`SRV_UWGHT_MAX`, doc
+/// configuration.txt "weight"); a larger share could never take effect.
+pub const MAX_WEIGHT_PERCENT: u16 = 256;
+
+/// Longest identity (one KV key below the prefix) accepted, in bytes.
+pub const MAX_IDENTITY_LEN: usize = 255;
+
+/// One desired admin state, parsed from a KV value.
+///
+/// Each variant maps to exactly one reply, which names both the admin state
+/// and the weight, so that whatever HAProxy applied before, the server ends in
+/// the desired state: HAProxy keeps a weight set by an earlier reply until a
+/// later one names another (doc configuration.txt "agent-check").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AdminState {
+    /// In service at the configured weight: `ready 100%`.
+    Ready,
+    /// No new sessions except persistent ones; `drain 100%`.
+    Drain,
+    /// Out of service; `maint 100%`.
+    Maint,
+    /// In service at this share, in percent, of the configured weight
+    /// (0..=256): `ready N%`.
+    Weight(u16),
+}
+
+impl AdminState {
+    /// The reply line sent to HAProxy, with its LF terminator.
+    ///
+    /// Built only from validated tokens: no KV text ever reaches HAProxy.
+    pub fn reply(self) -> ReplyLine {
+        let mut line = ReplyLine::default();
+        match self {
+            AdminState::Ready => line.push(b"ready 100%\n"),
+            AdminState::Drain => line.push(b"drain 100%\n"),
+            AdminState::Maint => line.push(b"maint 100%\n"),
+            AdminState::Weight(pct) => {
+                line.push(b"ready ");
+                line.push(pct.to_string().as_bytes());
+                line.push(b"%\n");
+            }
+        }
+        line
+    }
+
+    /// The answer kind used as the `kind` label of
+    /// `gitlab_haproxy_agent_answers_total`.
+    pub fn kind(self) -> AnswerKind {
+        match self {
+            AdminState::Ready => AnswerKind::Ready,
+            AdminState::Drain => AnswerKind::Drain,
+            AdminState::Maint => AnswerKind::Maint,
+            AdminState::Weight(_) => AnswerKind::Weight,
+        }
+    }
+}
+
+impl fmt::Display for AdminState {
+    /// The canonical KV spelling: `ready`, `drain`, `maint` or `N%`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AdminState::Ready => f.write_str("ready"),
+            AdminState::Drain => f.write_str("drain"),
+            AdminState::Maint => f.write_str("maint"),
+            AdminState::Weight(pct) => write!(f, "{pct}%"),
+        }
+    }
+}
+
+impl std::str::FromStr for AdminState {
+    type Err = InvalidValue;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_value(s.as_bytes())
+    }
+}
+
+/// A reply line, at most 16 bytes, kept on the stack.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplyLine {
+    buf: [u8; 16],
+    len: usize,
+}
+
+impl ReplyLine {
+    fn push(&mut self, bytes: &[u8]) {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+    }
+
+    /// The bytes to write, LF included.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+/// Why a KV value was refused. The text is shown in logs and on `/status`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidValue {
+    /// The key exists with no value (Consul answers `"Value": null`).
+    #[error("empty value")]
+    Empty,
+    /// The value is not UTF-8 text.
+    #[error("value is not UTF-8 text")]
+    NotUtf8,
+    /// `up`, `down`, `stopped` or `fail`: server health belongs to HAProxy's
+    /// own checks, and only `up` would undo a `down` (REFERENCE, HAProxy).
+    #[error("health word {0:?} is not an admin state; use ready, drain, maint or N%")]
+    HealthWord(String),
+    /// A weight outside 0..=256 percent.
+    #[error("weight {0}% is out of range 0%..=256%")]
+    WeightOutOfRange(String),
+    /// Anything else.
+    #[error("{0:?} is not one of ready, drain, maint or N% (0..=256)")]
+    Unknown(String),
+    /// The key itself is not a valid identity, so no agent-send line can
+    /// ever name it.
+    #[error("key is not a valid identity: {0}")]
+    Key(InvalidIdentity),
+}
+
+/// Parses one KV value: `ready`, `drain`, `maint` or `N%` with integer N in
+/// 0..=256; ASCII case-insensitive, surrounding whitespace ignored.
+///
+/// # Errors
+///
+/// [`InvalidValue`] for anything else, including HAProxy words that are valid
+/// in an agent reply but not as desired state (`up`, `down`, `maxconn:N`),
+/// several words (`drain maxconn:0`), and `+50%`, `50`, `50.5%`.
+pub fn parse_value(raw: &[u8]) -> Result<AdminState, InvalidValue> {
+    let text = std::str::from_utf8(raw).map_err(|_| InvalidValue::NotUtf8)?;
+    let text = text.trim();
+    if text.is_empty() {
+        return Err(InvalidValue::Empty);
+    }
+    if text.len() > 32 {
+        // No valid value is this long; don't lowercase a 512 KiB value.
+        return Err(InvalidValue::Unknown(truncate(text, 64)));
+    }
+    let lower = text.to_ascii_lowercase();
+    match lower.as_str() {
+        "ready" => return Ok(AdminState::Ready),
+        "drain" => return Ok(AdminState::Drain),
+        "maint" => return Ok(AdminState::Maint),
+        "up" | "down" | "stopped" | "fail" => return Err(InvalidValue::HealthWord(lower)),
+        _ => {}
+    }
+    let shown = || InvalidValue::Unknown(truncate(text, 64));
+    let digits = lower.strip_suffix('%').ok_or_else(shown)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(shown());
+    }
+    let out_of_range = || InvalidValue::WeightOutOfRange(truncate(digits, 24));
+    let pct: u16 = digits.parse().map_err(|_| out_of_range())?;
+    if pct > MAX_WEIGHT_PERCENT {
+        return Err(out_of_range());
+    }
+    Ok(AdminState::Weight(pct))
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    text.chars().take(max_chars).collect()
+}
+
+/// What one key below the prefix holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A value the agent will answer with.
+    Valid(AdminState),
+    /// A value the agent refuses: servers whose first matching key holds it
+    /// get no answer, so HAProxy keeps their current state.
+    Invalid(InvalidValue),
+}
+
+/// One key below the prefix, as held in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyState {
+    /// The parsed value.
+    pub entry: Entry,
+    /// Consul's ModifyIndex of the key: changes on every write that changes
+    /// the value (identical writes keep it).
+    pub modify_index: u64,
+}
+
+/// An immutable copy of the prefix at one Consul index. The watcher builds a
+/// new one per Consul answer that changed and swaps it in whole.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// `X-Consul-Index` of the answer this copy was built from.
+    pub index: u64,
+    /// Keys relative to the prefix (`web/web-01`, `canary`).
+    pub keys: HashMap<Box<str>, KeyState>,
+}
+
+/// The agent's decision for one agent-send line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Reply with this state, decided by the key at this position of the
+    /// line, or `None` when no identity has a key (the default, `ready`).
+    State {
+        /// The state to reply with.
+        state: AdminState,
+        /// Position in the line of the identity whose key decided.
+        decided_by: Option<usize>,
+    },
+    /// The first identity with a key holds an invalid value: send nothing.
+    Invalid {
+        /// Position in the line of the identity whose key decided.
+        decided_by: usize,
+    },
+}
+
+impl Answer {
+    /// The answer kind used as the `kind` label of
+    /// `gitlab_haproxy_agent_answers_total`.
+    pub fn kind(&self) -> AnswerKind {
+        match self {
+            Answer::State { state, .. } => state.kind(),
+            Answer::Invalid { .. } => AnswerKind::Invalid,
+        }
+    }
+}
+
+impl Snapshot {
+    /// Number of keys whose value is invalid.
+    pub fn invalid_count(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|k| matches!(k.entry, Entry::Invalid(_)))
+            .count()
+    }
+
+    /// First-match lookup: the answer comes from the first identity that has
+    /// a key; if none has one, the server is `ready` at its configured weight.
+    pub fn lookup<'a, I>(&self, identities: I) -> Answer
+    where
+        I: IntoIterator<Item = &'a str>,
+    {
+        for (position, identity) in identities.into_iter().enumerate() {
+            if let Some(key) = self.keys.get(identity) {
+                return match &key.entry {
+                    Entry::Valid(state) => Answer::State {
+                        state: *state,
+                        decided_by: Some(position),
+                    },
+                    Entry::Invalid(_) => Answer::Invalid {
+                        decided_by: position,
+                    },
+                };
+            }
+        }
+        Answer::State {
+            state: AdminState::Ready,
+            decided_by: None,
+        }
+    }
+}
+
+/// Answer kinds, the values of the `kind` label on
+/// `gitlab_haproxy_agent_answers_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AnswerKind {
+    /// Replied `ready 100%`.
+    Ready,
+    /// Replied `drain 100%`.
+    Drain,
+    /// Replied `maint 100%`.
+    Maint,
+    /// Replied `ready N%`.
+    Weight,
+    /// No reply: the deciding key holds an invalid value.
+    Invalid,
+    /// No reply: no Consul snapshot applied yet.
+    Unsynced,
+    /// No reply: the agent-send line was malformed, too long or too slow.
+    BadRequest,
+}
+
+impl AnswerKind {
+    /// Every kind, in label order.
+    pub const ALL: [AnswerKind; 7] = [
+        AnswerKind::Ready,
+        AnswerKind::Drain,
+        AnswerKind::Maint,
+        AnswerKind::Weight,
+        AnswerKind::Invalid,
+        AnswerKind::Unsynced,
+        AnswerKind::BadRequest,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AnswerKind::Ready => "ready",
+            AnswerKind::Drain => "drain",
+            AnswerKind::Maint => "maint",
+            AnswerKind::Weight => "weight",
+            AnswerKind::Invalid => "invalid",
+            AnswerKind::Unsynced => "unsynced",
+            AnswerKind::BadRequest => "bad_request",
+        }
+    }
+}
+
+/// Why an identity (a key name or an agent-send word) was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidIdentity {
+    /// Empty identity.
+    #[error("empty identity")]
+    Empty,
+    /// Longer than [`MAX_IDENTITY_LEN`] bytes.
+    #[error("identity longer than {MAX_IDENTITY_LEN} bytes")]
+    TooLong,
+    /// A byte outside `A-Z a-z 0-9 . _ - :` and the one `/` of a row key.
+    #[error("identity {0:?} has a character outside A-Z a-z 0-9 . _ - : /")]
+    BadCharacter(String),
+    /// A row key is `<backend>/<server>`: exactly one `/`, both parts
+    /// non-empty.
+    #[error("identity {0:?} is neither a group nor <backend>/<server>")]
+    BadShape(String),
+}
+
+/// Checks one identity: a group key (`canary`) or a row key
+/// (`<backend>/<server>`), made of the characters HAProxy allows in proxy and
+/// server names (doc configuration.txt "4. Proxies": letters, digits, `-`,
+/// `_`, `.`, `:`).
+///
+/// # Errors
+///
+/// [`InvalidIdentity`] naming what is wrong.
+pub fn validate_identity(identity: &str) -> Result<(), InvalidIdentity> {
+    if identity.is_empty() {
+        return Err(InvalidIdentity::Empty);
+    }
+    if identity.len() > MAX_IDENTITY_LEN {
+        return Err(InvalidIdentity::TooLong);
+    }
+    let mut slashes = 0;
+    for b in identity.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b':' => {}
+            b'/' => slashes += 1,
+            _ => return Err(InvalidIdentity::BadCharacter(truncate(identity, 64))),
+        }
+    }
+    if slashes > 1 || identity.starts_with('/') || identity.ends_with('/') {
+        return Err(InvalidIdentity::BadShape(truncate(identity, 64)));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_admin_words_case_insensitively_with_whitespace() {
+        assert_eq!(parse_value(b"ready"), Ok(AdminState::Ready));
+        assert_eq!(parse_value(b" DRAIN\n"), Ok(AdminState::Drain));
+        assert_eq!(parse_value(b"\tMaInT "), Ok(AdminState::Maint));
+    }
+
+    #[test]
+    fn parses_weights_in_range() {
+        assert_eq!(parse_value(b"0%"), Ok(AdminState::Weight(0)));
+        assert_eq!(parse_value(b"50%"), Ok(AdminState::Weight(50)));
+        assert_eq!(parse_value(b"256%"), Ok(AdminState::Weight(256)));
+        assert_eq!(parse_value(b"007%"), Ok(AdminState::Weight(7)));
+        assert_eq!(
+            parse_value(b"257%"),
+            Err(InvalidValue::WeightOutOfRange("257".into()))
+        );
+        assert!(matches!(
+            parse_value(b"99999999999999999999%"),
+            Err(InvalidValue::WeightOutOfRange(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_what_haproxy_would_misread_or_is_not_admin_state() {
+        for bad in [
+            "50",
+            "+50%",
+            "50.5%",
+            "-1%",
+            "%",
+            "drian",
+            "drain maxconn:0",
+            "ready\ndown",
+            "ready,down",
+            "maxconn:10",
+            "drain #why",
+        ] {
+            assert!(
+                matches!(parse_value(bad.as_bytes()), Err(InvalidValue::Unknown(_))),
+                "{bad:?} must be refused"
+            );
+        }
+        for health in ["up", "DOWN", "stopped", "fail"] {
+            assert!(matches!(
+                parse_value(health.as_bytes()),
+                Err(InvalidValue::HealthWord(_))
+            ));
+        }
+        assert_eq!(parse_value(b""), Err(InvalidValue::Empty));
+        assert_eq!(parse_value(b"  \n"), Err(InvalidValue::Empty));
+        assert_eq!(parse_value(b"\xffready"), Err(InvalidValue::NotUtf8));
+    }
+
+    #[test]
+    fn replies_name_admin_state_and_weight() {
+        assert_eq!(AdminState::Ready.reply().as_bytes(), b"ready 100%\n");
+        assert_eq!(AdminState::Drain.reply().as_bytes(), b"drain 100%\n");
+        assert_eq!(AdminState::Maint.reply().as_bytes(), b"maint 100%\n");
+        assert_eq!(AdminState::Weight(0).reply().as_bytes(), b"ready 0%\n");
+        assert_eq!(AdminState::Weight(256).reply().as_bytes(), b"ready 256%\n");
+    }
+
+    #[test]
+    fn display_round_trips_through_parse() {
+        for s in [
+            AdminState::Ready,
+            AdminState::Drain,
+            AdminState::Maint,
+            AdminState::Weight(42),
+        ] {
+            assert_eq!(s.to_string().parse::<AdminState>(), Ok(s));
+        }
+    }
+
+    fn snapshot(pairs: &[(&str, &[u8])]) -> Snapshot {
+        let keys = pairs
+            .iter()
+            .map(|(k, v)| {
+                let entry = match parse_value(v) {
+                    Ok(s) => Entry::Valid(s),
+                    Err(e) => Entry::Invalid(e),
+                };
+                (
+                    (*k).into(),
+                    KeyState {
+                        entry,
+                        modify_index: 1,
+                    },
+                )
+            })
+            .collect();
+        Snapshot { index: 1, keys }
+    }
+
+    #[test]
+    fn first_identity_with_a_key_decides() {
+        let snap = snapshot(&[("canary", b"drain"), ("web/web-cny-01", b"50%")]);
+        assert_eq!(
+            snap.lookup(["web/web-cny-01", "canary"]),
+            Answer::State {
+                state: AdminState::Weight(50),
+                decided_by: Some(0)
+            }
+        );
+        assert_eq!(
+            snap.lookup(["web/web-cny-02", "canary"]),
+            Answer::State {
+                state: AdminState::Drain,
+                decided_by: Some(1)
+            }
+        );
+        assert_eq!(
+            snap.lookup(["web/web-01"]),
+            Answer::State {
+                state: AdminState::Ready,
+                decided_by: None
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_first_match_gives_no_answer_even_if_a_later_key_is_valid() {
+        let snap = snapshot(&[("web/web-cny-01", b"drian"), ("canary", b"maint")]);
+        assert_eq!(
+            snap.lookup(["web/web-cny-01", "canary"]),
+            Answer::Invalid { decided_by: 0 }
+        );
+        assert_eq!(snap.invalid_count(), 1);
+    }
+
+    #[test]
+    fn identities_follow_haproxy_name_rules() {
+        assert_eq!(validate_identity("web/web-cny-01"), Ok(()));
+        assert_eq!(validate_identity("canary"), Ok(()));
+        assert_eq!(validate_identity("zone:us-east1-b"), Ok(()));
+        assert_eq!(validate_identity(""), Err(InvalidIdentity::Empty));
+        assert!(matches!(
+            validate_identity("a/b/c"),
+            Err(InvalidIdentity::BadShape(_))
+        ));
+        assert!(matches!(
+            validate_identity("/web"),
+            Err(InvalidIdentity::BadShape(_))
+        ));
+        assert!(matches!(
+            validate_identity("web/"),
+            Err(InvalidIdentity::BadShape(_))
+        ));
+        for bad in ["$HOME", "a#b", "a\"b", "a b", "caf\u{e9}"] {
+            assert!(matches!(
+                validate_identity(bad),
+                Err(InvalidIdentity::BadCharacter(_))
+            ));
+        }
+        assert_eq!(
+            validate_identity(&"a".repeat(256)),
+            Err(InvalidIdentity::TooLong)
+        );
+    }
+}

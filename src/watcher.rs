@@ -1,0 +1,551 @@
+//! The watcher: one Consul blocking query at a time on the prefix, following
+//! Consul's index rules (api-docs/features/blocking), building a new
+//! [`Snapshot`] for every answer whose index moved and swapping it in whole.
+//! Failures keep the last copy, back off with jitter, and are counted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
+use crate::metrics::ConsulOutcome;
+use crate::shared::{ReadyStep, Shared};
+use crate::state::{parse_value, validate_identity, Entry, InvalidValue, KeyState, Snapshot};
+
+/// Watcher settings.
+#[derive(Debug, Clone)]
+pub struct WatcherConfig {
+    /// The watched prefix, ending in `/`.
+    pub prefix: String,
+    /// Blocking-query wait sent to Consul. Default 60 s; Consul caps it at
+    /// 10 minutes.
+    pub wait: Duration,
+    /// Least time between the starts of two requests, so a Consul that
+    /// returns at once (churn, or a broken index) cannot make the loop spin.
+    /// Default 100 ms.
+    pub min_interval: Duration,
+    /// Retry delays after failures.
+    pub backoff: Backoff,
+}
+
+/// Jittered exponential backoff: the n-th consecutive failure waits a random
+/// time in `[d/2, d]` with `d = min(base * 2^(n-1), cap)`. Defaults: 250 ms
+/// doubling to 30 s (consul-template starts at 250 ms too).
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    /// The first delay. Default 250 ms.
+    pub base: Duration,
+    /// The largest delay. Default 30 s.
+    pub cap: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            base: Duration::from_millis(250),
+            cap: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `failures` consecutive failures (1 for the first),
+    /// with `unit` a random number in `[0, 1)`.
+    pub fn delay(&self, failures: u32, unit: f64) -> Duration {
+        let exp = failures.saturating_sub(1).min(20);
+        let full = self.base.saturating_mul(1u32 << exp).min(self.cap);
+        full.mul_f64(0.5 + 0.5 * unit.clamp(0.0, 1.0))
+    }
+}
+
+/// What an answer's `X-Consul-Index` means for the copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexEvent {
+    /// The index moved forward (or this is the first answer): rebuild.
+    Changed,
+    /// Same index: the wait ended with no change. Keep the copy.
+    NotModified,
+    /// The index went backwards (snapshot restore, tombstone reaping, a new
+    /// Consul): apply this answer, then re-read from index 0.
+    WentBackwards,
+}
+
+/// Consul's index rules for one blocking-query loop.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IndexTracker {
+    /// The index of the copy held, `None` before the first answer.
+    current: Option<u64>,
+    /// Set after a reset: the next query uses index 0.
+    reset: bool,
+}
+
+impl IndexTracker {
+    /// The index to send with the next query: 0 before the first answer and
+    /// after a reset (answers at once), else the last index seen.
+    pub fn query_index(&self) -> u64 {
+        match self.current {
+            Some(i) if !self.reset => i,
+            _ => 0,
+        }
+    }
+
+    /// Makes the next query a full read (index 0) whose answer is applied
+    /// whatever its index. Used after a failed request: a Consul that was
+    /// restarted or restored meanwhile can come back with the very index the
+    /// copy has, but other data.
+    pub fn force_full_read(&mut self) {
+        if self.current.is_some() {
+            self.reset = true;
+        }
+    }
+
+    /// Classifies an answer's index and remembers it. An index of 0 is
+    /// clamped to 1 (a 0 would make every query return at once).
+    pub fn observe(&mut self, raw_index: u64) -> IndexEvent {
+        let index = raw_index.max(1);
+        let previous = self.current.replace(index);
+        let was_reset = std::mem::take(&mut self.reset);
+        match previous {
+            None => IndexEvent::Changed,
+            Some(_) if was_reset => IndexEvent::Changed,
+            Some(p) if index > p => IndexEvent::Changed,
+            Some(p) if index == p => IndexEvent::NotModified,
+            Some(_) => {
+                self.reset = true;
+                IndexEvent::WentBackwards
+            }
+        }
+    }
+}
+
+/// Builds a snapshot from a prefix answer. Keys are made relative to
+/// `prefix`; folder keys (ending in `/`) are skipped; a key that is not a
+/// valid identity, or whose value is invalid, is held as
+/// [`Entry::Invalid`] so it is counted and shown, never answered.
+pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {
+    let mut keys = HashMap::with_capacity(answer.pairs.len());
+    for pair in &answer.pairs {
+        let Some(rel) = pair.key.strip_prefix(prefix) else {
+            continue;
+        };
+        if rel.is_empty() || rel.ends_with('/') {
+            continue;
+        }
+        let entry = match validate_identity(rel) {
+            Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+            Ok(()) => match parse_value(&pair.value) {
+                Ok(state) => Entry::Valid(state),
+                Err(e) => Entry::Invalid(e),
+            },
+        };
+        keys.insert(
+            rel.into(),
+            KeyState {
+                entry,
+                modify_index: pair.modify_index,
+            },
+        );
+    }
+    Snapshot {
+        index: answer.index.max(1),
+        keys,
+    }
+}
+
+/// Logs the differences between two snapshots, one line per key changed,
+/// and returns how many keys changed. Invalid values are logged once per
+/// change of their key (a new ModifyIndex), not per answer.
+pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
+    let empty = HashMap::new();
+    let old_keys = old.map(|s| &s.keys).unwrap_or(&empty);
+    let mut changed = 0;
+    for (key, state) in &new.keys {
+        match old_keys.get(key) {
+            Some(prev)
+                if prev.entry == state.entry
+                    && (matches!(state.entry, Entry::Valid(_))
+                        || prev.modify_index == state.modify_index) => {}
+            prev => {
+                changed += 1;
+                let previous = prev.map(|p| describe(&p.entry));
+                match &state.entry {
+                    Entry::Valid(s) => info!(
+                        key = %key,
+                        value = %s,
+                        previous = previous.as_deref().unwrap_or("none"),
+                        consul_index = new.index,
+                        modify_index = state.modify_index,
+                        "desired state applied"
+                    ),
+                    Entry::Invalid(e) => warn!(
+                        key = %key,
+                        error = %e,
+                        consul_index = new.index,
+                        modify_index = state.modify_index,
+                        "invalid value held; servers it decides get no answer and keep their state"
+                    ),
+                }
+            }
+        }
+    }
+    for (key, prev) in old_keys {
+        if !new.keys.contains_key(key) {
+            changed += 1;
+            info!(
+                key = %key,
+                previous = %describe(&prev.entry),
+                consul_index = new.index,
+                "key removed; servers fall back to their next key or ready"
+            );
+        }
+    }
+    changed
+}
+
+fn describe(entry: &Entry) -> String {
+    match entry {
+        Entry::Valid(s) => s.to_string(),
+        Entry::Invalid(e) => format!("invalid ({e})"),
+    }
+}
+
+/// Drives the blocking-query loop for one agent.
+pub struct Watcher {
+    client: Arc<ConsulClient>,
+    config: WatcherConfig,
+    shared: Arc<Shared>,
+    tracker: IndexTracker,
+    failures: u32,
+    last_start: Option<tokio::time::Instant>,
+}
+
+/// How often the watcher proves it is alive while a blocking query is held.
+const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
+
+impl Watcher {
+    /// A watcher that publishes into `shared`.
+    pub fn new(client: Arc<ConsulClient>, config: WatcherConfig, shared: Arc<Shared>) -> Self {
+        Watcher {
+            client,
+            config,
+            shared,
+            tracker: IndexTracker::default(),
+            failures: 0,
+            last_start: None,
+        }
+    }
+
+    /// Retries until the first snapshot is applied or `timeout` passes.
+    ///
+    /// # Errors
+    ///
+    /// The last Consul error when no snapshot could be had in time, naming the
+    /// Consul address.
+    pub async fn first_sync(&mut self, timeout: Duration) -> Result<(), ConsulError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let result = tokio::time::timeout_at(deadline, self.step()).await;
+            match result {
+                Ok(Ok(())) if self.shared.readiness.is_synced() => return Ok(()),
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    let delay = self.config.backoff.delay(self.failures, fastrand::f64());
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        return Err(e);
+                    }
+                    tokio::time::sleep(delay).await;
+                }
+                Err(_) => {
+                    return Err(ConsulError::Timeout {
+                        addr: self.client.addr().to_string(),
+                        after: timeout,
+                    })
+                }
+            }
+        }
+    }
+
+    /// Runs the loop until `shutdown` is cancelled.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        loop {
+            let step = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = self.step() => r,
+            };
+            if step.is_err() {
+                let delay = self.config.backoff.delay(self.failures, fastrand::f64());
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = self.beating_sleep(delay) => {}
+                }
+            }
+        }
+    }
+
+    async fn beating_sleep(&self, delay: Duration) {
+        let sleep = tokio::time::sleep(delay);
+        tokio::pin!(sleep);
+        let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return,
+                _ = tick.tick() => self.shared.watcher_heartbeat.beat(),
+            }
+        }
+    }
+
+    /// One rate-limited request and its handling.
+    async fn step(&mut self) -> Result<(), ConsulError> {
+        if let Some(last) = self.last_start {
+            self.beating_sleep(
+                (last + self.config.min_interval)
+                    .saturating_duration_since(tokio::time::Instant::now()),
+            )
+            .await;
+        }
+        self.last_start = Some(tokio::time::Instant::now());
+        let index = self.tracker.query_index();
+        let started = Instant::now();
+        let result = {
+            let request = self
+                .client
+                .list_prefix(&self.config.prefix, index, self.config.wait);
+            tokio::pin!(request);
+            let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
+            loop {
+                tokio::select! {
+                    r = &mut request => break r,
+                    _ = tick.tick() => self.shared.watcher_heartbeat.beat(),
+                }
+            }
+        };
+        self.shared.watcher_heartbeat.beat();
+        let metrics = &self.shared.metrics;
+        metrics
+            .consul_request_duration
+            .observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(answer) => {
+                self.on_answer(answer);
+                Ok(())
+            }
+            Err(e) => {
+                metrics.consul_request(e.outcome());
+                self.on_failure(&e);
+                Err(e)
+            }
+        }
+    }
+
+    fn on_answer(&mut self, answer: PrefixAnswer) {
+        let metrics = &self.shared.metrics;
+        let event = self.tracker.observe(answer.index);
+        match event {
+            IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
+            IndexEvent::Changed | IndexEvent::WentBackwards => {
+                if event == IndexEvent::WentBackwards {
+                    metrics.consul_index_resets.inc();
+                    warn!(
+                        consul_index = answer.index,
+                        "X-Consul-Index went backwards; re-reading the prefix from index 0"
+                    );
+                }
+                metrics.consul_request(ConsulOutcome::Ok);
+                self.apply(build_snapshot(&self.config.prefix, &answer));
+            }
+        }
+        self.failures = 0;
+        let mut sync = self.shared.sync.lock().unwrap();
+        if let Some(since) = sync.failing_since.take() {
+            info!(
+                consul_addr = %self.client.addr(),
+                outage_seconds = since.elapsed().as_secs(),
+                "Consul reachable again"
+            );
+        }
+        sync.last_error = None;
+        sync.last_sync = Some(SystemTime::now());
+        drop(sync);
+        metrics.last_sync_timestamp.set(crate::metrics::unix_now());
+    }
+
+    fn apply(&self, snapshot: Snapshot) {
+        let metrics = &self.shared.metrics;
+        let old = self.shared.snapshot.load_full();
+        let changed = log_changes(old.as_deref(), &snapshot);
+        metrics.state_changes.inc_by(changed as u64);
+        metrics.consul_index.set(snapshot.index as i64);
+        metrics.keys.set(snapshot.keys.len() as i64);
+        metrics.invalid_keys.set(snapshot.invalid_count() as i64);
+        let status = format!(
+            "synced, {} keys, index {}",
+            snapshot.keys.len(),
+            snapshot.index
+        );
+        let first = old.is_none();
+        self.shared.snapshot.store(Some(Arc::new(snapshot)));
+        if first {
+            metrics.synced.set(1);
+            self.shared.readiness.set(ReadyStep::Synced);
+            info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
+        }
+        crate::notify::status(&status);
+    }
+
+    fn on_failure(&mut self, error: &ConsulError) {
+        self.failures = self.failures.saturating_add(1);
+        self.tracker.force_full_read();
+        if error.is_forbidden() {
+            // A rotated token: read the file again before the next try.
+            self.client.token().invalidate();
+        }
+        let mut sync = self.shared.sync.lock().unwrap();
+        let since = *sync.failing_since.get_or_insert_with(Instant::now);
+        let first_failure = sync.last_error.is_none();
+        sync.last_error = Some(error.to_string());
+        drop(sync);
+        if first_failure {
+            warn!(consul_addr = %self.client.addr(), error = %error, "Consul request failed; serving the last copy");
+        }
+        let copy = if self.shared.readiness.is_synced() {
+            "serving last copy"
+        } else {
+            "not synced yet, not answering"
+        };
+        crate::notify::status(&format!(
+            "Consul unreachable for {}s, {copy}: {error}",
+            since.elapsed().as_secs()
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::KvPair;
+    use crate::state::AdminState;
+
+    #[test]
+    fn index_rules_follow_consul_docs() {
+        let mut t = IndexTracker::default();
+        assert_eq!(t.query_index(), 0);
+        assert_eq!(t.observe(10), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 10);
+        assert_eq!(t.observe(10), IndexEvent::NotModified);
+        assert_eq!(t.observe(12), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 12);
+        // Backwards: apply, then re-read from 0, then block on the new index.
+        assert_eq!(t.observe(5), IndexEvent::WentBackwards);
+        assert_eq!(t.query_index(), 0);
+        assert_eq!(t.observe(5), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 5);
+    }
+
+    #[test]
+    fn a_failure_makes_the_next_answer_a_full_read_applied_whatever_its_index() {
+        let mut t = IndexTracker::default();
+        t.force_full_read();
+        assert_eq!(t.query_index(), 0);
+        assert_eq!(t.observe(13), IndexEvent::Changed);
+        t.force_full_read();
+        assert_eq!(t.query_index(), 0);
+        // A restarted Consul at the same index: still applied.
+        assert_eq!(t.observe(13), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 13);
+        assert_eq!(t.observe(13), IndexEvent::NotModified);
+    }
+
+    #[test]
+    fn zero_index_is_clamped_to_one() {
+        let mut t = IndexTracker::default();
+        assert_eq!(t.observe(0), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 1);
+        assert_eq!(t.observe(0), IndexEvent::NotModified);
+        assert_eq!(t.query_index(), 1);
+    }
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_jitter_in_the_upper_half() {
+        let b = Backoff::default();
+        assert_eq!(b.delay(1, 1.0), Duration::from_millis(250));
+        assert_eq!(b.delay(1, 0.0), Duration::from_millis(125));
+        assert_eq!(b.delay(3, 1.0), Duration::from_millis(1000));
+        assert_eq!(b.delay(100, 1.0), Duration::from_secs(30));
+        assert_eq!(b.delay(100, 0.0), Duration::from_secs(15));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_sleeps_are_what_delay_says() {
+        let b = Backoff::default();
+        let start = tokio::time::Instant::now();
+        for failures in 1..=8 {
+            tokio::time::sleep(b.delay(failures, 1.0)).await;
+        }
+        // 0.25 + 0.5 + 1 + 2 + 4 + 8 + 16 + 30 (capped)
+        assert_eq!(start.elapsed(), Duration::from_millis(61_750));
+    }
+
+    fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            modify_index,
+        }
+    }
+
+    #[test]
+    fn snapshot_strips_prefix_skips_folders_and_flags_bad_keys() {
+        let answer = PrefixAnswer {
+            index: 0,
+            pairs: vec![
+                pair("p/", "", 1),
+                pair("p/canary", "DRAIN", 2),
+                pair("p/web/web-01", "50%", 3),
+                pair("p/web/", "", 4),
+                pair("p/a/b/c", "drain", 5),
+                pair("p/web/web-02", "drian", 6),
+            ],
+            body_bytes: 0,
+        };
+        let snap = build_snapshot("p/", &answer);
+        assert_eq!(snap.index, 1);
+        assert_eq!(snap.keys.len(), 4);
+        assert_eq!(snap.keys["canary"].entry, Entry::Valid(AdminState::Drain));
+        assert_eq!(
+            snap.keys["web/web-01"].entry,
+            Entry::Valid(AdminState::Weight(50))
+        );
+        assert!(matches!(
+            snap.keys["a/b/c"].entry,
+            Entry::Invalid(InvalidValue::Key(_))
+        ));
+        assert_eq!(snap.invalid_count(), 2);
+    }
+
+    #[test]
+    fn changes_are_counted_per_key() {
+        let a = build_snapshot(
+            "p/",
+            &PrefixAnswer {
+                index: 5,
+                pairs: vec![pair("p/canary", "drain", 2), pair("p/x", "maint", 3)],
+                body_bytes: 0,
+            },
+        );
+        let b = build_snapshot(
+            "p/",
+            &PrefixAnswer {
+                index: 6,
+                pairs: vec![pair("p/canary", "maint", 6), pair("p/y", "bad", 6)],
+                body_bytes: 0,
+            },
+        );
+        assert_eq!(log_changes(None, &a), 2);
+        assert_eq!(log_changes(Some(&a), &a), 0);
+        // canary changed, y added, x removed.
+        assert_eq!(log_changes(Some(&a), &b), 3);
+    }
+}

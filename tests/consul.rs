@@ -1,0 +1,274 @@
+//! The agent against a real Consul: start-up, outages, index resets, the
+//! HTTP endpoints and the responder's bounds.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{ask_raw, wait_for, Agent, Consul};
+
+const SOON: Duration = Duration::from_secs(5);
+
+fn wait_answer(agent: &Agent, line: &str, want: &str) {
+    let got = wait_for(Duration::from_secs(15), || {
+        let a = agent.ask(line);
+        (a == want).then_some(a)
+    });
+    assert!(
+        got.is_some(),
+        "{line:?}: wanted {want:?}, last {:?}\n{}",
+        agent.ask(line),
+        agent.log()
+    );
+}
+
+#[test]
+fn answers_from_the_first_identity_with_a_key() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    // An empty prefix (404 with an index) is a valid state: everyone ready.
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "ready 100%\n");
+    consul.put("canary", "drain");
+    wait_answer(&agent, "web/web-cny-01 canary", "drain 100%\n");
+    consul.put("web/web-cny-01", "25%");
+    wait_answer(&agent, "web/web-cny-01 canary", "ready 25%\n");
+    assert_eq!(agent.ask("web/web-cny-02\tcanary\r"), "drain 100%\n");
+    assert_eq!(agent.ask("web/web-01"), "ready 100%\n");
+    consul.put("web/web-01", "Maint");
+    wait_answer(&agent, "web/web-01", "maint 100%\n");
+    assert!(agent.metric("gitlab_haproxy_agent_answers_total{kind=\"drain\"}") >= 1.0);
+    assert!(agent.metric("gitlab_haproxy_agent_answers_total{kind=\"weight\"}") >= 1.0);
+    assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 3.0);
+}
+
+#[test]
+fn bad_lines_get_no_answer_and_are_counted() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &["--check-timeout", "300ms"]);
+    for line in [
+        &b"\n"[..],
+        b"web/web-01 $HOME\n",
+        b"a/b/c\n",
+        b"\xff\xfe\n",
+        b"web/web-01",
+    ] {
+        assert_eq!(ask_raw(agent.listen, line), "", "{line:?}");
+    }
+    // An endless line is cut off at the line limit.
+    assert_eq!(ask_raw(agent.listen, &[b'a'; 4096]), "");
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_answers_total{kind=\"bad_request\"}"),
+        6.0
+    );
+    // Still answering well-formed lines.
+    assert_eq!(agent.ask("web/web-01"), "ready 100%\n");
+}
+
+#[test]
+fn silent_clients_cannot_hold_slots() {
+    let consul = Consul::start();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--check-timeout", "300ms", "--max-connections", "2"],
+    );
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(agent.listen).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(50));
+    // Both slots are taken: a third client is closed unanswered at once.
+    assert_eq!(agent.ask("web/web-01"), "");
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_connections_refused_total"),
+        1.0
+    );
+    // The silent clients are cut off at the check timeout, freeing the slots.
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        assert_eq!(s.read(&mut buf).unwrap_or(0), 0);
+        assert!(start.elapsed() < Duration::from_secs(2));
+    }
+    assert_eq!(agent.ask("web/web-01"), "ready 100%\n");
+}
+
+#[test]
+fn keeps_answering_through_a_consul_restart_then_follows_it() {
+    let mut consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    consul.put("web/web-01", "drain");
+    wait_answer(&agent, "web/web-01", "drain 100%\n");
+
+    consul.stop();
+    // Answers keep coming from the last copy while Consul is away.
+    for _ in 0..10 {
+        assert_eq!(agent.ask("web/web-01"), "drain 100%\n");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    wait_for(SOON, || {
+        let m = agent.metrics();
+        (!m.contains("gitlab_haproxy_agent_consul_requests_total{outcome=\"connect_error\"} 0"))
+            .then_some(())
+    })
+    .expect("connect errors counted");
+    let status = agent.http_get("/status").unwrap().1;
+    assert!(
+        status.contains("\"last_error\": \"cannot reach Consul"),
+        "{status}"
+    );
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 200);
+
+    // A dev Consul comes back empty, with its index starting over.
+    consul.restart();
+    consul.put("web/web-01", "maint");
+    wait_answer(&agent, "web/web-01", "maint 100%\n");
+    assert!(agent.log().contains("Consul reachable again"));
+}
+
+#[test]
+fn follows_a_snapshot_restore_that_moves_the_index_backwards() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    consul.put("canary", "drain");
+    wait_answer(&agent, "x/y canary", "drain 100%\n");
+    let (status, _, snapshot) = consul.request("GET", "/v1/snapshot", b"");
+    assert_eq!(status, 200);
+    let before = consul.prefix_index();
+    for i in 0..20 {
+        consul.put("canary", if i % 2 == 0 { "maint" } else { "50%" });
+    }
+    wait_answer(&agent, "x/y canary", "ready 50%\n");
+    assert!(consul.prefix_index() > before);
+
+    let (status, _, body) = consul.request("PUT", "/v1/snapshot", &snapshot);
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(consul.prefix_index(), before);
+    wait_answer(&agent, "x/y canary", "drain 100%\n");
+    assert!(agent.metric("gitlab_haproxy_agent_consul_index_resets_total") >= 1.0);
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_consul_index"),
+        before as f64
+    );
+    // The loop goes on blocking from the restored index.
+    consul.put("canary", "ready");
+    wait_answer(&agent, "x/y canary", "ready 100%\n");
+}
+
+#[test]
+fn exits_non_zero_naming_consul_when_it_is_down_at_start() {
+    let port = support::free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    let mut agent = Agent::spawn(&url, &["--startup-timeout", "2s"]);
+    let start = Instant::now();
+    let status = agent
+        .proc()
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent exits");
+    assert_eq!(status.code(), Some(1));
+    assert!(start.elapsed() < Duration::from_secs(10));
+    let log = agent.log();
+    assert!(log.contains(&url), "{log}");
+    assert!(log.contains("cannot reach Consul"), "{log}");
+}
+
+#[test]
+fn http_endpoints_report_health_readiness_metrics_and_status() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    consul.put("web/bad", "drian");
+    let agent = Agent::start(&consul.url(), &[]);
+    assert_eq!(agent.http_get("/-/healthy").unwrap().0, 200);
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 200);
+    assert_eq!(agent.http_get("/nope").unwrap().0, 404);
+    agent.ask("web/web-cny-01 canary");
+
+    let m = agent.metrics();
+    for series in [
+        "gitlab_haproxy_agent_build_info{version=\"",
+        "gitlab_haproxy_agent_synced 1",
+        "gitlab_haproxy_agent_last_sync_timestamp_seconds ",
+        "gitlab_haproxy_agent_last_sync_age_seconds ",
+        "gitlab_haproxy_agent_consul_requests_total{outcome=\"ok\"} ",
+        "gitlab_haproxy_agent_consul_index_resets_total 0",
+        "gitlab_haproxy_agent_keys 2",
+        "gitlab_haproxy_agent_invalid_keys 1",
+        "gitlab_haproxy_agent_answers_total{kind=\"drain\"} 1",
+        "gitlab_haproxy_agent_rows_seen 1",
+        "process_resident_memory_bytes ",
+    ] {
+        assert!(m.contains(series), "missing {series}\n{m}");
+    }
+    let age = agent.metric("gitlab_haproxy_agent_last_sync_age_seconds");
+    assert!((0.0..10.0).contains(&age), "{age}");
+
+    let status: serde_json::Value =
+        serde_json::from_str(&agent.http_get("/status").unwrap().1).unwrap();
+    assert_eq!(status["synced"], true);
+    assert_eq!(status["keys"]["canary"]["state"], "drain");
+    assert_eq!(status["keys"]["canary"]["reply"], "drain 100%");
+    assert!(status["invalid"]["web/bad"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("drian"));
+    assert_eq!(status["rows"][0]["agent_send"], "web/web-cny-01 canary");
+    assert_eq!(status["rows"][0]["answer"], "drain 100%");
+}
+
+#[test]
+fn sigterm_finishes_answers_in_flight_and_exits_zero() {
+    let consul = Consul::start();
+    let mut agent = Agent::start(&consul.url(), &["--check-timeout", "2s"]);
+    // A check in flight: connected, line not yet sent.
+    let mut pending = TcpStream::connect(agent.listen).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    agent.proc().signal("TERM");
+    std::thread::sleep(Duration::from_millis(100));
+    pending.write_all(b"web/web-01\n").unwrap();
+    let mut answer = String::new();
+    pending
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let _ = pending.read_to_string(&mut answer);
+    assert_eq!(answer, "ready 100%\n");
+    let status = agent
+        .proc()
+        .wait_exit(Duration::from_secs(8))
+        .expect("exits");
+    assert!(status.success());
+    assert!(agent.log().contains("signal=\"SIGTERM\"") || agent.log().contains("SIGTERM"));
+    // No longer accepting.
+    assert!(TcpStream::connect(agent.listen).is_err());
+}
+
+#[test]
+fn version_and_bad_options() {
+    let out = Command::new(support::AGENT_BIN)
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("gitlab-haproxy-agent {}", env!("CARGO_PKG_VERSION"))
+    );
+    for args in [
+        &["--no-such-flag"][..],
+        &["--listen", "nowhere"],
+        &["--prefix", "/bad prefix"],
+        &["--wait", "60"],
+        &["--consul-addr", "https://consul:8501"],
+    ] {
+        let out = Command::new(support::AGENT_BIN)
+            .env_clear()
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("gitlab-haproxy-agent: "), "{err}");
+    }
+}

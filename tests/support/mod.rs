@@ -1,0 +1,702 @@
+//! Test harness: a real Consul (`consul agent -dev`), a real HAProxy and the
+//! agent binary, each on free loopback ports in its own temporary directory,
+//! each stopped by its PID when dropped. Every wait is bounded in time.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+/// The agent binary built by cargo for these tests.
+pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
+
+/// The KV prefix the agent watches by default.
+pub const PREFIX: &str = "gitlab-haproxy-agent/state/";
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// A loopback TCP port nobody listens on now. Ports are handed out from a
+/// per-process range so parallel tests in one binary never get the same one.
+pub fn free_port() -> u16 {
+    let _ = NEXT_PORT.compare_exchange(
+        0,
+        20_000 + (std::process::id() % 800) as u16 * 50,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..1000 {
+        let port = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
+        let port = 20_000 + (port - 20_000) % 40_000;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port found");
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates `/tmp/gha-test-<name>-<pid>-<n>`.
+    pub fn new(name: &str) -> Self {
+        static N: AtomicU16 = AtomicU16::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "gha-test-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Polls `cond` every 20 ms until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = cond() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `signal` (e.g. `TERM`, `KILL`, `STOP`, `CONT`, `USR2`) to `pid`.
+pub fn kill(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A child process stopped by its PID on drop (SIGKILL, then reaped).
+pub struct Proc {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Proc {
+            child: Some(child),
+            log,
+        }
+    }
+
+    /// The PID.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// The process's output so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The exit status if it has exited.
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        wait_for(timeout, || self.try_wait())
+    }
+
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: &str) {
+        kill(self.pid(), signal);
+    }
+
+    /// SIGKILLs and reaps the process.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Option<(u16, HashMap<String, String>, Vec<u8>)> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut lines = head.lines();
+    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let mut headers = HashMap::new();
+    let mut chunked = false;
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            let k = k.trim().to_ascii_lowercase();
+            if k == "transfer-encoding" && v.trim().eq_ignore_ascii_case("chunked") {
+                chunked = true;
+            }
+            headers.insert(k, v.trim().to_string());
+        }
+    }
+    let mut body = raw[split + 4..].to_vec();
+    if chunked {
+        body = dechunk(&body);
+    }
+    Some((status, headers, body))
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(pos) = data.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&data[..pos]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        out.extend_from_slice(&data[pos + 2..pos + 2 + size]);
+        data = &data[pos + 2 + size + 2..];
+    }
+    out
+}
+
+/// A real Consul agent in dev mode (in-memory, single server) on loopback.
+pub struct Consul {
+    proc: Proc,
+    ports: [u16; 6],
+    dir: TempDir,
+    extra_args: Vec<String>,
+}
+
+impl Consul {
+    /// Starts Consul on free ports and waits (up to 30 s) until it has a
+    /// leader and accepts KV writes.
+    pub fn start() -> Consul {
+        Self::start_with(&[])
+    }
+
+    /// Starts Consul with extra arguments (e.g. `-config-file`).
+    pub fn start_with(extra: &[&str]) -> Consul {
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
+        let dir = TempDir::new("consul");
+        let extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let proc = Self::spawn(&ports, &dir, &extra_args);
+        let consul = Consul {
+            proc,
+            ports,
+            dir,
+            extra_args,
+        };
+        consul.wait_leader();
+        consul
+    }
+
+    fn spawn(ports: &[u16; 6], dir: &TempDir, extra: &[String]) -> Proc {
+        let mut cmd = Command::new("consul");
+        cmd.args([
+            "agent",
+            "-dev",
+            "-bind",
+            "127.0.0.1",
+            "-client",
+            "127.0.0.1",
+        ])
+        .arg(format!("-http-port={}", ports[0]))
+        .arg(format!("-dns-port={}", ports[1]))
+        .arg(format!("-serf-lan-port={}", ports[2]))
+        .arg(format!("-serf-wan-port={}", ports[3]))
+        .arg(format!("-server-port={}", ports[4]))
+        .arg(format!("-grpc-port={}", ports[5]))
+        .args(extra);
+        Proc::spawn(cmd, dir.path().join("consul.log"))
+    }
+
+    fn wait_leader(&self) {
+        let ok = wait_for(Duration::from_secs(30), || {
+            let (status, _, body) = http_request(self.addr(), "GET", "/v1/status/leader", b"")?;
+            (status == 200 && body.len() > 4).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "Consul did not elect a leader:\n{}",
+            self.proc.log()
+        );
+        let ok = wait_for(Duration::from_secs(10), || {
+            let (status, _, _) = http_request(self.addr(), "PUT", "/v1/kv/gha-test-ping", b"1")?;
+            (status == 200).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "Consul does not accept writes:\n{}",
+            self.proc.log()
+        );
+    }
+
+    /// The HTTP address.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.ports[0]))
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// The process.
+    pub fn proc(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    /// Stops Consul (SIGKILL).
+    pub fn stop(&mut self) {
+        self.proc.kill();
+    }
+
+    /// Starts Consul again on the same ports (dev mode: an empty store, so
+    /// indexes start over).
+    pub fn restart(&mut self) {
+        self.proc.kill();
+        self.proc = Self::spawn(&self.ports, &self.dir, &self.extra_args);
+        self.wait_leader();
+    }
+
+    /// Any HTTP request to Consul; panics if Consul does not answer.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, HashMap<String, String>, Vec<u8>) {
+        http_request(self.addr(), method, path, body)
+            .unwrap_or_else(|| panic!("Consul did not answer {method} {path}"))
+    }
+
+    /// Writes `value` at `PREFIX + key`.
+    pub fn put(&self, key: &str, value: &str) {
+        let (status, _, body) =
+            self.request("PUT", &format!("/v1/kv/{PREFIX}{key}"), value.as_bytes());
+        assert_eq!(status, 200, "PUT {key}: {}", String::from_utf8_lossy(&body));
+        assert_eq!(body.trim_ascii(), b"true");
+    }
+
+    /// Deletes `PREFIX + key`.
+    pub fn delete(&self, key: &str) {
+        let (status, _, _) = self.request("DELETE", &format!("/v1/kv/{PREFIX}{key}"), b"");
+        assert_eq!(status, 200);
+    }
+
+    /// The `X-Consul-Index` of the prefix.
+    pub fn prefix_index(&self) -> u64 {
+        let (_, headers, _) = self.request("GET", &format!("/v1/kv/{PREFIX}?recurse=true"), b"");
+        headers["x-consul-index"].parse().unwrap()
+    }
+}
+
+/// One row of HAProxy's `show servers state`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerState {
+    /// Backend name.
+    pub backend: String,
+    /// Server name.
+    pub server: String,
+    /// `srv_op_state`: 0 stopped, 1 starting, 2 running, 3 stopping.
+    pub op_state: u32,
+    /// `srv_admin_state` bit field: 0x01 forced maint, 0x08 forced drain.
+    pub admin_state: u32,
+    /// `srv_uweight`: the user weight now.
+    pub uweight: u32,
+    /// `srv_iweight`: the configured weight.
+    pub iweight: u32,
+}
+
+impl ServerState {
+    /// Forced maintenance (agent or CLI), bit 0x01.
+    pub fn is_maint(&self) -> bool {
+        self.admin_state & 0x01 != 0
+    }
+
+    /// Forced drain (agent or CLI), bit 0x08.
+    pub fn is_drain(&self) -> bool {
+        self.admin_state & 0x08 != 0
+    }
+
+    /// Neither maint nor drain, at the configured weight.
+    pub fn is_ready_full_weight(&self) -> bool {
+        self.admin_state == 0 && self.uweight == self.iweight
+    }
+}
+
+/// A real HAProxy (master-worker, foreground) on a config written to its own
+/// directory, with an admin stats socket there.
+pub struct Haproxy {
+    proc: Proc,
+    dir: TempDir,
+}
+
+impl Haproxy {
+    /// Writes `config` (where `{SOCKET}` is replaced by the stats socket path)
+    /// and starts HAProxy; waits up to 10 s for the stats socket.
+    pub fn start(config: &str) -> Haproxy {
+        let dir = TempDir::new("haproxy");
+        let socket = dir.path().join("admin.sock");
+        let cfg = dir.path().join("haproxy.cfg");
+        std::fs::write(&cfg, config.replace("{SOCKET}", socket.to_str().unwrap())).unwrap();
+        let check = Command::new("haproxy")
+            .arg("-c")
+            .arg("-f")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "haproxy -c failed:\n{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        let mut cmd = Command::new("haproxy");
+        cmd.args(["-W", "-db", "-f"]).arg(&cfg);
+        let proc = Proc::spawn(cmd, dir.path().join("haproxy.log"));
+        let h = Haproxy { proc, dir };
+        let ok = wait_for(Duration::from_secs(10), || {
+            h.try_command("show info").filter(|s| s.contains("Pid:"))
+        });
+        assert!(ok.is_some(), "HAProxy did not start:\n{}", h.proc.log());
+        h
+    }
+
+    /// The master process.
+    pub fn proc(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    /// The stats socket path.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("admin.sock")
+    }
+
+    /// Sends one command to the stats socket; `None` if it cannot connect.
+    pub fn try_command(&self, command: &str) -> Option<String> {
+        let mut s = UnixStream::connect(self.socket()).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        s.write_all(command.as_bytes()).ok()?;
+        s.write_all(b"\n").ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    /// Sends one command to the stats socket.
+    pub fn command(&self, command: &str) -> String {
+        self.try_command(command).unwrap_or_else(|| {
+            panic!(
+                "stats socket did not answer {command:?}:\n{}",
+                self.proc.log()
+            )
+        })
+    }
+
+    /// The worker's PID from `show info`.
+    pub fn worker_pid(&self) -> Option<u32> {
+        let info = self.try_command("show info")?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("Pid: "))
+            .and_then(|p| p.trim().parse().ok())
+    }
+
+    /// Parses `show servers state` into rows keyed by (backend, server).
+    pub fn servers_state(&self) -> HashMap<(String, String), ServerState> {
+        let out = self.command("show servers state");
+        let mut lines = out.lines();
+        let _version = lines.next();
+        let header: Vec<&str> = lines
+            .next()
+            .expect("header")
+            .trim_start_matches('#')
+            .split_whitespace()
+            .collect();
+        let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let (be, sv, op, admin, uw, iw) = (
+            col("be_name"),
+            col("srv_name"),
+            col("srv_op_state"),
+            col("srv_admin_state"),
+            col("srv_uweight"),
+            col("srv_iweight"),
+        );
+        lines
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let row = ServerState {
+                    backend: f[be].into(),
+                    server: f[sv].into(),
+                    op_state: f[op].parse().unwrap(),
+                    admin_state: f[admin].parse().unwrap(),
+                    uweight: f[uw].parse().unwrap(),
+                    iweight: f[iw].parse().unwrap(),
+                };
+                ((row.backend.clone(), row.server.clone()), row)
+            })
+            .collect()
+    }
+
+    /// One server's state.
+    pub fn server(&self, backend: &str, server: &str) -> ServerState {
+        self.servers_state()
+            .remove(&(backend.to_string(), server.to_string()))
+            .unwrap_or_else(|| panic!("no server {backend}/{server}"))
+    }
+
+    /// `show stat` rows by (backend, server), each a map from column name
+    /// (`status`, `weight`, ...) to value.
+    pub fn stat(&self) -> HashMap<(String, String), HashMap<String, String>> {
+        let out = self.command("show stat");
+        let mut lines = out.lines();
+        let header: Vec<String> = lines
+            .next()
+            .unwrap()
+            .trim_start_matches("# ")
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        lines
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                let row = header
+                    .iter()
+                    .zip(f.iter())
+                    .map(|(h, v)| (h.clone(), v.to_string()))
+                    .collect();
+                ((f[0].to_string(), f[1].to_string()), row)
+            })
+            .collect()
+    }
+
+    /// Waits up to `timeout` for `cond` to hold on one server.
+    pub fn wait_server(
+        &self,
+        backend: &str,
+        server: &str,
+        timeout: Duration,
+        cond: impl Fn(&ServerState) -> bool,
+    ) -> ServerState {
+        let found = wait_for(timeout, || Some(self.server(backend, server)).filter(&cond));
+        found.unwrap_or_else(|| {
+            panic!(
+                "{backend}/{server} did not reach the expected state in {timeout:?}; now {:?}",
+                self.server(backend, server)
+            )
+        })
+    }
+
+    /// Reloads HAProxy (SIGUSR2 to the master): a new worker starts from the
+    /// configuration, with no server-state file. Waits for the new worker.
+    pub fn reload(&self) {
+        let old = self.worker_pid();
+        self.proc.signal("USR2");
+        let ok = wait_for(Duration::from_secs(10), || {
+            self.worker_pid().filter(|p| Some(*p) != old)
+        });
+        assert!(ok.is_some(), "HAProxy did not reload:\n{}", self.proc.log());
+    }
+}
+
+/// The agent binary, running.
+pub struct Agent {
+    proc: Proc,
+    /// The agent-check listener.
+    pub listen: SocketAddr,
+    /// The HTTP listener.
+    pub http: SocketAddr,
+    dir: TempDir,
+}
+
+impl Agent {
+    /// Starts the agent against `consul_url` with `--wait 5s` and `extra`
+    /// arguments, on free ports; does not wait for readiness.
+    pub fn spawn(consul_url: &str, extra: &[&str]) -> Agent {
+        Self::spawn_on(consul_url, free_port(), free_port(), extra)
+    }
+
+    /// Like [`Agent::spawn`] on the given ports (to restart in place).
+    pub fn spawn_on(consul_url: &str, port: u16, http_port: u16, extra: &[&str]) -> Agent {
+        let dir = TempDir::new("agent");
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let http = SocketAddr::from(([127, 0, 0, 1], http_port));
+        let mut cmd = Command::new(AGENT_BIN);
+        cmd.env_clear()
+            .env("RUST_LOG", "info")
+            .arg("--consul-addr")
+            .arg(consul_url)
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--http-listen")
+            .arg(http.to_string())
+            .args(["--wait", "5s", "--log-format", "text"])
+            .args(extra);
+        let proc = Proc::spawn(cmd, dir.path().join("agent.log"));
+        Agent {
+            proc,
+            listen,
+            http,
+            dir,
+        }
+    }
+
+    /// Starts the agent and waits (up to 15 s) for `/-/ready`.
+    pub fn start(consul_url: &str, extra: &[&str]) -> Agent {
+        let agent = Self::spawn(consul_url, extra);
+        agent.wait_ready();
+        agent
+    }
+
+    /// Waits up to 15 s for `/-/ready` to answer 200.
+    pub fn wait_ready(&self) {
+        let ok = wait_for(Duration::from_secs(15), || {
+            (self.http_get("/-/ready")?.0 == 200).then_some(())
+        });
+        assert!(ok.is_some(), "agent not ready:\n{}", self.proc.log());
+    }
+
+    /// The process.
+    pub fn proc(&mut self) -> &mut Proc {
+        &mut self.proc
+    }
+
+    /// The agent's log so far.
+    pub fn log(&self) -> String {
+        self.proc.log()
+    }
+
+    /// GET on the HTTP listener: (status, body).
+    pub fn http_get(&self, path: &str) -> Option<(u16, String)> {
+        let (status, _, body) = http_request(self.http, "GET", path, b"")?;
+        Some((status, String::from_utf8_lossy(&body).to_string()))
+    }
+
+    /// `/metrics` as text.
+    pub fn metrics(&self) -> String {
+        self.http_get("/metrics").expect("metrics answer").1
+    }
+
+    /// The value of one sample line, e.g.
+    /// `gitlab_haproxy_agent_answers_total{kind="drain"}`.
+    pub fn metric(&self, series: &str) -> f64 {
+        let text = self.metrics();
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .unwrap_or_else(|| panic!("no series {series} in\n{text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Sends one agent-send line (LF added) and returns what the agent wrote
+    /// before closing (empty: no answer).
+    pub fn ask(&self, line: &str) -> String {
+        ask_raw(self.listen, format!("{line}\n").as_bytes())
+    }
+
+    /// SIGTERM, then waits up to 10 s for the exit status.
+    pub fn terminate(&mut self) -> Option<ExitStatus> {
+        self.proc.signal("TERM");
+        self.proc.wait_exit(Duration::from_secs(10))
+    }
+}
+
+/// Connects to `addr`, writes `bytes`, and reads until the agent closes
+/// (at most 5 s).
+pub fn ask_raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to agent");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.write_all(bytes);
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// One HAProxy `server` line enrolled with the agent: no traffic is sent to
+/// `127.0.0.1:1`; `agent-inter` is short so tests converge fast.
+pub fn server_line(
+    backend: &str,
+    server: &str,
+    groups: &[&str],
+    agent_port: u16,
+    inter_ms: u64,
+) -> String {
+    let mut send = format!("{backend}/{server}");
+    for g in groups {
+        send.push(' ');
+        send.push_str(g);
+    }
+    format!(
+        "    server {server} 127.0.0.1:1 weight 100 agent-check agent-addr 127.0.0.1 agent-port {agent_port} agent-inter {inter_ms}ms agent-send \"{send}\\n\"\n"
+    )
+}
+
+/// A minimal HAProxy config: an admin stats socket, no state file, and the
+/// given backend sections.
+pub fn haproxy_config(backends: &str) -> String {
+    format!(
+        "global\n    stats socket {{SOCKET}} mode 600 level admin\n\ndefaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n\n{backends}"
+    )
+}

@@ -1,0 +1,86 @@
+# frozen_string_literal: true
+
+#
+# Agent enrollment (rendered into haproxy.cfg server lines)
+#
+
+# false renders no agent option anywhere: haproxy.cfg is byte-for-byte the
+# config without the agent. Setting it back to false is the rollback.
+default['gitlab-haproxy-agent']['agent']['enable'] = false
+# Where HAProxy sends agent checks (agent-addr, agent-port); the agent listens
+# there too (GITLAB_HAPROXY_AGENT_LISTEN is derived from these two).
+default['gitlab-haproxy-agent']['agent']['addr'] = '127.0.0.1'
+default['gitlab-haproxy-agent']['agent']['port'] = 9777
+# agent-inter: how often HAProxy asks; also the longest a KV change waits.
+default['gitlab-haproxy-agent']['agent']['inter'] = '2s'
+# KV prefix the agent reads (must end with '/').
+default['gitlab-haproxy-agent']['agent']['prefix'] = 'gitlab-haproxy-agent/state/'
+# Group name => backends (pools) whose servers belong to it, defined next to
+# the pool definitions in the role, e.g. { 'canary' => %w(canary_web canary_api) }.
+# Each enrolled server's agent-send lists its row key, then its groups in the
+# order they are defined here; the first with a key in Consul wins.
+default['gitlab-haproxy-agent']['agent']['groups'] = {}
+# Backends never enrolled, such as one that writes its single server inline
+# (an asset proxy to object storage).
+default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
+
+#
+# Package source (the internal apt mirror). Both must be set by the role.
+#
+default['gitlab-haproxy-agent']['apt']['uri'] = nil
+# URL or fingerprint of the repository's signing key.
+default['gitlab-haproxy-agent']['apt']['key'] = nil
+# nil: the node's release codename.
+default['gitlab-haproxy-agent']['apt']['distribution'] = nil
+default['gitlab-haproxy-agent']['apt']['components'] = ['main']
+# nil: whatever version the repository has (installed once, not upgraded).
+default['gitlab-haproxy-agent']['package']['version'] = nil
+
+#
+# Agent settings written to /etc/default/gitlab-haproxy-agent (docs/interfaces.md).
+# nil leaves a setting out, so the agent's own default applies. listen and
+# prefix are not set here: they come from agent.addr, agent.port and agent.prefix.
+#
+default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
+default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
+default['gitlab-haproxy-agent']['settings']['http_listen'] = '127.0.0.1:9778'
+default['gitlab-haproxy-agent']['settings']['wait'] = nil
+default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
+default['gitlab-haproxy-agent']['settings']['check_timeout'] = nil
+default['gitlab-haproxy-agent']['settings']['max_connections'] = nil
+default['gitlab-haproxy-agent']['settings']['log_format'] = nil
+
+#
+# haproxy.cfg (recipe haproxy). Sections are lists of config lines; servers
+# are rendered from backends.<name>.servers only, never written by hand in an
+# enrolled backend.
+#
+default['gitlab-haproxy-agent']['haproxy']['config_path'] = '/etc/haproxy/haproxy.cfg'
+# Unix socket only: no admin listener over TCP is rendered.
+default['gitlab-haproxy-agent']['haproxy']['stats_socket'] = '/run/haproxy/admin.sock'
+default['gitlab-haproxy-agent']['haproxy']['global'] = [
+  'log /dev/log local0',
+  'chroot /var/lib/haproxy',
+  'user haproxy',
+  'group haproxy',
+  'daemon',
+  'maxconn 50000',
+  'stats timeout 30s',
+]
+default['gitlab-haproxy-agent']['haproxy']['defaults'] = [
+  'log global',
+  'mode http',
+  'option httplog',
+  'option dontlognull',
+  'option redispatch',
+  'retries 3',
+  'timeout connect 5s',
+  'timeout client 90s',
+  'timeout server 90s',
+  'timeout check 2s',
+]
+# name => { 'bind' => [addresses], 'options' => [lines] }
+default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}
+# name => { 'options' => [lines], 'servers' => { name => { 'address', 'port',
+#          'weight', 'options' } } }
+default['gitlab-haproxy-agent']['haproxy']['backends'] = {}

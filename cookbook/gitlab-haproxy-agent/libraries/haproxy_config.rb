@@ -1,0 +1,210 @@
+# frozen_string_literal: true
+
+require_relative 'agent_check'
+
+# The haproxy.cfg model the template prints: sections as lists of lines, and
+# every server line built here, its agent options from AgentCheck only.
+#
+# Plain Ruby (no Chef API). build() takes node['gitlab-haproxy-agent'] (or any
+# Hash with the same shape) and raises GitlabHaproxyAgent::ConfigError naming
+# the attribute when the config would enroll servers by hand, keep state in a
+# server-state file, or open an admin listener over TCP.
+module GitlabHaproxyAgent
+  module HaproxyConfig
+    Config = Struct.new(:global, :defaults, :frontends, :backends, keyword_init: true)
+    Section = Struct.new(:name, :lines, :servers, keyword_init: true)
+    # base: the server line without agent options; agent: the options or nil.
+    Server = Struct.new(:name, :base, :agent, keyword_init: true) do
+      def line
+        agent ? "#{base} #{agent}" : base
+      end
+    end
+
+    STATE_FILE = 'a server-state file restores admin state and the agent address and port over the ' \
+                 'configuration on reload; the desired state lives in Consul'
+    # Lines refused anywhere in the rendered config.
+    FORBIDDEN = [
+      [/(\A|\s)server-state-(file|base)(\s|\z)/, STATE_FILE],
+      [/(\A|\s)load-server-state-from-file(\s|\z)/, STATE_FILE],
+      [/(\A|\s)stats\s+admin(\s|\z)/, 'an admin listener over TCP is refused'],
+      [/(\A|\s)agent-(check|port|addr|inter|send)(\s|\z)/,
+       'agent options come from the agent attributes through AgentCheck only (no server is enrolled by hand)'],
+    ].freeze
+    WEIGHT = /(?:\A|\s)weight\s+(\S+)/.freeze
+
+    module_function
+
+    def build(attrs)
+      attrs ||= {}
+      haproxy = hash_attr(attrs['haproxy'], 'haproxy')
+      agent = hash_attr(attrs['agent'], 'agent')
+      enabled = enabled?(agent['enable'])
+
+      defaults = lines_attr(haproxy['defaults'], 'haproxy.defaults')
+      backends_attr = hash_attr(haproxy['backends'], 'haproxy.backends')
+      plan = enabled ? agent_plan(agent, backends_attr.keys.map(&:to_s)) : nil
+
+      Config.new(
+        global: global_lines(haproxy),
+        defaults: defaults,
+        frontends: hash_attr(haproxy['frontends'], 'haproxy.frontends').map { |name, fe| frontend(name.to_s, fe) },
+        backends: backends_attr.map { |name, be| backend(name.to_s, be, plan, defaults) }
+      )
+    end
+
+    def enabled?(value)
+      return false if value.nil? || value == false
+      return true if value == true
+
+      raise ConfigError, "#{ATTR}.agent.enable must be true or false, got #{value.inspect}"
+    end
+
+    # Validated agent attributes and group memberships, once per render.
+    def agent_plan(agent, backend_names)
+      excluded = agent['excluded_backends'] || []
+      unless excluded.is_a?(Array)
+        raise ConfigError, "#{ATTR}.agent.excluded_backends must be a list of backend names"
+      end
+
+      excluded = excluded.map(&:to_s)
+      excluded.each do |name|
+        next if backend_names.include?(name)
+
+        raise ConfigError, "#{ATTR}.agent.excluded_backends lists #{name.inspect}, which is not in " \
+                           "#{ATTR}.haproxy.backends"
+      end
+      {
+        addr: agent['addr'], port: agent['port'], inter: agent['inter'], excluded: excluded,
+        groups: AgentCheck.memberships(agent['groups'], backend_names, excluded)
+      }
+    end
+
+    def global_lines(haproxy)
+      lines = lines_attr(haproxy['global'], 'haproxy.global')
+      lines.each do |line|
+        next unless line.match?(/\A\s*stats\s+socket\s/)
+
+        raise ConfigError, "#{ATTR}.haproxy.global: #{line.inspect}: set the socket with " \
+                           "#{ATTR}.haproxy.stats_socket (a unix socket path)"
+      end
+      socket = haproxy['stats_socket']
+      return lines if socket.nil? || socket.to_s.empty?
+
+      socket = socket.to_s
+      unless socket.match?(%r{\A/[^\s"'\#$\\]+\z})
+        raise ConfigError, "#{ATTR}.haproxy.stats_socket #{socket.inspect} is not an absolute unix socket path: " \
+                           'an admin listener over TCP is refused'
+      end
+      lines + ["stats socket #{socket} mode 600 level admin"]
+    end
+
+    def frontend(name, attrs)
+      attr = "haproxy.frontends.#{name}"
+      attrs = hash_attr(attrs, attr)
+      binds = attrs['bind'].is_a?(Array) ? attrs['bind'] : [attrs['bind']].compact
+      raise ConfigError, "#{ATTR}.#{attr}.bind is empty" if binds.empty?
+
+      lines = binds.map { |b| "bind #{b}" } + lines_attr(attrs['options'], "#{attr}.options")
+      Section.new(name: name, lines: lines, servers: [])
+    end
+
+    def backend(name, attrs, plan, defaults)
+      attr = "haproxy.backends.#{name}"
+      attrs = hash_attr(attrs, attr)
+      lines = lines_attr(attrs['options'], "#{attr}.options")
+      enrolled = plan && !plan[:excluded].include?(name)
+      if enrolled
+        lines.each do |line|
+          next unless line.match?(/\A\s*(server|server-template)\s/)
+
+          raise ConfigError, "#{ATTR}.#{attr}.options: #{line.inspect}: an enrolled backend takes its servers " \
+                             "from #{ATTR}.#{attr}.servers; a backend that writes its server inline goes in " \
+                             "#{ATTR}.agent.excluded_backends"
+        end
+      end
+      servers = hash_attr(attrs['servers'], "#{attr}.servers").map do |server_name, server_attrs|
+        server(name, server_name.to_s, server_attrs, enrolled ? plan : nil, lines, defaults)
+      end
+      Section.new(name: name, lines: lines, servers: servers)
+    end
+
+    def server(backend, name, attrs, plan, backend_lines, defaults)
+      attr = "haproxy.backends.#{backend}.servers.#{name}"
+      attrs = hash_attr(attrs, attr)
+      address = attrs['address'].to_s.strip
+      raise ConfigError, "#{ATTR}.#{attr}.address is empty" if address.empty?
+
+      address = "#{address}:#{attrs['port']}" unless attrs['port'].nil?
+      options = attrs['options'].is_a?(Array) ? attrs['options'].join(' ') : attrs['options'].to_s
+      options = options.strip
+      check_line!("server #{name} #{options}", "#{attr}.options")
+      if attrs.key?('weight') && !attrs['weight'].nil?
+        if options.match?(WEIGHT)
+          raise ConfigError, "#{ATTR}.#{attr}: weight is set in both .weight and .options"
+        end
+
+        options = [options, "weight #{attrs['weight']}"].reject(&:empty?).join(' ')
+      end
+      base = ["server #{name} #{address}", options].reject(&:empty?).join(' ')
+      return Server.new(name: name, base: base, agent: nil) unless plan
+
+      if options.match?(/(\A|\s)disabled(\s|\z)/)
+        raise ConfigError, "#{ATTR}.#{attr}.options: 'disabled' on an enrolled server is undone by the agent's " \
+                           "'ready'; write maint for it in Consul instead"
+      end
+      weight, weight_attr = configured_weight(attrs, options, attr, backend_lines, backend, defaults)
+      agent = AgentCheck.server_options(
+        backend: backend, server: name, groups: plan[:groups][backend],
+        addr: plan[:addr], port: plan[:port], inter: plan[:inter],
+        weight: weight, weight_attr: weight_attr
+      )
+      Server.new(name: name, base: base, agent: agent)
+    end
+
+    # The weight HAProxy will configure for the server and the attribute it
+    # comes from: the server's own, else its backend's default-server, else
+    # the defaults section's; nil when none is set (HAProxy's default is 1).
+    def configured_weight(attrs, options, attr, backend_lines, backend, defaults)
+      return [attrs['weight'], "#{ATTR}.#{attr}.weight"] if attrs.key?('weight') && !attrs['weight'].nil?
+
+      m = options.match(WEIGHT)
+      return [m[1], "#{ATTR}.#{attr}.options"] if m
+
+      [[backend_lines, "haproxy.backends.#{backend}.options"], [defaults, 'haproxy.defaults']].each do |lines, where|
+        lines.reverse_each do |line|
+          next unless line.match?(/\A\s*default-server\s/)
+
+          m = line.match(WEIGHT)
+          return [m[1], "#{ATTR}.#{where} (default-server)"] if m
+        end
+      end
+      [nil, nil]
+    end
+
+    def lines_attr(value, attr)
+      return [] if value.nil?
+      raise ConfigError, "#{ATTR}.#{attr} must be a list of config lines" unless value.is_a?(Array)
+
+      value.map do |line|
+        line = line.to_s.strip
+        raise ConfigError, "#{ATTR}.#{attr} has a line with a line break: #{line.inspect}" if line.include?("\n")
+
+        check_line!(line, attr)
+        line
+      end.reject(&:empty?)
+    end
+
+    def check_line!(line, attr)
+      FORBIDDEN.each do |pattern, why|
+        raise ConfigError, "#{ATTR}.#{attr}: #{line.inspect}: #{why}" if line.match?(pattern)
+      end
+    end
+
+    def hash_attr(value, attr)
+      return {} if value.nil?
+      raise ConfigError, "#{ATTR}.#{attr} must be a hash" unless value.is_a?(Hash)
+
+      value
+    end
+  end
+end

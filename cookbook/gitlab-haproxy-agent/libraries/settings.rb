@@ -1,0 +1,91 @@
+# frozen_string_literal: true
+
+require_relative 'agent_check'
+
+# Environment for /etc/default/gitlab-haproxy-agent (read by the systemd unit
+# as EnvironmentFile=). Plain Ruby (no Chef API).
+#
+# The listen address and the KV prefix come from the agent attributes, so the
+# port HAProxy asks (agent-port) and the port the agent binds cannot disagree.
+module GitlabHaproxyAgent
+  module Settings
+    # Attribute key under gitlab-haproxy-agent.settings => variable name.
+    VARIABLES = {
+      'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
+      'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
+      'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
+      'wait' => 'GITLAB_HAPROXY_AGENT_WAIT',
+      'startup_timeout' => 'GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT',
+      'check_timeout' => 'GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT',
+      'max_connections' => 'GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS',
+      'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
+    }.freeze
+    # Values are written unquoted: both systemd and a POSIX shell read them
+    # the same only without these.
+    UNSAFE = /[\s"'`$\\#;&|<>()]/.freeze
+
+    module_function
+
+    # [[NAME, value], ...] in a fixed order; settings left nil are omitted so
+    # the agent's own default applies.
+    def environment(agent, settings)
+      agent ||= {}
+      settings ||= {}
+      unknown = settings.keys.map(&:to_s) - VARIABLES.keys - %w[listen prefix]
+      unless unknown.empty?
+        raise ConfigError, "#{ATTR}.settings: unknown setting(s) #{unknown.sort.join(', ')}; known: " \
+                           "#{VARIABLES.keys.join(', ')} (listen comes from agent.addr and agent.port, " \
+                           'prefix from agent.prefix)'
+      end
+
+      listen = listen_address(agent)
+      if settings['listen'] && settings['listen'].to_s != listen
+        raise ConfigError, "#{ATTR}.settings.listen #{settings['listen'].to_s.inspect} differs from " \
+                           "agent.addr:agent.port (#{listen}), where HAProxy sends its agent checks"
+      end
+      if settings['prefix'] && settings['prefix'].to_s != agent['prefix'].to_s
+        raise ConfigError, "#{ATTR}.settings.prefix: set the KV prefix with #{ATTR}.agent.prefix"
+      end
+
+      env = [
+        ['GITLAB_HAPROXY_AGENT_LISTEN', listen],
+        ['GITLAB_HAPROXY_AGENT_PREFIX', prefix(agent['prefix'])],
+      ]
+      VARIABLES.each do |key, name|
+        value = settings[key]
+        next if value.nil?
+
+        env << [name, value!(value, "#{ATTR}.settings.#{key}")]
+      end
+      env
+    end
+
+    def listen_address(agent)
+      addr = AgentCheck.option_value!(agent['addr'], 'addr')
+      port = AgentCheck.option_value!(agent['port'], 'port')
+      AgentCheck.check_addr!(addr)
+      AgentCheck.check_port!(port)
+      addr.include?(':') ? "[#{addr}]:#{port}" : "#{addr}:#{port}"
+    end
+
+    def prefix(value)
+      text = value!(value, "#{ATTR}.agent.prefix")
+      unless text.end_with?('/')
+        raise ConfigError, "#{ATTR}.agent.prefix #{text.inspect} must end with '/': Consul matches a " \
+                           'recursive read by raw text, so state/ would also read state-old/'
+      end
+      if text.start_with?('/')
+        raise ConfigError, "#{ATTR}.agent.prefix #{text.inspect} must not start with '/'"
+      end
+      text
+    end
+
+    def value!(value, attr)
+      text = value.to_s
+      raise ConfigError, "#{attr} is empty" if text.strip.empty?
+      raise ConfigError, "#{attr} #{text.inspect} has spaces, quotes or shell characters" if text.match?(UNSAFE)
+
+      text
+    end
+  end
+end

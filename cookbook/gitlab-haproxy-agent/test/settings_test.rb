@@ -1,0 +1,68 @@
+# frozen_string_literal: true
+
+require_relative 'test_helper'
+
+# /etc/default/gitlab-haproxy-agent: GitlabHaproxyAgent::Settings and its template.
+class SettingsTest < Minitest::Test
+  include CookbookTestHelpers
+
+  def env(agent: {}, settings: {})
+    defaults = ChefStandIn.cookbook_defaults[ATTR]
+    GitlabHaproxyAgent::Settings.environment(defaults['agent'].merge(agent), defaults['settings'].merge(settings))
+  end
+
+  def test_defaults_render_the_documented_variables
+    text = ChefStandIn.render('gitlab-haproxy-agent.default.erb', nil, environment: env)
+    assert_equal <<~FILE, text
+      # Managed by Chef (cookbook gitlab-haproxy-agent); local changes are overwritten.
+      # Settings for gitlab-haproxy-agent, read by its systemd unit (EnvironmentFile=).
+      # Variables are described in `gitlab-haproxy-agent --help`.
+      GITLAB_HAPROXY_AGENT_LISTEN=127.0.0.1:9777
+      GITLAB_HAPROXY_AGENT_PREFIX=gitlab-haproxy-agent/state/
+      GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:8500
+      GITLAB_HAPROXY_AGENT_HTTP_LISTEN=127.0.0.1:9778
+    FILE
+  end
+
+  def test_variable_names_are_those_of_docs_interfaces
+    doc = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs', 'interfaces.md')
+    skip 'docs/interfaces.md not found' unless File.exist?(doc)
+
+    documented = File.read(doc).scan(/`(GITLAB_HAPROXY_AGENT_[A-Z_]+)`/).flatten.uniq.sort
+    ours = (GitlabHaproxyAgent::Settings::VARIABLES.values +
+            %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX]).sort
+    assert_equal documented, ours
+  end
+
+  def test_listen_follows_agent_addr_and_port
+    assert_includes env(agent: { 'port' => 19_777 }), ['GITLAB_HAPROXY_AGENT_LISTEN', '127.0.0.1:19777']
+    assert_includes env(agent: { 'addr' => '::1' }), ['GITLAB_HAPROXY_AGENT_LISTEN', '[::1]:9777']
+    assert_includes env(settings: { 'listen' => '127.0.0.1:9777' }), ['GITLAB_HAPROXY_AGENT_LISTEN', '127.0.0.1:9777']
+    assert_refused("#{ATTR}.settings.listen", /agent.addr:agent.port/) do
+      env(settings: { 'listen' => '127.0.0.1:9999' })
+    end
+  end
+
+  def test_all_settings_render_when_set
+    all = env(settings: { 'consul_token_file' => '/etc/gitlab-haproxy-agent/consul-token', 'wait' => '30s',
+                          'startup_timeout' => '10s', 'check_timeout' => '300ms', 'max_connections' => 512,
+                          'log_format' => 'journald' })
+    assert_equal %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX GITLAB_HAPROXY_AGENT_CONSUL_ADDR
+                    GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE GITLAB_HAPROXY_AGENT_HTTP_LISTEN GITLAB_HAPROXY_AGENT_WAIT
+                    GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT
+                    GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS GITLAB_HAPROXY_AGENT_LOG_FORMAT], all.map(&:first)
+    assert_includes all, %w[GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS 512]
+  end
+
+  def test_refusals_name_the_attribute
+    assert_refused("#{ATTR}.settings", /consul_adr/) { env(settings: { 'consul_adr' => 'x' }) }
+    assert_refused("#{ATTR}.agent.prefix", /end with/) { env(agent: { 'prefix' => 'gitlab-haproxy-agent/state' }) }
+    assert_refused("#{ATTR}.agent.prefix", /empty/) { env(agent: { 'prefix' => '' }) }
+    assert_refused("#{ATTR}.agent.prefix", /start/) { env(agent: { 'prefix' => '/state/' }) }
+    assert_refused("#{ATTR}.settings.prefix", /agent.prefix/) { env(settings: { 'prefix' => 'other/' }) }
+    assert_refused("#{ATTR}.settings.wait", /empty/) { env(settings: { 'wait' => '' }) }
+    assert_refused("#{ATTR}.settings.consul_addr", /shell/) { env(settings: { 'consul_addr' => 'http://x $(id)' }) }
+    assert_refused("#{ATTR}.settings.log_format", /shell/) { env(settings: { 'log_format' => "text\nX=1" }) }
+    assert_refused("#{ATTR}.agent.port", /empty/) { env(agent: { 'port' => nil }) }
+  end
+end

@@ -1,0 +1,40 @@
+# frozen_string_literal: true
+
+require 'minitest/autorun'
+require_relative 'lib/chef_stand_in'
+
+module CookbookTestHelpers
+  ATTR = GitlabHaproxyAgent::ATTR
+  AGENT = { addr: '127.0.0.1', port: 9777, inter: '2s' }.freeze
+
+  # Sample-role attributes with `changes` (same shape, under
+  # gitlab-haproxy-agent) merged on top.
+  def sample_node(changes = {})
+    ChefStandIn.node(extra: { ATTR => changes })
+  end
+
+  def render_cfg(node)
+    ChefStandIn.render('haproxy.cfg.erb', node)
+  end
+
+  def fixture(name)
+    File.read(File.join(ChefStandIn::COOKBOOK, 'test', 'fixtures', name))
+  end
+
+  # Asserts a ConfigError whose message names `attr` (and matches `pattern`).
+  def assert_refused(attr, pattern = nil, &block)
+    error = assert_raises(GitlabHaproxyAgent::ConfigError, &block)
+    assert_includes error.message, attr
+    assert_match pattern, error.message if pattern
+    error
+  end
+
+  # server lines of a rendered config: { "backend/server" => line }
+  def server_lines(cfg)
+    backend = nil
+    cfg.each_line.with_object({}) do |line, out|
+      backend = Regexp.last_match(1) if line =~ /\Abackend (\S+)/
+      out["#{backend}/#{Regexp.last_match(1)}"] = line.strip if line =~ /\A\s+server (\S+) /
+    end
+  end
+end

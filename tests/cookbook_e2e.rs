@@ -1,0 +1,388 @@
+//! The cookbook's rendered haproxy.cfg run for real: the sample role
+//! (cookbook/gitlab-haproxy-agent/test/fixtures/sample_role.json) rendered by
+//! the cookbook's template, a real HAProxy on it, the agent and a real Consul.
+//! One write of the `canary` key drains every canary server and nothing else,
+//! a row key overrides the group for one server, deleting the keys restores
+//! all, and setting `agent.enable` false (then reloading) is a rollback.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use support::{free_port, wait_for, Agent, Consul, Haproxy, ServerState};
+
+/// agent-inter rendered into the sample (production default is 2s).
+const INTER: &str = "200ms";
+/// Several agent-inter periods: long enough for every server to be asked
+/// again after a change.
+const SETTLE: Duration = Duration::from_millis(1200);
+/// One agent-inter plus the agent's Consul wake-up, with slack for a loaded
+/// machine.
+const CONVERGE: Duration = Duration::from_secs(10);
+/// Stats socket path rendered into the config, replaced by the harness's
+/// `{SOCKET}` placeholder before HAProxy starts.
+const SOCKET_SENTINEL: &str = "/nonexistent/cookbook-e2e/admin.sock";
+
+/// Servers the sample role puts in the `canary` group (via agent.groups).
+const CANARY: [(&str, &str); 3] = [
+    ("canary_web", "web-cny-01"),
+    ("canary_web", "web-cny-02"),
+    ("canary_api", "api-cny-01"),
+];
+/// Enrolled servers in no group.
+const OTHERS: [(&str, &str); 11] = [
+    ("web", "web-01"),
+    ("web", "web-02"),
+    ("web", "web-03"),
+    ("api", "api-01"),
+    ("api", "api-02"),
+    ("ci", "ci-01"),
+    ("ci", "ci-02"),
+    ("pages", "pages-01"),
+    ("pages", "pages-02"),
+    ("registry", "registry-01"),
+    ("registry", "registry-02"),
+];
+/// The excluded backend's inline server: never enrolled.
+const EXCLUDED: (&str, &str) = ("asset_proxy", "asset_proxy");
+
+/// Answers every connection with `HTTP/1.1 200 OK` so the sample's health
+/// checks (HTTP and TCP) keep the servers UP; stopped and joined on drop.
+struct HealthServer {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl HealthServer {
+    fn start() -> HealthServer {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((mut s, _)) => {
+                        let _ = s.set_nonblocking(false);
+                        let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                        let mut buf = [0u8; 1024];
+                        let _ = s.read(&mut buf);
+                        let _ = s.write_all(
+                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+                        );
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        HealthServer {
+            port,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for HealthServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Render arguments shared by every rendering in one rig.
+struct Render {
+    health_port: u16,
+    agent_port: u16,
+    binds: [(&'static str, u16); 3],
+}
+
+impl Render {
+    /// `ruby cookbook/gitlab-haproxy-agent/test/render_sample.rb ...`, with
+    /// the stats socket left as the harness's `{SOCKET}` placeholder.
+    fn config(&self, agent_enabled: bool) -> String {
+        let script: PathBuf = [
+            env!("CARGO_MANIFEST_DIR"),
+            "cookbook/gitlab-haproxy-agent/test/render_sample.rb",
+        ]
+        .iter()
+        .collect();
+        let mut cmd = Command::new("ruby");
+        cmd.arg(&script)
+            .arg("--server-addr")
+            .arg(format!("127.0.0.1:{}", self.health_port))
+            .arg("--agent-port")
+            .arg(self.agent_port.to_string())
+            .args(["--agent-inter", INTER, "--stats-socket", SOCKET_SENTINEL]);
+        for (frontend, port) in self.binds {
+            cmd.arg("--bind")
+                .arg(format!("{frontend}=127.0.0.1:{port}"));
+        }
+        if !agent_enabled {
+            cmd.arg("--disable-agent");
+        }
+        let out = cmd.output().expect("ruby runs render_sample.rb");
+        assert!(
+            out.status.success(),
+            "render_sample.rb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cfg = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            cfg.matches(SOCKET_SENTINEL).count(),
+            1,
+            "one stats socket:\n{cfg}"
+        );
+        assert!(
+            !cfg.contains("server-state"),
+            "no server-state file:\n{cfg}"
+        );
+        assert_eq!(
+            cfg.matches(" agent-check ").count(),
+            if agent_enabled { 14 } else { 0 }
+        );
+        cfg.replace(SOCKET_SENTINEL, "{SOCKET}")
+    }
+}
+
+struct Rig {
+    consul: Consul,
+    agent: Agent,
+    haproxy: Haproxy,
+    render: Render,
+    _health: HealthServer,
+}
+
+fn rig() -> Rig {
+    let health = HealthServer::start();
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let render = Render {
+        health_port: health.port,
+        agent_port: agent.listen.port(),
+        binds: [
+            ("main", free_port()),
+            ("registry", free_port()),
+            ("pages", free_port()),
+        ],
+    };
+    let haproxy = Haproxy::start(&render.config(true));
+    let rig = Rig {
+        consul,
+        agent,
+        haproxy,
+        render,
+        _health: health,
+    };
+    // Every enrolled server's agent-send line reaches the agent and is read
+    // as a known row (the agent counts the rows it was asked about).
+    let seen = wait_for(CONVERGE, || {
+        (rows_seen(&rig.agent) == Some(14.0)).then_some(())
+    });
+    assert!(
+        seen.is_some(),
+        "agent did not see the 14 enrolled rows (saw {:?}):\n{}",
+        rows_seen(&rig.agent),
+        rig.agent.log()
+    );
+    rig
+}
+
+/// `gitlab_haproxy_agent_rows_seen`, or None while the agent does not show it.
+fn rows_seen(agent: &Agent) -> Option<f64> {
+    let (_, text) = agent.http_get("/metrics")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("gitlab_haproxy_agent_rows_seen "))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+type Key = (String, String);
+
+fn key((backend, server): (&str, &str)) -> Key {
+    (backend.to_string(), server.to_string())
+}
+
+/// (admin_state, uweight, iweight) of every server.
+fn admin_view(h: &Haproxy) -> HashMap<Key, (u32, u32, u32)> {
+    h.servers_state()
+        .into_iter()
+        .map(|(k, s)| (k, (s.admin_state, s.uweight, s.iweight)))
+        .collect()
+}
+
+/// What a ready server at its configured weight looks like.
+fn ready_view(h: &Haproxy) -> HashMap<Key, (u32, u32, u32)> {
+    admin_view(h)
+        .into_iter()
+        .map(|(k, (_, _, iw))| (k, (0, iw, iw)))
+        .collect()
+}
+
+/// Waits until every server matches `expected` (bounded by CONVERGE).
+fn wait_view(h: &Haproxy, expected: &HashMap<Key, (u32, u32, u32)>, what: &str) {
+    let ok = wait_for(CONVERGE, || (admin_view(h) == *expected).then_some(()));
+    if ok.is_none() {
+        let now = admin_view(h);
+        let mut diff: Vec<String> = expected
+            .iter()
+            .filter(|(k, v)| now.get(*k) != Some(*v))
+            .map(|(k, v)| format!("{}/{}: want {v:?} got {:?}", k.0, k.1, now.get(k)))
+            .collect();
+        diff.sort();
+        panic!("{what}: servers did not converge:\n{}", diff.join("\n"));
+    }
+}
+
+fn drained(s: &ServerState) -> bool {
+    s.is_drain() && !s.is_maint() && s.uweight == s.iweight
+}
+
+#[test]
+fn sample_role_layout_is_what_the_role_defines() {
+    let rig = rig();
+    let state = rig.haproxy.servers_state();
+    let mut names: Vec<&Key> = state.keys().collect();
+    names.sort();
+    let mut expected: Vec<Key> = CANARY
+        .iter()
+        .chain(OTHERS.iter())
+        .map(|s| key(*s))
+        .collect();
+    expected.push(key(EXCLUDED));
+    expected.sort();
+    assert_eq!(names, expected.iter().collect::<Vec<_>>());
+    for s in CANARY.iter().chain(OTHERS.iter()) {
+        let row = &state[&key(*s)];
+        assert_eq!(
+            (row.admin_state, row.uweight, row.iweight),
+            (0, 100, 100),
+            "{s:?}"
+        );
+    }
+    // The health checks pass (servers UP) alongside the agent checks.
+    let up = wait_for(CONVERGE, || {
+        rig.haproxy
+            .servers_state()
+            .values()
+            .all(|s| s.op_state == 2)
+            .then_some(())
+    });
+    assert!(
+        up.is_some(),
+        "servers not UP: {:?}",
+        rig.haproxy.servers_state()
+    );
+}
+
+#[test]
+fn canary_write_drains_canary_only_row_key_overrides_delete_restores() {
+    let rig = rig();
+    let h = &rig.haproxy;
+    let ready = ready_view(h);
+    wait_view(h, &ready, "start");
+
+    // One write of the group key.
+    rig.consul.put("canary", "drain");
+    let mut want = ready.clone();
+    for s in CANARY {
+        want.insert(key(s), (8, 100, 100));
+    }
+    wait_view(h, &want, "canary=drain");
+    for s in CANARY {
+        assert!(
+            drained(&h.server(s.0, s.1)),
+            "{s:?} drained by the group key"
+        );
+    }
+    // Nothing else moves, however many agent checks pass.
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        admin_view(h),
+        want,
+        "canary=drain must change the canary servers only"
+    );
+
+    // A row key wins over the group for its server only; a weight row key
+    // sets a share of the configured weight.
+    rig.consul.put("canary_web/web-cny-01", "ready");
+    rig.consul.put("web/web-02", "50%");
+    want.insert(key(("canary_web", "web-cny-01")), (0, 100, 100));
+    want.insert(key(("web", "web-02")), (0, 50, 100));
+    wait_view(h, &want, "row keys");
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        admin_view(h),
+        want,
+        "row keys must change their own servers only"
+    );
+
+    // Deleting the keys restores every server.
+    rig.consul.delete("canary");
+    rig.consul.delete("canary_web/web-cny-01");
+    rig.consul.delete("web/web-02");
+    wait_view(h, &ready, "keys deleted");
+    std::thread::sleep(SETTLE);
+    assert_eq!(admin_view(h), ready, "all servers ready at full weight");
+}
+
+#[test]
+fn disabling_the_agent_is_a_rollback_and_reenabling_reapplies_consul() {
+    let rig = rig();
+    let h = &rig.haproxy;
+    let ready = ready_view(h);
+    rig.consul.put("canary", "drain");
+    rig.consul.put("registry/registry-01", "maint");
+    let mut want = ready.clone();
+    for s in CANARY {
+        want.insert(key(s), (8, 100, 100));
+    }
+    want.insert(key(("registry", "registry-01")), (1, 100, 100));
+    wait_view(h, &want, "drained before rollback");
+
+    // agent.enable false: the config without agent options, reloaded. With
+    // no server-state file, every server comes back ready and stays so.
+    let cfg_path = h.socket().with_file_name("haproxy.cfg");
+    assert!(
+        cfg_path.exists(),
+        "harness config at {}",
+        cfg_path.display()
+    );
+    let disabled = rig
+        .render
+        .config(false)
+        .replace("{SOCKET}", h.socket().to_str().unwrap());
+    std::fs::write(&cfg_path, disabled).unwrap();
+    h.reload();
+    wait_view(h, &ready, "after rollback reload");
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        admin_view(h),
+        ready,
+        "no agent, no drain, whatever Consul holds"
+    );
+
+    // Enabled again: the agent re-applies the state still in Consul.
+    let enabled = rig
+        .render
+        .config(true)
+        .replace("{SOCKET}", h.socket().to_str().unwrap());
+    std::fs::write(&cfg_path, enabled).unwrap();
+    h.reload();
+    wait_view(h, &want, "after re-enable reload");
+
+    rig.consul.delete("canary");
+    rig.consul.delete("registry/registry-01");
+    wait_view(h, &ready, "keys deleted");
+}

@@ -159,12 +159,26 @@ fn http_request(
     path: &str,
     body: &[u8],
 ) -> Option<(u16, HashMap<String, String>, Vec<u8>)> {
+    http_request_as(addr, None, method, path, body)
+}
+
+/// One HTTP/1.1 request with an optional `X-Consul-Token`.
+fn http_request_as(
+    addr: SocketAddr,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: &[u8],
+) -> Option<(u16, HashMap<String, String>, Vec<u8>)> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
     stream
         .set_read_timeout(Some(Duration::from_secs(15)))
         .ok()?;
+    let token = token
+        .map(|t| format!("X-Consul-Token: {t}\r\n"))
+        .unwrap_or_default();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{token}Content-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).ok()?;
@@ -213,6 +227,7 @@ pub struct Consul {
     ports: [u16; 6],
     dir: TempDir,
     extra_args: Vec<String>,
+    token: Option<String>,
 }
 
 impl Consul {
@@ -224,8 +239,14 @@ impl Consul {
 
     /// Starts Consul with extra arguments (e.g. `-config-file`).
     pub fn start_with(extra: &[&str]) -> Consul {
+        Self::start_on(free_port(), extra)
+    }
+
+    /// Starts Consul with its HTTP API on `http_port` (other listeners on
+    /// free ports), e.g. to bring up Consul where an agent already looks.
+    pub fn start_on(http_port: u16, extra: &[&str]) -> Consul {
         let ports = [
-            free_port(),
+            http_port,
             free_port(),
             free_port(),
             free_port(),
@@ -240,6 +261,41 @@ impl Consul {
             ports,
             dir,
             extra_args,
+            token: None,
+        };
+        consul.wait_leader();
+        consul
+    }
+
+    /// Starts Consul with ACLs enabled, default policy deny, and
+    /// `master_token` as the management token the harness then uses for its
+    /// own requests.
+    pub fn start_acl(master_token: &str) -> Consul {
+        let dir = TempDir::new("consul-acl");
+        let cfg = dir.path().join("acl.json");
+        std::fs::write(
+            &cfg,
+            format!(
+                r#"{{"primary_datacenter":"dc1","acl":{{"enabled":true,"default_policy":"deny","down_policy":"extend-cache","tokens":{{"master":"{master_token}","agent":"{master_token}"}}}}}}"#
+            ),
+        )
+        .unwrap();
+        let ports = [
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+            free_port(),
+        ];
+        let extra_args = vec![format!("-config-file={}", cfg.display())];
+        let proc = Self::spawn(&ports, &dir, &extra_args);
+        let consul = Consul {
+            proc,
+            ports,
+            dir,
+            extra_args,
+            token: Some(master_token.to_string()),
         };
         consul.wait_leader();
         consul
@@ -267,7 +323,13 @@ impl Consul {
 
     fn wait_leader(&self) {
         let ok = wait_for(Duration::from_secs(30), || {
-            let (status, _, body) = http_request(self.addr(), "GET", "/v1/status/leader", b"")?;
+            let (status, _, body) = http_request_as(
+                self.addr(),
+                self.token.as_deref(),
+                "GET",
+                "/v1/status/leader",
+                b"",
+            )?;
             (status == 200 && body.len() > 4).then_some(())
         });
         assert!(
@@ -276,7 +338,13 @@ impl Consul {
             self.proc.log()
         );
         let ok = wait_for(Duration::from_secs(10), || {
-            let (status, _, _) = http_request(self.addr(), "PUT", "/v1/kv/gha-test-ping", b"1")?;
+            let (status, _, _) = http_request_as(
+                self.addr(),
+                self.token.as_deref(),
+                "PUT",
+                "/v1/kv/gha-test-ping",
+                b"1",
+            )?;
             (status == 200).then_some(())
         });
         assert!(
@@ -321,7 +389,7 @@ impl Consul {
         path: &str,
         body: &[u8],
     ) -> (u16, HashMap<String, String>, Vec<u8>) {
-        http_request(self.addr(), method, path, body)
+        http_request_as(self.addr(), self.token.as_deref(), method, path, body)
             .unwrap_or_else(|| panic!("Consul did not answer {method} {path}"))
     }
 
@@ -575,6 +643,17 @@ impl Agent {
 
     /// Like [`Agent::spawn`] on the given ports (to restart in place).
     pub fn spawn_on(consul_url: &str, port: u16, http_port: u16, extra: &[&str]) -> Agent {
+        Self::spawn_env(consul_url, port, http_port, &[], extra)
+    }
+
+    /// Like [`Agent::spawn_on`] with extra environment variables.
+    pub fn spawn_env(
+        consul_url: &str,
+        port: u16,
+        http_port: u16,
+        envs: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Agent {
         let dir = TempDir::new("agent");
         let listen = SocketAddr::from(([127, 0, 0, 1], port));
         let http = SocketAddr::from(([127, 0, 0, 1], http_port));
@@ -588,7 +667,8 @@ impl Agent {
             .arg("--http-listen")
             .arg(http.to_string())
             .args(["--wait", "5s", "--log-format", "text"])
-            .args(extra);
+            .args(extra)
+            .envs(envs.iter().copied());
         let proc = Proc::spawn(cmd, dir.path().join("agent.log"));
         Agent {
             proc,
@@ -616,6 +696,11 @@ impl Agent {
     /// The process.
     pub fn proc(&mut self) -> &mut Proc {
         &mut self.proc
+    }
+
+    /// The process, read-only (to signal it).
+    pub fn proc_ref(&self) -> &Proc {
+        &self.proc
     }
 
     /// The agent's log so far.

@@ -1,0 +1,105 @@
+//! The exact sd_notify sequence on a real NOTIFY_SOCKET: nothing that says
+//! READY before the first Consul sync, READY after, WATCHDOG pings while
+//! healthy, STOPPING on SIGTERM.
+
+mod support;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use support::{free_port, Agent, Consul, TempDir};
+
+/// Reads every datagram that arrives within `within`.
+fn drain(socket: &UnixDatagram, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        socket
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match socket.recv(&mut buf) {
+            Ok(n) => out.push(String::from_utf8_lossy(&buf[..n]).to_string()),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Reads datagrams until one satisfies `want`, for at most `within`.
+fn until(socket: &UnixDatagram, within: Duration, want: impl Fn(&str) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        socket
+            .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        let Ok(n) = socket.recv(&mut buf) else { break };
+        let msg = String::from_utf8_lossy(&buf[..n]).to_string();
+        let done = want(&msg);
+        seen.push(msg);
+        if done {
+            return seen;
+        }
+    }
+    panic!("no matching notification within {within:?}; got {seen:?}");
+}
+
+#[test]
+fn notifies_ready_only_after_first_sync_then_watchdog_then_stopping() {
+    let dir = TempDir::new("notify");
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    let consul_port = free_port();
+    let mut agent = Agent::spawn_env(
+        &format!("http://127.0.0.1:{consul_port}"),
+        free_port(),
+        free_port(),
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "1000000"),
+        ],
+        &["--startup-timeout", "60s"],
+    );
+
+    // Consul held back: the agent says what it is doing, never READY.
+    let early = drain(&socket, Duration::from_millis(1500));
+    assert!(
+        early.iter().all(|m| !m.lines().any(|l| l == "READY=1")),
+        "{early:?}"
+    );
+    assert!(
+        early
+            .iter()
+            .any(|m| m.contains("STATUS=Consul unreachable")),
+        "{early:?}"
+    );
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 503);
+
+    let _consul = Consul::start_on(consul_port, &[]);
+    let seen = until(&socket, Duration::from_secs(20), |m| {
+        m.lines().any(|l| l == "READY=1")
+    });
+    let ready = seen.last().unwrap();
+    assert!(ready.contains("STATUS=synced, "), "{ready}");
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 200);
+
+    // Watchdog pings every half WATCHDOG_USEC while both loops beat.
+    let after = drain(&socket, Duration::from_millis(1600));
+    let pings = after
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "WATCHDOG=1"))
+        .count();
+    assert!(pings >= 2, "{after:?}");
+
+    agent.proc().signal("TERM");
+    until(&socket, Duration::from_secs(5), |m| {
+        m.lines().any(|l| l == "STOPPING=1")
+    });
+    let status = agent
+        .proc()
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits");
+    assert!(status.success());
+}

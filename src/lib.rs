@@ -99,6 +99,10 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sighup = signal(SignalKind::hangup())?;
 
+    // The watchdog runs from the start: systemd arms it when the unit starts,
+    // and the first sync can take up to `startup_timeout`.
+    tracker.spawn(notify::watchdog(shared.clone(), shutdown.clone()));
+
     let first = tokio::select! {
         r = watcher.first_sync(config.startup_timeout) => r,
         _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
@@ -118,7 +122,6 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     notify::ready(&format!("synced, {keys} keys, index {index}"));
 
     tracker.spawn(watcher.run(shutdown.clone()));
-    tracker.spawn(notify::watchdog(shared.clone(), shutdown.clone()));
 
     loop {
         tokio::select! {

@@ -89,7 +89,9 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_state_changes_total`: key changes applied
     /// (added, changed or removed).
     pub state_changes: IntCounter,
-    answers: IntCounterVec,
+    /// One counter per [`AnswerKind`], in [`AnswerKind::ALL`] order, resolved
+    /// once so the responder's hot path does no label lookup.
+    answers: [IntCounter; AnswerKind::ALL.len()],
     /// `gitlab_haproxy_agent_answer_duration_seconds`: from accept to the
     /// reply written (or the connection closed without one).
     pub answer_duration: Histogram,
@@ -217,10 +219,8 @@ impl Metrics {
             &["kind"],
         )
         .unwrap();
-        for k in AnswerKind::ALL {
-            answers.with_label_values(&[k.as_str()]);
-        }
-        reg(Box::new(answers.clone()));
+        let answer_counters = AnswerKind::ALL.map(|k| answers.with_label_values(&[k.as_str()]));
+        reg(Box::new(answers));
 
         let answer_duration = Histogram::with_opts(
             HistogramOpts::new(
@@ -287,7 +287,7 @@ impl Metrics {
             keys,
             invalid_keys,
             state_changes,
-            answers,
+            answers: answer_counters,
             answer_duration,
             connections_in_flight,
             connections_refused,
@@ -304,10 +304,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The counter for one answer kind, resolved once so the responder's hot
-    /// path does no label lookup.
-    pub fn answers(&self, kind: AnswerKind) -> IntCounter {
-        self.answers.with_label_values(&[kind.as_str()])
+    /// The counter for one answer kind.
+    pub fn answers(&self, kind: AnswerKind) -> &IntCounter {
+        &self.answers[kind as usize]
     }
 
     /// Renders the registry in the Prometheus text format, version 0.0.4.
@@ -362,6 +361,24 @@ mod tests {
         }
         assert!(text.contains("gitlab_haproxy_agent_build_info{version=\""));
         assert!(text.contains("process_start_time_seconds"));
+    }
+
+    #[test]
+    fn answer_counters_are_indexed_by_kind() {
+        let m = Metrics::new();
+        for (i, k) in AnswerKind::ALL.into_iter().enumerate() {
+            assert_eq!(k as usize, i);
+            m.answers(k).inc_by(i as u64 + 1);
+        }
+        let text = m.render(unix_now());
+        for (i, k) in AnswerKind::ALL.into_iter().enumerate() {
+            let line = format!(
+                "gitlab_haproxy_agent_answers_total{{kind=\"{}\"}} {}",
+                k.as_str(),
+                i + 1
+            );
+            assert!(text.contains(&line), "missing {line}");
+        }
     }
 
     #[test]

@@ -1,0 +1,477 @@
+#!/usr/bin/env bash
+# The Debian package under a real systemd: boots a minimal Debian bookworm in
+# systemd-nspawn, installs the .deb there and checks the unit's behaviour
+# against a real Consul (ACLs on, default policy deny) started on free
+# loopback ports:
+#   - install creates the system user and an empty token file; the unit is
+#     enabled; nothing starts while policy-rc.d forbids it;
+#   - with Consul down the unit stays "activating" and restarts, never
+#     "active"; it becomes active only after the first Consul sync;
+#   - an empty credential means no token (default deny: the prefix looks
+#     empty); the token from LoadCredential= is then used;
+#   - journald gets structured fields; the token is never logged;
+#   - watchdog pings keep it alive; SIGKILL -> restarted; SIGSTOP -> the
+#     watchdog restarts it;
+#   - reinstall and upgrade keep an edited /etc/default file and restart the
+#     unit; remove, install (with Consul unreachable), purge, install again
+#     (settings written first, as the cookbook does) all succeed.
+#
+# Usage: debian/tests/nspawn.sh        (as root)
+#   DEB=path     test this .deb instead of building one with `cargo deb`
+#   CACHE_DIR=   where the debootstrap tree is cached as a tarball
+#                (default /var/cache/gitlab-haproxy-agent-test)
+#   DEBOOTSTRAP_MIRROR=url   mirror for debootstrap (default: its own)
+# Needs: systemd-container, debootstrap, consul, curl, jq, iproute2.
+
+# Functions are mostly called through check/wait_for (SC2317); '$' in single
+# quotes is meant for dpkg-query, awk and inner shells (SC2016).
+# shellcheck disable=SC2317,SC2016
+set -uo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+pkg=gitlab-haproxy-agent
+unit=$pkg.service
+prefix=gitlab-haproxy-agent/state/
+cache_dir=${CACHE_DIR:-/var/cache/gitlab-haproxy-agent-test}
+cache_tar=$cache_dir/bookworm-minbase.tar
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); echo "ok   - $*"; }
+fail() { failed=$((failed + 1)); echo "FAIL - $*"; }
+check() { # check "description" command...
+	local what=$1
+	shift
+	if "$@"; then pass "$what"; else fail "$what"; fi
+}
+finish() {
+	echo "$passed passed, $failed failed"
+	[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
+	exit $?
+}
+log() { echo "# $*"; }
+not() { ! "$@"; }
+
+# wait_for SECONDS command...: true as soon as the command succeeds.
+wait_for() {
+	local end=$((SECONDS + $1))
+	shift
+	while :; do
+		"$@" && return 0
+		[ "$SECONDS" -ge "$end" ] && return 1
+		sleep 0.5
+	done
+}
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "nspawn.sh: run as root (systemd-nspawn, nsenter)" >&2
+	exit 1
+fi
+for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock; do
+	command -v "$tool" >/dev/null || {
+		fail "tool '$tool' is missing (scripts/install-deps.sh installs it)"
+		finish
+	}
+done
+
+work=$(mktemp -d /var/tmp/$pkg-nspawn.XXXXXX)
+if [ -z "$work" ] || [ ! -d "$work" ]; then
+	echo "nspawn.sh: mktemp failed" >&2
+	exit 1
+fi
+# Every path written below is under $root, the container's tree.
+root=$work/root
+nspawn_pid=
+consul_pid=
+ct_pid=
+
+cleanup() {
+	local pid
+	for pid in $nspawn_pid $consul_pid; do
+		kill -TERM "$pid" 2>/dev/null || continue
+		for _ in $(seq 1 40); do
+			kill -0 "$pid" 2>/dev/null || break
+			sleep 0.25
+		done
+		kill -KILL "$pid" 2>/dev/null
+		wait "$pid" 2>/dev/null
+	done
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# --- the package ----------------------------------------------------------------
+deb=${DEB:-}
+if [ -z "$deb" ]; then
+	start=$SECONDS
+	if (cd "$repo" && cargo deb --output "$work/" >"$work/cargo-deb.log" 2>&1); then
+		deb=$(find "$work" -maxdepth 1 -name "${pkg}_*.deb" | head -n 1)
+		log "cargo deb built $(basename "$deb") in $((SECONDS - start)) s"
+	else
+		tail -n 30 "$work/cargo-deb.log"
+		fail "cargo deb"
+		finish
+	fi
+fi
+[ -f "$deb" ] || {
+	fail "no .deb at '$deb'"
+	finish
+}
+# A newer version of the same package, to test a real upgrade.
+version=$(dpkg-deb -f "$deb" Version)
+newer_version=$version+1
+dpkg-deb -R "$deb" "$work/repack"
+sed -i "s/^Version: .*/Version: $newer_version/" "$work/repack/DEBIAN/control"
+dpkg-deb -b --root-owner-group "$work/repack" "$work/newer.deb" >/dev/null
+rm -rf "$work/repack"
+
+# --- the Debian tree: debootstrap once, cached as a tarball ------------------------
+mkdir -p "$cache_dir"
+(
+	flock -w 600 9 || exit 1
+	[ -s "$cache_tar" ] && exit 0
+	log "debootstrap bookworm into the cache (about 30 s, once)"
+	tmp=$(mktemp -d "$cache_dir/tree.XXXXXX")
+	chmod 755 "$tmp" # the tree's / (mktemp makes it 0700)
+	# shellcheck disable=SC2086 # the mirror is an optional extra argument
+	if timeout 600 debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus \
+		bookworm "$tmp" ${DEBOOTSTRAP_MIRROR:-} >"$work/debootstrap.log" 2>&1 &&
+		tar -C "$tmp" -cf "$cache_tar.new" . && mv "$cache_tar.new" "$cache_tar"; then
+		rm -rf "$tmp"
+	else
+		tail -n 20 "$work/debootstrap.log"
+		rm -rf "$tmp" "$cache_tar.new"
+		exit 1
+	fi
+) 9>"$cache_dir/.lock" || {
+	fail "debootstrap of the bookworm tree"
+	finish
+}
+mkdir -p "$root"
+tar -C "$root" -xf "$cache_tar" || {
+	fail "unpack $cache_tar"
+	finish
+}
+chmod 755 "$root" # services running as other users must reach /
+
+# --- free loopback ports ----------------------------------------------------------
+taken=" $(ss -Htuan | awk '{ n = split($5, a, ":"); print a[n] }' | sort -u | tr '\n' ' ') "
+free_port() {
+	local p
+	for _ in $(seq 1 200); do
+		p=$((20000 + RANDOM % 30000))
+		case $taken in *" $p "*) continue ;; esac
+		taken="$taken$p "
+		echo "$p"
+		return 0
+	done
+	return 1
+}
+consul_http=$(free_port) consul_dns=$(free_port) consul_serf_lan=$(free_port)
+consul_serf_wan=$(free_port) consul_server=$(free_port) consul_grpc=$(free_port)
+agent_port=$(free_port) http_port=$(free_port)
+log "ports: consul http $consul_http, agent $agent_port, agent http $http_port"
+
+# --- boot the container -------------------------------------------------------------
+# The package must not start the unit on the first install: the test writes
+# its ports into /etc/default first (as an operator or Chef would).
+printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+chmod 755 "$root/usr/sbin/policy-rc.d"
+cp "$deb" "$root/root/package.deb"
+cp "$work/newer.deb" "$root/root/newer.deb"
+
+systemd-nspawn --register=no --keep-unit -q --console=read-only -D "$root" -b \
+	</dev/null >"$work/console.log" 2>&1 &
+nspawn_pid=$!
+# The container's PID 1: the `systemd` child of systemd-nspawn (an
+# intermediate child comes and goes first).
+find_init() { ct_pid=$(pgrep -P "$nspawn_pid" -x systemd | head -n 1) && [ -n "$ct_pid" ]; }
+if ! wait_for 30 find_init; then
+	tail -n 20 "$work/console.log"
+	fail "container PID 1 found"
+	finish
+fi
+
+# in_ct command...: run a command inside the container (bounded in time).
+in_ct() {
+	timeout 120 nsenter -t "$ct_pid" -m -u -i -n -p -- \
+		env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive \
+		SYSTEMD_PAGER=cat "$@"
+}
+booted() {
+	local s
+	s=$(in_ct systemctl is-system-running 2>/dev/null)
+	[ "$s" = running ] || [ "$s" = degraded ]
+}
+start=$SECONDS
+if wait_for 60 booted; then
+	pass "systemd booted in the container in $((SECONDS - start)) s ($(in_ct systemctl --version | head -n 1))"
+else
+	tail -n 20 "$work/console.log"
+	fail "systemd booted in the container"
+	finish
+fi
+
+prop() { in_ct systemctl show -p "$1" --value "$unit" 2>/dev/null; }
+state() { prop ActiveState; }
+is_active() { [ "$(state)" = active ]; }
+main_pid() { prop MainPID; }
+restarts() { prop NRestarts; }
+http_code() { curl -s -o /dev/null -m 3 -w '%{http_code}' "http://127.0.0.1:$http_port$1"; }
+# agent_answer LINE: the reply to one agent-send line, without its LF.
+agent_answer() {
+	timeout 5 bash -c '
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		printf "%s\n" "$2" >&3
+		IFS= read -r -t 3 line <&3
+		printf "%s" "$line"' _ "$agent_port" "$1" 2>/dev/null
+}
+answer_is() { [ "$(agent_answer "$1")" = "$2" ]; }
+dpkg_ct() { # dpkg_ct args...: dpkg in the container, output in the log
+	in_ct dpkg "$@" >"$work/dpkg.log" 2>&1 || {
+		tail -n 20 "$work/dpkg.log"
+		return 1
+	}
+}
+installed() { in_ct dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null; }
+installed_is() { [ "$(installed)" = "install ok installed $1" ]; }
+# restarted_since PID: a new main process, and the unit active.
+restarted_since() { [ "$(main_pid)" != "$1" ] && is_active; }
+environ_has() { in_ct cat "/proc/$1/environ" | tr '\0' '\n' | grep -q "^$2="; }
+as_user() { in_ct setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@" 2>/dev/null; }
+shell_of() { in_ct getent passwd "$1" | cut -d: -f7; }
+metric_present() { curl -s -m 3 "http://127.0.0.1:$http_port/metrics" | grep -q "^$1 "; }
+journal_has() { in_ct journalctl -u "$unit" --no-pager | grep -q "$1"; }
+sha() { in_ct sha256sum "$1" 2>/dev/null | cut -d' ' -f1; }
+dump_unit() {
+	in_ct systemctl status --no-pager -n 0 "$unit" | head -n 12
+	in_ct journalctl -u "$unit" --no-pager -n 20 -o short-monotonic
+}
+
+# --- install --------------------------------------------------------------------------
+check "install: dpkg -i succeeds" dpkg_ct -i /root/package.deb
+check "install: package is installed ($(installed))" installed_is "$version"
+uid=$(in_ct id -u "$pkg" 2>/dev/null)
+check "install: system user $pkg exists (uid ${uid:-none})" test -n "$uid"
+check "install: it is a system uid (< 1000)" test "${uid:-1000}" -lt 1000
+check "install: its shell is nologin" test "$(shell_of "$pkg")" = /usr/sbin/nologin
+check "install: empty token file, root 0600" \
+	test "$(in_ct stat -c '%U %a %s' /etc/$pkg/consul-token)" = "root 600 0"
+check "install: token folder root 0700" test "$(in_ct stat -c '%U %a' /etc/$pkg)" = "root 700"
+check "install: unit enabled" test "$(in_ct systemctl is-enabled "$unit")" = enabled
+check "install: unit not started while policy-rc.d forbids it" test "$(state)" = inactive
+
+# The operator's edits: this test's ports, appended to the packaged file.
+cat >>"$root/etc/default/$pkg" <<EOF
+
+# Set for this machine.
+GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$consul_http
+GITLAB_HAPROXY_AGENT_LISTEN=127.0.0.1:$agent_port
+GITLAB_HAPROXY_AGENT_HTTP_LISTEN=127.0.0.1:$http_port
+EOF
+edited_sha=$(sha /etc/default/$pkg)
+rm -f "$root/usr/sbin/policy-rc.d"
+
+# --- Consul down: activating, restarting, never active ----------------------------------
+in_ct systemctl start --no-block "$unit"
+seen=" "
+start=$SECONDS
+while [ $((SECONDS - start)) -lt 20 ]; do
+	s=$(state)/$(prop SubState)
+	case $seen in *" $s "*) ;; *) seen="$seen$s " ;; esac
+	sleep 0.5
+done
+log "states seen with Consul down:$seen"
+check "Consul down: never active in 20 s" not grep -q ' active/' <<<"$seen"
+check "Consul down: activating" grep -q ' activating/' <<<"$seen"
+check "Consul down: restarted by systemd (NRestarts=$(restarts))" test "$(restarts)" -ge 1
+check "Consul down: /-/ready is not 200" test "$(http_code /-/ready)" != 200
+
+# --- Consul with ACLs: default deny, a read token on the prefix ------------------------
+uuid() { cat /proc/sys/kernel/random/uuid; }
+master=$(uuid)
+token=$(uuid)
+cat >"$work/acl.json" <<EOF
+{"acl": {"enabled": true, "default_policy": "deny", "down_policy": "extend-cache",
+         "tokens": {"master": "$master", "agent": "$master"}}}
+EOF
+consul agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$consul_http" \
+	-dns-port "$consul_dns" -serf-lan-port "$consul_serf_lan" -serf-wan-port "$consul_serf_wan" \
+	-server-port "$consul_server" -grpc-port "$consul_grpc" -config-file "$work/acl.json" \
+	</dev/null >"$work/consul.log" 2>&1 &
+consul_pid=$!
+capi() { # capi METHOD PATH [BODY]: Consul API call with the master token
+	curl -sf -m 5 -X "$1" -H "X-Consul-Token: $master" "http://127.0.0.1:$consul_http$2" ${3:+--data "$3"}
+}
+has_leader() { [[ "$(curl -s -m 2 "http://127.0.0.1:$consul_http/v1/status/leader")" == *:* ]]; }
+make_policy() {
+	capi PUT /v1/acl/policy "{\"Name\": \"$pkg-read\",
+		\"Rules\": \"key_prefix \\\"$prefix\\\" { policy = \\\"read\\\" }\"}" >/dev/null
+}
+if wait_for 30 has_leader && wait_for 30 make_policy &&
+	capi PUT /v1/acl/token "{\"SecretID\": \"$token\", \"Policies\": [{\"Name\": \"$pkg-read\"}]}" >/dev/null &&
+	[ "$(capi PUT "/v1/kv/${prefix}web/web-01" drain)" = true ]; then
+	pass "Consul up with ACLs (default deny), read token on $prefix, ${prefix}web/web-01=drain"
+else
+	tail -n 20 "$work/consul.log"
+	fail "Consul with ACLs"
+fi
+# What the agent reads with no token: the denied keys are filtered out, so the
+# prefix answers 404 like an empty one.
+check "Consul hides the prefix without a token (404)" \
+	test "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "http://127.0.0.1:$consul_http/v1/kv/$prefix?recurse")" = 404
+
+# --- first sync: active only after it -----------------------------------------------------
+start=$SECONDS
+if wait_for 60 is_active; then
+	pass "Consul up: unit active $((SECONDS - start)) s later"
+	check "active means synced: /-/ready is 200" test "$(http_code /-/ready)" = 200
+else
+	fail "Consul up: unit active within 60 s (is READY=1 sent after the first sync?)"
+	dump_unit
+fi
+check "empty credential = no token: the denied prefix looks empty (ready 100%)" \
+	wait_for 10 answer_is web/web-01 "ready 100%"
+
+# --- the token through LoadCredential= ---------------------------------------------------------
+printf '%s\n' "$token" >"$root/etc/$pkg/consul-token"
+pid=$(main_pid)
+in_ct systemctl restart --no-block "$unit"
+start=$SECONDS
+if wait_for 60 restarted_since "$pid"; then
+	pass "restarted with the token: active $((SECONDS - start)) s later"
+else
+	fail "restarted with the token: active within 60 s"
+	dump_unit
+fi
+check "token used: web/web-01 answers 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+pid=$(main_pid)
+check "process runs as $pkg" \
+	test "$(in_ct awk '/^Uid:/ { print $2 }' "/proc/$pid/status")" = "$uid"
+check "process has \$CREDENTIALS_DIRECTORY" environ_has "$pid" CREDENTIALS_DIRECTORY
+check "user $pkg cannot read the token file itself" not as_user cat "/etc/$pkg/consul-token"
+check "metrics served under the hardened unit (process_start_time_seconds)" \
+	metric_present process_start_time_seconds
+
+# --- journald -------------------------------------------------------------------------
+in_ct journalctl -u "$unit" -o json --no-pager >"$work/journal.json" 2>/dev/null
+own=$(jq -c --arg u "$unit" 'select(._SYSTEMD_UNIT == $u and ._PID != "1")' "$work/journal.json")
+structured=$(jq -c 'select(._TRANSPORT == "journal")
+	| [keys[] | select(startswith("_") | not)
+	  | select(IN("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP") | not)]
+	| select(length > 0)' <<<"$own" | head -n 1)
+log "agent journal entries: $(grep -c . <<<"$own"), transports: $(jq -r '._TRANSPORT' <<<"$own" | sort | uniq -c | tr -s ' \n' ' ')"
+if [ -n "$structured" ]; then
+	pass "journalctl -o json: structured fields from the agent $structured"
+else
+	fail "journalctl -o json: no entry from the agent with fields of its own (native journald logging?)"
+	jq -c '{MESSAGE, _TRANSPORT}' <<<"$own" | head -n 3
+fi
+check "the token is never logged" not grep -q "$token" "$work/journal.json"
+
+# --- watchdog pings keep it alive -----------------------------------------------------------
+watchdog_usec=$(prop WatchdogUSec)
+pid=$(main_pid)
+n=$(restarts)
+ping1=$(prop WatchdogTimestampMonotonic)
+sleep 25
+ping2=$(prop WatchdogTimestampMonotonic)
+log "WatchdogUSec=$watchdog_usec, last ping at ${ping1}us then ${ping2}us (monotonic)"
+check "watchdog: pings received (WatchdogTimestamp advances)" test "${ping2:-0}" -gt "${ping1:-0}"
+check "watchdog: same process, no restart over 25 s" \
+	test "$(main_pid)/$(restarts)/$(state)" = "$pid/$n/active"
+
+# --- SIGKILL -> restarted ---------------------------------------------------------------------
+pid=$(main_pid)
+n=$(restarts)
+in_ct systemctl kill -s KILL "$unit"
+restarted() { [ "$(restarts)" -gt "$n" ] && is_active && [ "$(main_pid)" != "$pid" ]; }
+start=$SECONDS
+if wait_for 60 restarted; then
+	pass "systemctl kill -s KILL: restarted and active in $((SECONDS - start)) s"
+else
+	fail "systemctl kill -s KILL: restarted and active within 60 s"
+	dump_unit
+fi
+
+# --- SIGSTOP -> the watchdog restarts it --------------------------------------------------------
+pid=$(main_pid)
+n=$(restarts)
+in_ct sh -c 'kill -STOP "$1"' _ "$pid"
+start=$SECONDS
+if wait_for 90 restarted; then
+	pass "SIGSTOP: watchdog restarted it, active in $((SECONDS - start)) s"
+else
+	fail "SIGSTOP: watchdog restart within 90 s"
+	dump_unit
+fi
+check "SIGSTOP: systemd logged the watchdog timeout" journal_has 'Watchdog timeout'
+
+# --- reinstall and upgrade keep /etc/default and restart ------------------------------------------
+for step in "reinstall:/root/package.deb:$version" "upgrade:/root/newer.deb:$newer_version"; do
+	IFS=: read -r what file want <<<"$step"
+	pid=$(main_pid)
+	check "$what: dpkg -i succeeds" dpkg_ct -i "$file"
+	check "$what: version $want installed" installed_is "$want"
+	check "$what: edited /etc/default/$pkg kept" test "$(sha /etc/default/$pkg)" = "$edited_sha"
+	check "$what: no .dpkg-dist/.dpkg-new left" \
+		not compgen -G "$root/etc/default/$pkg.dpkg-*"
+	check "$what: token file kept" test "$(cat "$root/etc/$pkg/consul-token")" = "$token"
+	check "$what: unit restarted and active" wait_for 60 restarted_since "$pid"
+	check "$what: still answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+done
+
+# --- remove, install, purge, install again ---------------------------------------------------------
+check "remove: dpkg -r succeeds" dpkg_ct -r "$pkg"
+check "remove: unit stopped" not is_active
+check "remove: binary gone" test ! -e "$root/usr/bin/$pkg"
+check "remove: /etc/default/$pkg kept" test "$(sha /etc/default/$pkg)" = "$edited_sha"
+# Installing while Consul is unreachable (a machine being built) must neither
+# fail nor hang: the kept settings, pointed at a port where nothing listens.
+dead_port=$(free_port)
+sed -i "s|^GITLAB_HAPROXY_AGENT_CONSUL_ADDR=.*|GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$dead_port|" \
+	"$root/etc/default/$pkg"
+start=$SECONDS
+check "install after remove, Consul unreachable: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+took=$((SECONDS - start))
+check "install after remove, Consul unreachable: dpkg -i took ${took} s (< 60 s)" test "$took" -lt 60
+check "install after remove, Consul unreachable: unit not active" not is_active
+sed -i "s|^GITLAB_HAPROXY_AGENT_CONSUL_ADDR=.*|GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$consul_http|" \
+	"$root/etc/default/$pkg"
+check "install after remove: settings restored" test "$(sha /etc/default/$pkg)" = "$edited_sha"
+in_ct systemctl restart --no-block "$unit"
+check "install after remove: active once Consul is reachable" wait_for 60 is_active
+check "install after remove: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+check "purge: dpkg -P succeeds" dpkg_ct -P "$pkg"
+check "purge: package gone" test -z "$(in_ct dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)"
+check "purge: /etc/default/$pkg removed" test ! -e "$root/etc/default/$pkg"
+check "purge: /etc/$pkg removed" test ! -e "$root/etc/$pkg"
+check "purge: unit file gone" test ! -e "$root/usr/lib/systemd/system/$unit"
+check "purge: no enablement symlink left" \
+	test -z "$(find "$root/etc/systemd/system" -name "$unit")"
+# Install again the way the cookbook does it: settings and token written
+# first, then the package installed by apt, which keeps a conffile already on
+# disk (--force-confdef --force-confold); the first start uses them.
+cat >"$root/etc/default/$pkg" <<EOF
+# Written before the package, by configuration management.
+GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$consul_http
+GITLAB_HAPROXY_AGENT_LISTEN=127.0.0.1:$agent_port
+GITLAB_HAPROXY_AGENT_HTTP_LISTEN=127.0.0.1:$http_port
+EOF
+install -d -m 0700 "$root/etc/$pkg"
+install -m 0600 /dev/null "$root/etc/$pkg/consul-token"
+printf '%s\n' "$token" >"$root/etc/$pkg/consul-token"
+preset_sha=$(sha /etc/default/$pkg)
+check "install after purge, settings written first: dpkg -i succeeds" \
+	dpkg_ct --force-confdef --force-confold -i /root/package.deb
+check "install after purge: user reused (uid $uid)" test "$(in_ct id -u "$pkg")" = "$uid"
+check "install after purge: the settings written first are kept" \
+	test "$(sha /etc/default/$pkg)" = "$preset_sha"
+check "install after purge: the token written first is kept" \
+	test "$(cat "$root/etc/$pkg/consul-token")" = "$token"
+check "install after purge: active on its first start" wait_for 60 is_active
+check "install after purge: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+
+finish

@@ -153,6 +153,12 @@ impl TokenSource {
                     path: path.clone(),
                     detail: e.to_string(),
                 })?;
+                if text.trim().is_empty() {
+                    // An empty file (as the package installs it) means no
+                    // token: Consul's anonymous token applies.
+                    *cached = Some(None);
+                    return Ok(None);
+                }
                 let mut value =
                     HeaderValue::from_str(text.trim()).map_err(|_| ConsulError::Token {
                         path: path.clone(),
@@ -395,6 +401,24 @@ mod tests {
     fn wait_always_has_a_unit() {
         assert_eq!(wait_param(Duration::from_secs(60)), "60000ms");
         assert_eq!(wait_param(Duration::ZERO), "1ms");
+    }
+
+    #[test]
+    fn token_file_is_trimmed_reread_after_invalidate_and_empty_means_none() {
+        let path = std::env::temp_dir().join(format!("gha-token-{}", std::process::id()));
+        std::fs::write(&path, "").unwrap();
+        let source = TokenSource::new(Some(path.clone()));
+        assert_eq!(source.header().unwrap(), None);
+        std::fs::write(&path, "s3cret\n").unwrap();
+        // Cached until invalidated.
+        assert_eq!(source.header().unwrap(), None);
+        source.invalidate();
+        let header = source.header().unwrap().unwrap();
+        assert_eq!(header.to_str().unwrap(), "s3cret");
+        assert!(header.is_sensitive());
+        std::fs::remove_file(&path).unwrap();
+        source.invalidate();
+        assert!(matches!(source.header(), Err(ConsulError::Token { .. })));
     }
 
     #[test]

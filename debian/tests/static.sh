@@ -54,8 +54,9 @@ if [ -z "$deb" ]; then
 			echo "$passed passed, $failed failed"
 			exit 1
 		}
-		# Reuse the work tree's compiled dependencies; the sources are the clone's.
-		export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target}"
+		# A target folder of its own, kept between runs for the compiled
+		# dependencies, so the work tree's target/release is left alone.
+		export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$repo/target/clean-clone}"
 	fi
 	start=$SECONDS
 	if (cd "$src" && cargo deb --output "$work/" >"$work/cargo-deb.log" 2>&1); then

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::consul::MAX_WAIT;
 use crate::responder::ResponderConfig;
@@ -41,14 +41,31 @@ pub struct Cli {
     /// Daemon options.
     #[command(flatten)]
     pub agent: AgentArgs,
+    /// No subcommand: run the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
 }
 
-/// How to reach Consul; shared by the daemon and the writer.
+/// Subcommands; without one the binary runs the daemon.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read and write desired state in Consul KV (the writer CLI): validated
+    /// values, compare-and-set, drain -> wait -> maint sequences.
+    State(crate::writer::StateArgs),
+}
+
+/// How to reach Consul; shared by the daemon and the writer (global, so they
+/// are also accepted after `state ...`).
 #[derive(Debug, Args, Clone)]
 pub struct ConsulArgs {
     /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
     /// http://127.0.0.1:8500].
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR", value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR",
+        value_name = "URL"
+    )]
     pub consul_addr: Option<String>,
 
     /// File holding the Consul ACL token, sent as X-Consul-Token and re-read
@@ -56,13 +73,14 @@ pub struct ConsulArgs {
     /// exists, else no token].
     #[arg(
         long,
+        global = true,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE",
         value_name = "PATH"
     )]
     pub consul_token_file: Option<PathBuf>,
 
     /// KV prefix holding desired state (always treated as ending in `/`).
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
+    #[arg(long, global = true, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
     pub prefix: String,
 }
 
@@ -402,6 +420,28 @@ mod tests {
             let err = config(&args, &fb).unwrap_err();
             assert_eq!(err.option, option, "{args:?}");
         }
+    }
+
+    #[test]
+    fn no_subcommand_is_the_daemon_and_consul_options_follow_state() {
+        assert!(parse(&[]).unwrap().command.is_none());
+        let cli = parse(&[
+            "state",
+            "list",
+            "--consul-addr",
+            "127.0.0.1:18500",
+            "--prefix",
+            "p",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Some(Command::State(_))));
+        let c = cli.consul.resolve(&Fallbacks::default()).unwrap();
+        assert_eq!(c.addr, "http://127.0.0.1:18500");
+        assert_eq!(c.prefix, "p/");
+        let cli = parse(&["--consul-addr", "10.0.0.1:8500", "state", "get", "canary"]).unwrap();
+        assert_eq!(cli.consul.consul_addr.as_deref(), Some("10.0.0.1:8500"));
+        // Daemon options do not apply to the writer.
+        assert!(parse(&["state", "list", "--listen", "127.0.0.1:1"]).is_err());
     }
 
     #[test]

@@ -346,23 +346,275 @@ fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
 pub fn decode_pairs(body: &[u8]) -> Result<Vec<KvPair>, ConsulError> {
     let raw: Vec<RawPair> =
         serde_json::from_slice(body).map_err(|e| ConsulError::Decode(format!("JSON: {e}")))?;
-    raw.into_iter()
-        .map(|p| {
-            let value = match p.value {
-                None => Vec::new(),
-                Some(b64) => base64::engine::general_purpose::STANDARD
-                    .decode(b64.as_bytes())
-                    .map_err(|e| {
-                        ConsulError::Decode(format!("base64 value of {:?}: {e}", p.key))
-                    })?,
-            };
-            Ok(KvPair {
-                key: p.key,
-                value,
-                modify_index: p.modify_index,
+    raw.into_iter().map(decode_raw_pair).collect()
+}
+
+fn decode_raw_pair(p: RawPair) -> Result<KvPair, ConsulError> {
+    let value = match p.value {
+        None => Vec::new(),
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| ConsulError::Decode(format!("base64 value of {:?}: {e}", p.key)))?,
+    };
+    Ok(KvPair {
+        key: p.key,
+        value,
+        modify_index: p.modify_index,
+    })
+}
+
+/// Most operations Consul 1.8 accepts in one transaction (`PUT /v1/txn`
+/// answers 413 beyond it).
+pub const MAX_TXN_OPS: usize = 64;
+
+/// Time allowed for one KV read or write made by the writer CLI (not a
+/// blocking query): a write goes through the Raft leader.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One KV operation inside a transaction (api-docs/txn).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Sets `key` to `value` only if its ModifyIndex is `index`; `index` 0
+    /// means only if the key does not exist.
+    Cas {
+        /// The full key.
+        key: String,
+        /// The raw value.
+        value: Vec<u8>,
+        /// The expected ModifyIndex, 0 for absent.
+        index: u64,
+    },
+    /// Deletes `key` only if its ModifyIndex is `index`. Consul counts a key
+    /// that is already gone as deleted.
+    DeleteCas {
+        /// The full key.
+        key: String,
+        /// The expected ModifyIndex.
+        index: u64,
+    },
+    /// Reads `key`; the transaction fails if it does not exist.
+    Get {
+        /// The full key.
+        key: String,
+    },
+    /// Fails the transaction unless `key`'s ModifyIndex is `index`.
+    CheckIndex {
+        /// The full key.
+        key: String,
+        /// The expected ModifyIndex.
+        index: u64,
+    },
+}
+
+impl TxnOp {
+    fn to_json(&self) -> serde_json::Value {
+        let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
+        let kv = match self {
+            TxnOp::Cas { key, value, index } => {
+                serde_json::json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
+            }
+            TxnOp::DeleteCas { key, index } => {
+                serde_json::json!({"Verb": "delete-cas", "Key": key, "Index": index})
+            }
+            TxnOp::Get { key } => serde_json::json!({"Verb": "get", "Key": key}),
+            TxnOp::CheckIndex { key, index } => {
+                serde_json::json!({"Verb": "check-index", "Key": key, "Index": index})
+            }
+        };
+        serde_json::json!({ "KV": kv })
+    }
+}
+
+/// One operation that Consul refused, which rolled the whole transaction
+/// back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnError {
+    /// Position of the refused operation in the request.
+    pub op_index: usize,
+    /// Consul's reason, e.g. `failed to set key "k", index is stale` or
+    /// `Permission denied`.
+    pub what: String,
+}
+
+impl TxnError {
+    /// True when an ACL refused the operation (Consul answers 409 with
+    /// `Permission denied` inside a transaction, not 403).
+    pub fn is_permission_denied(&self) -> bool {
+        self.what.contains("Permission denied") || self.what.contains("ACL not found")
+    }
+}
+
+/// What a transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Every operation applied, atomically. One pair per `cas` and `get`
+    /// (with the ModifyIndex the key has now; values only for `get`); none
+    /// for `delete-cas` and `check-index`.
+    Committed(Vec<KvPair>),
+    /// Nothing applied (HTTP 409): why each refused operation failed.
+    RolledBack(Vec<TxnError>),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnAnswer {
+    results: Option<Vec<RawTxnResult>>,
+    errors: Option<Vec<RawTxnError>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnResult {
+    #[serde(rename = "KV")]
+    kv: Option<RawPair>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnError {
+    op_index: usize,
+    what: String,
+}
+
+/// Decodes a `PUT /v1/txn` answer body (200 or 409).
+///
+/// # Errors
+///
+/// [`ConsulError::Decode`] for malformed JSON or base64.
+pub fn decode_txn(status: StatusCode, body: &[u8]) -> Result<TxnOutcome, ConsulError> {
+    let raw: RawTxnAnswer =
+        serde_json::from_slice(body).map_err(|e| ConsulError::Decode(format!("txn JSON: {e}")))?;
+    if status == StatusCode::CONFLICT {
+        let errors: Vec<TxnError> = raw
+            .errors
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| TxnError {
+                op_index: e.op_index,
+                what: e.what,
             })
-        })
-        .collect()
+            .collect();
+        if errors.is_empty() {
+            return Err(ConsulError::Decode("409 without Errors".into()));
+        }
+        return Ok(TxnOutcome::RolledBack(errors));
+    }
+    raw.results
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| r.kv)
+        .map(decode_raw_pair)
+        .collect::<Result<_, _>>()
+        .map(TxnOutcome::Committed)
+}
+
+/// Reads a `true`/`false` answer body of a KV PUT or DELETE.
+fn decode_bool(body: &[u8]) -> Result<bool, ConsulError> {
+    match body.trim_ascii() {
+        b"true" => Ok(true),
+        b"false" => Ok(false),
+        other => Err(ConsulError::Decode(format!(
+            "expected true or false, got {:?}",
+            String::from_utf8_lossy(&other[..other.len().min(40)])
+        ))),
+    }
+}
+
+impl ConsulClient {
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, Vec<u8>), ConsulError> {
+        let response = request
+            .headers(self.headers()?)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        Ok((status, body.to_vec()))
+    }
+
+    /// Reads one key (the full key, prefix included) with its ModifyIndex;
+    /// `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses (403 when the
+    /// token may not read it) and malformed answers.
+    pub async fn get_key(&self, key: &str) -> Result<Option<KvPair>, ConsulError> {
+        let url = format!("{}/v1/kv/{}", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        let mut pairs = decode_pairs(&body)?;
+        match pairs.iter().position(|p| p.key == key) {
+            Some(i) => Ok(Some(pairs.swap_remove(i))),
+            None => Err(ConsulError::Decode(format!("answer does not hold {key:?}"))),
+        }
+    }
+
+    /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`
+    /// (`?cas=N`; 0 writes only if the key does not exist). `Ok(false)`: the
+    /// key changed since it was read, and nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses (403 without
+    /// write permission) and an answer other than `true` or `false`.
+    pub async fn put_cas(&self, key: &str, value: &[u8], cas: u64) -> Result<bool, ConsulError> {
+        let url = format!("{}/v1/kv/{}?cas={cas}", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.put(&url).body(value.to_vec())).await?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        decode_bool(&body)
+    }
+
+    /// Deletes `key` only if its ModifyIndex is still `cas` (`?cas=N`).
+    /// `Ok(false)`: the key changed since it was read, and it was kept. A key
+    /// that is already gone counts as deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::put_cas`].
+    pub async fn delete_cas(&self, key: &str, cas: u64) -> Result<bool, ConsulError> {
+        let url = format!("{}/v1/kv/{}?cas={cas}", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.delete(&url)).await?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        decode_bool(&body)
+    }
+
+    /// Applies `ops` atomically (`PUT /v1/txn`): all or none. At most
+    /// [`MAX_TXN_OPS`]; Consul answers 413 to more.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, statuses other than 200 and
+    /// 409 (403 for a token Consul does not know, 413 for too many
+    /// operations) and malformed answers. A rollback (409) is not an error:
+    /// it is [`TxnOutcome::RolledBack`].
+    pub async fn txn(&self, ops: &[TxnOp]) -> Result<TxnOutcome, ConsulError> {
+        let body = serde_json::Value::Array(ops.iter().map(TxnOp::to_json).collect());
+        let url = format!("{}/v1/txn", self.addr);
+        let (status, answer) = self
+            .send(self.http.put(&url).body(body.to_string()))
+            .await?;
+        if status != StatusCode::OK && status != StatusCode::CONFLICT {
+            return Err(status_error(status, &answer));
+        }
+        decode_txn(status, &answer)
+    }
 }
 
 #[cfg(test)]
@@ -432,5 +684,70 @@ mod tests {
         let e = status_error(StatusCode::FORBIDDEN, b"ACL not found");
         assert_eq!(e.outcome(), ConsulOutcome::Http4xx);
         assert!(e.is_forbidden());
+    }
+
+    #[test]
+    fn txn_ops_use_consul_verbs_and_base64_values() {
+        let ops = [
+            TxnOp::Cas {
+                key: "p/canary".into(),
+                value: b"drain".to_vec(),
+                index: 0,
+            },
+            TxnOp::DeleteCas {
+                key: "p/web/web-01".into(),
+                index: 7,
+            },
+            TxnOp::Get { key: "p/x".into() },
+            TxnOp::CheckIndex {
+                key: "p/y".into(),
+                index: 3,
+            },
+        ];
+        let json: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
+        assert_eq!(
+            json[0],
+            serde_json::json!({"KV": {"Verb": "cas", "Key": "p/canary", "Value": "ZHJhaW4=", "Index": 0}})
+        );
+        assert_eq!(json[1]["KV"]["Verb"], "delete-cas");
+        assert_eq!(json[1]["KV"]["Index"], 7);
+        assert_eq!(json[2]["KV"]["Verb"], "get");
+        assert_eq!(json[3]["KV"]["Verb"], "check-index");
+    }
+
+    #[test]
+    fn txn_answers_decode_to_commits_and_rollbacks() {
+        // Consul 1.8.7 answers, as recorded.
+        let ok = br#"{"Results":[{"KV":{"LockIndex":0,"Key":"p/a","Flags":0,"Value":null,"CreateIndex":13,"ModifyIndex":20}}],"Errors":null}"#;
+        assert_eq!(
+            decode_txn(StatusCode::OK, ok).unwrap(),
+            TxnOutcome::Committed(vec![KvPair {
+                key: "p/a".into(),
+                value: Vec::new(),
+                modify_index: 20
+            }])
+        );
+        let stale = br#"{"Results":null,"Errors":[{"OpIndex":2,"What":"failed to delete key \"p/b\", index is stale"}]}"#;
+        let TxnOutcome::RolledBack(errors) = decode_txn(StatusCode::CONFLICT, stale).unwrap()
+        else {
+            panic!("a 409 is a rollback");
+        };
+        assert_eq!(errors[0].op_index, 2);
+        assert!(!errors[0].is_permission_denied());
+        let denied = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"Permission denied"}]}"#;
+        let TxnOutcome::RolledBack(errors) = decode_txn(StatusCode::CONFLICT, denied).unwrap()
+        else {
+            panic!("a 409 is a rollback");
+        };
+        assert!(errors[0].is_permission_denied());
+        assert!(decode_txn(StatusCode::CONFLICT, br#"{"Errors":[]}"#).is_err());
+        assert!(decode_txn(StatusCode::OK, b"nope").is_err());
+    }
+
+    #[test]
+    fn kv_write_answers_are_true_or_false() {
+        assert!(decode_bool(b"true\n").unwrap());
+        assert!(!decode_bool(b"false").unwrap());
+        assert!(decode_bool(b"<html>").is_err());
     }
 }

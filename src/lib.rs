@@ -19,6 +19,7 @@ pub mod seen;
 pub mod shared;
 pub mod state;
 pub mod watcher;
+pub mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use gitlab_haproxy_agent::config::{AgentConfig, Cli, Fallbacks, EX_USAGE, TOKEN_CREDENTIAL};
+use gitlab_haproxy_agent::config::{
+    AgentConfig, Cli, Command, Fallbacks, EX_USAGE, TOKEN_CREDENTIAL,
+};
 
 fn fallbacks() -> Fallbacks {
     let credential_token_file = std::env::var_os("CREDENTIALS_DIRECTORY")
@@ -38,6 +40,9 @@ fn main() -> ExitCode {
             return usage_error(&format!("{first} (see --help)"));
         }
     };
+    if let Some(Command::State(state)) = &cli.command {
+        return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
+    }
     let config = match AgentConfig::from_cli(&cli, &fallbacks()) {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),

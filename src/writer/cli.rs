@@ -1,0 +1,211 @@
+//! The `state` subcommand's options.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Subcommand};
+
+/// Exit statuses of `state`, shown in `--help` (sysexits.h).
+pub const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0    done, or nothing to do
+  64   bad options or arguments (EX_USAGE)
+  65   invalid key or value, a key holding an invalid value where that is
+       refused, or a selection with no enrolled server; nothing written
+       (EX_DATAERR)
+  66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
+  69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
+  75   conflict: a key changed since it was read; it was not overwritten
+       (EX_TEMPFAIL)
+  76   Consul answered something unusable (EX_PROTOCOL)
+  77   permission denied: Consul refused the token, or the token file cannot
+       be read (EX_NOPERM)
+  130  interrupted by SIGINT (143: SIGTERM); what was written is reported,
+       nothing more is written
+
+Keys are relative to --prefix: `canary`, `web/web-01`. Values: ready,
+drain, maint or N% (0..=256).";
+
+/// Read and write the desired state in Consul KV, validated, with
+/// compare-and-set, in the drain -> wait -> maint order.
+#[derive(Debug, Args, Clone)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct StateArgs {
+    /// Print one JSON object on stdout instead of tables (progress and
+    /// errors still go to stderr).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: StateCommand,
+}
+
+/// `state` subcommands.
+#[derive(Debug, Subcommand, Clone)]
+pub enum StateCommand {
+    /// Show one key: its value, what the agent makes of it, its ModifyIndex.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Get {
+        /// Key relative to the prefix, e.g. `canary` or `web/web-01`.
+        key: String,
+    },
+    /// List every key below the prefix; invalid values are flagged.
+    #[command(after_help = EXIT_CODES_HELP)]
+    List,
+    /// Write one validated value, only if the key has not changed since it
+    /// was read (compare-and-set).
+    #[command(after_help = EXIT_CODES_HELP)]
+    Set {
+        /// Key relative to the prefix.
+        key: String,
+        /// `ready`, `drain`, `maint` or `N%` (0..=256).
+        value: String,
+        /// Write only if the key's ModifyIndex is still INDEX (as shown by
+        /// `state get`); 0: only if the key does not exist.
+        #[arg(long, value_name = "INDEX")]
+        cas: Option<u64>,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Remove one key, only if it has not changed since it was read.
+    ///
+    /// The servers it selected fall back to their next key, or to ready
+    /// without slowstart; `canary enable` and `undrain` go through maint.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Clear {
+        /// Key relative to the prefix.
+        key: String,
+        /// Remove only if the key's ModifyIndex is still INDEX.
+        #[arg(long, value_name = "INDEX")]
+        cas: Option<u64>,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Take the canary group out (`disable`) or bring it back (`enable`),
+    /// through the `canary` key.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Canary {
+        /// disable or enable.
+        #[command(subcommand)]
+        action: CanaryAction,
+    },
+    /// Drain servers selected from the HAProxy configuration: each one's row
+    /// key goes to drain, then after --drain-wait to maint.
+    ///
+    /// Only servers whose line has agent-check are written; the others are
+    /// listed as not enrolled. Keys already at maint are left alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Drain {
+        /// Which servers.
+        #[command(flatten)]
+        select: Selector,
+        /// How long drained servers keep their sessions before maint.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        drain_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Bring servers back: row keys at drain go to maint first and are held
+    /// there for --maint-wait, then every key at maint is removed, so
+    /// HAProxy's slowstart ramps the servers up.
+    ///
+    /// Keys that are absent or in service (ready, N%) are left alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Undrain {
+        /// Which servers.
+        #[command(flatten)]
+        select: Selector,
+        /// How long maint is held before the key is removed, for keys that
+        /// were at drain: at least agent-inter, so every HAProxy applies it.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        maint_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// What the agent answers for an agent-send line, and which key decides.
+    ///
+    /// IDENTITY... is the line: the row key, then the groups, in order
+    /// (`web/web-01 canary zone-us-east1-b`). Given one row key and
+    /// --haproxy-config, the server's own agent-send line is used.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Explain {
+        /// The identities of the agent-send line, in order.
+        #[arg(required = true, value_name = "IDENTITY")]
+        identities: Vec<String>,
+        /// Read the server's agent-send line from this HAProxy
+        /// configuration when one row key is given.
+        #[arg(long, value_name = "PATH")]
+        haproxy_config: Option<PathBuf>,
+    },
+}
+
+/// `state canary` actions.
+#[derive(Debug, Subcommand, Clone)]
+pub enum CanaryAction {
+    /// `canary` = drain, wait --drain-wait, then maint. Interrupted during
+    /// the wait, drain stays and maint is not written; re-running finishes.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Disable {
+        /// How long canary servers keep their sessions before maint.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        drain_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// maint -> ready: removes the `canary` key (from drain, through maint
+    /// held for --maint-wait), so slowstart ramps the servers up.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Enable {
+        /// How long maint is held first when the key is at drain.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        maint_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+}
+
+/// Options of every command that writes.
+#[derive(Debug, Args, Clone, Copy)]
+pub struct WriteOpts {
+    /// Show what would be written, and what the agents would answer then;
+    /// write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// Which servers `drain` and `undrain` act on.
+#[derive(Debug, Args, Clone)]
+#[command(group(ArgGroup::new("selection").required(true).multiple(true).args(["zone", "backend"])))]
+pub struct Selector {
+    /// Servers whose agent-send line names the group `zone-ZONE`.
+    #[arg(long, value_name = "ZONE")]
+    pub zone: Option<String>,
+    /// Servers of this backend (or listen section).
+    #[arg(long, value_name = "BACKEND")]
+    pub backend: Option<String>,
+    /// Only servers whose name matches this glob (`*`, `?`, `[a-c]`);
+    /// quote it.
+    #[arg(long, value_name = "GLOB", requires = "backend")]
+    pub server: Option<String>,
+    /// HAProxy configuration to read the servers from (used unless
+    /// --haproxy-socket is given).
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+        default_value = "/etc/haproxy/haproxy.cfg"
+    )]
+    pub haproxy_config: PathBuf,
+    /// Read the servers from the running HAProxy's stats socket instead
+    /// (`show servers state`): row keys are `<backend>/<server>`, and zones
+    /// are unknown, so --zone needs --haproxy-config.
+    #[arg(long, value_name = "PATH", conflicts_with = "zone")]
+    pub haproxy_socket: Option<PathBuf>,
+}

@@ -1,0 +1,721 @@
+//! Which servers a drain selects, read from the running HAProxy: its
+//! configuration file (server lines, `default-server`, agent-check and the
+//! agent-send line with its groups) or its stats socket (`show servers
+//! state`, which has no agent-send line, so no zones).
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::responder::parse_line;
+
+/// Group name prefix that puts a server in a zone: `zone-us-east1-b`.
+pub const ZONE_GROUP_PREFIX: &str = "zone-";
+
+/// How long the stats socket may take to answer.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `CHK_ST_ENABLED` in `srv_agent_state` of `show servers state`: the agent
+/// check runs.
+const CHK_ST_ENABLED: u32 = 0x04;
+
+/// One server of the HAProxy configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Backend (or listen) section name.
+    pub backend: String,
+    /// Server name.
+    pub name: String,
+    /// What the agent is asked about this server, when it is enrolled.
+    pub enrolment: Enrolment,
+    /// Zones from `zone-<ZONE>` groups of the agent-send line (also for a
+    /// server whose agent-check is off but which has an agent-send line).
+    pub zones: Vec<String>,
+}
+
+/// Whether the agent decides a server's admin state, and through which keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enrolment {
+    /// agent-check is on and the agent-send line names a row key.
+    Enrolled {
+        /// The row key (`<backend>/<server>`) the agent reads for it.
+        row_key: String,
+        /// Every identity of the agent-send line, in order (row key first
+        /// by convention), as the agent reads them.
+        identities: Vec<String>,
+    },
+    /// The agent is not asked about this server, or cannot be told about it
+    /// alone.
+    NotEnrolled(&'static str),
+}
+
+impl Server {
+    /// `<backend>/<server>`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.backend, self.name)
+    }
+
+    /// The row key, when enrolled.
+    pub fn row_key(&self) -> Option<&str> {
+        match &self.enrolment {
+            Enrolment::Enrolled { row_key, .. } => Some(row_key),
+            Enrolment::NotEnrolled(_) => None,
+        }
+    }
+}
+
+/// Why the servers could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The file or socket could not be read.
+    #[error("cannot read {what} {path}: {detail}")]
+    Io {
+        /// `HAProxy configuration` or `HAProxy stats socket`.
+        what: &'static str,
+        /// The path.
+        path: String,
+        /// The I/O error.
+        detail: String,
+    },
+    /// The socket answered something else than `show servers state`.
+    #[error("unexpected answer from the HAProxy stats socket {path}: {detail}")]
+    Socket {
+        /// The path.
+        path: String,
+        /// What was wrong.
+        detail: String,
+    },
+}
+
+/// Reads the servers of the configuration file at `path`.
+///
+/// # Errors
+///
+/// [`SourceError::Io`] when the file cannot be read.
+pub fn servers_from_config(path: &Path) -> Result<Vec<Server>, SourceError> {
+    let text = std::fs::read(path).map_err(|e| SourceError::Io {
+        what: "HAProxy configuration",
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    })?;
+    Ok(parse_config(&String::from_utf8_lossy(&text)))
+}
+
+/// Section keywords of HAProxy 2.x; lines starting with any other word belong
+/// to the section above.
+const SECTIONS: &[&str] = &[
+    "global",
+    "defaults",
+    "frontend",
+    "backend",
+    "listen",
+    "peers",
+    "resolvers",
+    "userlist",
+    "mailers",
+    "program",
+    "http-errors",
+    "ring",
+    "cache",
+    "log-forward",
+    "crt-store",
+    "traces",
+    "acme",
+    "dynamic-update",
+];
+
+/// Server keywords that take one argument: skipped with it, so that an
+/// argument is never read as a keyword.
+const ONE_ARG: &[&str] = &[
+    "addr",
+    "agent-addr",
+    "agent-inter",
+    "agent-port",
+    "agent-send",
+    "alpn",
+    "ca-file",
+    "check-alpn",
+    "check-proto",
+    "check-sni",
+    "ciphers",
+    "ciphersuites",
+    "cookie",
+    "crl-file",
+    "crt",
+    "curves",
+    "downinter",
+    "error-limit",
+    "fall",
+    "fastinter",
+    "guid",
+    "hash-key",
+    "id",
+    "init-addr",
+    "inter",
+    "log-proto",
+    "max-reuse",
+    "maxconn",
+    "maxqueue",
+    "minconn",
+    "namespace",
+    "npn",
+    "observe",
+    "on-error",
+    "on-marked-down",
+    "on-marked-up",
+    "pool-conn-name",
+    "pool-low-conn",
+    "pool-max-conn",
+    "pool-purge-delay",
+    "port",
+    "proto",
+    "proxy-v2-options",
+    "redir",
+    "resolve-net",
+    "resolve-prefer",
+    "resolvers",
+    "rise",
+    "shard",
+    "sigalgs",
+    "client-sigalgs",
+    "slowstart",
+    "sni",
+    "socks4",
+    "source",
+    "ssl-max-ver",
+    "ssl-min-ver",
+    "tcp-ut",
+    "track",
+    "usesrc",
+    "verify",
+    "verifyhost",
+    "weight",
+    "ws",
+];
+
+/// The agent options a server line ends up with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct AgentOptions {
+    check: bool,
+    send: Option<String>,
+}
+
+impl AgentOptions {
+    /// Applies server keywords in order; later ones win, as in HAProxy.
+    fn apply(&mut self, params: &[String]) {
+        let mut i = 0;
+        while i < params.len() {
+            match params[i].as_str() {
+                "agent-check" => self.check = true,
+                "no-agent-check" => self.check = false,
+                "agent-send" => {
+                    if let Some(v) = params.get(i + 1) {
+                        self.send = Some(v.clone());
+                    }
+                }
+                _ => {}
+            }
+            i += if ONE_ARG.contains(&params[i].as_str()) {
+                2
+            } else {
+                1
+            };
+        }
+    }
+}
+
+#[derive(Default)]
+struct Proxy {
+    name: String,
+    defaults: AgentOptions,
+}
+
+/// Parses HAProxy configuration text into its servers, in file order.
+///
+/// Reads `backend` and `listen` sections' `server` and `default-server`
+/// lines, with `default-server` of the `defaults` section in force (named
+/// defaults and `from` included). `server-template` lines and environment
+/// variables in values are not expanded.
+pub fn parse_config(text: &str) -> Vec<Server> {
+    let mut servers = Vec::new();
+    let mut named: HashMap<String, AgentOptions> = HashMap::new();
+    let mut last_defaults = AgentOptions::default();
+    // The section being read: a defaults section (its name), a proxy with
+    // servers, or anything else.
+    enum Section {
+        Defaults(Option<String>),
+        Proxy(Proxy),
+        Other,
+    }
+    let mut section = Section::Other;
+    for raw in text.lines() {
+        let words = tokenize(raw);
+        let Some(first) = words.first() else {
+            continue;
+        };
+        if SECTIONS.contains(&first.as_str()) {
+            section = match first.as_str() {
+                "defaults" => {
+                    // `defaults [<name>] [from <other>]`: starts from the
+                    // named one, else from nothing.
+                    let name = words.get(1).filter(|w| *w != "from").cloned();
+                    let from = words
+                        .iter()
+                        .position(|w| w == "from")
+                        .and_then(|i| words.get(i + 1));
+                    last_defaults = from.and_then(|f| named.get(f).cloned()).unwrap_or_default();
+                    if let Some(n) = &name {
+                        named.insert(n.clone(), last_defaults.clone());
+                    }
+                    Section::Defaults(name)
+                }
+                "backend" | "listen" => {
+                    let from = words
+                        .iter()
+                        .position(|w| w == "from")
+                        .and_then(|i| words.get(i + 1));
+                    let defaults = match from {
+                        Some(f) => named.get(f).cloned().unwrap_or_default(),
+                        None => last_defaults.clone(),
+                    };
+                    Section::Proxy(Proxy {
+                        name: words.get(1).cloned().unwrap_or_default(),
+                        defaults,
+                    })
+                }
+                _ => Section::Other,
+            };
+            continue;
+        }
+        match &mut section {
+            Section::Defaults(name) if first == "default-server" => {
+                last_defaults.apply(&words[1..]);
+                if let Some(n) = name {
+                    named.insert(n.clone(), last_defaults.clone());
+                }
+            }
+            Section::Proxy(proxy) if first == "default-server" => {
+                proxy.defaults.apply(&words[1..]);
+            }
+            Section::Proxy(proxy) if first == "server" && words.len() >= 3 => {
+                let mut options = proxy.defaults.clone();
+                options.apply(&words[3..]);
+                servers.push(server(&proxy.name, &words[1], &options));
+            }
+            _ => {}
+        }
+    }
+    servers
+}
+
+fn server(backend: &str, name: &str, options: &AgentOptions) -> Server {
+    let identities: Option<Vec<String>> = options.send.as_deref().and_then(|send| {
+        let line = send.strip_suffix('\n').unwrap_or(send);
+        parse_line(line.as_bytes())
+            .ok()
+            .map(|ids| ids.into_iter().map(str::to_string).collect())
+    });
+    let zones = identities
+        .iter()
+        .flatten()
+        .filter_map(|id| id.strip_prefix(ZONE_GROUP_PREFIX))
+        .map(str::to_string)
+        .collect();
+    let enrolment = match (&options.send, identities) {
+        _ if !options.check => Enrolment::NotEnrolled("no agent-check"),
+        (None, _) => Enrolment::NotEnrolled("agent-check without agent-send"),
+        (Some(_), None) => Enrolment::NotEnrolled("agent-send line the agent refuses"),
+        (Some(_), Some(ids)) => match ids.iter().find(|id| id.contains('/')) {
+            Some(row) => Enrolment::Enrolled {
+                row_key: row.clone(),
+                identities: ids,
+            },
+            None => Enrolment::NotEnrolled("agent-send names no <backend>/<server> key"),
+        },
+    };
+    Server {
+        backend: backend.to_string(),
+        name: name.to_string(),
+        enrolment,
+        zones,
+    }
+}
+
+/// Splits one configuration line into words the way HAProxy does: blanks
+/// separate words, `#` starts a comment, double quotes group and keep
+/// backslash escapes (`\n`, `\r`, `\t`, `\\`, `\"`, `\xNN`), single quotes
+/// group literally, and a backslash outside quotes escapes the next
+/// character.
+pub fn tokenize(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Vec<u8> = Vec::new();
+    let mut in_word = false;
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    let mut quote: Option<u8> = None;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match (quote, b) {
+            (Some(b'\''), b'\'') | (Some(b'"'), b'"') => quote = None,
+            (Some(b'\''), _) => word.push(b),
+            (_, b'\\') if i + 1 < bytes.len() => {
+                in_word = true;
+                i += 1;
+                match bytes[i] {
+                    b'n' => word.push(b'\n'),
+                    b'r' => word.push(b'\r'),
+                    b't' => word.push(b'\t'),
+                    b'x' if i + 2 < bytes.len() => {
+                        let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                        match u8::from_str_radix(hex, 16) {
+                            Ok(v) => {
+                                word.push(v);
+                                i += 2;
+                            }
+                            Err(_) => word.extend_from_slice(b"\\x"),
+                        }
+                    }
+                    other => word.push(other),
+                }
+            }
+            (Some(_), _) => word.push(b),
+            (None, b'"' | b'\'') => {
+                quote = Some(b);
+                in_word = true;
+            }
+            (None, b'#') => break,
+            (None, b' ' | b'\t' | b'\r' | b'\n') => {
+                if in_word {
+                    words.push(String::from_utf8_lossy(&word).into_owned());
+                    word.clear();
+                    in_word = false;
+                }
+            }
+            (None, _) => {
+                word.push(b);
+                in_word = true;
+            }
+        }
+        i += 1;
+    }
+    if in_word {
+        words.push(String::from_utf8_lossy(&word).into_owned());
+    }
+    words
+}
+
+/// Reads the servers of the running HAProxy from its stats socket (`show
+/// servers state`). The socket has no agent-send line: the row key is taken
+/// to be `<backend>/<server>`, and no server has a zone.
+///
+/// # Errors
+///
+/// [`SourceError`] when the socket cannot be used or answers something else.
+pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
+    let io = |e: std::io::Error| SourceError::Io {
+        what: "HAProxy stats socket",
+        path: path.display().to_string(),
+        detail: e.to_string(),
+    };
+    let mut stream = UnixStream::connect(path).map_err(io)?;
+    stream.set_read_timeout(Some(SOCKET_TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(SOCKET_TIMEOUT)).map_err(io)?;
+    stream.write_all(b"show servers state\n").map_err(io)?;
+    let mut out = String::new();
+    stream.read_to_string(&mut out).map_err(io)?;
+    parse_servers_state(&out).map_err(|detail| SourceError::Socket {
+        path: path.display().to_string(),
+        detail,
+    })
+}
+
+/// Parses `show servers state` output (version 1).
+///
+/// # Errors
+///
+/// A message when the header or a row is not as expected.
+pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
+    let mut lines = out.lines();
+    match lines.next().map(str::trim) {
+        Some("1") => {}
+        other => return Err(format!("expected format version 1, got {other:?}")),
+    }
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or("no header line")?
+        .trim_start_matches('#')
+        .split_whitespace()
+        .collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
+    };
+    let (be, sv, agent) = (col("be_name")?, col("srv_name")?, col("srv_agent_state")?);
+    let mut servers = Vec::new();
+    for line in lines {
+        if line.trim().is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let get = |i: usize| f.get(i).copied().ok_or(format!("short row {line:?}"));
+        let (backend, name) = (get(be)?, get(sv)?);
+        let agent_state: u32 = get(agent)?
+            .parse()
+            .map_err(|_| format!("srv_agent_state is not a number in {line:?}"))?;
+        let row_key = format!("{backend}/{name}");
+        let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
+            Enrolment::NotEnrolled("no agent-check")
+        } else if crate::state::validate_identity(&row_key).is_err() {
+            Enrolment::NotEnrolled("name is not a valid key")
+        } else {
+            Enrolment::Enrolled {
+                identities: vec![row_key.clone()],
+                row_key,
+            }
+        };
+        servers.push(Server {
+            backend: backend.to_string(),
+            name: name.to_string(),
+            enrolment,
+            zones: Vec::new(),
+        });
+    }
+    Ok(servers)
+}
+
+/// Shell-style glob match: `*` any run, `?` one character, `[abc]`,
+/// `[a-z]`, `[!a-z]` or `[^a-z]` one character of (not of) a set; anything
+/// else literally.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    // Iterative matcher with one backtrack point for the last `*`.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() {
+            match p[pi] {
+                '*' => {
+                    star = Some((pi, ti));
+                    pi += 1;
+                    continue;
+                }
+                '?' => {
+                    pi += 1;
+                    ti += 1;
+                    continue;
+                }
+                '[' => {
+                    if let Some((matched, next)) = class_match(&p, pi, t[ti]) {
+                        if matched {
+                            pi = next;
+                            ti += 1;
+                            continue;
+                        }
+                    } else if t[ti] == '[' {
+                        // An unclosed `[` is literal.
+                        pi += 1;
+                        ti += 1;
+                        continue;
+                    }
+                }
+                c if c == t[ti] => {
+                    pi += 1;
+                    ti += 1;
+                    continue;
+                }
+                _ => {}
+            }
+        }
+        match star {
+            Some((sp, st)) => {
+                pi = sp + 1;
+                ti = st + 1;
+                star = Some((sp, st + 1));
+            }
+            None => return false,
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Matches `c` against the class starting at `p[start] == '['`: `Some((hit,
+/// index after the class))`, or `None` when the class is not closed.
+fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
+    let mut i = start + 1;
+    let negate = matches!(p.get(i), Some('!' | '^'));
+    if negate {
+        i += 1;
+    }
+    let mut hit = false;
+    let mut first = true;
+    loop {
+        let ch = *p.get(i)?;
+        if ch == ']' && !first {
+            return Some((hit != negate, i + 1));
+        }
+        first = false;
+        if p.get(i + 1) == Some(&'-') && p.get(i + 2).is_some_and(|e| *e != ']') {
+            let end = p[i + 2];
+            if ch <= c && c <= end {
+                hit = true;
+            }
+            i += 3;
+        } else {
+            if ch == c {
+                hit = true;
+            }
+            i += 1;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokenizes_like_haproxy() {
+        assert_eq!(
+            tokenize(r#"  server web-01 10.0.0.1:443 agent-send "web/web-01 zone-b\n" # c"#),
+            vec![
+                "server",
+                "web-01",
+                "10.0.0.1:443",
+                "agent-send",
+                "web/web-01 zone-b\n"
+            ]
+        );
+        assert_eq!(tokenize(r"a\ b 'c d\n' e\#f"), vec!["a b", "c d\\n", "e#f"]);
+        assert_eq!(tokenize(r#""\x41\"" """#), vec!["A\"", ""]);
+        assert!(tokenize("   # only a comment").is_empty());
+    }
+
+    const CONFIG: &str = r#"
+global
+    stats socket /run/haproxy/admin.sock mode 600 level admin
+
+defaults
+    mode http
+    default-server agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s
+
+peers lb
+    server lb-01 10.0.0.9:1024
+
+frontend https
+    bind :443
+    default_backend web
+
+backend web
+    server web-01 10.0.0.1:443 check weight 100 agent-send "web/web-01 zone-us-east1-b\n"
+    server web-02 10.0.0.2:443 check agent-send 'web/web-02 zone-us-east1-c'
+    server web-03 10.0.0.3:443 check no-agent-check agent-send "web/web-03 zone-us-east1-b\n"
+    server web-04 10.0.0.4:443 check
+    server web-05 10.0.0.5:443 agent-send "canary zone-us-east1-b\n"
+    server web-06 10.0.0.6:443 agent-send "web/web-06 $HOME\n"
+
+defaults
+    mode tcp
+
+listen api
+    default-server agent-addr 127.0.0.1 agent-port 9777 agent-send "x\n"
+    server api-01 10.0.1.1:443 agent-check agent-send "api/api-01 canary zone-us-east1-b\n"
+    server api-02 10.0.1.2:443 cookie agent-check agent-send "api/api-02\n"
+    server api-03 10.0.1.3:443
+"#;
+
+    #[test]
+    fn reads_backends_defaults_and_agent_send() {
+        let servers = parse_config(CONFIG);
+        let by: HashMap<String, &Server> = servers.iter().map(|s| (s.id(), s)).collect();
+        assert_eq!(servers.len(), 9, "{servers:#?}");
+        assert!(
+            !by.contains_key("lb/lb-01"),
+            "peers servers are not proxies"
+        );
+        assert_eq!(
+            by["web/web-01"].enrolment,
+            Enrolment::Enrolled {
+                row_key: "web/web-01".into(),
+                identities: vec!["web/web-01".into(), "zone-us-east1-b".into()],
+            }
+        );
+        assert_eq!(by["web/web-01"].zones, vec!["us-east1-b"]);
+        assert_eq!(by["web/web-02"].row_key(), Some("web/web-02"));
+        assert_eq!(by["web/web-02"].zones, vec!["us-east1-c"]);
+        assert_eq!(
+            by["web/web-03"].enrolment,
+            Enrolment::NotEnrolled("no agent-check")
+        );
+        assert_eq!(by["web/web-03"].zones, vec!["us-east1-b"]);
+        assert_eq!(
+            by["web/web-04"].enrolment,
+            Enrolment::NotEnrolled("agent-check without agent-send")
+        );
+        assert!(matches!(
+            by["web/web-05"].enrolment,
+            Enrolment::NotEnrolled(r) if r.contains("no <backend>/<server>")
+        ));
+        assert!(matches!(
+            by["web/web-06"].enrolment,
+            Enrolment::NotEnrolled(r) if r.contains("refuses")
+        ));
+        // The second, plain defaults section has no default-server.
+        assert_eq!(by["api/api-01"].row_key(), Some("api/api-01"));
+        assert_eq!(by["api/api-01"].zones, vec!["us-east1-b"]);
+        // `cookie` takes a value: the `agent-check` after it is the cookie.
+        assert_eq!(
+            by["api/api-02"].enrolment,
+            Enrolment::NotEnrolled("no agent-check")
+        );
+        assert_eq!(
+            by["api/api-03"].enrolment,
+            Enrolment::NotEnrolled("no agent-check")
+        );
+    }
+
+    #[test]
+    fn named_defaults_and_from() {
+        let servers = parse_config(
+            "defaults agents\n  default-server agent-check\ndefaults plain\nbackend b from agents\n  server s 1.2.3.4:80 agent-send \"b/s\\n\"\nbackend c\n  server s 1.2.3.4:80 agent-send \"c/s\\n\"\n",
+        );
+        assert_eq!(servers[0].row_key(), Some("b/s"));
+        assert_eq!(servers[1].row_key(), None);
+    }
+
+    #[test]
+    fn reads_show_servers_state() {
+        let out = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port\n2 web 1 a 127.0.0.1 2 0 100 100 1 1 0 2 0 22 0 0 - 1 - 0 0 - 127.0.0.1 18777\n2 web 2 b 127.0.0.1 2 0 100 100 1 1 0 2 0 0 0 0 - 1 - 0 0 - 127.0.0.1 18777\n\n";
+        let servers = parse_servers_state(out).unwrap();
+        assert_eq!(servers[0].row_key(), Some("web/a"));
+        assert_eq!(servers[1].row_key(), None);
+        assert!(parse_servers_state("Unknown command\n").is_err());
+    }
+
+    #[test]
+    fn globs() {
+        for (p, t, want) in [
+            ("web-0[12]-sv-gprd", "web-01-sv-gprd", true),
+            ("web-0[12]-sv-gprd", "web-03-sv-gprd", false),
+            ("web-*", "web-01", true),
+            ("web-*", "api-01", false),
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("web-0?", "web-01", true),
+            ("web-0?", "web-1", false),
+            ("web-[!1]*", "web-2x", true),
+            ("web-[^1]*", "web-1x", false),
+            ("web-[0-9][0-9]", "web-42", true),
+            ("web-[", "web-[", true),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob_match(p, t), want, "{p} vs {t}");
+        }
+    }
+}

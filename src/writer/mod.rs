@@ -1,0 +1,1529 @@
+//! The writer CLI, `gitlab-haproxy-agent state ...`: reads desired state from
+//! Consul KV through the agent's own parser, writes only values that parser
+//! accepts, always with compare-and-set, and runs drains in the order HAProxy
+//! needs (drain, wait, maint; back through maint so slowstart ramps).
+
+pub mod cli;
+pub mod haproxy;
+pub mod output;
+pub mod plan;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+pub use cli::{CanaryAction, Selector, StateArgs, StateCommand, WriteOpts};
+
+use crate::config::{ConsulArgs, ConsulConfig, Fallbacks};
+use crate::consul::{
+    ConsulClient, ConsulError, KvPair, TokenSource, TxnOp, TxnOutcome, MAX_TXN_OPS,
+};
+use crate::responder::parse_line;
+use crate::state::{parse_value, validate_identity, AdminState, Answer, Entry, Snapshot};
+use crate::watcher::build_snapshot;
+use haproxy::{glob_match, Enrolment, Server, SourceError};
+use output::table;
+use plan::{currents, plan_drain, plan_undrain, show_raw, Change, Current, Plan, Step, WaitFor};
+
+/// Exit statuses, from sysexits.h; documented in `state --help`
+/// ([`cli::EXIT_CODES_HELP`]).
+pub mod exit {
+    /// Done, or nothing to do.
+    pub const OK: u8 = 0;
+    /// EX_USAGE: bad options or arguments.
+    pub const USAGE: u8 = 64;
+    /// EX_DATAERR: an invalid key or value; nothing written.
+    pub const DATAERR: u8 = 65;
+    /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
+    pub const NOINPUT: u8 = 66;
+    /// EX_UNAVAILABLE: Consul unreachable, timed out, or without a leader.
+    pub const UNAVAILABLE: u8 = 69;
+    /// EX_TEMPFAIL: compare-and-set conflict; nothing overwritten.
+    pub const CONFLICT: u8 = 75;
+    /// EX_PROTOCOL: Consul answered something unusable.
+    pub const PROTOCOL: u8 = 76;
+    /// EX_NOPERM: Consul refused the token, or it cannot be read.
+    pub const NOPERM: u8 = 77;
+    /// 128 + SIGINT.
+    pub const SIGINT: u8 = 130;
+    /// 128 + SIGTERM.
+    pub const SIGTERM: u8 = 143;
+}
+
+/// The key of the canary group.
+pub const CANARY_KEY: &str = "canary";
+
+/// Why a command did not complete, with its exit status.
+#[derive(Debug, Clone)]
+pub struct Failure {
+    /// The exit status.
+    pub code: u8,
+    /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
+    /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
+    /// `interrupted`.
+    pub kind: &'static str,
+    /// What happened, and what was and was not written.
+    pub message: String,
+    /// Already in the JSON report printed on stdout.
+    reported: bool,
+}
+
+impl Failure {
+    fn new(code: u8, kind: &'static str, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            kind,
+            message: message.into(),
+            reported: false,
+        }
+    }
+
+    fn usage(message: impl Into<String>) -> Failure {
+        Failure::new(exit::USAGE, "usage", message)
+    }
+
+    fn invalid(message: impl Into<String>) -> Failure {
+        Failure::new(exit::DATAERR, "invalid", message)
+    }
+
+    fn conflict(message: impl Into<String>) -> Failure {
+        Failure::new(exit::CONFLICT, "conflict", message)
+    }
+
+    fn json(&self) -> Value {
+        json!({"kind": self.kind, "message": self.message, "exit_code": self.code})
+    }
+}
+
+impl From<ConsulError> for Failure {
+    fn from(e: ConsulError) -> Failure {
+        let (code, kind) = match &e {
+            ConsulError::Connect { .. } | ConsulError::Timeout { .. } => {
+                (exit::UNAVAILABLE, "unavailable")
+            }
+            ConsulError::Status { .. } if e.is_forbidden() => (exit::NOPERM, "permission_denied"),
+            ConsulError::Status { status, .. } if status.is_server_error() => {
+                (exit::UNAVAILABLE, "unavailable")
+            }
+            ConsulError::Status { .. } | ConsulError::Decode(_) => (exit::PROTOCOL, "protocol"),
+            ConsulError::Token { .. } => (exit::NOPERM, "permission_denied"),
+        };
+        Failure::new(code, kind, e.to_string())
+    }
+}
+
+impl From<SourceError> for Failure {
+    fn from(e: SourceError) -> Failure {
+        Failure::new(exit::NOINPUT, "no_input", e.to_string())
+    }
+}
+
+/// Runs one `state` command and returns its exit status. Consul options are
+/// resolved as for the daemon (same flags, environment and token file).
+pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> ExitCode {
+    let code = match consul.resolve(fallbacks) {
+        Err(e) => report_failure(args.json, &Failure::usage(e.to_string())),
+        Ok(config) => match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Err(e) => report_failure(
+                args.json,
+                &Failure::new(1, "runtime", format!("cannot start the runtime: {e}")),
+            ),
+            Ok(rt) => rt.block_on(run(config, args)),
+        },
+    };
+    ExitCode::from(code)
+}
+
+fn report_failure(json: bool, failure: &Failure) -> u8 {
+    eprintln!("gitlab-haproxy-agent state: {}", failure.message);
+    if json && !failure.reported {
+        println!("{}", json!({"ok": false, "error": failure.json()}));
+    }
+    failure.code
+}
+
+async fn run(config: ConsulConfig, args: &StateArgs) -> u8 {
+    let client = match ConsulClient::new(
+        &config.addr,
+        TokenSource::new(config.token_file.clone()),
+        Duration::from_secs(2),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            return report_failure(
+                args.json,
+                &Failure::new(1, "runtime", format!("cannot build the Consul client: {e}")),
+            )
+        }
+    };
+    let writer = Writer {
+        client,
+        prefix: config.prefix,
+        json: args.json,
+    };
+    let result = match &args.command {
+        StateCommand::Get { key } => writer.get(key).await,
+        StateCommand::List => writer.list().await,
+        StateCommand::Set {
+            key,
+            value,
+            cas,
+            write,
+        } => writer.set(key, value, *cas, write.dry_run).await,
+        StateCommand::Clear { key, cas, write } => writer.clear(key, *cas, write.dry_run).await,
+        StateCommand::Canary { action } => match action {
+            CanaryAction::Disable { drain_wait, write } => {
+                let target = Target::canary();
+                writer
+                    .sequence("canary disable", target, write.dry_run, |t| {
+                        Ok(plan_drain(t, *drain_wait))
+                    })
+                    .await
+            }
+            CanaryAction::Enable { maint_wait, write } => {
+                let target = Target::canary();
+                writer
+                    .sequence("canary enable", target, write.dry_run, |t| {
+                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
+                    })
+                    .await
+            }
+        },
+        StateCommand::Drain {
+            select,
+            drain_wait,
+            write,
+        } => match Target::servers(select) {
+            Err(f) => Err(f),
+            Ok(target) => {
+                writer
+                    .sequence("drain", target, write.dry_run, |t| {
+                        Ok(plan_drain(t, *drain_wait))
+                    })
+                    .await
+            }
+        },
+        StateCommand::Undrain {
+            select,
+            maint_wait,
+            write,
+        } => match Target::servers(select) {
+            Err(f) => Err(f),
+            Ok(target) => {
+                writer
+                    .sequence("undrain", target, write.dry_run, |t| {
+                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
+                    })
+                    .await
+            }
+        },
+        StateCommand::Explain {
+            identities,
+            haproxy_config,
+        } => writer.explain(identities, haproxy_config.as_deref()).await,
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(f) => report_failure(args.json, &f),
+    }
+}
+
+fn refused_invalid(keys: Vec<(String, String)>) -> Failure {
+    let list: Vec<String> = keys.iter().map(|(k, why)| format!("{k} ({why})")).collect();
+    Failure::invalid(format!(
+        "refusing to guess: {} an invalid value, so the servers it decides are frozen in an \
+         unknown state; nothing written. Set a valid value first (`state set KEY maint`), then \
+         re-run",
+        if keys.len() == 1 {
+            format!("{} holds", list[0])
+        } else {
+            format!("{} hold", list.join(", "))
+        }
+    ))
+}
+
+fn check_key(key: &str) -> Result<(), Failure> {
+    validate_identity(key).map_err(|e| {
+        Failure::invalid(format!(
+            "invalid key {key:?}: {e} (keys are relative to the prefix: `canary`, \
+             `web/web-01`); nothing written"
+        ))
+    })
+}
+
+/// A value for display: as stored when it is plain text, else quoted.
+fn display_value(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(s) if !s.is_empty() && s.len() <= 40 && s.bytes().all(|b| b.is_ascii_graphic()) => {
+            s.to_string()
+        }
+        _ => show_raw(raw),
+    }
+}
+
+fn reply_text(state: AdminState) -> String {
+    String::from_utf8_lossy(state.reply().as_bytes())
+        .trim_end()
+        .to_string()
+}
+
+/// What a sequence acts on.
+struct Target {
+    /// The keys, relative to the prefix.
+    keys: Vec<String>,
+    /// Enrolled servers selected (empty for a group key).
+    servers: Vec<Server>,
+    /// Servers that matched but the agent cannot drain.
+    not_enrolled: Vec<(Server, String)>,
+    /// Where the servers came from, for the report.
+    source: Option<String>,
+    /// The selection, in words.
+    selection: String,
+}
+
+impl Target {
+    fn canary() -> Target {
+        Target {
+            keys: vec![CANARY_KEY.to_string()],
+            servers: Vec::new(),
+            not_enrolled: Vec::new(),
+            source: None,
+            selection: format!("key {CANARY_KEY}"),
+        }
+    }
+
+    fn servers(select: &Selector) -> Result<Target, Failure> {
+        if let Some(zone) = &select.zone {
+            validate_identity(&format!("{}{zone}", haproxy::ZONE_GROUP_PREFIX))
+                .map_err(|e| Failure::invalid(format!("invalid zone {zone:?}: {e}")))?;
+        }
+        let (all, source) = match &select.haproxy_socket {
+            Some(socket) => (
+                haproxy::servers_from_socket(socket)?,
+                format!("stats socket {}", socket.display()),
+            ),
+            None => (
+                haproxy::servers_from_config(&select.haproxy_config)?,
+                select.haproxy_config.display().to_string(),
+            ),
+        };
+        Ok(Target::select(all, select, source))
+    }
+
+    fn select(all: Vec<Server>, select: &Selector, source: String) -> Target {
+        let mut servers = Vec::new();
+        let mut not_enrolled = Vec::new();
+        for server in all {
+            if select
+                .backend
+                .as_ref()
+                .is_some_and(|b| *b != server.backend)
+            {
+                continue;
+            }
+            if select
+                .server
+                .as_ref()
+                .is_some_and(|g| !glob_match(g, &server.name))
+            {
+                continue;
+            }
+            let in_zone = match &select.zone {
+                None => Some(true),
+                Some(z) if server.zones.iter().any(|s| s == z) => Some(true),
+                Some(_) if server.zones.is_empty() => None,
+                Some(_) => Some(false),
+            };
+            match (&server.enrolment, in_zone) {
+                (_, Some(false)) => {}
+                (Enrolment::Enrolled { .. }, Some(true)) => servers.push(server),
+                (Enrolment::Enrolled { .. }, None) => {}
+                (Enrolment::NotEnrolled(why), Some(true)) => {
+                    let why = why.to_string();
+                    not_enrolled.push((server, why));
+                }
+                (Enrolment::NotEnrolled(why), None) => {
+                    let why = format!("{why}; zone unknown (no zone- group)");
+                    not_enrolled.push((server, why));
+                }
+            }
+        }
+        let mut keys: Vec<String> = servers
+            .iter()
+            .filter_map(|s| s.row_key().map(str::to_string))
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Target {
+            keys,
+            servers,
+            not_enrolled,
+            source: Some(source),
+            selection: Target::describe_selection(select),
+        }
+    }
+
+    fn describe_selection(select: &Selector) -> String {
+        let mut parts = Vec::new();
+        if let Some(z) = &select.zone {
+            parts.push(format!("zone {z}"));
+        }
+        if let Some(b) = &select.backend {
+            parts.push(format!("backend {b}"));
+        }
+        if let Some(g) = &select.server {
+            parts.push(format!("servers {g}"));
+        }
+        parts.join(", ")
+    }
+}
+
+/// Stops sequences between steps on SIGINT or SIGTERM.
+struct Interrupt {
+    token: CancellationToken,
+    signal: Arc<Mutex<Option<(&'static str, u8)>>>,
+}
+
+impl Interrupt {
+    fn install() -> std::io::Result<Interrupt> {
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let token = CancellationToken::new();
+        let which = Arc::new(Mutex::new(None));
+        let (t, w) = (token.clone(), which.clone());
+        tokio::spawn(async move {
+            let got = tokio::select! {
+                _ = int.recv() => ("SIGINT", exit::SIGINT),
+                _ = term.recv() => ("SIGTERM", exit::SIGTERM),
+            };
+            *w.lock().unwrap() = Some(got);
+            t.cancel();
+        });
+        Ok(Interrupt {
+            token,
+            signal: which,
+        })
+    }
+
+    fn fired(&self) -> Option<(&'static str, u8)> {
+        if self.token.is_cancelled() {
+            *self.signal.lock().unwrap()
+        } else {
+            None
+        }
+    }
+
+    /// Sleeps `d`; `false` when a signal came first.
+    async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.token.cancelled() => false,
+        }
+    }
+}
+
+/// Where one step of a sequence got to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepStatus {
+    Planned,
+    Done,
+    Partial,
+    Failed,
+    Interrupted,
+    NotRun,
+}
+
+impl StepStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            StepStatus::Planned => "planned",
+            StepStatus::Done => "done",
+            StepStatus::Partial => "partial",
+            StepStatus::Failed => "failed",
+            StepStatus::Interrupted => "interrupted",
+            StepStatus::NotRun => "not_run",
+        }
+    }
+}
+
+struct Writer {
+    client: ConsulClient,
+    prefix: String,
+    json: bool,
+}
+
+impl Writer {
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn print_json(&self, value: Value) {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&value).unwrap_or_default()
+        );
+    }
+
+    async fn get(&self, key: &str) -> Result<(), Failure> {
+        check_key(key)?;
+        let pair = self.client.get_key(&self.full(key)).await?;
+        if self.json {
+            let mut v = key_json(key, pair.as_ref());
+            v["ok"] = json!(true);
+            self.print_json(v);
+            return Ok(());
+        }
+        match &pair {
+            None => println!(
+                "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
+            ),
+            Some(p) => print!("{}", key_table(&[(key.to_string(), p)])),
+        }
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<(), Failure> {
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, &answer);
+        let mut rows: Vec<(String, &KvPair)> = answer
+            .pairs
+            .iter()
+            .filter_map(|p| {
+                let rel = p.key.strip_prefix(&self.prefix)?;
+                snapshot
+                    .keys
+                    .contains_key(rel)
+                    .then(|| (rel.to_string(), p))
+            })
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let invalid = snapshot.invalid_count();
+        if self.json {
+            self.print_json(json!({
+                "ok": true,
+                "prefix": self.prefix,
+                "consul_index": answer.index,
+                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot)).collect::<Vec<_>>(),
+                "invalid": invalid,
+            }));
+            return Ok(());
+        }
+        if rows.is_empty() {
+            println!(
+                "no keys below {}: every server is ready 100% (a token that may not read the \
+                 prefix sees no keys either). Consul index {}.",
+                self.prefix, answer.index
+            );
+            return Ok(());
+        }
+        print!("{}", key_table_snapshot(&rows, &snapshot));
+        println!(
+            "{} keys, {invalid} invalid{}. Consul index {}.",
+            rows.len(),
+            if invalid > 0 {
+                " (the servers an invalid key decides get no answer and keep their state)"
+            } else {
+                ""
+            },
+            answer.index
+        );
+        Ok(())
+    }
+
+    async fn set(
+        &self,
+        key: &str,
+        value: &str,
+        cas: Option<u64>,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        check_key(key)?;
+        let state = parse_value(value.as_bytes()).map_err(|e| {
+            Failure::invalid(format!(
+                "refusing {value:?} for {key}: {e}; nothing written"
+            ))
+        })?;
+        self.write_one(key, Change::Set(state), cas, dry_run).await
+    }
+
+    async fn clear(&self, key: &str, cas: Option<u64>, dry_run: bool) -> Result<(), Failure> {
+        check_key(key)?;
+        self.write_one(key, Change::Clear, cas, dry_run).await
+    }
+
+    async fn write_one(
+        &self,
+        key: &str,
+        change: Change,
+        cas: Option<u64>,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        let full = self.full(key);
+        let pair = self.client.get_key(&full).await?;
+        let before = Current::from_pair(pair.as_ref());
+        if let Some(expected) = cas {
+            if before.index() != expected {
+                return Err(Failure::conflict(format!(
+                    "{key} is {} at ModifyIndex {}, not at {expected} as --cas expects; not \
+                     overwritten",
+                    before.describe(),
+                    before.index()
+                )));
+            }
+        }
+        let unchanged = match (&before, change) {
+            (Current::Absent, Change::Clear) => true,
+            (Current::Valid { state, .. }, Change::Set(s)) => *state == s,
+            _ => false,
+        };
+        let after = match change {
+            Change::Set(s) => s.to_string(),
+            Change::Clear => "absent".to_string(),
+        };
+        let note = slowstart_note(&before, change);
+        let status = if unchanged {
+            "unchanged"
+        } else if dry_run {
+            "dry run: not written"
+        } else {
+            let written = match change {
+                Change::Set(s) => {
+                    self.client
+                        .put_cas(&full, s.to_string().as_bytes(), before.index())
+                        .await?
+                }
+                Change::Clear => self.client.delete_cas(&full, before.index()).await?,
+            };
+            if !written {
+                let now = self.client.get_key(&full).await?;
+                let now = Current::from_pair(now.as_ref());
+                return Err(Failure::conflict(format!(
+                    "{key} changed since it was read (was {} at ModifyIndex {}, now {} at \
+                     ModifyIndex {}); not overwritten. Look with `state get {key}` and re-run",
+                    before.describe(),
+                    before.index(),
+                    now.describe(),
+                    now.index()
+                )));
+            }
+            "written"
+        };
+        if let (Some(n), false) = (note, unchanged) {
+            eprintln!("note: {n}");
+        }
+        if self.json {
+            self.print_json(json!({
+                "ok": true,
+                "key": key,
+                "before": before.describe(),
+                "after": after,
+                "modify_index_before": before.index(),
+                "written": status == "written",
+                "dry_run": dry_run,
+                "note": if unchanged { None } else { note },
+            }));
+        } else {
+            print!(
+                "{}",
+                table(
+                    &["KEY", "BEFORE", "AFTER", "STATUS"],
+                    &[vec![
+                        key.to_string(),
+                        before.describe(),
+                        after,
+                        status.to_string()
+                    ]]
+                )
+            );
+        }
+        Ok(())
+    }
+
+    /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
+    /// stopping at the first conflict, error or signal. Prints a report of
+    /// where every key is now, in every case.
+    async fn sequence(
+        &self,
+        action: &'static str,
+        target: Target,
+        dry_run: bool,
+        make_plan: impl FnOnce(Vec<(String, Current)>) -> Result<Plan, Failure>,
+    ) -> Result<(), Failure> {
+        if target.keys.is_empty() {
+            let mut message = format!(
+                "no enrolled server matches {} in {}; nothing written",
+                target.selection,
+                target.source.as_deref().unwrap_or("the configuration")
+            );
+            if !target.not_enrolled.is_empty() {
+                message.push_str(&format!(
+                    " (not enrolled, so not counted: {} server{}: {})",
+                    target.not_enrolled.len(),
+                    if target.not_enrolled.len() == 1 {
+                        ""
+                    } else {
+                        "s"
+                    },
+                    target
+                        .not_enrolled
+                        .iter()
+                        .map(|(s, why)| format!("{} {why}", s.id()))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ));
+            }
+            return Err(Failure::invalid(message));
+        }
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, &answer);
+        let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
+        let mut run = Run::new(&plan, answer.index);
+        let mut failure = None;
+        if dry_run {
+            run.statuses
+                .iter_mut()
+                .for_each(|s| *s = StepStatus::Planned);
+        } else if !plan.steps.is_empty() {
+            failure = self.execute(action, &plan, &mut run).await.err();
+            // Report what Consul holds now, not only what was written: after
+            // a conflict another writer's value is the truth.
+            if let Ok(after) = self
+                .client
+                .list_prefix(&self.prefix, 0, Duration::ZERO)
+                .await
+            {
+                run.observed = Some((
+                    currents(&self.prefix, &after.pairs, &target.keys)
+                        .into_iter()
+                        .collect(),
+                    build_snapshot(&self.prefix, &after),
+                ));
+            }
+        }
+        let report = Report {
+            action,
+            dry_run,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: failure.as_ref(),
+        };
+        if self.json {
+            self.print_json(report.json());
+        } else {
+            print!("{}", report.text());
+        }
+        match failure {
+            None => Ok(()),
+            Some(mut f) => {
+                f.reported = true;
+                Err(f)
+            }
+        }
+    }
+
+    async fn execute(&self, action: &str, plan: &Plan, run: &mut Run) -> Result<(), Failure> {
+        let interrupt = Interrupt::install()
+            .map_err(|e| Failure::new(1, "runtime", format!("cannot watch signals: {e}")))?;
+        for (i, step) in plan.steps.iter().enumerate() {
+            if let Some((name, code)) = interrupt.fired() {
+                return Err(run.interrupted(plan, i, name, code));
+            }
+            match step {
+                Step::Wait { duration, purpose } => {
+                    let what = match purpose {
+                        WaitFor::Drain => {
+                            "for sessions to finish before maint. Ctrl-C now \
+                                           leaves drain in place and does not write maint"
+                        }
+                        WaitFor::Maint => {
+                            "so every HAProxy applies maint before the key is \
+                                           cleared. Ctrl-C now leaves maint in place"
+                        }
+                    };
+                    eprintln!(
+                        "{action}: waiting {} {what}",
+                        humantime::format_duration(*duration)
+                    );
+                    if !interrupt.sleep(*duration).await {
+                        let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                        run.statuses[i] = StepStatus::Interrupted;
+                        return Err(run.interrupted(plan, i, name, code));
+                    }
+                    run.statuses[i] = StepStatus::Done;
+                }
+                Step::Write { change, keys } => {
+                    let chunks = keys.chunks(MAX_TXN_OPS).count();
+                    for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
+                        if n > 0 {
+                            if let Some((name, code)) = interrupt.fired() {
+                                run.statuses[i] = StepStatus::Partial;
+                                return Err(run.interrupted(plan, i, name, code));
+                            }
+                        }
+                        if let Err(mut f) = self.write_chunk(*change, chunk, run).await {
+                            run.statuses[i] = if n == 0 {
+                                StepStatus::Failed
+                            } else {
+                                StepStatus::Partial
+                            };
+                            run.not_run_from(i + 1);
+                            f.message = format!("{}. So far: {}", f.message, run.progress(plan, i));
+                            return Err(f);
+                        }
+                    }
+                    run.statuses[i] = StepStatus::Done;
+                    eprintln!(
+                        "{action}: {} written to {} key{} ({chunks} transaction{})",
+                        change.describe(),
+                        keys.len(),
+                        if keys.len() == 1 { "" } else { "s" },
+                        if chunks == 1 { "" } else { "s" },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One transaction: every key in `chunk` gets `change`, each only if its
+    /// ModifyIndex is the one last seen.
+    async fn write_chunk(
+        &self,
+        change: Change,
+        chunk: &[String],
+        run: &mut Run,
+    ) -> Result<(), Failure> {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|k| {
+                let index = run.indexes.get(k).copied().unwrap_or(0);
+                match change {
+                    Change::Set(s) => TxnOp::Cas {
+                        key: self.full(k),
+                        value: s.to_string().into_bytes(),
+                        index,
+                    },
+                    Change::Clear => TxnOp::DeleteCas {
+                        key: self.full(k),
+                        index,
+                    },
+                }
+            })
+            .collect();
+        match self.client.txn(&ops).await? {
+            TxnOutcome::Committed(results) => {
+                for k in chunk {
+                    match change {
+                        Change::Set(s) => {
+                            run.now.insert(k.clone(), Some(s));
+                        }
+                        Change::Clear => {
+                            run.now.insert(k.clone(), None);
+                            run.indexes.insert(k.clone(), 0);
+                        }
+                    }
+                }
+                for pair in results {
+                    if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
+                        run.indexes.insert(rel.to_string(), pair.modify_index);
+                    }
+                }
+                Ok(())
+            }
+            TxnOutcome::RolledBack(errors) => {
+                if let Some(e) = errors.iter().find(|e| e.is_permission_denied()) {
+                    return Err(Failure::new(
+                        exit::NOPERM,
+                        "permission_denied",
+                        format!(
+                            "Consul refused the write: {}; nothing in this transaction was \
+                             written",
+                            e.what
+                        ),
+                    ));
+                }
+                let mut lines = Vec::new();
+                for e in &errors {
+                    let Some(key) = chunk.get(e.op_index) else {
+                        lines.push(e.what.clone());
+                        continue;
+                    };
+                    let expected = run.indexes.get(key).copied().unwrap_or(0);
+                    let now = match self.client.get_key(&self.full(key)).await {
+                        Ok(p) => {
+                            let c = Current::from_pair(p.as_ref());
+                            format!("now {} at ModifyIndex {}", c.describe(), c.index())
+                        }
+                        Err(_) => "now unknown".to_string(),
+                    };
+                    lines.push(format!(
+                        "{key} changed since it was read (expected ModifyIndex {expected}, {now})"
+                    ));
+                }
+                Err(Failure::conflict(format!(
+                    "conflict: {}. Not overwritten; this transaction wrote nothing. Look with \
+                     `state list`, then re-run",
+                    lines.join("; ")
+                )))
+            }
+        }
+    }
+
+    async fn explain(&self, identities: &[String], config: Option<&Path>) -> Result<(), Failure> {
+        let mut line = identities.join(" ");
+        if let Some(path) = config {
+            if identities.len() == 1 && identities[0].contains('/') {
+                let servers = haproxy::servers_from_config(path)?;
+                let found = servers.iter().find_map(|s| match &s.enrolment {
+                    Enrolment::Enrolled {
+                        row_key,
+                        identities: line_ids,
+                    } if *row_key == line => Some(line_ids.join(" ")),
+                    _ => None,
+                });
+                line = found.ok_or_else(|| {
+                    Failure::invalid(format!(
+                        "no enrolled server with row key {line} in {}",
+                        path.display()
+                    ))
+                })?;
+            }
+        }
+        let ids = parse_line(line.as_bytes()).map_err(|e| {
+            Failure::invalid(format!(
+                "the agent refuses the agent-send line {line:?}: {e}"
+            ))
+        })?;
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, &answer);
+        let raw: HashMap<&str, &KvPair> = answer
+            .pairs
+            .iter()
+            .filter_map(|p| p.key.strip_prefix(&self.prefix).map(|r| (r, p)))
+            .collect();
+        let result = snapshot.lookup(ids.iter().copied());
+        let deciding = match result {
+            Answer::State { decided_by, .. } => decided_by,
+            Answer::Invalid { decided_by } => Some(decided_by),
+        };
+        let rows: Vec<(String, Option<String>, &'static str)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let value = raw.get(id).map(|p| display_value(&p.value));
+                let role = match (deciding, &value) {
+                    (Some(d), _) if d == i => "decides",
+                    (Some(d), Some(_)) if i > d => "not read (an earlier identity decides)",
+                    (_, None) => "no key",
+                    (_, Some(_)) => "not read",
+                };
+                (id.to_string(), value, role)
+            })
+            .collect();
+        let (reply, summary) = match result {
+            Answer::State {
+                state,
+                decided_by: Some(d),
+            } => (
+                Some(reply_text(state)),
+                format!(
+                    "{} (decided by key {} = {state})",
+                    reply_text(state),
+                    ids[d]
+                ),
+            ),
+            Answer::State {
+                state,
+                decided_by: None,
+            } => (
+                Some(reply_text(state)),
+                format!("{} (no identity has a key: the default)", reply_text(state)),
+            ),
+            Answer::Invalid { decided_by } => {
+                let why = match snapshot.keys.get(ids[decided_by]).map(|k| &k.entry) {
+                    Some(Entry::Invalid(e)) => e.to_string(),
+                    _ => "invalid".into(),
+                };
+                (
+                    None,
+                    format!(
+                        "none: key {} holds an invalid value ({why}); the agent closes the \
+                         connection and HAProxy keeps the server's current state",
+                        ids[decided_by]
+                    ),
+                )
+            }
+        };
+        if self.json {
+            self.print_json(json!({
+                "ok": true,
+                "line": line,
+                "reply": reply,
+                "answer": result.kind().as_str(),
+                "decided_by": deciding.map(|d| ids[d]),
+                "identities": rows.iter().map(|(id, value, role)| json!({
+                    "identity": id, "value": value, "role": role,
+                })).collect::<Vec<_>>(),
+                "consul_index": answer.index,
+            }));
+            return Ok(());
+        }
+        println!("agent-send line: {line}");
+        println!("answer: {summary}");
+        let table_rows: Vec<Vec<String>> = rows
+            .into_iter()
+            .map(|(id, value, role)| {
+                vec![id, value.unwrap_or_else(|| "-".into()), role.to_string()]
+            })
+            .collect();
+        print!("{}", table(&["IDENTITY", "VALUE", "ROLE"], &table_rows));
+        println!("Consul index {}.", answer.index);
+        Ok(())
+    }
+}
+
+/// Warns about ending a drain without going through maint.
+fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
+    let from_drain = matches!(
+        before,
+        Current::Valid {
+            state: AdminState::Drain,
+            ..
+        }
+    );
+    let to_service = matches!(
+        change,
+        Change::Clear | Change::Set(AdminState::Ready) | Change::Set(AdminState::Weight(_))
+    );
+    (from_drain && to_service).then_some(
+        "drain -> ready skips HAProxy's slowstart (it applies only when leaving MAINT); \
+         `state undrain` and `state canary enable` go through maint",
+    )
+}
+
+fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
+    match pair {
+        None => json!({"key": key, "present": false}),
+        Some(p) => {
+            let mut v = json!({
+                "key": key,
+                "present": true,
+                "value": String::from_utf8_lossy(&p.value),
+                "modify_index": p.modify_index,
+            });
+            match parse_value(&p.value) {
+                Ok(s) => {
+                    v["valid"] = json!(true);
+                    v["state"] = json!(s.to_string());
+                    v["reply"] = json!(reply_text(s));
+                }
+                Err(e) => {
+                    v["valid"] = json!(false);
+                    v["error"] = json!(e.to_string());
+                }
+            }
+            v
+        }
+    }
+}
+
+fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value {
+    let mut v = key_json(key, Some(pair));
+    // The agent's verdict, key validity included.
+    if let Some(Entry::Invalid(e)) = snapshot.keys.get(key).map(|k| &k.entry) {
+        v["valid"] = json!(false);
+        v["error"] = json!(e.to_string());
+        if let Some(o) = v.as_object_mut() {
+            o.remove("state");
+            o.remove("reply");
+        }
+    }
+    v
+}
+
+fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
+    let (state, reply) = match entry {
+        Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
+        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), "none (frozen)".to_string()),
+        None => match parse_value(&pair.value) {
+            Ok(s) => (s.to_string(), reply_text(s)),
+            Err(e) => (format!("INVALID: {e}"), "none (frozen)".to_string()),
+        },
+    };
+    vec![
+        key.to_string(),
+        display_value(&pair.value),
+        state,
+        reply,
+        pair.modify_index.to_string(),
+    ]
+}
+
+const KEY_HEADER: [&str; 5] = ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX"];
+
+fn key_table(rows: &[(String, &KvPair)]) -> String {
+    let rows: Vec<Vec<String>> = rows.iter().map(|(k, p)| key_row(k, p, None)).collect();
+    table(&KEY_HEADER, &rows)
+}
+
+fn key_table_snapshot(rows: &[(String, &KvPair)], snapshot: &Snapshot) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(k, p)| key_row(k, p, snapshot.keys.get(k.as_str()).map(|s| &s.entry)))
+        .collect();
+    table(&KEY_HEADER, &rows)
+}
+
+/// Where a sequence got to.
+struct Run {
+    /// Consul index of the read the plan was made from.
+    read_index: u64,
+    /// Last ModifyIndex seen per key (0: absent).
+    indexes: HashMap<String, u64>,
+    /// Keys written so far and what they hold now (`None`: removed).
+    now: HashMap<String, Option<AdminState>>,
+    /// One per plan step.
+    statuses: Vec<StepStatus>,
+    /// The keys and the snapshot as read again at the end, when that read
+    /// worked.
+    observed: Option<(HashMap<String, Current>, Snapshot)>,
+}
+
+impl Run {
+    fn new(plan: &Plan, read_index: u64) -> Run {
+        Run {
+            read_index,
+            indexes: plan
+                .keys
+                .iter()
+                .map(|k| (k.key.clone(), k.before.index()))
+                .collect(),
+            now: HashMap::new(),
+            statuses: vec![StepStatus::NotRun; plan.steps.len()],
+            observed: None,
+        }
+    }
+
+    fn not_run_from(&mut self, from: usize) {
+        for s in self.statuses.iter_mut().skip(from) {
+            *s = StepStatus::NotRun;
+        }
+    }
+
+    /// What was written and what was not, from step `from` on.
+    fn progress(&self, plan: &Plan, from: usize) -> String {
+        let mut written: Vec<String> = self
+            .now
+            .iter()
+            .map(|(k, s)| format!("{k} = {}", s.map_or("absent".into(), |s| s.to_string())))
+            .collect();
+        written.sort();
+        let pending: Vec<String> = plan.steps[from.min(plan.steps.len())..]
+            .iter()
+            .filter_map(|s| match s {
+                Step::Write { change, keys } => {
+                    let target = match change {
+                        Change::Set(s) => Some(*s),
+                        Change::Clear => None,
+                    };
+                    let left = keys
+                        .iter()
+                        .filter(|k| self.now.get(*k) != Some(&target))
+                        .count();
+                    (left > 0).then(|| {
+                        format!(
+                            "{} was NOT written to {left} key{}",
+                            change.describe(),
+                            if left == 1 { "" } else { "s" }
+                        )
+                    })
+                }
+                Step::Wait { .. } => None,
+            })
+            .collect();
+        format!(
+            "{}; {}. Every key holds a valid value",
+            if written.is_empty() {
+                "nothing was written".to_string()
+            } else {
+                format!("left in place: {}", written.join(", "))
+            },
+            if pending.is_empty() {
+                "nothing was left to write".to_string()
+            } else {
+                pending.join(", ")
+            }
+        )
+    }
+
+    /// The failure for a signal during step `current` (or before it),
+    /// naming what is left unwritten.
+    fn interrupted(&mut self, plan: &Plan, current: usize, name: &str, code: u8) -> Failure {
+        self.not_run_from(current + 1);
+        Failure::new(
+            code,
+            "interrupted",
+            format!(
+                "interrupted by {name}: {}. Re-run the same command to finish (it is \
+                 idempotent)",
+                self.progress(plan, current)
+            ),
+        )
+    }
+
+    /// What `key` holds now, given what it held before.
+    fn now_of(&self, key: &str, before: &Current) -> String {
+        if let Some(c) = self.observed.as_ref().and_then(|(keys, _)| keys.get(key)) {
+            return c.describe();
+        }
+        match self.now.get(key) {
+            Some(Some(s)) => s.to_string(),
+            Some(None) => "absent".into(),
+            None => before.describe(),
+        }
+    }
+}
+
+/// The report printed at the end of a sequence.
+struct Report<'a> {
+    action: &'static str,
+    dry_run: bool,
+    plan: &'a Plan,
+    run: &'a Run,
+    target: &'a Target,
+    snapshot: &'a Snapshot,
+    failure: Option<&'a Failure>,
+}
+
+impl Report<'_> {
+    /// The snapshot the agents hold now (or will, for a dry run).
+    fn snapshot_now(&self) -> Snapshot {
+        if self.dry_run {
+            return plan::snapshot_after(self.snapshot, &self.plan.keys);
+        }
+        if let Some((_, snapshot)) = &self.run.observed {
+            return snapshot.clone();
+        }
+        let reached: Vec<plan::KeyPlan> = self
+            .run
+            .now
+            .iter()
+            .map(|(k, s)| plan::KeyPlan {
+                key: k.clone(),
+                before: Current::Absent,
+                after: *s,
+                note: None,
+            })
+            .collect();
+        plan::snapshot_after(self.snapshot, &reached)
+    }
+
+    fn outcome(&self) -> &'static str {
+        match self.failure {
+            Some(f) => f.kind,
+            None if self.dry_run => "dry_run",
+            None if self.plan.steps.is_empty() => "nothing_to_do",
+            None => "done",
+        }
+    }
+
+    fn server_answer(snapshot: &Snapshot, server: &Server) -> (String, Option<String>) {
+        let ids: Vec<&str> = match &server.enrolment {
+            Enrolment::Enrolled { identities, .. } => {
+                identities.iter().map(String::as_str).collect()
+            }
+            Enrolment::NotEnrolled(_) => return ("-".into(), None),
+        };
+        match snapshot.lookup(ids.iter().copied()) {
+            Answer::State { state, decided_by } => {
+                (reply_text(state), decided_by.map(|d| ids[d].to_string()))
+            }
+            Answer::Invalid { decided_by } => (
+                "none (invalid value)".into(),
+                Some(ids[decided_by].to_string()),
+            ),
+        }
+    }
+
+    fn steps_json(&self) -> Vec<Value> {
+        self.plan
+            .steps
+            .iter()
+            .zip(&self.run.statuses)
+            .map(|(step, status)| match step {
+                Step::Write { change, keys } => json!({
+                    "write": change.describe(), "keys": keys, "status": status.as_str(),
+                }),
+                Step::Wait { duration, purpose } => json!({
+                    "wait_seconds": duration.as_secs_f64(),
+                    "for": match purpose { WaitFor::Drain => "drain", WaitFor::Maint => "maint" },
+                    "status": status.as_str(),
+                }),
+            })
+            .collect()
+    }
+
+    fn json(&self) -> Value {
+        let now = self.snapshot_now();
+        json!({
+            "ok": self.failure.is_none(),
+            "action": self.action,
+            "outcome": self.outcome(),
+            "dry_run": self.dry_run,
+            "prefix_read_at_index": self.run.read_index,
+            "source": self.target.source,
+            "steps": self.steps_json(),
+            "keys": self.plan.keys.iter().map(|k| json!({
+                "key": k.key,
+                "before": k.before.describe(),
+                "modify_index_before": k.before.index(),
+                "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
+                "target": k.after.map_or("absent".into(), |s| s.to_string()),
+                "note": k.note,
+            })).collect::<Vec<_>>(),
+            "servers": self.target.servers.iter().map(|s| {
+                let (answer, decided_by) = Self::server_answer(&now, s);
+                json!({
+                    "server": s.id(),
+                    "key": s.row_key(),
+                    "zones": s.zones,
+                    "agent_answer": answer,
+                    "decided_by": decided_by,
+                })
+            }).collect::<Vec<_>>(),
+            "not_enrolled": self.target.not_enrolled.iter().map(|(s, why)| json!({
+                "server": s.id(), "reason": why, "zones": s.zones,
+            })).collect::<Vec<_>>(),
+            "error": self.failure.map(Failure::json),
+        })
+    }
+
+    fn text(&self) -> String {
+        let mut out = String::new();
+        let headline = match self.outcome() {
+            "dry_run" => "dry run, nothing written; the plan".to_string(),
+            "nothing_to_do" => "nothing to do".to_string(),
+            "done" => "done".to_string(),
+            other => format!("stopped ({other})"),
+        };
+        out.push_str(&format!("{}: {headline}\n", self.action));
+        if self.dry_run || self.failure.is_some() {
+            for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
+                let what = match step {
+                    Step::Write { change, keys } => format!(
+                        "write {} to {} key{}",
+                        change.describe(),
+                        keys.len(),
+                        if keys.len() == 1 { "" } else { "s" }
+                    ),
+                    Step::Wait { duration, .. } => {
+                        format!("wait {}", humantime::format_duration(*duration))
+                    }
+                };
+                out.push_str(&format!("  {what}: {}\n", status.as_str()));
+            }
+        }
+        let now = self.snapshot_now();
+        let now_header = if self.dry_run { "AFTER" } else { "NOW" };
+        if self.target.servers.is_empty() {
+            let rows: Vec<Vec<String>> = self
+                .plan
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.key.clone(),
+                        k.before.describe(),
+                        if self.dry_run {
+                            k.after.map_or("absent".into(), |s| s.to_string())
+                        } else {
+                            self.run.now_of(&k.key, &k.before)
+                        },
+                        k.note.unwrap_or("").to_string(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&["KEY", "BEFORE", now_header, "NOTE"], &rows));
+        } else {
+            let by_key: HashMap<&str, &plan::KeyPlan> =
+                self.plan.keys.iter().map(|k| (k.key.as_str(), k)).collect();
+            let rows: Vec<Vec<String>> = self
+                .target
+                .servers
+                .iter()
+                .map(|s| {
+                    let key = s.row_key().unwrap_or("-");
+                    let (before, after, note) = match by_key.get(key) {
+                        Some(k) => (
+                            k.before.describe(),
+                            if self.dry_run {
+                                k.after.map_or("absent".into(), |s| s.to_string())
+                            } else {
+                                self.run.now_of(key, &k.before)
+                            },
+                            k.note.unwrap_or(""),
+                        ),
+                        None => ("-".into(), "-".into(), ""),
+                    };
+                    let (answer, decided_by) = Self::server_answer(&now, s);
+                    vec![
+                        s.id(),
+                        key.to_string(),
+                        before,
+                        after,
+                        match decided_by {
+                            Some(d) => format!("{answer} ({d})"),
+                            None => answer,
+                        },
+                        note.to_string(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(
+                &[
+                    "SERVER",
+                    "KEY",
+                    "BEFORE",
+                    now_header,
+                    "AGENT ANSWERS",
+                    "NOTE",
+                ],
+                &rows,
+            ));
+        }
+        if !self.target.not_enrolled.is_empty() {
+            let n = self.target.not_enrolled.len();
+            out.push_str(&format!(
+                "{n} server{} not enrolled, so not written (the agent does not decide their \
+                 state; take them out another way if needed):\n",
+                if n == 1 { "" } else { "s" }
+            ));
+            let rows: Vec<Vec<String>> = self
+                .target
+                .not_enrolled
+                .iter()
+                .map(|(s, why)| vec![s.id(), why.clone()])
+                .collect();
+            out.push_str(&table(&["SERVER", "REASON"], &rows));
+        }
+        if let Some(source) = &self.target.source {
+            out.push_str(&format!("Servers read from {source}.\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn selector(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> Selector {
+        Selector {
+            zone: zone.map(Into::into),
+            backend: backend.map(Into::into),
+            server: server.map(Into::into),
+            haproxy_config: "/dev/null".into(),
+            haproxy_socket: None,
+        }
+    }
+
+    const CONFIG: &str = "defaults\n  default-server agent-check\nbackend web\n  server web-01 1.1.1.1:80 agent-send \"web/web-01 zone-a\\n\"\n  server web-02 1.1.1.2:80 agent-send \"web/web-02 zone-b\\n\"\n  server web-03 1.1.1.3:80 no-agent-check agent-send \"web/web-03 zone-b\\n\"\n  server web-04 1.1.1.4:80 no-agent-check\nbackend api\n  server api-01 1.1.2.1:80 agent-send \"api/api-01 canary zone-b\\n\"\n";
+
+    #[test]
+    fn zone_selection_lists_unenrolled_servers() {
+        let t = Target::select(
+            haproxy::parse_config(CONFIG),
+            &selector(Some("b"), None, None),
+            "cfg".into(),
+        );
+        assert_eq!(t.keys, vec!["api/api-01", "web/web-02"]);
+        let ne: Vec<(String, &str)> = t
+            .not_enrolled
+            .iter()
+            .map(|(s, w)| (s.id(), w.as_str()))
+            .collect();
+        assert_eq!(
+            ne,
+            vec![
+                ("web/web-03".to_string(), "no agent-check"),
+                (
+                    "web/web-04".to_string(),
+                    "no agent-check; zone unknown (no zone- group)"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn backend_and_glob_selection() {
+        let t = Target::select(
+            haproxy::parse_config(CONFIG),
+            &selector(None, Some("web"), Some("web-0[12]")),
+            "cfg".into(),
+        );
+        assert_eq!(t.keys, vec!["web/web-01", "web/web-02"]);
+        assert!(t.not_enrolled.is_empty());
+        let t = Target::select(
+            haproxy::parse_config(CONFIG),
+            &selector(Some("b"), Some("web"), None),
+            "cfg".into(),
+        );
+        assert_eq!(t.keys, vec!["web/web-02"]);
+    }
+
+    #[test]
+    fn consul_errors_map_to_exit_codes() {
+        let f: Failure = ConsulError::Connect {
+            addr: "x".into(),
+            detail: "refused".into(),
+        }
+        .into();
+        assert_eq!(f.code, exit::UNAVAILABLE);
+        let f: Failure = ConsulError::Status {
+            status: reqwest::StatusCode::FORBIDDEN,
+            body: "Permission denied".into(),
+        }
+        .into();
+        assert_eq!(f.code, exit::NOPERM);
+        let f: Failure = ConsulError::Status {
+            status: reqwest::StatusCode::INTERNAL_SERVER_ERROR,
+            body: "No cluster leader".into(),
+        }
+        .into();
+        assert_eq!(f.code, exit::UNAVAILABLE);
+        let f: Failure = ConsulError::Decode("x".into()).into();
+        assert_eq!(f.code, exit::PROTOCOL);
+    }
+
+    #[test]
+    fn slowstart_note_only_when_leaving_drain_for_service() {
+        let drain = Current::Valid {
+            state: AdminState::Drain,
+            index: 1,
+        };
+        assert!(slowstart_note(&drain, Change::Clear).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
+        assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
+    }
+}

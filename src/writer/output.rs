@@ -1,0 +1,48 @@
+//! Plain-text tables for people; `--json` callers get serde_json values.
+
+/// Renders rows under a header, columns padded to their widest cell, two
+/// spaces apart, no trailing blanks.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let columns = header.len();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate().take(columns) {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 < cells.len() {
+                text.push_str(&format!("{cell:<width$}  ", width = widths[i]));
+            } else {
+                text.push_str(cell);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_line_up() {
+        let t = table(
+            &["KEY", "VALUE"],
+            &[
+                vec!["canary".into(), "drain".into()],
+                vec!["web/web-01".into(), "".into()],
+            ],
+        );
+        assert_eq!(t, "KEY         VALUE\ncanary      drain\nweb/web-01\n");
+    }
+}

@@ -1,0 +1,963 @@
+//! The writer CLI (`gitlab-haproxy-agent state ...`) against a real Consul,
+//! and with a real HAProxy and the agent for the drain sequences: what it
+//! writes, what it refuses, and what HAProxy ends up doing.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::Value;
+use support::{
+    free_port, haproxy_config, kill, server_line, wait_for, Agent, Consul, Haproxy, TempDir,
+    AGENT_BIN, PREFIX,
+};
+
+const INTER_MS: u64 = 200;
+const CONVERGE: Duration = Duration::from_secs(5);
+
+/// A finished CLI run.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self:?}"))
+    }
+}
+
+fn command(consul_url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(AGENT_BIN);
+    cmd.env_clear()
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", consul_url])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+/// Runs `gitlab-haproxy-agent state ARGS --consul-addr URL` to completion.
+fn cli(consul: &Consul, args: &[&str]) -> Run {
+    cli_at(&consul.url(), args)
+}
+
+fn cli_at(url: &str, args: &[&str]) -> Run {
+    let out = command(url, args).output().expect("run the CLI");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn spawn_cli(consul: &Consul, args: &[&str]) -> Child {
+    command(&consul.url(), args).spawn().expect("start the CLI")
+}
+
+fn finish(child: Child) -> Run {
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// The raw value at `PREFIX + key`, `None` when absent.
+fn kv(consul: &Consul, key: &str) -> Option<String> {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+    if status == 404 {
+        return None;
+    }
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let b64 = v[0]["Value"].as_str().unwrap_or("");
+    Some(
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap(),
+        )
+        .unwrap(),
+    )
+}
+
+/// Every key below the prefix with its raw value.
+fn all_keys(consul: &Consul) -> HashMap<String, String> {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}?recurse=true"), b"");
+    if status == 404 {
+        return HashMap::new();
+    }
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let value = base64::engine::general_purpose::STANDARD
+                .decode(p["Value"].as_str().unwrap_or(""))
+                .unwrap();
+            (
+                p["Key"]
+                    .as_str()
+                    .unwrap()
+                    .strip_prefix(PREFIX)
+                    .unwrap()
+                    .to_string(),
+                String::from_utf8(value).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A server line with extra options (e.g. `slowstart 10s`).
+fn line_with(backend: &str, server: &str, groups: &[&str], port: u16, extra: &str) -> String {
+    let line = server_line(backend, server, groups, port, INTER_MS);
+    format!("{} {extra}\n", line.trim_end())
+}
+
+fn config_path(haproxy: &Haproxy) -> String {
+    haproxy
+        .socket()
+        .parent()
+        .unwrap()
+        .join("haproxy.cfg")
+        .to_string_lossy()
+        .into_owned()
+}
+
+const DRAIN: u32 = 0x08;
+const MAINT: u32 = 0x01;
+
+#[test]
+fn reads_show_parsed_state_and_flag_invalid_values() {
+    let consul = Consul::start();
+    consul.put("canary", "DRAIN");
+    consul.put("web/web-01", "50%");
+    consul.put("web/web-02", "drian");
+    consul.put("a/b/c", "drain");
+
+    let run = cli(&consul, &["list", "--json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["invalid"], 2);
+    let keys: HashMap<String, &Value> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["key"].as_str().unwrap().to_string(), k))
+        .collect();
+    assert_eq!(keys["canary"]["state"], "drain");
+    assert_eq!(keys["canary"]["reply"], "drain 100%");
+    assert_eq!(keys["web/web-01"]["reply"], "ready 50%");
+    assert_eq!(keys["web/web-02"]["valid"], false);
+    assert!(keys["web/web-02"]["error"]
+        .as_str()
+        .unwrap()
+        .contains("drian"));
+    assert_eq!(
+        keys["a/b/c"]["valid"], false,
+        "a key no agent-send can name"
+    );
+
+    let run = cli(&consul, &["list"]);
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("INVALID"), "{}", run.stdout);
+    assert!(run.stdout.contains("4 keys, 2 invalid"), "{}", run.stdout);
+
+    let run = cli(&consul, &["get", "web/web-01", "--json"]);
+    assert_eq!(run.code, 0);
+    assert_eq!(run.json()["state"], "50%");
+    assert!(run.json()["modify_index"].as_u64().unwrap() > 0);
+    let run = cli(&consul, &["get", "nothing-here"]);
+    assert_eq!(run.code, 0);
+    assert!(run.stdout.contains("no key"), "{}", run.stdout);
+    // The options of the daemon are accepted before `state` too.
+    let out = Command::new(AGENT_BIN)
+        .env_clear()
+        .args(["--consul-addr", &consul.url(), "state", "get", "canary"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("drain 100%"));
+}
+
+#[test]
+fn writes_are_validated_compare_and_set_and_can_be_dry_runs() {
+    let consul = Consul::start();
+    let index = consul.prefix_index();
+
+    // Invalid values and keys: refused, nothing written.
+    for args in [
+        &["set", "canary", "drian"][..],
+        &["set", "canary", "up"],
+        &["set", "canary", "50"],
+        &["set", "canary", "drain maxconn:0"],
+        &["set", "web/web-01/x", "drain"],
+        &["set", "web/web 01", "drain"],
+        &["clear", "a/b/c"],
+    ] {
+        let run = cli(&consul, args);
+        assert_eq!(run.code, 65, "{args:?}: {run:?}");
+        assert!(run.stderr.contains("nothing written"), "{run:?}");
+    }
+    assert_eq!(kv(&consul, "canary"), None);
+    assert_eq!(consul.prefix_index(), index, "nothing was written at all");
+
+    // --dry-run writes nothing.
+    let run = cli(&consul, &["set", "canary", "drain", "--dry-run"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("dry run"), "{}", run.stdout);
+    assert_eq!(kv(&consul, "canary"), None);
+
+    // A valid value is written in its canonical spelling.
+    let run = cli(&consul, &["set", "canary", " DRAIN ", "--json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["written"], true);
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+    let index = cli(&consul, &["get", "canary", "--json"]).json()["modify_index"]
+        .as_u64()
+        .unwrap();
+
+    // Compare-and-set: a stale --cas is refused and the value survives.
+    consul.put("canary", "maint");
+    let run = cli(
+        &consul,
+        &["set", "canary", "ready", "--cas", &index.to_string()],
+    );
+    assert_eq!(run.code, 75, "{run:?}");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+    let run = cli(&consul, &["set", "web/web-01", "drain", "--cas", "0"]);
+    assert_eq!(run.code, 0, "--cas 0 writes an absent key: {run:?}");
+    let run = cli(&consul, &["set", "web/web-01", "maint", "--cas", "0"]);
+    assert_eq!(run.code, 75, "--cas 0 refuses an existing key: {run:?}");
+    assert_eq!(kv(&consul, "web/web-01").as_deref(), Some("drain"));
+
+    // Clearing a drain warns that slowstart is skipped.
+    let run = cli(&consul, &["clear", "web/web-01"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("slowstart"), "{run:?}");
+    assert_eq!(kv(&consul, "web/web-01"), None);
+    let run = cli(&consul, &["clear", "web/web-01"]);
+    assert_eq!(run.code, 0, "clearing an absent key is done: {run:?}");
+}
+
+#[test]
+fn exit_codes_for_usage_and_unreachable_consul() {
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let run = cli_at(&nowhere, &["get", "canary"]);
+    assert_eq!(run.code, 69, "{run:?}");
+    let run = cli_at(
+        &nowhere,
+        &["canary", "disable", "--drain-wait", "1s", "--json"],
+    );
+    assert_eq!(run.code, 69, "{run:?}");
+    assert_eq!(run.json()["error"]["kind"], "unavailable");
+    for args in [
+        &["set", "canary"][..],
+        &["drain"],
+        &["drain", "--server", "web-*"],
+        &["drain", "--zone", "b", "--haproxy-socket", "/nonexistent"],
+        &["canary", "disable", "--drain-wait", "60"],
+        &["no-such-command"],
+    ] {
+        let run = cli_at(&nowhere, args);
+        assert_eq!(run.code, 64, "{args:?}: {run:?}");
+    }
+    let run = cli_at(
+        &nowhere,
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            "/nonexistent/haproxy.cfg",
+        ],
+    );
+    assert_eq!(run.code, 66, "{run:?}");
+    let run = cli_at(&nowhere, &["--help"]);
+    assert_eq!(run.code, 0);
+    for code in ["64", "65", "69", "75", "77", "130"] {
+        assert!(run.stdout.contains(code), "--help documents exit {code}");
+    }
+}
+
+#[test]
+fn permission_denied_is_77_and_writes_nothing() {
+    const MASTER: &str = "3c5d2a41-9b7e-4f0a-8e21-5a6c7d8e9f01";
+    let consul = Consul::start_acl(MASTER);
+    let (status, _, body) = consul.request(
+        "PUT",
+        "/v1/acl/policy",
+        br#"{"Name":"state-read","Rules":"key_prefix \"gitlab-haproxy-agent/state/\" { policy = \"read\" }"}"#,
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, _, body) = consul.request(
+        "PUT",
+        "/v1/acl/token",
+        br#"{"Policies":[{"Name":"state-read"}]}"#,
+    );
+    assert_eq!(status, 200);
+    let secret = serde_json::from_slice::<Value>(&body).unwrap()["SecretID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    consul.put("canary", "ready");
+    let dir = TempDir::new("writer-token");
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &secret).unwrap();
+    let token = token_file.to_str().unwrap();
+
+    // Reads work with the read token.
+    let run = cli(&consul, &["get", "canary", "--consul-token-file", token]);
+    assert_eq!(run.code, 0, "{run:?}");
+    // Writes do not: a KV PUT answers 403, a transaction 409 "Permission
+    // denied"; both are 77, and nothing changes.
+    let run = cli(
+        &consul,
+        &["set", "canary", "drain", "--consul-token-file", token],
+    );
+    assert_eq!(run.code, 77, "{run:?}");
+    assert!(!run.stderr.contains(&secret), "token shown: {run:?}");
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "disable",
+            "--drain-wait",
+            "1s",
+            "--consul-token-file",
+            token,
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 77, "{run:?}");
+    assert_eq!(run.json()["error"]["kind"], "permission_denied");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("ready"));
+    // No token at all: 403 on the read.
+    let run = cli(&consul, &["get", "canary"]);
+    assert_eq!(run.code, 77, "{run:?}");
+    // A token file that cannot be read.
+    let run = cli(
+        &consul,
+        &["get", "canary", "--consul-token-file", "/nonexistent/token"],
+    );
+    assert_eq!(run.code, 77, "{run:?}");
+}
+
+#[test]
+fn explain_agrees_with_the_running_agent() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    consul.put("canary", "drain");
+    consul.put("web/web-cny-02", "25%");
+    consul.put("web/web-03", "drian");
+    consul.put("zone-b", "maint");
+    for line in [
+        "web/web-cny-01 canary zone-b",
+        "web/web-cny-02 canary",
+        "web/web-01 zone-b",
+        "web/web-02",
+        "web/web-03 canary",
+    ] {
+        let ids: Vec<&str> = line.split(' ').collect();
+        let run = cli(&consul, &[&["explain", "--json"][..], &ids].concat());
+        assert_eq!(run.code, 0, "{run:?}");
+        let v = run.json();
+        let want = match v["reply"].as_str() {
+            Some(r) => format!("{r}\n"),
+            None => String::new(),
+        };
+        let got = wait_for(CONVERGE, || {
+            let a = agent.ask(line);
+            (a == want).then_some(a)
+        });
+        assert!(
+            got.is_some(),
+            "{line}: explain says {want:?}, agent {:?}",
+            agent.ask(line)
+        );
+    }
+    let run = cli(&consul, &["explain", "web/web-cny-01", "canary", "zone-b"]);
+    assert!(
+        run.stdout.contains("decided by key canary = drain"),
+        "{}",
+        run.stdout
+    );
+    let run = cli(&consul, &["explain", "web/web-03", "canary"]);
+    assert!(run.stdout.contains("invalid value"), "{}", run.stdout);
+    let run = cli(&consul, &["explain", "web/web-01/x"]);
+    assert_eq!(run.code, 65, "{run:?}");
+}
+
+/// Polls HAProxy every 25 ms while `child` runs and afterwards until every
+/// server in `end` is in maint (at most 10 s more), recording each server's
+/// distinct (admin state, user weight) sequence.
+fn watch(
+    haproxy: &Haproxy,
+    child: &mut Child,
+    end: &[(String, String)],
+) -> HashMap<(String, String), Vec<(u32, u32)>> {
+    let mut seen: HashMap<(String, String), Vec<(u32, u32)>> = HashMap::new();
+    let mut exited_at: Option<Instant> = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let states = haproxy.servers_state();
+        for (id, s) in &states {
+            let v = seen.entry(id.clone()).or_default();
+            let now = (s.admin_state, s.uweight);
+            if v.last() != Some(&now) {
+                v.push(now);
+            }
+        }
+        if exited_at.is_none() && child.try_wait().unwrap().is_some() {
+            exited_at = Some(Instant::now());
+        }
+        let settled = end.iter().all(|id| states[id].admin_state == MAINT);
+        // A little more after settling, to see that nothing else moves.
+        if exited_at.is_some_and(|t| {
+            (settled && t.elapsed() >= Duration::from_millis(1000))
+                || t.elapsed() >= Duration::from_secs(10)
+        }) || Instant::now() > deadline
+        {
+            return seen;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+fn id(backend: &str, server: &str) -> (String, String) {
+    (backend.to_string(), server.to_string())
+}
+
+#[test]
+fn canary_disable_drains_then_maints_only_the_canaries_and_enable_ramps_them() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n    balance roundrobin\n");
+    backends.push_str(&line_with(
+        "web",
+        "web-01",
+        &["zone-b"],
+        port,
+        "slowstart 10s",
+    ));
+    backends.push_str(&line_with("web", "web-02", &[], port, "slowstart 10s"));
+    backends.push_str(&line_with(
+        "web",
+        "web-cny-01",
+        &["canary"],
+        port,
+        "slowstart 10s",
+    ));
+    backends.push_str(&line_with(
+        "web",
+        "web-cny-02",
+        &["canary", "zone-b"],
+        port,
+        "slowstart 10s",
+    ));
+    backends.push_str("\nbackend api\n");
+    backends.push_str(&line_with(
+        "api",
+        "api-cny-01",
+        &["canary"],
+        port,
+        "slowstart 10s",
+    ));
+    backends.push_str(&line_with("api", "api-01", &[], port, ""));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    let canaries = [
+        id("web", "web-cny-01"),
+        id("web", "web-cny-02"),
+        id("api", "api-cny-01"),
+    ];
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    let mut child = spawn_cli(&consul, &["canary", "disable", "--drain-wait", "2s"]);
+    let seen = watch(&haproxy, &mut child, &canaries);
+    let run = finish(child);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("canary disable: done"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+    for (server, states) in &seen {
+        if canaries.contains(server) {
+            assert_eq!(
+                states,
+                &vec![(0, 100), (DRAIN, 100), (MAINT, 100)],
+                "{server:?}: ready, then DRAIN, then MAINT"
+            );
+        } else {
+            assert_eq!(states, &vec![(0, 100)], "{server:?} must not change");
+        }
+    }
+
+    // Enable: out of MAINT through slowstart. `show servers state` keeps the
+    // user weight at 100; the effective weight in `show stat` ramps.
+    let run = cli(&consul, &["canary", "enable"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv(&consul, "canary"), None);
+    let mut weights: HashMap<(String, String), Vec<u32>> = HashMap::new();
+    let ramped = wait_for(Duration::from_secs(20), || {
+        let stat = haproxy.stat();
+        for c in &canaries {
+            let row = &stat[c];
+            if row["status"].starts_with("MAINT") {
+                continue;
+            }
+            let w: u32 = row["weight"].parse().unwrap();
+            let v = weights.entry(c.clone()).or_default();
+            if v.last() != Some(&w) {
+                v.push(w);
+            }
+        }
+        canaries
+            .iter()
+            .all(|c| weights.get(c).and_then(|v| v.last()) == Some(&100))
+            .then_some(())
+    });
+    assert!(ramped.is_some(), "canaries back to weight 100: {weights:?}");
+    for c in &canaries {
+        let v = &weights[c];
+        assert!(
+            v.iter().any(|w| *w > 0 && *w < 100) && v.windows(2).all(|p| p[0] <= p[1]),
+            "{c:?} ramps up through slowstart rather than jumping to 100: {v:?}"
+        );
+        let s = haproxy.server(&c.0, &c.1);
+        assert!(s.is_ready_full_weight(), "{s:?}");
+    }
+    for (b, s) in [("web", "web-01"), ("web", "web-02"), ("api", "api-01")] {
+        assert!(haproxy.server(b, s).is_ready_full_weight());
+    }
+}
+
+#[test]
+fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-a-01", &["zone-a"], port, INTER_MS));
+    backends.push_str(&server_line("web", "web-b-01", &["zone-b"], port, INTER_MS));
+    backends.push_str(&server_line("web", "web-b-02", &["zone-b"], port, INTER_MS));
+    backends.push_str(
+        "    server web-b-03 127.0.0.1:1 weight 100 agent-send \"web/web-b-03 zone-b\\n\"\n",
+    );
+    backends.push_str("    server web-x-04 127.0.0.1:1 weight 100\n");
+    backends.push_str("\nbackend api\n");
+    backends.push_str(&server_line(
+        "api",
+        "api-a-01",
+        &["canary", "zone-a"],
+        port,
+        INTER_MS,
+    ));
+    backends.push_str(&server_line(
+        "api",
+        "api-b-01",
+        &["canary", "zone-b"],
+        port,
+        INTER_MS,
+    ));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    let cfg = config_path(&haproxy);
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+    let zone_b = [
+        id("web", "web-b-01"),
+        id("web", "web-b-02"),
+        id("api", "api-b-01"),
+    ];
+
+    // Dry run first: the plan, nothing written.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            &cfg,
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["outcome"], "dry_run");
+    assert!(all_keys(&consul).is_empty());
+
+    let mut child = spawn_cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            &cfg,
+            "--drain-wait",
+            "1s",
+            "--json",
+        ],
+    );
+    let seen = watch(&haproxy, &mut child, &zone_b);
+    let run = finish(child);
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["outcome"], "done");
+    let servers: Vec<&str> = v["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        servers,
+        vec!["web/web-b-01", "web/web-b-02", "api/api-b-01"]
+    );
+    for s in v["servers"].as_array().unwrap() {
+        assert_eq!(s["agent_answer"], "maint 100%", "{s}");
+    }
+    let not_enrolled: HashMap<&str, &str> = v["not_enrolled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["server"].as_str().unwrap(), s["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(not_enrolled.len(), 2, "{not_enrolled:?}");
+    assert_eq!(not_enrolled["web/web-b-03"], "no agent-check");
+    assert!(not_enrolled["web/web-x-04"].contains("zone unknown"));
+    assert_eq!(
+        all_keys(&consul),
+        HashMap::from([
+            ("web/web-b-01".to_string(), "maint".to_string()),
+            ("web/web-b-02".to_string(), "maint".to_string()),
+            ("api/api-b-01".to_string(), "maint".to_string()),
+        ]),
+        "row keys only, only for zone b"
+    );
+    for (server, states) in &seen {
+        if zone_b.contains(server) {
+            assert_eq!(
+                states,
+                &vec![(0, 100), (DRAIN, 100), (MAINT, 100)],
+                "{server:?}"
+            );
+        } else {
+            assert_eq!(states, &vec![(0, 100)], "{server:?} is untouched");
+        }
+    }
+
+    // Undrain: keys removed, servers back, other zones still untouched.
+    let run = cli(
+        &consul,
+        &["undrain", "--zone", "b", "--haproxy-config", &cfg],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("web/web-b-03"),
+        "unenrolled listed: {}",
+        run.stdout
+    );
+    assert!(all_keys(&consul).is_empty());
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    // By backend and server glob, servers read from the stats socket.
+    let socket = haproxy.socket().to_string_lossy().into_owned();
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-[ab]-0[12]",
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "0s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let keys = all_keys(&consul);
+    let mut names: Vec<&String> = keys.keys().collect();
+    names.sort();
+    assert_eq!(names, vec!["web/web-a-01", "web/web-b-01", "web/web-b-02"]);
+    haproxy.wait_server("web", "web-a-01", CONVERGE, |s| s.is_maint());
+    assert!(haproxy.server("api", "api-a-01").is_ready_full_weight());
+
+    // A selection with no enrolled server is refused, nothing written.
+    let run = cli(
+        &consul,
+        &["drain", "--zone", "nowhere", "--haproxy-config", &cfg],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    assert_eq!(all_keys(&consul).len(), 3);
+}
+
+#[test]
+fn drains_of_many_servers_use_several_transactions() {
+    let consul = Consul::start();
+    let dir = TempDir::new("writer-many");
+    let cfg = dir.path().join("haproxy.cfg");
+    let mut text = String::from("defaults\n    default-server agent-check agent-port 9777\n");
+    for b in 0..3 {
+        text.push_str(&format!("backend be{b}\n"));
+        for s in 0..60 {
+            let zone = if s % 10 == 0 { "d" } else { "c" };
+            text.push_str(&format!(
+                "    server s{s} 127.0.0.1:1 agent-send \"be{b}/s{s} zone-{zone}\\n\"\n"
+            ));
+        }
+    }
+    std::fs::write(&cfg, text).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    consul.put("be0/s1", "50%");
+    consul.put("be1/s1", "maint");
+
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "c",
+            "--haproxy-config",
+            cfg,
+            "--drain-wait",
+            "0s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stderr.contains("(3 transactions)"), "{}", run.stderr);
+    let keys = all_keys(&consul);
+    assert_eq!(keys.len(), 162);
+    assert!(keys.values().all(|v| v == "maint"));
+    assert!(!keys.contains_key("be0/s0"), "zone d untouched");
+
+    let run = cli(
+        &consul,
+        &[
+            "undrain",
+            "--zone",
+            "c",
+            "--haproxy-config",
+            cfg,
+            "--maint-wait",
+            "0s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(all_keys(&consul).is_empty());
+}
+
+#[test]
+fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let child = spawn_cli(
+        &consul,
+        &["canary", "disable", "--drain-wait", "30s", "--json"],
+    );
+    let pid = child.id();
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
+    })
+    .expect("drain written");
+    // Let it reach the wait, then interrupt.
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    kill(pid, "INT");
+    let run = finish(child);
+    assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
+    assert_eq!(run.code, 130, "{run:?}");
+    assert!(
+        run.stderr.contains("maint was NOT written"),
+        "{}",
+        run.stderr
+    );
+    let v = run.json();
+    assert_eq!(v["outcome"], "interrupted");
+    assert_eq!(v["keys"][0]["now"], "drain");
+    assert_eq!(v["steps"][2]["status"], "not_run");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+    assert!(wait_for(CONVERGE, || (agent.ask("web/web-cny-01 canary")
+        == "drain 100%\n")
+        .then_some(()))
+    .is_some());
+
+    // Re-running waits again and finishes; once more is nothing to do.
+    let run = cli(&consul, &["canary", "disable", "--drain-wait", "1s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+    let run = cli(&consul, &["canary", "disable", "--drain-wait", "1s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("nothing to do"), "{}", run.stdout);
+
+    // SIGINT while enable holds maint: maint stays, the key is not cleared.
+    consul.put("canary", "drain");
+    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "30s"]);
+    let pid = child.id();
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
+    })
+    .expect("maint written");
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pid, "INT");
+    let run = finish(child);
+    assert_eq!(run.code, 130, "{run:?}");
+    assert!(
+        run.stderr.contains("clear was NOT written"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+}
+
+#[test]
+fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
+    let consul = Consul::start();
+    // Canary: someone sets ready while the CLI waits to write maint.
+    let child = spawn_cli(&consul, &["canary", "disable", "--drain-wait", "5s"]);
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
+    })
+    .expect("drain written");
+    consul.put("canary", "ready");
+    let run = finish(child);
+    assert_eq!(run.code, 75, "{run:?}");
+    assert!(run.stderr.contains("conflict"), "{}", run.stderr);
+    assert!(
+        run.stdout.contains("ready"),
+        "the report shows the other writer's value: {}",
+        run.stdout
+    );
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("ready"));
+
+    // Zonal: one key changes during the wait; the maint transaction is
+    // rolled back whole, so no key is overwritten and none goes to maint.
+    let dir = TempDir::new("writer-cas");
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        "backend web\n    server a 127.0.0.1:1 agent-check agent-send \"web/a zone-b\\n\"\n    server b 127.0.0.1:1 agent-check agent-send \"web/b zone-b\\n\"\n",
+    )
+    .unwrap();
+    let child = spawn_cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            cfg.to_str().unwrap(),
+            "--drain-wait",
+            "5s",
+            "--json",
+        ],
+    );
+    wait_for(CONVERGE, || {
+        (kv(&consul, "web/b").as_deref() == Some("drain")).then_some(())
+    })
+    .expect("drain written");
+    consul.put("web/b", "25%");
+    let run = finish(child);
+    assert_eq!(run.code, 75, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["error"]["kind"], "conflict");
+    assert!(v["error"]["message"].as_str().unwrap().contains("web/b"));
+    assert_eq!(kv(&consul, "web/b").as_deref(), Some("25%"));
+    assert_eq!(kv(&consul, "web/a").as_deref(), Some("drain"));
+}
+
+#[test]
+fn undrain_refuses_to_guess_over_an_invalid_value() {
+    let consul = Consul::start();
+    consul.put("canary", "drian");
+    let index = consul.prefix_index();
+    let run = cli(&consul, &["canary", "enable"]);
+    assert_eq!(run.code, 65, "{run:?}");
+    assert!(run.stderr.contains("drian"), "{}", run.stderr);
+    assert_eq!(consul.prefix_index(), index);
+    // Disable replaces it: taking servers out is what was asked.
+    let run = cli(&consul, &["canary", "disable", "--drain-wait", "0s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+}
+
+/// Splits a shell command line on blanks, honouring single and double quotes.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut in_word = false;
+    let mut quote = None;
+    for c in line.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => word.push(c),
+            (None, '\'' | '"') => {
+                quote = Some(c);
+                in_word = true;
+            }
+            (None, c) if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                    in_word = false;
+                }
+            }
+            (None, c) => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if in_word {
+        words.push(word);
+    }
+    words
+}
+
+#[test]
+fn runbook_commands_parse_with_this_cli() {
+    use clap::Parser as _;
+    use gitlab_haproxy_agent::config::{Cli, Command as Sub};
+    let mut checked = 0;
+    for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
+        let text = std::fs::read_to_string(&path).unwrap();
+        // Commands in ```shell blocks, as on-call copies them.
+        let mut in_shell = false;
+        for line in text.lines().map(str::trim) {
+            if let Some(lang) = line.strip_prefix("```") {
+                in_shell = !in_shell && lang == "shell";
+                continue;
+            }
+            if !in_shell || !line.starts_with("gitlab-haproxy-agent state") {
+                continue;
+            }
+            let cli = Cli::try_parse_from(shell_words(line))
+                .unwrap_or_else(|e| panic!("{doc}: {line}\n{e}"));
+            assert!(matches!(cli.command, Some(Sub::State(_))), "{line}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 25, "only {checked} commands found");
+}

@@ -452,8 +452,9 @@ check "purge: unit file gone" test ! -e "$root/usr/lib/systemd/system/$unit"
 check "purge: no enablement symlink left" \
 	test -z "$(find "$root/etc/systemd/system" -name "$unit")"
 # Install again the way the cookbook does it: settings and token written
-# first, then the package installed by apt, which keeps a conffile already on
-# disk (--force-confdef --force-confold); the first start uses them.
+# first, then the package installed by apt-get, told to keep a conffile
+# already on disk (--force-confdef --force-confold, as Chef's apt_package
+# does); the first start uses them.
 cat >"$root/etc/default/$pkg" <<EOF
 # Written before the package, by configuration management.
 GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$consul_http
@@ -464,8 +465,15 @@ install -d -m 0700 "$root/etc/$pkg"
 install -m 0600 /dev/null "$root/etc/$pkg/consul-token"
 printf '%s\n' "$token" >"$root/etc/$pkg/consul-token"
 preset_sha=$(sha /etc/default/$pkg)
-check "install after purge, settings written first: dpkg -i succeeds" \
-	dpkg_ct --force-confdef --force-confold -i /root/package.deb
+apt_install() {
+	in_ct apt-get install -y -q -o Dpkg::Options::=--force-confdef \
+		-o Dpkg::Options::=--force-confold "$1" >"$work/apt.log" 2>&1 || {
+		tail -n 20 "$work/apt.log"
+		return 1
+	}
+}
+check "install after purge, settings written first: apt-get install succeeds" \
+	apt_install /root/package.deb
 check "install after purge: user reused (uid $uid)" test "$(in_ct id -u "$pkg")" = "$uid"
 check "install after purge: the settings written first are kept" \
 	test "$(sha /etc/default/$pkg)" = "$preset_sha"

@@ -1,0 +1,211 @@
+//! Runs every command of the runbook's ```shell blocks, in order, against a
+//! real Consul, a real HAProxy and the agent, and checks what each procedure
+//! did to HAProxy's servers, so the runbook cannot rot.
+//!
+//! Only host paths, ports and waits are rewritten: `127.0.0.1:9778` to the
+//! test agent's HTTP address, `/etc/haproxy/haproxy.cfg` and
+//! `/run/haproxy/admin.sock` to the test HAProxy's, waits of 60 s and 5 s to
+//! 1 s.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::{haproxy_config, Agent, Consul, Haproxy, ServerState, TempDir};
+
+const INTER_MS: u64 = 200;
+const CONVERGE: Duration = Duration::from_secs(10);
+
+/// The ```shell blocks of a Markdown text, each with the heading above it.
+fn shell_blocks(markdown: &str) -> Vec<(String, Vec<String>)> {
+    let mut blocks = Vec::new();
+    let mut heading = String::new();
+    let mut current: Option<Vec<String>> = None;
+    for line in markdown.lines() {
+        match &mut current {
+            Some(lines) if line.trim_start().starts_with("```") => {
+                blocks.push((heading.clone(), std::mem::take(lines)));
+                current = None;
+            }
+            Some(lines) => {
+                if !line.trim().is_empty() && !line.trim_start().starts_with('#') {
+                    lines.push(line.trim().to_string());
+                }
+            }
+            None if line.trim_start().starts_with("```shell") => current = Some(Vec::new()),
+            None if line.starts_with('#') => heading = line.trim_start_matches('#').trim().into(),
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// A server line, enrolled or not, with the zone and groups on agent-send.
+fn server(name: &str, groups: &[&str], agent_port: u16, enrolled: bool) -> String {
+    if !enrolled {
+        return format!("    server {name} 127.0.0.1:1 weight 100\n");
+    }
+    support::server_line("web", name, groups, agent_port, INTER_MS)
+        .replace(" weight 100 ", " weight 100 slowstart 2s ")
+}
+
+#[test]
+fn every_runbook_command_runs_and_procedures_do_what_they_say() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backend = String::from("backend web\n");
+    backend += &server("web-01-sv-gprd", &["zone-us-east1-b"], port, true);
+    backend += &server("web-02-sv-gprd", &["zone-us-east1-c"], port, true);
+    backend += &server(
+        "web-cny-01-sv-gprd",
+        &["canary", "zone-us-east1-b"],
+        port,
+        true,
+    );
+    backend += &server(
+        "web-cny-02-sv-gprd",
+        &["canary", "zone-us-east1-c"],
+        port,
+        true,
+    );
+    backend += &server("web-03-sv-gprd", &[], port, false);
+    let haproxy = Haproxy::start(&haproxy_config(&backend));
+    let cfg = haproxy.socket().with_file_name("haproxy.cfg");
+    assert!(cfg.is_file());
+
+    let bin = TempDir::new("runbook-bin");
+    std::os::unix::fs::symlink(support::AGENT_BIN, bin.path().join("gitlab-haproxy-agent"))
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    let runbook =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md"))
+            .unwrap();
+    let blocks = shell_blocks(&runbook);
+    let state = |s: &str| haproxy.server("web", s);
+    let wait = |s: &str, cond: fn(&ServerState) -> bool| {
+        haproxy.wait_server("web", s, CONVERGE, cond);
+    };
+    let mut ran = 0;
+    let mut checked = 0;
+    let all = [
+        "web-01-sv-gprd",
+        "web-02-sv-gprd",
+        "web-cny-01-sv-gprd",
+        "web-cny-02-sv-gprd",
+        "web-03-sv-gprd",
+    ];
+    let admin = |s: &str| {
+        let st = state(s);
+        (st.admin_state, st.uweight)
+    };
+    for (heading, commands) in &blocks {
+        // Let HAProxy apply what the previous block wrote.
+        std::thread::sleep(Duration::from_millis(INTER_MS * 3));
+        let before: Vec<_> = all.iter().map(|s| admin(s)).collect();
+        for command in commands {
+            let rewritten = command
+                .replace("127.0.0.1:9778", &agent.http.to_string())
+                .replace("/etc/haproxy/haproxy.cfg", cfg.to_str().unwrap())
+                .replace(
+                    "/run/haproxy/admin.sock",
+                    haproxy.socket().to_str().unwrap(),
+                )
+                .replace("--drain-wait 60s", "--drain-wait 1s")
+                .replace("sleep 60", "sleep 1")
+                .replace("sleep 5", "sleep 1");
+            let out = Command::new("bash")
+                .arg("-c")
+                .arg(&rewritten)
+                .env("PATH", &path)
+                .env("CONSUL_HTTP_ADDR", consul.addr().to_string())
+                .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
+                .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &cfg)
+                .output()
+                .unwrap();
+            // The one example that shows a refused compare-and-set.
+            let expected = if command.contains("--cas 4242") {
+                75
+            } else {
+                0
+            };
+            assert_eq!(
+                out.status.code(),
+                Some(expected),
+                "[{heading}] {command}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            ran += 1;
+        }
+        let joined = commands.join("\n");
+        // What each procedure must have done to HAProxy: the servers it
+        // names reach the state, and no other server moved.
+        let (targets, cond): (&[&str], fn(&ServerState) -> bool) = if joined
+            .contains("state canary disable --drain-wait 60s\n")
+        {
+            (
+                &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
+                ServerState::is_maint,
+            )
+        } else if joined.contains("state canary enable") {
+            (
+                &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
+                ServerState::is_ready_full_weight,
+            )
+        } else if joined.contains(
+            "state drain --zone us-east1-b --haproxy-config /etc/haproxy/haproxy.cfg --drain-wait",
+        ) {
+            (
+                &["web-01-sv-gprd", "web-cny-01-sv-gprd"],
+                ServerState::is_maint,
+            )
+        } else if joined.contains("state undrain --zone us-east1-b") {
+            (
+                &["web-01-sv-gprd", "web-cny-01-sv-gprd"],
+                ServerState::is_ready_full_weight,
+            )
+        } else if joined.ends_with("consul kv put gitlab-haproxy-agent/state/canary maint") {
+            (
+                &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
+                ServerState::is_maint,
+            )
+        } else if joined.contains("consul kv delete gitlab-haproxy-agent/state/canary") {
+            (
+                &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
+                ServerState::is_ready_full_weight,
+            )
+        } else {
+            continue;
+        };
+        for t in targets {
+            eprintln!("[{heading}] waiting for {t}");
+            wait(t, cond);
+        }
+        for (server, was) in all.iter().zip(&before) {
+            if !targets.contains(server) {
+                assert_eq!(admin(server), *was, "[{heading}] {server} moved");
+            }
+        }
+        checked += 1;
+    }
+    assert_eq!(checked, 6, "procedures checked");
+    assert!(blocks.len() >= 10, "{} shell blocks", blocks.len());
+    assert!(ran >= 30, "{ran} commands");
+    // The procedures ran: everything is back to ready.
+    for s in [
+        "web-01-sv-gprd",
+        "web-02-sv-gprd",
+        "web-cny-01-sv-gprd",
+        "web-cny-02-sv-gprd",
+    ] {
+        wait(s, ServerState::is_ready_full_weight);
+    }
+}

@@ -29,11 +29,10 @@ fn shell_blocks(markdown: &str) -> Vec<(String, Vec<String>)> {
                 blocks.push((heading.clone(), std::mem::take(lines)));
                 current = None;
             }
-            Some(lines) => {
-                if !line.trim().is_empty() && !line.trim_start().starts_with('#') {
-                    lines.push(line.trim().to_string());
-                }
+            Some(lines) if !line.trim().is_empty() && !line.trim_start().starts_with('#') => {
+                lines.push(line.trim().to_string());
             }
+            Some(_) => {}
             None if line.trim_start().starts_with("```shell") => current = Some(Vec::new()),
             None if line.starts_with('#') => heading = line.trim_start_matches('#').trim().into(),
             None => {}

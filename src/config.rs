@@ -155,6 +155,12 @@ pub struct Fallbacks {
     pub consul_http_addr: Option<String>,
     /// `$CREDENTIALS_DIRECTORY/consul-token`, when that file exists.
     pub credential_token_file: Option<PathBuf>,
+    /// `$CONSUL_HTTP_TOKEN_FILE`, as the `consul` CLI reads it; used by the
+    /// writer CLI only (the daemon takes its token from a file it is given).
+    pub consul_http_token_file: Option<PathBuf>,
+    /// `$CONSUL_HTTP_TOKEN`; used by the writer CLI only, after
+    /// `--consul-token-file` and `$CONSUL_HTTP_TOKEN_FILE`.
+    pub consul_http_token: Option<String>,
 }
 
 /// A bad option value.
@@ -369,6 +375,7 @@ mod tests {
         let fb = Fallbacks {
             consul_http_addr: Some("10.0.0.1:8500".into()),
             credential_token_file: Some("/run/credentials/x/consul-token".into()),
+            ..Fallbacks::default()
         };
         let c = config(&[], &fb).unwrap();
         assert_eq!(c.consul.addr, "http://10.0.0.1:8500");

@@ -119,6 +119,7 @@ struct RawPair {
 #[derive(Debug)]
 pub struct TokenSource {
     path: Option<PathBuf>,
+    fixed: Option<HeaderValue>,
     cached: Mutex<Option<Option<HeaderValue>>>,
 }
 
@@ -127,8 +128,36 @@ impl TokenSource {
     pub fn new(path: Option<PathBuf>) -> Self {
         TokenSource {
             path,
+            fixed: None,
             cached: Mutex::new(None),
         }
+    }
+
+    /// A token given as a value (the writer CLI's `$CONSUL_HTTP_TOKEN`, as
+    /// the `consul` CLI reads it); never re-read. An empty value means no
+    /// token.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError::Token`] when the value has characters not allowed in
+    /// an HTTP header.
+    pub fn from_value(token: &str, origin: &str) -> Result<Self, ConsulError> {
+        let token = token.trim();
+        let fixed = if token.is_empty() {
+            None
+        } else {
+            let mut value = HeaderValue::from_str(token).map_err(|_| ConsulError::Token {
+                path: PathBuf::from(origin),
+                detail: "token has characters not allowed in an HTTP header".into(),
+            })?;
+            value.set_sensitive(true);
+            Some(value)
+        };
+        Ok(TokenSource {
+            path: None,
+            fixed,
+            cached: Mutex::new(None),
+        })
     }
 
     /// The token file, if any.
@@ -142,6 +171,9 @@ impl TokenSource {
     }
 
     fn header(&self) -> Result<Option<HeaderValue>, ConsulError> {
+        if self.fixed.is_some() {
+            return Ok(self.fixed.clone());
+        }
         let mut cached = self.cached.lock().unwrap();
         if let Some(h) = cached.as_ref() {
             return Ok(h.clone());
@@ -671,6 +703,19 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         source.invalidate();
         assert!(matches!(source.header(), Err(ConsulError::Token { .. })));
+    }
+
+    #[test]
+    fn token_given_as_a_value_is_sent_and_empty_means_none() {
+        let source = TokenSource::from_value(" abc \n", "CONSUL_HTTP_TOKEN").unwrap();
+        assert_eq!(source.header().unwrap().unwrap().to_str().unwrap(), "abc");
+        source.invalidate();
+        assert!(source.header().unwrap().is_some());
+        assert_eq!(
+            TokenSource::from_value("", "x").unwrap().header().unwrap(),
+            None
+        );
+        assert!(TokenSource::from_value("a\u{7f}b", "x").is_err());
     }
 
     #[test]

@@ -17,6 +17,12 @@ fn fallbacks() -> Fallbacks {
             .ok()
             .filter(|s| !s.is_empty()),
         credential_token_file,
+        consul_http_token_file: std::env::var_os("CONSUL_HTTP_TOKEN_FILE")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+        consul_http_token: std::env::var("CONSUL_HTTP_TOKEN")
+            .ok()
+            .filter(|s| !s.is_empty()),
     }
 }
 

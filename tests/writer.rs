@@ -346,6 +346,50 @@ fn permission_denied_is_77_and_writes_nothing() {
     // No token at all: 403 on the read.
     let run = cli(&consul, &["get", "canary"]);
     assert_eq!(run.code, 77, "{run:?}");
+    // The consul CLI's own variables work as on a console node: a management
+    // token in $CONSUL_HTTP_TOKEN may write; $CONSUL_HTTP_TOKEN_FILE is read
+    // first and a flag wins over both.
+    let with_env = |envs: &[(&str, &str)], args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        out.status.code().unwrap_or(-1)
+    };
+    assert_eq!(
+        with_env(
+            &[("CONSUL_HTTP_TOKEN", MASTER)],
+            &["set", "canary", "maint"]
+        ),
+        0
+    );
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+    assert_eq!(
+        with_env(
+            &[
+                ("CONSUL_HTTP_TOKEN", MASTER),
+                ("CONSUL_HTTP_TOKEN_FILE", token)
+            ],
+            &["set", "canary", "drain"]
+        ),
+        77
+    );
+    let master_file = dir.path().join("master");
+    std::fs::write(&master_file, MASTER).unwrap();
+    assert_eq!(
+        with_env(
+            &[("CONSUL_HTTP_TOKEN_FILE", master_file.to_str().unwrap())],
+            &["set", "canary", "ready", "--consul-token-file", token]
+        ),
+        77
+    );
+    assert_eq!(
+        with_env(
+            &[("CONSUL_HTTP_TOKEN_FILE", master_file.to_str().unwrap())],
+            &["set", "canary", "ready"]
+        ),
+        0
+    );
     // A token file that cannot be read.
     let run = cli(
         &consul,

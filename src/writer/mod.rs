@@ -137,7 +137,7 @@ pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> Exi
                 args.json,
                 &Failure::new(1, "runtime", format!("cannot start the runtime: {e}")),
             ),
-            Ok(rt) => rt.block_on(run(config, args)),
+            Ok(rt) => rt.block_on(run(config, args, fallbacks)),
         },
     };
     ExitCode::from(code)
@@ -151,12 +151,29 @@ fn report_failure(json: bool, failure: &Failure) -> u8 {
     failure.code
 }
 
-async fn run(config: ConsulConfig, args: &StateArgs) -> u8 {
-    let client = match ConsulClient::new(
-        &config.addr,
-        TokenSource::new(config.token_file.clone()),
-        Duration::from_secs(2),
-    ) {
+/// The writer's token: `--consul-token-file` (or its environment variable,
+/// or the systemd credential), else `$CONSUL_HTTP_TOKEN_FILE`, else
+/// `$CONSUL_HTTP_TOKEN`, as on a console node where `consul kv` works.
+fn token_source(config: &ConsulConfig, fallbacks: &Fallbacks) -> Result<TokenSource, ConsulError> {
+    if let Some(path) = config
+        .token_file
+        .clone()
+        .or_else(|| fallbacks.consul_http_token_file.clone())
+    {
+        return Ok(TokenSource::new(Some(path)));
+    }
+    match &fallbacks.consul_http_token {
+        Some(token) => TokenSource::from_value(token, "$CONSUL_HTTP_TOKEN"),
+        None => Ok(TokenSource::new(None)),
+    }
+}
+
+async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u8 {
+    let token = match token_source(&config, fallbacks) {
+        Ok(t) => t,
+        Err(e) => return report_failure(args.json, &Failure::from(e)),
+    };
+    let client = match ConsulClient::new(&config.addr, token, Duration::from_secs(2)) {
         Ok(c) => c,
         Err(e) => {
             return report_failure(

@@ -408,7 +408,8 @@ impl Watcher {
         sync.last_error = Some(error.to_string());
         drop(sync);
         if first_failure {
-            warn!(consul_addr = %self.client.addr(), error = %error, "Consul request failed; serving the last copy");
+            let note = outage_note(self.shared.readiness.is_synced());
+            warn!(consul_addr = %self.client.addr(), error = %error, "Consul request failed; {note}");
         }
         let copy = if self.shared.readiness.is_synced() {
             "serving last copy"
@@ -419,6 +420,17 @@ impl Watcher {
             "Consul unreachable for {}s, {copy}: {error}",
             since.elapsed().as_secs()
         ));
+    }
+}
+
+/// What HAProxy gets while Consul cannot be read, for the log line that
+/// opens an outage: the last copy once synced, no answer before the first
+/// sync (a restarted agent has no copy to serve).
+fn outage_note(synced: bool) -> &'static str {
+    if synced {
+        "serving the last copy"
+    } else {
+        "not synced yet, answering nobody"
     }
 }
 
@@ -456,6 +468,12 @@ mod tests {
         assert_eq!(t.observe(13), IndexEvent::Changed);
         assert_eq!(t.query_index(), 13);
         assert_eq!(t.observe(13), IndexEvent::NotModified);
+    }
+
+    #[test]
+    fn an_outage_before_the_first_sync_is_not_logged_as_serving_a_copy() {
+        assert_eq!(outage_note(true), "serving the last copy");
+        assert_eq!(outage_note(false), "not synced yet, answering nobody");
     }
 
     #[test]

@@ -2,11 +2,15 @@
 //! agent-send line, reads one reply line and closes (doc configuration.txt
 //! "agent-check"). Every connection is bounded in count, bytes and time, and
 //! answers come from the in-memory snapshot without waiting on Consul.
+//! A line that has already arrived when the connection is accepted (the
+//! usual case under load) is answered at once in the accept loop; only a
+//! line still on its way costs a task and a wait for readiness.
 
-use std::io;
+use std::io::{self, Read as _, Write as _};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use socket2::SockRef;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -15,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 use crate::shared::Shared;
-use crate::state::{validate_identity, Answer, AnswerKind, InvalidIdentity};
+use crate::state::{validate_identity, Answer, AnswerKind, InvalidIdentity, ReplyLine};
 
 /// Longest agent-send line accepted, LF included: 1 KiB. Real lines are a
 /// row key and a few groups.
@@ -134,11 +138,32 @@ pub async fn serve(
             drop(stream);
             continue;
         };
+        let started = Instant::now();
+        let mut buf = [0u8; MAX_LINE];
+        let filled = match read_now(&stream, &mut buf) {
+            Early::Line(len) => {
+                if let Some(reply) = decide(&buf[..len], &shared) {
+                    // The reply is the first data sent on this connection, so
+                    // the send buffer is empty and one write takes it whole.
+                    let _ = (&*SockRef::from(&stream)).write(reply.as_bytes());
+                }
+                drop(stream);
+                shared
+                    .metrics
+                    .answer_duration
+                    .observe(started.elapsed().as_secs_f64());
+                continue;
+            }
+            Early::Refused => {
+                shared.metrics.answers(AnswerKind::BadRequest).inc();
+                continue;
+            }
+            Early::Partial(filled) => filled,
+        };
         let shared = shared.clone();
         tracker.spawn(async move {
-            let started = Instant::now();
             shared.metrics.connections_in_flight.inc();
-            handle(stream, &shared, config.check_timeout).await;
+            handle(stream, buf, filled, &shared, config.check_timeout).await;
             shared.metrics.connections_in_flight.dec();
             shared
                 .metrics
@@ -161,23 +186,72 @@ fn is_per_connection(e: &io::Error) -> bool {
     )
 }
 
-async fn handle(mut stream: TcpStream, shared: &Shared, timeout: Duration) {
-    let _ = stream.set_nodelay(true);
-    let mut buf = [0u8; MAX_LINE];
-    let line_len = match tokio::time::timeout(timeout, read_line(&mut stream, &mut buf)).await {
+/// What one read right after accept found.
+#[derive(Debug, PartialEq, Eq)]
+enum Early {
+    /// A whole line of this length (LF excluded) is in the buffer.
+    Line(usize),
+    /// This many bytes and no LF yet: wait for the rest.
+    Partial(usize),
+    /// Closed, failed, or a line too long: no answer.
+    Refused,
+}
+
+/// Reads what has already arrived, straight from the socket (the stream is
+/// non-blocking): tokio's readiness for a socket just registered is not
+/// known yet, so going through it would always wait for an epoll round.
+fn read_now(stream: &TcpStream, buf: &mut [u8; MAX_LINE]) -> Early {
+    match (&*SockRef::from(stream)).read(buf) {
+        Ok(0) => Early::Refused,
+        Ok(n) => match buf[..n].iter().position(|&b| b == b'\n') {
+            Some(pos) => Early::Line(pos),
+            None if n == MAX_LINE => Early::Refused,
+            None => Early::Partial(n),
+        },
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ) =>
+        {
+            Early::Partial(0)
+        }
+        Err(_) => Early::Refused,
+    }
+}
+
+/// Waits (up to `timeout`) for the rest of a line whose first `filled`
+/// bytes are in `buf`, then answers it. Dropping the stream closes it, which
+/// sends FIN right after the reply.
+async fn handle(
+    mut stream: TcpStream,
+    mut buf: [u8; MAX_LINE],
+    filled: usize,
+    shared: &Shared,
+    timeout: Duration,
+) {
+    let read = read_line(&mut stream, &mut buf, filled);
+    let line_len = match tokio::time::timeout(timeout, read).await {
         Ok(Ok(Some(n))) => n,
         Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
             shared.metrics.answers(AnswerKind::BadRequest).inc();
             return;
         }
     };
-    let line = &buf[..line_len];
+    if let Some(reply) = decide(&buf[..line_len], shared) {
+        let _ = tokio::time::timeout(timeout, stream.write_all(reply.as_bytes())).await;
+    }
+}
+
+/// Parses one agent-send line (LF excluded), looks it up in the snapshot,
+/// counts and records it, and returns the reply to send, if any.
+fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     let identities = match parse_line(line) {
         Ok(ids) => ids,
         Err(e) => {
             debug!(error = %e, "bad agent-send line");
             shared.metrics.answers(AnswerKind::BadRequest).inc();
-            return;
+            return None;
         }
     };
     shared
@@ -189,30 +263,33 @@ async fn handle(mut stream: TcpStream, shared: &Shared, timeout: Duration) {
     let Some(snapshot) = shared.snapshot.load_full() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
         shared.seen.record(row, AnswerKind::Unsynced, None);
-        return;
+        return None;
     };
     let answer = snapshot.lookup(identities.iter().copied());
     let kind = answer.kind();
     shared.metrics.answers(kind).inc();
     match answer {
-        Answer::Invalid { .. } => shared.seen.record(row, kind, None),
+        Answer::Invalid { .. } => {
+            shared.seen.record(row, kind, None);
+            None
+        }
         Answer::State { state, .. } => {
             let reply = state.reply();
             let text = std::str::from_utf8(reply.as_bytes()).unwrap_or_default();
             shared.seen.record(row, kind, Some(text.trim_end()));
-            let _ = tokio::time::timeout(timeout, async {
-                stream.write_all(reply.as_bytes()).await?;
-                stream.shutdown().await
-            })
-            .await;
+            Some(reply)
         }
     }
 }
 
-/// Reads until the first LF. Returns the line length without the LF, or
-/// `None` when the peer closed first or the line exceeds [`MAX_LINE`].
-async fn read_line(stream: &mut TcpStream, buf: &mut [u8; MAX_LINE]) -> io::Result<Option<usize>> {
-    let mut filled = 0;
+/// Reads until the first LF, after the `filled` bytes already in `buf`
+/// (which hold none). Returns the line length without the LF, or `None` when
+/// the peer closed first or the line exceeds [`MAX_LINE`].
+async fn read_line(
+    stream: &mut TcpStream,
+    buf: &mut [u8; MAX_LINE],
+    mut filled: usize,
+) -> io::Result<Option<usize>> {
     loop {
         if filled == buf.len() {
             return Ok(None);
@@ -231,6 +308,134 @@ async fn read_line(stream: &mut TcpStream, buf: &mut [u8; MAX_LINE]) -> io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+
+    use crate::state::{AdminState, Entry, KeyState, Snapshot};
+
+    /// A synced state where `canary` is drained.
+    fn synced() -> Arc<Shared> {
+        let shared = Shared::new("http://127.0.0.1:1", "p/");
+        let mut keys = HashMap::new();
+        keys.insert(
+            "canary".into(),
+            KeyState {
+                entry: Entry::Valid(AdminState::Drain),
+                modify_index: 1,
+            },
+        );
+        shared
+            .snapshot
+            .store(Some(Arc::new(Snapshot { index: 1, keys })));
+        shared
+    }
+
+    fn start(listener: TcpListener, shared: &Arc<Shared>, check_timeout: Duration) {
+        let config = ResponderConfig {
+            check_timeout,
+            ..ResponderConfig::default()
+        };
+        tokio::spawn(serve(
+            listener,
+            shared.clone(),
+            config,
+            CancellationToken::new(),
+            TaskTracker::new(),
+        ));
+    }
+
+    async fn bound() -> (TcpListener, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (listener, addr)
+    }
+
+    /// Everything the responder sent before closing (empty: no answer).
+    async fn reply(mut client: TcpStream) -> String {
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut out));
+        assert!(read.await.is_ok(), "the responder did not close");
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_lines_that_arrived_before_the_accept() {
+        let (listener, addr) = bound().await;
+        let shared = synced();
+        // The kernel completes the handshakes and queues the lines before
+        // the responder accepts: they are answered in the accept loop.
+        let mut a = TcpStream::connect(addr).await.unwrap();
+        a.write_all(b"web/web-01 canary\n").await.unwrap();
+        let mut b = TcpStream::connect(addr).await.unwrap();
+        b.write_all(b"web/web-02\r\n").await.unwrap();
+        start(listener, &shared, Duration::from_millis(500));
+        assert_eq!(reply(a).await, "drain 100%\n");
+        assert_eq!(reply(b).await, "ready 100%\n");
+        assert_eq!(shared.metrics.answers(AnswerKind::Drain).get(), 1);
+        assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_for_a_line_that_arrives_after_the_accept_in_pieces() {
+        let (listener, addr) = bound().await;
+        let shared = synced();
+        start(listener, &shared, Duration::from_millis(1000));
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Accepted with nothing to read: a task waits for the line.
+        assert_eq!(shared.metrics.connections_in_flight.get(), 1);
+        client.write_all(b"web/web-01 ca").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(b"nary\n").await.unwrap();
+        assert_eq!(reply(client).await, "drain 100%\n");
+        assert_eq!(shared.metrics.connections_in_flight.get(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn completes_a_line_begun_before_the_accept() {
+        let (listener, addr) = bound().await;
+        let shared = synced();
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"web/web-01 can").await.unwrap();
+        start(listener, &shared, Duration::from_millis(1000));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        client.write_all(b"ary\n").await.unwrap();
+        assert_eq!(reply(client).await, "drain 100%\n");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn silent_overlong_and_closed_clients_get_no_answer() {
+        let (listener, addr) = bound().await;
+        let shared = synced();
+        let mut closed = TcpStream::connect(addr).await.unwrap();
+        closed.shutdown().await.unwrap();
+        let mut overlong = TcpStream::connect(addr).await.unwrap();
+        overlong.write_all(&[b'a'; MAX_LINE]).await.unwrap();
+        let silent = TcpStream::connect(addr).await.unwrap();
+        let mut bad = TcpStream::connect(addr).await.unwrap();
+        bad.write_all(b"web/web-01 $HOME\n").await.unwrap();
+        start(listener, &shared, Duration::from_millis(100));
+        assert_eq!(reply(closed).await, "");
+        assert_eq!(reply(silent).await, "");
+        assert_eq!(reply(bad).await, "");
+        // Closed with unread bytes: a reset or an empty read, never a line.
+        let mut out = Vec::new();
+        let _ = overlong.read_to_end(&mut out).await;
+        assert!(out.is_empty());
+        assert_eq!(shared.metrics.answers(AnswerKind::BadRequest).get(), 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn answers_nobody_before_the_first_sync() {
+        let (listener, addr) = bound().await;
+        let shared = Shared::new("http://127.0.0.1:1", "p/");
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        client.write_all(b"web/web-01 canary\n").await.unwrap();
+        start(listener, &shared, Duration::from_millis(500));
+        assert_eq!(reply(client).await, "");
+        assert_eq!(shared.metrics.answers(AnswerKind::Unsynced).get(), 1);
+    }
 
     #[test]
     fn parses_identities_in_order() {

@@ -369,6 +369,13 @@ else
 	fail "journalctl -o json: no entry from the agent with fields of its own (native journald logging?)"
 	jq -c '{MESSAGE, _TRANSPORT}' <<<"$own" | head -n 3
 fi
+applied=$(jq -c 'select(.KEY != null and .VALUE != null and .CONSUL_INDEX != null)
+	| {MESSAGE, KEY, VALUE, CONSUL_INDEX}' <<<"$own" | head -n 1)
+if [ -n "$applied" ]; then
+	pass "journal: a state change carries KEY, VALUE and CONSUL_INDEX $applied"
+else
+	fail "journal: no state change with KEY, VALUE and CONSUL_INDEX fields"
+fi
 check "the token is never logged" not grep -q "$token" "$work/journal.json"
 
 # --- watchdog pings keep it alive -----------------------------------------------------------

@@ -83,8 +83,6 @@ mkdir -p "$root/usr/lib/systemd" "$work/control"
 cp -a /usr/lib/systemd/system "$root/usr/lib/systemd/"
 for d in bin sbin lib; do ln -s "usr/$d" "$root/$d"; done
 dpkg-deb -x "$deb" "$root"
-# ExecReload= runs the host's kill(1), which the package does not ship.
-mkdir -p "$root/usr/bin" && cp /usr/bin/kill "$root/usr/bin/kill"
 dpkg-deb -e "$deb" "$work/control"
 unit_file=$root/usr/lib/systemd/system/$unit
 

@@ -53,7 +53,13 @@ pub fn init(format: LogFormat) {
         LogFormat::Journald => match tracing_journald::layer() {
             Ok(layer) => {
                 registry
-                    .with(layer.with_syslog_identifier("gitlab-haproxy-agent".into()))
+                    .with(
+                        layer
+                            .with_syslog_identifier("gitlab-haproxy-agent".into())
+                            // Fields as KEY, VALUE, CONSUL_INDEX, ERROR: none
+                            // of ours clashes with a journal field.
+                            .with_field_prefix(None),
+                    )
                     .init();
             }
             Err(e) => {

@@ -302,8 +302,8 @@ impl ConsulClient {
     ///
     /// [`ConsulError`] for transport failures, a timeout after
     /// `wait + TIMEOUT_MARGIN`, error statuses, and answers without a numeric
-    /// `X-Consul-Index`, with malformed JSON or base64, or a 200 with no keys
-    /// (a real empty prefix answers 404).
+    /// `X-Consul-Index`, with malformed JSON or base64, or a 200 with no key
+    /// under the prefix (a real empty prefix answers 404).
     pub async fn list_prefix(
         &self,
         prefix: &str,
@@ -349,17 +349,30 @@ impl ConsulClient {
             });
         }
         let pairs = decode_pairs(&body)?;
-        if pairs.is_empty() {
-            return Err(ConsulError::Decode(
-                "200 with no keys (an empty prefix answers 404)".into(),
-            ));
-        }
+        check_under_prefix(prefix, &pairs)?;
         Ok(PrefixAnswer {
             index,
             pairs,
             body_bytes: body.len(),
         })
     }
+}
+
+/// A 200 to a recursive read must hold at least one key under the prefix
+/// (the folder key itself counts): Consul answers 404 for an empty prefix, so
+/// anything else is a broken answer, never "every server ready".
+fn check_under_prefix(prefix: &str, pairs: &[KvPair]) -> Result<(), ConsulError> {
+    if pairs.is_empty() {
+        return Err(ConsulError::Decode(
+            "200 with no keys (an empty prefix answers 404)".into(),
+        ));
+    }
+    if !pairs.iter().any(|p| p.key.starts_with(prefix)) {
+        return Err(ConsulError::Decode(format!(
+            "200 with no key under {prefix:?}"
+        )));
+    }
+    Ok(())
 }
 
 fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
@@ -716,6 +729,19 @@ mod tests {
             None
         );
         assert!(TokenSource::from_value("a\u{7f}b", "x").is_err());
+    }
+
+    #[test]
+    fn a_200_must_hold_a_key_under_the_prefix() {
+        let pair = |key: &str| KvPair {
+            key: key.into(),
+            value: Vec::new(),
+            modify_index: 1,
+        };
+        assert!(check_under_prefix("p/", &[]).is_err());
+        assert!(check_under_prefix("p/", &[pair("other/x")]).is_err());
+        assert!(check_under_prefix("p/", &[pair("p/")]).is_ok());
+        assert!(check_under_prefix("p/", &[pair("other/x"), pair("p/canary")]).is_ok());
     }
 
     #[test]

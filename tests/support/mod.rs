@@ -635,8 +635,9 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Starts the agent against `consul_url` with `--wait 5s` and `extra`
-    /// arguments, on free ports; does not wait for readiness.
+    /// Starts the agent against `consul_url` with `extra` arguments (and
+    /// `--wait 5s` unless they set it), on free ports; does not wait for
+    /// readiness.
     pub fn spawn(consul_url: &str, extra: &[&str]) -> Agent {
         Self::spawn_on(consul_url, free_port(), free_port(), extra)
     }
@@ -666,7 +667,12 @@ impl Agent {
             .arg(listen.to_string())
             .arg("--http-listen")
             .arg(http.to_string())
-            .args(["--wait", "5s", "--log-format", "text"])
+            .args(["--log-format", "text"])
+            .args(if extra.contains(&"--wait") {
+                &[][..]
+            } else {
+                &["--wait", "5s"][..]
+            })
             .args(extra)
             .envs(envs.iter().copied());
         let proc = Proc::spawn(cmd, dir.path().join("agent.log"));

@@ -48,6 +48,7 @@ default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['check_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['max_connections'] = nil
+default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil
 default['gitlab-haproxy-agent']['settings']['log_format'] = nil
 
 #

@@ -18,6 +18,7 @@ module GitlabHaproxyAgent
       'startup_timeout' => 'GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT',
       'check_timeout' => 'GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT',
       'max_connections' => 'GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS',
+      'min_query_interval' => 'GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
     }.freeze
     # Values are written unquoted: both systemd and a POSIX shell read them

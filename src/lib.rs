@@ -55,8 +55,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
 
-    let agent_listener = TcpListener::bind(config.listen)
-        .await
+    let agent_listener = responder::bind(config.listen)
         .with_context(|| format!("cannot bind the agent-check listener on {}", config.listen))?;
     let http_listener = TcpListener::bind(config.http_listen)
         .await
@@ -70,13 +69,14 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         "starting; no answers until the first Consul sync"
     );
 
-    tracker.spawn(responder::serve(
+    responder::serve(
         agent_listener,
         shared.clone(),
         config.responder,
         shutdown.clone(),
         tracker.clone(),
-    ));
+    )
+    .context("cannot start the agent-check responder")?;
     shared.readiness.set(ReadyStep::ResponderBound);
     tracker.spawn(http::serve(
         http_listener,

@@ -2,24 +2,28 @@
 //! agent-send line, reads one reply line and closes (doc configuration.txt
 //! "agent-check"). Every connection is bounded in count, bytes and time, and
 //! answers come from the in-memory snapshot without waiting on Consul.
-//! A line that has already arrived when the connection is accepted (the
-//! usual case under load) is answered at once in the accept loop; only a
-//! line still on its way costs a task and a wait for readiness.
+//!
+//! It runs on its own thread with one edge-triggered epoll set (mio), not on
+//! the tokio runtime: at HAProxy's rates every check finds the responder
+//! asleep, and a plain epoll wake-up costs less than a runtime's. A line
+//! already there at accept (the usual case) is answered at once, without
+//! registering the socket; only a line still on its way is registered and
+//! waited for, until its deadline.
 
-use std::io::{self, Read as _, Write as _};
+use std::collections::VecDeque;
+use std::io::{self, Write as _};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use socket2::SockRef;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token, Waker};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use crate::shared::Shared;
-use crate::state::{validate_identity, Answer, AnswerKind, InvalidIdentity, ReplyLine};
+use crate::state::{validate_identity, Answer, AnswerKind, InvalidIdentity};
 
 /// Longest agent-send line accepted, LF included: 1 KiB. Real lines are a
 /// row key and a few groups.
@@ -27,6 +31,13 @@ pub const MAX_LINE: usize = 1024;
 
 /// Most identities accepted on one line.
 pub const MAX_IDENTITIES: usize = 16;
+
+/// Longest the loop sleeps: 1 s, so it proves it is alive to the systemd
+/// watchdog (and sees shutdown) at least once a second even when idle.
+const HEARTBEAT: Duration = Duration::from_secs(1);
+
+const LISTENER: Token = Token(usize::MAX);
+const WAKER: Token = Token(usize::MAX - 1);
 
 /// Responder settings.
 #[derive(Debug, Clone, Copy)]
@@ -73,105 +84,328 @@ pub enum BadLine {
 /// [`BadLine`] for an empty line, too many identities, or an identity that
 /// is not a valid group or row key.
 pub fn parse_line(line: &[u8]) -> Result<Vec<&str>, BadLine> {
+    check_line(line).map(|text| identities(text).collect())
+}
+
+/// Checks an agent-send line as [`parse_line`] does, without collecting the
+/// identities: returns the line's text (CR dropped), whose [`identities`]
+/// are then all valid.
+fn check_line(line: &[u8]) -> Result<&str, BadLine> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let text = std::str::from_utf8(line).map_err(|_| BadLine::NotUtf8)?;
-    let mut ids = Vec::with_capacity(4);
-    for id in text.split([' ', '\t']).filter(|s| !s.is_empty()) {
-        if ids.len() == MAX_IDENTITIES {
+    let mut count = 0;
+    for id in identities(text) {
+        if count == MAX_IDENTITIES {
             return Err(BadLine::TooMany);
         }
         validate_identity(id)?;
-        ids.push(id);
+        count += 1;
     }
-    if ids.is_empty() {
+    if count == 0 {
         return Err(BadLine::Empty);
     }
-    Ok(ids)
+    Ok(text)
 }
 
-/// Serves agent-checks on `listener` until `shutdown` is cancelled; each
-/// connection runs on `tracker` so shutdown can wait for answers in flight.
-pub async fn serve(
-    listener: TcpListener,
+/// The identities of a line, in order.
+fn identities(text: &str) -> impl Iterator<Item = &str> {
+    text.split([' ', '\t']).filter(|s| !s.is_empty())
+}
+
+/// Binds the agent-check listener on `addr` as the responder wants it:
+/// `SO_REUSEADDR`, backlog 128, non-blocking.
+///
+/// # Errors
+///
+/// The bind or listen error (address in use, permission denied, ...).
+pub fn bind(addr: SocketAddr) -> io::Result<std::net::TcpListener> {
+    Ok(TcpListener::bind(addr)?.into())
+}
+
+/// Serves agent-checks on `listener` on a thread of its own (run through
+/// `tracker`, so shutdown can wait for it) until `shutdown` is cancelled;
+/// then it closes the listener at once, lets the connections in flight
+/// finish within their `check_timeout`, and returns. Must be called within
+/// a tokio runtime (a task wakes the loop on shutdown).
+///
+/// # Errors
+///
+/// Setting up the epoll set or the listener failed (out of descriptors or
+/// memory); nothing is served then.
+pub fn serve(
+    listener: std::net::TcpListener,
     shared: Arc<Shared>,
     config: ResponderConfig,
     shutdown: CancellationToken,
     tracker: TaskTracker,
-) {
-    let slots = Arc::new(Semaphore::new(config.max_connections));
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut accept_failures: u32 = 0;
-    loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tick.tick() => {
-                shared.responder_heartbeat.beat();
+) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let mut listener = TcpListener::from_std(listener);
+    let poll = Poll::new()?;
+    let waker = Waker::new(poll.registry(), WAKER)?;
+    poll.registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)?;
+    let responder = Responder {
+        poll,
+        listener: Some(listener),
+        shared,
+        config,
+        shutdown: shutdown.clone(),
+        conns: Vec::new(),
+        free: Vec::new(),
+        open: 0,
+        deadlines: DeadlineQueue::default(),
+        accept_failures: 0,
+        accept_paused_until: None,
+        scratch: Box::new([0; MAX_LINE]),
+    };
+    tracker.spawn(async move {
+        shutdown.cancelled().await;
+        // The loop also checks the token at least once a second.
+        let _ = waker.wake();
+    });
+    tracker.spawn_blocking(move || responder.run());
+    Ok(())
+}
+
+/// A connection slot. Its token in the epoll set is its index; its
+/// generation tells a deadline of the connection it holds from one of an
+/// earlier connection in the same slot.
+struct Slot {
+    generation: u32,
+    /// The connection waiting for its line, if any.
+    stream: Option<TcpStream>,
+    /// When it was accepted.
+    started: Instant,
+    /// Bytes of the line received so far, in `buf`.
+    filled: usize,
+    buf: [u8; MAX_LINE],
+}
+
+/// The loop's state, owned by its thread.
+struct Responder {
+    poll: Poll,
+    /// `None` once shutdown has begun: new connections are refused.
+    listener: Option<TcpListener>,
+    shared: Arc<Shared>,
+    config: ResponderConfig,
+    shutdown: CancellationToken,
+    /// Connections waiting for their line; free slots are reused, so after
+    /// warm-up a check allocates nothing.
+    conns: Vec<Slot>,
+    free: Vec<usize>,
+    /// Slots in use.
+    open: usize,
+    deadlines: DeadlineQueue<(usize, u32)>,
+    /// Consecutive accept failures for lack of descriptors or memory.
+    accept_failures: u32,
+    /// Accepting is paused until then after such a failure.
+    accept_paused_until: Option<Instant>,
+    /// Where a line already there at accept is read.
+    scratch: Box<[u8; MAX_LINE]>,
+}
+
+impl Responder {
+    fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        let mut next_beat = Instant::now();
+        loop {
+            let now = Instant::now();
+            if now >= next_beat {
+                self.shared.responder_heartbeat.beat();
+                next_beat = now + HEARTBEAT;
+            }
+            self.expire(now);
+            if self.shutdown.is_cancelled() {
+                // Closing the listener refuses new connections at once;
+                // those in flight finish within their deadline.
+                self.listener = None;
+                self.accept_paused_until = None;
+                if self.open == 0 {
+                    return;
+                }
+            }
+            if self.accept_paused_until.is_some_and(|until| now >= until) {
+                // Edge-triggered: connections that queued up meanwhile
+                // raise no new event.
+                self.accept_paused_until = None;
+                self.accept_all();
+            }
+            let mut wake = next_beat;
+            if let Some(at) = self.next_deadline() {
+                wake = wake.min(at);
+            }
+            if let Some(at) = self.accept_paused_until {
+                wake = wake.min(at);
+            }
+            let timeout = wake.saturating_duration_since(Instant::now());
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != io::ErrorKind::Interrupted {
+                    error!(error = %e, "epoll_wait failed; retrying in 100 ms");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 continue;
             }
-            r = listener.accept() => r,
-        };
-        let stream = match accepted {
-            Ok((stream, _peer)) => {
-                accept_failures = 0;
-                stream
-            }
-            Err(e) => {
-                shared.metrics.accept_errors.inc();
-                if is_per_connection(&e) {
-                    continue;
-                }
-                // Out of file descriptors or memory: back off and keep going;
-                // connections already open finish and free what they hold.
-                accept_failures = accept_failures.saturating_add(1);
-                if accept_failures == 1 || accept_failures.is_power_of_two() {
-                    warn!(error = %e, failures = accept_failures, "accept failed; backing off");
-                }
-                let pause = Duration::from_millis(10u64 << accept_failures.min(6));
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => continue,
+            for event in events.iter() {
+                match event.token() {
+                    WAKER => {}
+                    LISTENER => {
+                        if self.accept_paused_until.is_none() {
+                            self.accept_all();
+                        }
+                    }
+                    Token(slot) => self.on_readable(slot),
                 }
             }
-        };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            shared.metrics.connections_refused.inc();
-            drop(stream);
-            continue;
-        };
-        let started = Instant::now();
-        let mut buf = [0u8; MAX_LINE];
-        let filled = match read_now(&stream, &mut buf) {
-            Early::Line(len) => {
-                if let Some(reply) = decide(&buf[..len], &shared) {
-                    // The reply is the first data sent on this connection, so
-                    // the send buffer is empty and one write takes it whole.
-                    let _ = (&*SockRef::from(&stream)).write(reply.as_bytes());
-                }
-                drop(stream);
-                shared
-                    .metrics
-                    .answer_duration
-                    .observe(started.elapsed().as_secs_f64());
-                continue;
-            }
-            Early::Refused => {
-                shared.metrics.answers(AnswerKind::BadRequest).inc();
-                continue;
-            }
-            Early::Partial(filled) => filled,
-        };
-        let shared = shared.clone();
-        tracker.spawn(async move {
-            shared.metrics.connections_in_flight.inc();
-            handle(stream, buf, filled, &shared, config.check_timeout).await;
-            shared.metrics.connections_in_flight.dec();
-            shared
-                .metrics
-                .answer_duration
-                .observe(started.elapsed().as_secs_f64());
-            drop(permit);
-        });
+        }
     }
+
+    /// Accepts until the backlog is empty, or pauses accepting after a
+    /// failure that is not the connection's own.
+    fn accept_all(&mut self) {
+        loop {
+            let Some(listener) = &self.listener else {
+                return;
+            };
+            match listener.accept() {
+                Ok((stream, _peer)) => {
+                    self.accept_failures = 0;
+                    self.take(stream);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    self.shared.metrics.accept_errors.inc();
+                    if is_per_connection(&e) {
+                        continue;
+                    }
+                    // Out of file descriptors or memory: pause accepting and
+                    // keep serving; connections already open finish and free
+                    // what they hold.
+                    self.accept_failures = self.accept_failures.saturating_add(1);
+                    let failures = self.accept_failures;
+                    if failures == 1 || failures.is_power_of_two() {
+                        warn!(error = %e, failures, "accept failed; backing off");
+                    }
+                    self.accept_paused_until = Some(Instant::now() + accept_pause(failures));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Serves a connection just accepted: refused at the cap, answered at
+    /// once if its line is already there, else registered to wait for it.
+    fn take(&mut self, stream: TcpStream) {
+        if self.open >= self.config.max_connections {
+            self.shared.metrics.connections_refused.inc();
+            return;
+        }
+        let started = Instant::now();
+        let mut filled = 0;
+        match read_line(&mut &stream, &mut self.scratch[..], &mut filled) {
+            Progress::Line(len) => answer(&stream, &self.scratch[..len], &self.shared),
+            Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+            Progress::Pending => return self.wait_for_line(stream, started, filled),
+        }
+        drop(stream);
+        observe(&self.shared, started);
+    }
+
+    /// Registers a connection whose line has not (fully) arrived; the first
+    /// `filled` bytes of it are in the scratch buffer.
+    fn wait_for_line(&mut self, mut stream: TcpStream, started: Instant, filled: usize) {
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(Slot {
+                generation: 0,
+                stream: None,
+                started,
+                filled: 0,
+                buf: [0; MAX_LINE],
+            });
+            self.conns.len() - 1
+        });
+        let registered =
+            self.poll
+                .registry()
+                .register(&mut stream, Token(slot), Interest::READABLE);
+        if let Err(e) = registered {
+            debug!(error = %e, "cannot wait for an agent-send line");
+            self.free.push(slot);
+            self.shared.metrics.answers(AnswerKind::BadRequest).inc();
+            observe(&self.shared, started);
+            return;
+        }
+        let entry = &mut self.conns[slot];
+        entry.buf[..filled].copy_from_slice(&self.scratch[..filled]);
+        entry.filled = filled;
+        entry.started = started;
+        entry.stream = Some(stream);
+        self.deadlines.push(
+            started + self.config.check_timeout,
+            (slot, entry.generation),
+        );
+        self.open += 1;
+        self.shared.metrics.connections_in_flight.inc();
+    }
+
+    /// Reads what arrived on a waiting connection; answers and closes it once
+    /// its line is complete, closes it unanswered if the line cannot be.
+    fn on_readable(&mut self, slot: usize) {
+        let Some(entry) = self.conns.get_mut(slot) else {
+            return;
+        };
+        let Some(stream) = &entry.stream else {
+            return;
+        };
+        match read_line(&mut &*stream, &mut entry.buf, &mut entry.filled) {
+            Progress::Pending => return,
+            Progress::Line(len) => answer(stream, &entry.buf[..len], &self.shared),
+            Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+        }
+        self.close(slot);
+    }
+
+    /// Closes connections whose deadline has passed, unanswered.
+    fn expire(&mut self, now: Instant) {
+        while let Some((slot, generation)) = self.deadlines.pop_expired(now) {
+            if self.is_live(slot, generation) {
+                self.shared.metrics.answers(AnswerKind::BadRequest).inc();
+                self.close(slot);
+            }
+        }
+    }
+
+    /// The earliest deadline of a connection still waiting.
+    fn next_deadline(&mut self) -> Option<Instant> {
+        let conns = &self.conns;
+        self.deadlines.next(|(slot, generation)| {
+            conns[slot].generation == generation && conns[slot].stream.is_some()
+        })
+    }
+
+    fn is_live(&self, slot: usize, generation: u32) -> bool {
+        let entry = &self.conns[slot];
+        entry.generation == generation && entry.stream.is_some()
+    }
+
+    /// Closes a waiting connection (which also takes it out of the epoll
+    /// set) and frees its slot.
+    fn close(&mut self, slot: usize) {
+        let entry = &mut self.conns[slot];
+        entry.stream = None;
+        entry.generation = entry.generation.wrapping_add(1);
+        let started = entry.started;
+        self.free.push(slot);
+        self.open -= 1;
+        self.shared.metrics.connections_in_flight.dec();
+        observe(&self.shared, started);
+    }
+}
+
+/// How long accepting pauses after `failures` consecutive failures for lack
+/// of descriptors or memory: 20 ms doubling up to 640 ms.
+fn accept_pause(failures: u32) -> Duration {
+    Duration::from_millis(10u64 << failures.min(6))
 }
 
 /// Accept errors that concern one connection only (it was reset before we
@@ -182,72 +416,67 @@ fn is_per_connection(e: &io::Error) -> bool {
         io::ErrorKind::ConnectionAborted
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::Interrupted
-            | io::ErrorKind::WouldBlock
     )
 }
 
-/// What one read right after accept found.
+/// Records the time from accept to close in the answer-duration histogram.
+fn observe(shared: &Shared, started: Instant) {
+    shared
+        .metrics
+        .answer_duration
+        .observe(started.elapsed().as_secs_f64());
+}
+
+/// Decides on a complete line and writes the reply, if any. The reply is
+/// the first data sent on this connection, so the send buffer is empty and
+/// one write takes it whole; closing the socket then sends FIN right after.
+fn answer(stream: &TcpStream, line: &[u8], shared: &Shared) {
+    if let Some(reply) = decide(line, shared) {
+        let _ = (&*stream).write(reply.as_bytes());
+    }
+}
+
+/// What reading a connection so far has given.
 #[derive(Debug, PartialEq, Eq)]
-enum Early {
+enum Progress {
     /// A whole line of this length (LF excluded) is in the buffer.
     Line(usize),
-    /// This many bytes and no LF yet: wait for the rest.
-    Partial(usize),
+    /// No LF yet and nothing more to read for now: wait for readiness.
+    Pending,
     /// Closed, failed, or a line too long: no answer.
     Refused,
 }
 
-/// Reads what has already arrived, straight from the socket (the stream is
-/// non-blocking): tokio's readiness for a socket just registered is not
-/// known yet, so going through it would always wait for an epoll round.
-fn read_now(stream: &TcpStream, buf: &mut [u8; MAX_LINE]) -> Early {
-    match (&*SockRef::from(stream)).read(buf) {
-        Ok(0) => Early::Refused,
-        Ok(n) => match buf[..n].iter().position(|&b| b == b'\n') {
-            Some(pos) => Early::Line(pos),
-            None if n == MAX_LINE => Early::Refused,
-            None => Early::Partial(n),
-        },
-        Err(e)
-            if matches!(
-                e.kind(),
-                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
-            ) =>
-        {
-            Early::Partial(0)
+/// Reads from a non-blocking `stream` into `buf` after the `filled` bytes
+/// already there (which hold no LF) until an LF arrives, the stream has
+/// nothing more for now, or `buf` is full. Edge-triggered readiness needs
+/// the stream read until it would block, unless the line is complete.
+fn read_line<R: io::Read>(stream: &mut R, buf: &mut [u8], filled: &mut usize) -> Progress {
+    loop {
+        if *filled == buf.len() {
+            return Progress::Refused;
         }
-        Err(_) => Early::Refused,
-    }
-}
-
-/// Waits (up to `timeout`) for the rest of a line whose first `filled`
-/// bytes are in `buf`, then answers it. Dropping the stream closes it, which
-/// sends FIN right after the reply.
-async fn handle(
-    mut stream: TcpStream,
-    mut buf: [u8; MAX_LINE],
-    filled: usize,
-    shared: &Shared,
-    timeout: Duration,
-) {
-    let read = read_line(&mut stream, &mut buf, filled);
-    let line_len = match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(Some(n))) => n,
-        Ok(Ok(None)) | Ok(Err(_)) | Err(_) => {
-            shared.metrics.answers(AnswerKind::BadRequest).inc();
-            return;
+        match stream.read(&mut buf[*filled..]) {
+            Ok(0) => return Progress::Refused,
+            Ok(n) => {
+                let new = &buf[*filled..*filled + n];
+                if let Some(pos) = new.iter().position(|&b| b == b'\n') {
+                    return Progress::Line(*filled + pos);
+                }
+                *filled += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Progress::Pending,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(_) => return Progress::Refused,
         }
-    };
-    if let Some(reply) = decide(&buf[..line_len], shared) {
-        let _ = tokio::time::timeout(timeout, stream.write_all(reply.as_bytes())).await;
     }
 }
 
 /// Parses one agent-send line (LF excluded), looks it up in the snapshot,
 /// counts and records it, and returns the reply to send, if any.
-fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
-    let identities = match parse_line(line) {
-        Ok(ids) => ids,
+fn decide(line: &[u8], shared: &Shared) -> Option<crate::state::ReplyLine> {
+    let text = match check_line(line) {
+        Ok(text) => text,
         Err(e) => {
             debug!(error = %e, "bad agent-send line");
             shared.metrics.answers(AnswerKind::BadRequest).inc();
@@ -258,14 +487,14 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
         .metrics
         .last_check_timestamp
         .set(crate::metrics::unix_now());
-    // parse_line accepted the line, so it is UTF-8.
-    let row = std::str::from_utf8(line).unwrap_or_default().trim();
-    let Some(snapshot) = shared.snapshot.load_full() else {
+    let row = text.trim();
+    let snapshot = shared.snapshot.load();
+    let Some(snapshot) = snapshot.as_ref() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
         shared.seen.record(row, AnswerKind::Unsynced, None);
         return None;
     };
-    let answer = snapshot.lookup(identities.iter().copied());
+    let answer = snapshot.lookup(identities(text));
     let kind = answer.kind();
     shared.metrics.answers(kind).inc();
     match answer {
@@ -282,26 +511,53 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     }
 }
 
-/// Reads until the first LF, after the `filled` bytes already in `buf`
-/// (which hold none). Returns the line length without the LF, or `None` when
-/// the peer closed first or the line exceeds [`MAX_LINE`].
-async fn read_line(
-    stream: &mut TcpStream,
-    buf: &mut [u8; MAX_LINE],
-    mut filled: usize,
-) -> io::Result<Option<usize>> {
-    loop {
-        if filled == buf.len() {
-            return Ok(None);
+/// Connection deadlines in the order they were set. Every connection gets
+/// the same timeout from its accept, so insertion order is expiry order and
+/// a FIFO gives the next one. Entries of connections that finished early
+/// stay until they reach the front.
+#[derive(Debug)]
+struct DeadlineQueue<K> {
+    queue: VecDeque<(Instant, K)>,
+}
+
+impl<K> Default for DeadlineQueue<K> {
+    fn default() -> Self {
+        DeadlineQueue {
+            queue: VecDeque::new(),
         }
-        let n = stream.read(&mut buf[filled..]).await?;
-        if n == 0 {
-            return Ok(None);
+    }
+}
+
+impl<K: Copy> DeadlineQueue<K> {
+    /// Adds a deadline no earlier than any already queued.
+    fn push(&mut self, at: Instant, key: K) {
+        debug_assert!(self.queue.back().is_none_or(|(last, _)| *last <= at));
+        self.queue.push_back((at, key));
+    }
+
+    /// The earliest deadline whose key `live` accepts, dropping the entries
+    /// in front of it that it refuses (so a finished connection never wakes
+    /// the loop).
+    fn next(&mut self, mut live: impl FnMut(K) -> bool) -> Option<Instant> {
+        while let Some(&(at, key)) = self.queue.front() {
+            if live(key) {
+                return Some(at);
+            }
+            self.queue.pop_front();
         }
-        if let Some(pos) = buf[filled..filled + n].iter().position(|&b| b == b'\n') {
-            return Ok(Some(filled + pos));
+        None
+    }
+
+    /// Removes and returns the key of the earliest deadline if it is at or
+    /// before `now`.
+    fn pop_expired(&mut self, now: Instant) -> Option<K> {
+        match self.queue.front() {
+            Some(&(at, key)) if at <= now => {
+                self.queue.pop_front();
+                Some(key)
+            }
+            _ => None,
         }
-        filled += n;
     }
 }
 
@@ -310,7 +566,10 @@ mod tests {
     use super::*;
 
     use std::collections::HashMap;
-    use std::net::SocketAddr;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream as Client;
+    use tokio_util::sync::DropGuard;
 
     use crate::state::{AdminState, Entry, KeyState, Snapshot};
 
@@ -331,110 +590,214 @@ mod tests {
         shared
     }
 
-    fn start(listener: TcpListener, shared: &Arc<Shared>, check_timeout: Duration) {
-        let config = ResponderConfig {
-            check_timeout,
-            ..ResponderConfig::default()
-        };
-        tokio::spawn(serve(
+    /// A responder serving on its own thread. Dropping it cancels it too (a
+    /// failed test does not leave the thread behind).
+    struct Running {
+        shutdown: CancellationToken,
+        tracker: TaskTracker,
+        _cancel_on_drop: DropGuard,
+    }
+
+    impl Running {
+        /// Shuts down and waits (at most 5 s) for the loop to return.
+        async fn stop(self) {
+            self.shutdown.cancel();
+            self.tracker.close();
+            let wait = tokio::time::timeout(Duration::from_secs(5), self.tracker.wait());
+            assert!(wait.await.is_ok(), "the responder did not stop");
+        }
+    }
+
+    fn start(
+        listener: std::net::TcpListener,
+        shared: &Arc<Shared>,
+        config: ResponderConfig,
+    ) -> Running {
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        serve(
             listener,
             shared.clone(),
             config,
-            CancellationToken::new(),
-            TaskTracker::new(),
-        ));
+            shutdown.clone(),
+            tracker.clone(),
+        )
+        .unwrap();
+        Running {
+            _cancel_on_drop: shutdown.clone().drop_guard(),
+            shutdown,
+            tracker,
+        }
     }
 
-    async fn bound() -> (TcpListener, SocketAddr) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    fn timeout(check_timeout: Duration) -> ResponderConfig {
+        ResponderConfig {
+            check_timeout,
+            ..ResponderConfig::default()
+        }
+    }
+
+    fn bound() -> (std::net::TcpListener, SocketAddr) {
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         (listener, addr)
     }
 
     /// Everything the responder sent before closing (empty: no answer).
-    async fn reply(mut client: TcpStream) -> String {
+    async fn reply(mut client: Client) -> String {
         let mut out = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut out));
         assert!(read.await.is_ok(), "the responder did not close");
         String::from_utf8_lossy(&out).into_owned()
     }
 
+    /// Polls `f` every 10 ms for up to 5 s.
+    async fn eventually(mut f: impl FnMut() -> bool) -> bool {
+        for _ in 0..500 {
+            if f() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn answers_lines_that_arrived_before_the_accept() {
-        let (listener, addr) = bound().await;
+        let (listener, addr) = bound();
         let shared = synced();
         // The kernel completes the handshakes and queues the lines before
-        // the responder accepts: they are answered in the accept loop.
-        let mut a = TcpStream::connect(addr).await.unwrap();
+        // the responder accepts: they are answered without waiting.
+        let mut a = Client::connect(addr).await.unwrap();
         a.write_all(b"web/web-01 canary\n").await.unwrap();
-        let mut b = TcpStream::connect(addr).await.unwrap();
+        let mut b = Client::connect(addr).await.unwrap();
         b.write_all(b"web/web-02\r\n").await.unwrap();
-        start(listener, &shared, Duration::from_millis(500));
+        let running = start(listener, &shared, timeout(Duration::from_millis(500)));
         assert_eq!(reply(a).await, "drain 100%\n");
         assert_eq!(reply(b).await, "ready 100%\n");
         assert_eq!(shared.metrics.answers(AnswerKind::Drain).get(), 1);
         assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 1);
+        assert_eq!(shared.metrics.answer_duration.get_sample_count(), 2);
+        assert_eq!(shared.seen.rows()[0].0, "web/web-01 canary");
+        assert!(shared.metrics.last_check_timestamp.get() > 0.0);
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn waits_for_a_line_that_arrives_after_the_accept_in_pieces() {
-        let (listener, addr) = bound().await;
+        let (listener, addr) = bound();
         let shared = synced();
-        start(listener, &shared, Duration::from_millis(1000));
-        let mut client = TcpStream::connect(addr).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        // Accepted with nothing to read: a task waits for the line.
-        assert_eq!(shared.metrics.connections_in_flight.get(), 1);
+        let running = start(listener, &shared, timeout(Duration::from_millis(1000)));
+        let mut client = Client::connect(addr).await.unwrap();
+        // Accepted with nothing to read: it waits for the line.
+        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
         client.write_all(b"web/web-01 ca").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         client.write_all(b"nary\n").await.unwrap();
         assert_eq!(reply(client).await, "drain 100%\n");
         assert_eq!(shared.metrics.connections_in_flight.get(), 0);
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn completes_a_line_begun_before_the_accept() {
-        let (listener, addr) = bound().await;
+        let (listener, addr) = bound();
         let shared = synced();
-        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut client = Client::connect(addr).await.unwrap();
         client.write_all(b"web/web-01 can").await.unwrap();
-        start(listener, &shared, Duration::from_millis(1000));
+        let running = start(listener, &shared, timeout(Duration::from_millis(1000)));
         tokio::time::sleep(Duration::from_millis(100)).await;
         client.write_all(b"ary\n").await.unwrap();
         assert_eq!(reply(client).await, "drain 100%\n");
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn silent_overlong_and_closed_clients_get_no_answer() {
-        let (listener, addr) = bound().await;
+        let (listener, addr) = bound();
         let shared = synced();
-        let mut closed = TcpStream::connect(addr).await.unwrap();
+        let mut closed = Client::connect(addr).await.unwrap();
         closed.shutdown().await.unwrap();
-        let mut overlong = TcpStream::connect(addr).await.unwrap();
+        let mut overlong = Client::connect(addr).await.unwrap();
         overlong.write_all(&[b'a'; MAX_LINE]).await.unwrap();
-        let silent = TcpStream::connect(addr).await.unwrap();
-        let mut bad = TcpStream::connect(addr).await.unwrap();
+        let silent = Client::connect(addr).await.unwrap();
+        let mut bad = Client::connect(addr).await.unwrap();
         bad.write_all(b"web/web-01 $HOME\n").await.unwrap();
-        start(listener, &shared, Duration::from_millis(100));
+        let running = start(listener, &shared, timeout(Duration::from_millis(100)));
+        let begun = Instant::now();
         assert_eq!(reply(closed).await, "");
         assert_eq!(reply(silent).await, "");
+        assert!(begun.elapsed() >= Duration::from_millis(100));
         assert_eq!(reply(bad).await, "");
         // Closed with unread bytes: a reset or an empty read, never a line.
         let mut out = Vec::new();
         let _ = overlong.read_to_end(&mut out).await;
         assert!(out.is_empty());
         assert_eq!(shared.metrics.answers(AnswerKind::BadRequest).get(), 4);
+        assert_eq!(shared.metrics.connections_in_flight.get(), 0);
+        running.stop().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn answers_nobody_before_the_first_sync() {
-        let (listener, addr) = bound().await;
+        let (listener, addr) = bound();
         let shared = Shared::new("http://127.0.0.1:1", "p/");
-        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut client = Client::connect(addr).await.unwrap();
         client.write_all(b"web/web-01 canary\n").await.unwrap();
-        start(listener, &shared, Duration::from_millis(500));
+        let running = start(listener, &shared, timeout(Duration::from_millis(500)));
         assert_eq!(reply(client).await, "");
         assert_eq!(shared.metrics.answers(AnswerKind::Unsynced).get(), 1);
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn refuses_connections_beyond_the_cap() {
+        let (listener, addr) = bound();
+        let shared = synced();
+        let config = ResponderConfig {
+            max_connections: 1,
+            check_timeout: Duration::from_secs(2),
+        };
+        let running = start(listener, &shared, config);
+        let mut waiting = Client::connect(addr).await.unwrap();
+        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
+        let mut over = Client::connect(addr).await.unwrap();
+        over.write_all(b"web/web-02\n").await.unwrap();
+        assert_eq!(reply(over).await, "");
+        assert_eq!(shared.metrics.connections_refused.get(), 1);
+        waiting.write_all(b"web/web-01\n").await.unwrap();
+        assert_eq!(reply(waiting).await, "ready 100%\n");
+        // The slot is free again.
+        let mut next = Client::connect(addr).await.unwrap();
+        next.write_all(b"canary\n").await.unwrap();
+        assert_eq!(reply(next).await, "drain 100%\n");
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shutdown_stops_accepting_and_finishes_connections_in_flight() {
+        let (listener, addr) = bound();
+        let shared = synced();
+        let running = start(listener, &shared, timeout(Duration::from_secs(2)));
+        let mut pending = Client::connect(addr).await.unwrap();
+        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
+        running.shutdown.cancel();
+        // The listener closes at once.
+        let refused = eventually(|| std::net::TcpStream::connect(addr).is_err());
+        assert!(refused.await, "still accepting after shutdown");
+        pending.write_all(b"web/web-01 canary\n").await.unwrap();
+        assert_eq!(reply(pending).await, "drain 100%\n");
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn beats_while_idle() {
+        let (listener, _addr) = bound();
+        let shared = synced();
+        let running = start(listener, &shared, ResponderConfig::default());
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert!(shared.responder_heartbeat.age() < Duration::from_millis(1500));
+        running.stop().await;
     }
 
     #[test]
@@ -446,6 +809,10 @@ mod tests {
         assert_eq!(
             parse_line(b"web/web-01\tcanary  zone:b\r"),
             Ok(vec!["web/web-01", "canary", "zone:b"])
+        );
+        assert_eq!(
+            check_line(b"web/web-01\tcanary\r"),
+            Ok("web/web-01\tcanary")
         );
     }
 
@@ -461,5 +828,114 @@ mod tests {
         assert!(matches!(parse_line(b"a/b/c"), Err(BadLine::Identity(_))));
         let many = vec!["g"; MAX_IDENTITIES + 1].join(" ");
         assert_eq!(parse_line(many.as_bytes()), Err(BadLine::TooMany));
+        let most = vec!["g"; MAX_IDENTITIES].join(" ");
+        assert_eq!(
+            parse_line(most.as_bytes()).map(|v| v.len()),
+            Ok(MAX_IDENTITIES)
+        );
+    }
+
+    /// A non-blocking stream that yields `chunks`, then would block (or
+    /// reports end of stream when `eof`).
+    struct Chunks {
+        chunks: VecDeque<&'static [u8]>,
+        eof: bool,
+    }
+
+    impl io::Read for Chunks {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            match self.chunks.pop_front() {
+                Some(chunk) => {
+                    buf[..chunk.len()].copy_from_slice(chunk);
+                    Ok(chunk.len())
+                }
+                None if self.eof => Ok(0),
+                None => Err(io::ErrorKind::WouldBlock.into()),
+            }
+        }
+    }
+
+    fn chunks(chunks: &[&'static [u8]], eof: bool) -> Chunks {
+        Chunks {
+            chunks: chunks.iter().copied().collect(),
+            eof,
+        }
+    }
+
+    #[test]
+    fn reads_a_line_across_reads_and_waits_for_the_rest() {
+        let mut buf = [0u8; MAX_LINE];
+        let mut filled = 0;
+        let mut stream = chunks(&[b"web/we", b"b-01 can"], false);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Pending
+        );
+        assert_eq!(filled, 14);
+        let mut stream = chunks(&[b"ary\nignored"], false);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Line(17)
+        );
+        assert_eq!(&buf[..17], b"web/web-01 canary");
+        // A whole line in the first read: no second read.
+        let mut filled = 0;
+        let mut stream = chunks(&[b"canary\n", b"never read"], false);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Line(6)
+        );
+        assert_eq!(stream.chunks.len(), 1);
+    }
+
+    #[test]
+    fn refuses_closed_and_overlong_lines() {
+        let mut buf = [0u8; 8];
+        let mut filled = 0;
+        let mut stream = chunks(&[b"web"], true);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Refused
+        );
+        let mut filled = 0;
+        let mut stream = chunks(&[b"web/web-", b"01\n"], false);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Refused
+        );
+        // Seven bytes and the LF fit.
+        let mut filled = 0;
+        let mut stream = chunks(&[b"web/w01\n"], false);
+        assert_eq!(
+            read_line(&mut stream, &mut buf, &mut filled),
+            Progress::Line(7)
+        );
+    }
+
+    #[test]
+    fn deadlines_expire_in_order_and_finished_ones_are_skipped() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut q = DeadlineQueue::default();
+        assert_eq!(q.next(|_| true), None);
+        q.push(t0 + ms(10), 1);
+        q.push(t0 + ms(20), 2);
+        q.push(t0 + ms(30), 3);
+        // 1 finished early: the next wake-up is 2's deadline.
+        assert_eq!(q.next(|k| k != 1), Some(t0 + ms(20)));
+        assert_eq!(q.pop_expired(t0 + ms(19)), None);
+        assert_eq!(q.pop_expired(t0 + ms(25)), Some(2));
+        assert_eq!(q.pop_expired(t0 + ms(25)), None);
+        assert_eq!(q.next(|_| true), Some(t0 + ms(30)));
+        assert_eq!(q.pop_expired(t0 + ms(30)), Some(3));
+        assert_eq!(q.next(|_| true), None);
+    }
+
+    #[test]
+    fn accept_pauses_double_up_to_640_ms() {
+        assert_eq!(accept_pause(1), Duration::from_millis(20));
+        assert_eq!(accept_pause(2), Duration::from_millis(40));
+        assert_eq!(accept_pause(6), Duration::from_millis(640));
+        assert_eq!(accept_pause(1000), Duration::from_millis(640));
     }
 }

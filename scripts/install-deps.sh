@@ -26,19 +26,20 @@ Pin-Priority: 100
 PREF
 fi
 
-# Keep any packaged daemon (haproxy, prometheus) from being started: the tests
-# start their own on loopback ports.
-if [ ! -f /usr/sbin/policy-rc.d ]; then
-  printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-  chmod +x /usr/sbin/policy-rc.d
-fi
-
 want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
+  # Keep the packaged daemons (haproxy, prometheus) from being started while
+  # they are installed: the tests start their own on loopback ports. The
+  # policy applies only to this install and is removed after it.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
@@ -48,9 +49,6 @@ if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked
 fi
 
-# Packaged services must not be left running (no systemd here, but be sure).
-pkill -x haproxy 2>/dev/null || true
-pkill -x prometheus 2>/dev/null || true
 
 haproxy -v | head -1
 consul version | head -1

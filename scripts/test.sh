@@ -37,7 +37,7 @@ suite() {
 
 suite "cargo fmt" cargo fmt --check
 suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
-suite "cargo test" cargo test --all-targets --locked
+suite "cargo test" cargo test --all-targets --locked --no-fail-fast
 [ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh
 suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck'

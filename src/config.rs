@@ -23,6 +23,10 @@ pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
 /// (`LoadCredential=consul-token:...`).
 pub const TOKEN_CREDENTIAL: &str = "consul-token";
 
+/// Most agent-check connections `--max-connections` may allow: 65,536, far
+/// above any load balancer's server count (each holds a file descriptor).
+pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
+
 /// Exit code for bad options: EX_USAGE from sysexits.h.
 pub const EX_USAGE: i32 = 64;
 
@@ -308,8 +312,12 @@ impl AgentConfig {
                 "must be between 10ms and 2s (under agent-inter)",
             ));
         }
-        if a.max_connections == 0 {
-            return Err(bad("--max-connections", 0, "must be at least 1"));
+        if a.max_connections == 0 || a.max_connections > MAX_CONNECTIONS_LIMIT {
+            return Err(bad(
+                "--max-connections",
+                a.max_connections,
+                format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}"),
+            ));
         }
         if a.min_query_interval > Duration::from_secs(10) {
             return Err(bad(
@@ -318,7 +326,7 @@ impl AgentConfig {
                 "must be at most 10s",
             ));
         }
-        if a.listen == a.http_listen {
+        if a.listen == a.http_listen && a.listen.port() != 0 {
             return Err(bad(
                 "--http-listen",
                 a.http_listen,
@@ -422,6 +430,11 @@ mod tests {
             (vec!["--wait", "10ms"], "--wait"),
             (vec!["--check-timeout", "5s"], "--check-timeout"),
             (vec!["--max-connections", "0"], "--max-connections"),
+            (vec!["--max-connections", "65537"], "--max-connections"),
+            (
+                vec!["--max-connections", "18446744073709551615"],
+                "--max-connections",
+            ),
             (vec!["--http-listen", "127.0.0.1:9777"], "--http-listen"),
         ] {
             let err = config(&args, &fb).unwrap_err();

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::error::ErrorKind;
 use clap::Parser;
 use gitlab_haproxy_agent::config::{
     AgentConfig, Cli, Command, Fallbacks, EX_USAGE, TOKEN_CREDENTIAL,
@@ -26,6 +27,25 @@ fn fallbacks() -> Fallbacks {
     }
 }
 
+/// clap's error summary on one line: the lines before "Usage:", joined
+/// (e.g. "the following required arguments were not provided: <VALUE>").
+fn one_line(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    let summary: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let text = summary.join(" ");
+    let text = text.strip_prefix("error: ").unwrap_or(&text);
+    if text.is_empty() {
+        "invalid options".to_string()
+    } else {
+        text.to_string()
+    }
+}
+
 fn usage_error(message: &str) -> ExitCode {
     eprintln!("gitlab-haproxy-agent: {message}");
     ExitCode::from(EX_USAGE as u8)
@@ -39,12 +59,12 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
-        Err(e) => {
-            let rendered = e.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid options");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            return usage_error(&format!("{first} (see --help)"));
+        Err(e) if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `state` or `state canary` alone: the help says what is missing.
+            let _ = e.print();
+            return ExitCode::from(EX_USAGE as u8);
         }
+        Err(e) => return usage_error(&format!("{} (see --help)", one_line(&e))),
     };
     if let Some(Command::State(state)) = &cli.command {
         return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
@@ -54,6 +74,13 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(&e.to_string()),
     };
     gitlab_haproxy_agent::logging::init(config.log_format);
+    // A panic in any task or thread ends the process (systemd restarts it)
+    // rather than leaving it half-alive, e.g. healthy with no responder.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        std::process::abort();
+    }));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

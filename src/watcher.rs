@@ -13,7 +13,9 @@ use tracing::{info, warn};
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
 use crate::metrics::ConsulOutcome;
 use crate::shared::{ReadyStep, Shared};
-use crate::state::{parse_value, validate_identity, Entry, InvalidValue, KeyState, Snapshot};
+use crate::state::{
+    parse_value, validate_identity, Entry, InvalidIdentity, InvalidValue, KeyState, Snapshot,
+};
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -69,7 +71,8 @@ pub enum IndexEvent {
     /// Same index: the wait ended with no change. Keep the copy.
     NotModified,
     /// The index went backwards (snapshot restore, tombstone reaping, a new
-    /// Consul): apply this answer, then re-read from index 0.
+    /// Consul): apply this answer and count a reset; then re-read from index
+    /// 0, unless this answer already was such a full read.
     WentBackwards,
 }
 
@@ -110,6 +113,10 @@ impl IndexTracker {
         let was_reset = std::mem::take(&mut self.reset);
         match previous {
             None => IndexEvent::Changed,
+            // This answer is already a full read from index 0, so the loop
+            // goes on blocking from it; a lower index than before (a Consul
+            // restored or restarted during an outage) is still a reset.
+            Some(p) if was_reset && index < p => IndexEvent::WentBackwards,
             Some(_) if was_reset => IndexEvent::Changed,
             Some(p) if index > p => IndexEvent::Changed,
             Some(p) if index == p => IndexEvent::NotModified,
@@ -131,15 +138,24 @@ pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {
         let Some(rel) = pair.key.strip_prefix(prefix) else {
             continue;
         };
-        if rel.is_empty() || rel.ends_with('/') {
-            continue;
-        }
-        let entry = match validate_identity(rel) {
-            Err(e) => Entry::Invalid(InvalidValue::Key(e)),
-            Ok(()) => match parse_value(&pair.value) {
-                Ok(state) => Entry::Valid(state),
-                Err(e) => Entry::Invalid(e),
-            },
+        let entry = if rel.is_empty() || rel.ends_with('/') {
+            // A folder key. Empty, it only marks the folder; with a value it
+            // is a typo (`consul kv put .../web/web-07/ maint`) that must
+            // show, not vanish.
+            if pair.value.is_empty() {
+                continue;
+            }
+            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(
+                rel.to_string(),
+            )))
+        } else {
+            match validate_identity(rel) {
+                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+                Ok(()) => match parse_value(&pair.value) {
+                    Ok(state) => Entry::Valid(state),
+                    Err(e) => Entry::Invalid(e),
+                },
+            }
         };
         keys.insert(
             rel.into(),
@@ -468,6 +484,12 @@ mod tests {
         assert_eq!(t.observe(13), IndexEvent::Changed);
         assert_eq!(t.query_index(), 13);
         assert_eq!(t.observe(13), IndexEvent::NotModified);
+        // Back after an outage with a lower index: a reset, counted, but no
+        // second full read (this answer was one).
+        t.force_full_read();
+        assert_eq!(t.observe(7), IndexEvent::WentBackwards);
+        assert_eq!(t.query_index(), 7);
+        assert_eq!(t.observe(8), IndexEvent::Changed);
     }
 
     #[test]
@@ -525,12 +547,13 @@ mod tests {
                 pair("p/web/", "", 4),
                 pair("p/a/b/c", "drain", 5),
                 pair("p/web/web-02", "drian", 6),
+                pair("p/web/web-07/", "maint", 7),
             ],
             body_bytes: 0,
         };
         let snap = build_snapshot("p/", &answer);
         assert_eq!(snap.index, 1);
-        assert_eq!(snap.keys.len(), 4);
+        assert_eq!(snap.keys.len(), 5);
         assert_eq!(snap.keys["canary"].entry, Entry::Valid(AdminState::Drain));
         assert_eq!(
             snap.keys["web/web-01"].entry,
@@ -540,7 +563,11 @@ mod tests {
             snap.keys["a/b/c"].entry,
             Entry::Invalid(InvalidValue::Key(_))
         ));
-        assert_eq!(snap.invalid_count(), 2);
+        assert!(matches!(
+            snap.keys["web/web-07/"].entry,
+            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
+        ));
+        assert_eq!(snap.invalid_count(), 3);
     }
 
     #[test]

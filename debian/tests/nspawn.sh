@@ -406,9 +406,12 @@ fi
 # --- SIGSTOP -> the watchdog restarts it --------------------------------------------------------
 pid=$(main_pid)
 n=$(restarts)
-in_ct sh -c 'kill -STOP "$1"' _ "$pid"
 start=$SECONDS
-if wait_for 90 restarted; then
+# Only a real main PID: `kill -STOP 0` would stop this test's own group.
+if [ "${pid:-0}" -le 1 ]; then
+	fail "SIGSTOP: the unit has no main process to stop (MainPID=${pid:-none})"
+	dump_unit
+elif in_ct sh -c 'kill -STOP "$1"' _ "$pid" && wait_for 90 restarted; then
 	pass "SIGSTOP: watchdog restarted it, active in $((SECONDS - start)) s"
 else
 	fail "SIGSTOP: watchdog restart within 90 s"

@@ -273,6 +273,36 @@ fn exit_codes_for_usage_and_unreachable_consul() {
         let run = cli_at(&nowhere, args);
         assert_eq!(run.code, 64, "{args:?}: {run:?}");
     }
+    // Bad selector combinations are the writer's own checks: with --json
+    // they print the error object like every other failure.
+    for (args, says) in [
+        (&["drain", "--json"][..], "--zone, --backend"),
+        (
+            &["drain", "--server", "web-*", "--json"],
+            "--server needs --backend",
+        ),
+        (
+            &[
+                "undrain",
+                "--zone",
+                "b",
+                "--haproxy-socket",
+                "/nonexistent",
+                "--json",
+            ],
+            "--zone cannot be used with --haproxy-socket",
+        ),
+    ] {
+        let run = cli_at(&nowhere, args);
+        assert_eq!(run.code, 64, "{args:?}: {run:?}");
+        let v = run.json();
+        assert_eq!(v["ok"], false, "{args:?}");
+        assert_eq!(v["error"]["kind"], "usage", "{args:?}");
+        assert_eq!(v["error"]["exit_code"], 64, "{args:?}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{args:?}: {message}");
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+    }
     let run = cli_at(
         &nowhere,
         &[
@@ -286,7 +316,7 @@ fn exit_codes_for_usage_and_unreachable_consul() {
     assert_eq!(run.code, 66, "{run:?}");
     let run = cli_at(&nowhere, &["--help"]);
     assert_eq!(run.code, 0);
-    for code in ["64", "65", "69", "75", "77", "130"] {
+    for code in ["64", "65", "69", "75", "77", "129", "130", "143"] {
         assert!(run.stdout.contains(code), "--help documents exit {code}");
     }
 }
@@ -877,6 +907,84 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
 }
 
 #[test]
+fn sighup_during_the_drain_wait_reports_and_exits_129() {
+    // A dropped SSH session: stop between steps like SIGINT, report what
+    // was written, exit 128 + SIGHUP.
+    let consul = Consul::start();
+    let child = spawn_cli(
+        &consul,
+        &["canary", "disable", "--drain-wait", "30s", "--json"],
+    );
+    let pid = child.id();
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
+    })
+    .expect("drain written");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    kill(pid, "HUP");
+    let run = finish(child);
+    assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
+    assert_eq!(run.code, 129, "{run:?}");
+    assert!(
+        run.stderr.contains("interrupted by SIGHUP"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("wrote canary = drain"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("maint was NOT written"),
+        "{}",
+        run.stderr
+    );
+    let v = run.json();
+    assert_eq!(v["outcome"], "interrupted");
+    assert_eq!(v["error"]["exit_code"], 129);
+    assert_eq!(v["keys"][0]["now"], "drain");
+    assert_eq!(v["steps"][1]["status"], "interrupted");
+    assert_eq!(v["steps"][2]["status"], "not_run");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+
+    // Text output too (the report goes to stdout, the message to stderr).
+    consul.put("canary", "drain");
+    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "30s"]);
+    let pid = child.id();
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
+    })
+    .expect("maint written");
+    std::thread::sleep(Duration::from_millis(300));
+    kill(pid, "HUP");
+    let run = finish(child);
+    assert_eq!(run.code, 129, "{run:?}");
+    assert!(
+        run.stdout.contains("stopped (interrupted)"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stderr.contains("wrote canary = maint") && run.stderr.contains("clear was NOT written"),
+        "{}",
+        run.stderr
+    );
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+}
+
+/// The row of `key` in a text report's KEY table: its cells.
+fn report_row<'a>(stdout: &'a str, key: &str) -> Vec<&'a str> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("KEY "))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&key))
+        .unwrap_or_else(|| panic!("no row for {key}:\n{stdout}"))
+}
+
+#[test]
 fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
     let consul = Consul::start();
     // Canary: someone sets ready while the CLI waits to write maint.
@@ -885,16 +993,53 @@ fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
         (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
     })
     .expect("drain written");
-    consul.put("canary", "ready");
+    consul.put("canary", "50%");
     let run = finish(child);
     assert_eq!(run.code, 75, "{run:?}");
     assert!(run.stderr.contains("conflict"), "{}", run.stderr);
-    assert!(
-        run.stdout.contains("ready"),
+    assert_eq!(
+        report_row(&run.stdout, "canary")[..3],
+        ["canary", "absent", "50%"],
         "the report shows the other writer's value: {}",
         run.stdout
     );
-    assert_eq!(kv(&consul, "canary").as_deref(), Some("ready"));
+    // The message agrees with the table: what this run wrote, what the key
+    // holds now, what was not written.
+    for says in [
+        "wrote canary = drain",
+        "then canary changed to 50% by someone else; nothing overwritten",
+        "maint was NOT written to 1 key",
+    ] {
+        assert!(run.stderr.contains(says), "{says:?}: {}", run.stderr);
+    }
+    assert!(!run.stderr.contains("left in place"), "{}", run.stderr);
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("50%"));
+
+    // Enable: someone puts drain back while maint is held.
+    consul.put("canary", "drain");
+    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "5s"]);
+    wait_for(CONVERGE, || {
+        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
+    })
+    .expect("maint written");
+    consul.put("canary", "drain");
+    let run = finish(child);
+    assert_eq!(run.code, 75, "{run:?}");
+    assert_eq!(
+        report_row(&run.stdout, "canary")[..3],
+        ["canary", "drain", "drain"],
+        "{}",
+        run.stdout
+    );
+    for says in [
+        "wrote canary = maint",
+        "then canary changed to drain by someone else; nothing overwritten",
+        "clear was NOT written to 1 key",
+    ] {
+        assert!(run.stderr.contains(says), "{says:?}: {}", run.stderr);
+    }
+    assert!(!run.stderr.contains("left in place"), "{}", run.stderr);
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
 
     // Zonal: one key changes during the wait; the maint transaction is
     // rolled back whole, so no key is overwritten and none goes to maint.
@@ -927,7 +1072,22 @@ fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
     assert_eq!(run.code, 75, "{run:?}");
     let v = run.json();
     assert_eq!(v["error"]["kind"], "conflict");
-    assert!(v["error"]["message"].as_str().unwrap().contains("web/b"));
+    let message = v["error"]["message"].as_str().unwrap();
+    for says in [
+        "wrote web/a = drain, web/b = drain",
+        "then web/b changed to 25% by someone else; nothing overwritten",
+        "maint was NOT written to 2 keys",
+    ] {
+        assert!(message.contains(says), "{says:?}: {message}");
+    }
+    let now: HashMap<&str, &str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["key"].as_str().unwrap(), k["now"].as_str().unwrap()))
+        .collect();
+    assert_eq!(now["web/a"], "drain");
+    assert_eq!(now["web/b"], "25%");
     assert_eq!(kv(&consul, "web/b").as_deref(), Some("25%"));
     assert_eq!(kv(&consul, "web/a").as_deref(), Some("drain"));
 }

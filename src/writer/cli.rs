@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgGroup, Args, Subcommand};
+use clap::{Args, Subcommand};
 
 /// Exit statuses of `state`, shown in `--help` (sysexits.h).
 pub const EXIT_CODES_HELP: &str = "\
@@ -20,8 +20,9 @@ Exit status:
   76   Consul answered something unusable (EX_PROTOCOL)
   77   permission denied: Consul refused the token, or the token file cannot
        be read (EX_NOPERM)
-  130  interrupted by SIGINT (143: SIGTERM); what was written is reported,
-       nothing more is written
+  130  interrupted by SIGINT (143: SIGTERM, 129: SIGHUP, e.g. the SSH
+       session dropped); what was written is reported, nothing more is
+       written
 
 Keys are relative to --prefix: `canary`, `web/web-01`. Values: ready,
 drain, maint or N% (0..=256).";
@@ -180,19 +181,22 @@ pub struct WriteOpts {
     pub dry_run: bool,
 }
 
-/// Which servers `drain` and `undrain` act on.
+/// Which servers `drain` and `undrain` act on: --zone, --backend or both.
+///
+/// Combinations are checked by the writer, not by clap, so that a bad one is
+/// reported like every other failure (a JSON object with `--json`).
 #[derive(Debug, Args, Clone)]
-#[command(group(ArgGroup::new("selection").required(true).multiple(true).args(["zone", "backend"])))]
 pub struct Selector {
-    /// Servers whose agent-send line names the group `zone-ZONE`.
+    /// Servers whose agent-send line names the group `zone-ZONE` (--zone,
+    /// --backend or both are required).
     #[arg(long, value_name = "ZONE")]
     pub zone: Option<String>,
     /// Servers of this backend (or listen section).
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<String>,
     /// Only servers whose name matches this glob (`*`, `?`, `[a-c]`);
-    /// quote it.
-    #[arg(long, value_name = "GLOB", requires = "backend")]
+    /// quote it. Needs --backend.
+    #[arg(long, value_name = "GLOB")]
     pub server: Option<String>,
     /// HAProxy configuration to read the servers from (used unless
     /// --haproxy-socket is given).
@@ -206,6 +210,6 @@ pub struct Selector {
     /// Read the servers from the running HAProxy's stats socket instead
     /// (`show servers state`): row keys are `<backend>/<server>`, and zones
     /// are unknown, so --zone needs --haproxy-config.
-    #[arg(long, value_name = "PATH", conflicts_with = "zone")]
+    #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
 }

@@ -9,6 +9,7 @@ pub mod output;
 pub mod plan;
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -50,6 +51,8 @@ pub mod exit {
     pub const PROTOCOL: u8 = 76;
     /// EX_NOPERM: Consul refused the token, or it cannot be read.
     pub const NOPERM: u8 = 77;
+    /// 128 + SIGHUP (the terminal or SSH session went away).
+    pub const SIGHUP: u8 = 129;
     /// 128 + SIGINT.
     pub const SIGINT: u8 = 130;
     /// 128 + SIGTERM.
@@ -144,11 +147,25 @@ pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> Exi
 }
 
 fn report_failure(json: bool, failure: &Failure) -> u8 {
-    eprintln!("gitlab-haproxy-agent state: {}", failure.message);
+    err_line(&format!("gitlab-haproxy-agent state: {}", failure.message));
     if json && !failure.reported {
-        println!("{}", json!({"ok": false, "error": failure.json()}));
+        out_line(&json!({"ok": false, "error": failure.json()}).to_string());
     }
     failure.code
+}
+
+/// Prints a line on stdout, ignoring write errors: after SIGHUP the terminal
+/// may be gone, and the exit status must still say what happened (`println!`
+/// would panic instead).
+fn out_line(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{text}");
+    let _ = stdout.flush();
+}
+
+/// Like [`out_line`], on stderr.
+fn err_line(text: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
 
 /// The writer's token: `--consul-token-file` (or its environment variable,
@@ -318,7 +335,28 @@ impl Target {
         }
     }
 
+    /// Checks the combination of selector options (64 when bad).
+    fn check_selector(select: &Selector) -> Result<(), Failure> {
+        let problem = if select.server.is_some() && select.backend.is_none() {
+            Some("--server needs --backend (the glob matches server names within one backend)")
+        } else if select.zone.is_none() && select.backend.is_none() {
+            Some("which servers? Give --zone, --backend or both")
+        } else if select.zone.is_some() && select.haproxy_socket.is_some() {
+            Some(
+                "--zone cannot be used with --haproxy-socket: the stats socket does not know \
+                 zones; read them from --haproxy-config",
+            )
+        } else {
+            None
+        };
+        match problem {
+            Some(p) => Err(Failure::usage(format!("{p}; nothing written (see --help)"))),
+            None => Ok(()),
+        }
+    }
+
     fn servers(select: &Selector) -> Result<Target, Failure> {
+        Target::check_selector(select)?;
         if let Some(zone) = &select.zone {
             validate_identity(&format!("{}{zone}", haproxy::ZONE_GROUP_PREFIX))
                 .map_err(|e| Failure::invalid(format!("invalid zone {zone:?}: {e}")))?;
@@ -404,7 +442,7 @@ impl Target {
     }
 }
 
-/// Stops sequences between steps on SIGINT or SIGTERM.
+/// Stops sequences between steps on SIGINT, SIGTERM or SIGHUP.
 struct Interrupt {
     token: CancellationToken,
     signal: Arc<Mutex<Option<(&'static str, u8)>>>,
@@ -414,6 +452,7 @@ impl Interrupt {
     fn install() -> std::io::Result<Interrupt> {
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
         let token = CancellationToken::new();
         let which = Arc::new(Mutex::new(None));
         let (t, w) = (token.clone(), which.clone());
@@ -421,6 +460,7 @@ impl Interrupt {
             let got = tokio::select! {
                 _ = int.recv() => ("SIGINT", exit::SIGINT),
                 _ = term.recv() => ("SIGTERM", exit::SIGTERM),
+                _ = hup.recv() => ("SIGHUP", exit::SIGHUP),
             };
             *w.lock().unwrap() = Some(got);
             t.cancel();
@@ -484,10 +524,7 @@ impl Writer {
     }
 
     fn print_json(&self, value: Value) {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&value).unwrap_or_default()
-        );
+        out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
     }
 
     async fn get(&self, key: &str) -> Result<(), Failure> {
@@ -716,7 +753,7 @@ impl Writer {
                 .iter_mut()
                 .for_each(|s| *s = StepStatus::Planned);
         } else if !plan.steps.is_empty() {
-            failure = self.execute(action, &plan, &mut run).await.err();
+            let stop = self.execute(action, &plan, &mut run).await.err();
             // Report what Consul holds now, not only what was written: after
             // a conflict another writer's value is the truth.
             if let Ok(after) = self
@@ -731,6 +768,9 @@ impl Writer {
                     build_snapshot(&self.prefix, &after),
                 ));
             }
+            // The message is written after that read, so that it says what
+            // the keys hold now, as the report's table does.
+            failure = stop.map(|stop| run.stopped(&plan, stop));
         }
         let report = Report {
             action,
@@ -744,7 +784,7 @@ impl Writer {
         if self.json {
             self.print_json(report.json());
         } else {
-            print!("{}", report.text());
+            out_line(report.text().trim_end_matches('\n'));
         }
         match failure {
             None => Ok(()),
@@ -755,12 +795,21 @@ impl Writer {
         }
     }
 
-    async fn execute(&self, action: &str, plan: &Plan, run: &mut Run) -> Result<(), Failure> {
-        let interrupt = Interrupt::install()
-            .map_err(|e| Failure::new(1, "runtime", format!("cannot watch signals: {e}")))?;
+    async fn execute(&self, action: &str, plan: &Plan, run: &mut Run) -> Result<(), Stop> {
+        let interrupt = Interrupt::install().map_err(|e| {
+            Stop::Setup(Failure::new(
+                1,
+                "runtime",
+                format!("cannot watch signals: {e}; nothing written"),
+            ))
+        })?;
         for (i, step) in plan.steps.iter().enumerate() {
             if let Some((name, code)) = interrupt.fired() {
-                return Err(run.interrupted(plan, i, name, code));
+                return Err(Stop::Signal {
+                    step: i,
+                    name,
+                    code,
+                });
             }
             match step {
                 Step::Wait { duration, purpose } => {
@@ -774,14 +823,18 @@ impl Writer {
                                            cleared. Ctrl-C now leaves maint in place"
                         }
                     };
-                    eprintln!(
+                    err_line(&format!(
                         "{action}: waiting {} {what}",
                         humantime::format_duration(*duration)
-                    );
+                    ));
                     if !interrupt.sleep(*duration).await {
                         let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
                         run.statuses[i] = StepStatus::Interrupted;
-                        return Err(run.interrupted(plan, i, name, code));
+                        return Err(Stop::Signal {
+                            step: i,
+                            name,
+                            code,
+                        });
                     }
                     run.statuses[i] = StepStatus::Done;
                 }
@@ -791,28 +844,30 @@ impl Writer {
                         if n > 0 {
                             if let Some((name, code)) = interrupt.fired() {
                                 run.statuses[i] = StepStatus::Partial;
-                                return Err(run.interrupted(plan, i, name, code));
+                                return Err(Stop::Signal {
+                                    step: i,
+                                    name,
+                                    code,
+                                });
                             }
                         }
-                        if let Err(mut f) = self.write_chunk(*change, chunk, run).await {
+                        if let Err(failure) = self.write_chunk(*change, chunk, run).await {
                             run.statuses[i] = if n == 0 {
                                 StepStatus::Failed
                             } else {
                                 StepStatus::Partial
                             };
-                            run.not_run_from(i + 1);
-                            f.message = format!("{}. So far: {}", f.message, run.progress(plan, i));
-                            return Err(f);
+                            return Err(Stop::Failed { step: i, failure });
                         }
                     }
                     run.statuses[i] = StepStatus::Done;
-                    eprintln!(
+                    err_line(&format!(
                         "{action}: {} written to {} key{} ({chunks} transaction{})",
                         change.describe(),
                         keys.len(),
                         if keys.len() == 1 { "" } else { "s" },
                         if chunks == 1 { "" } else { "s" },
-                    );
+                    ));
                 }
             }
         }
@@ -891,7 +946,8 @@ impl Writer {
                         Err(_) => "now unknown".to_string(),
                     };
                     lines.push(format!(
-                        "{key} changed since it was read (expected ModifyIndex {expected}, {now})"
+                        "{key} changed since this run last read or wrote it (expected \
+                         ModifyIndex {expected}, {now})"
                     ));
                 }
                 Err(Failure::conflict(format!(
@@ -1111,6 +1167,20 @@ fn key_table_snapshot(rows: &[(String, &KvPair)], snapshot: &Snapshot) -> String
     table(&KEY_HEADER, &rows)
 }
 
+/// Why a sequence stopped before its end.
+enum Stop {
+    /// Before any step.
+    Setup(Failure),
+    /// A signal, before or during step `step`.
+    Signal {
+        step: usize,
+        name: &'static str,
+        code: u8,
+    },
+    /// Step `step` failed (a conflict, Consul, permission).
+    Failed { step: usize, failure: Failure },
+}
+
 /// Where a sequence got to.
 struct Run {
     /// Consul index of the read the plan was made from.
@@ -1147,14 +1217,71 @@ impl Run {
         }
     }
 
-    /// What was written and what was not, from step `from` on.
+    /// What this run wrote, what the keys hold now when they could be read
+    /// again (another writer's changes named as such), and what was not
+    /// written, from step `from` on.
     fn progress(&self, plan: &Plan, from: usize) -> String {
-        let mut written: Vec<String> = self
-            .now
+        let mut parts = Vec::new();
+        let mut written: Vec<(&String, &Option<AdminState>)> = self.now.iter().collect();
+        written.sort_by(|a, b| a.0.cmp(b.0));
+        let sets: Vec<String> = written
             .iter()
-            .map(|(k, s)| format!("{k} = {}", s.map_or("absent".into(), |s| s.to_string())))
+            .filter_map(|(k, s)| s.map(|s| format!("{k} = {s}")))
             .collect();
-        written.sort();
+        let clears: Vec<&str> = written
+            .iter()
+            .filter(|(_, s)| s.is_none())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        if !sets.is_empty() {
+            parts.push(format!("wrote {}", sets.join(", ")));
+        }
+        if !clears.is_empty() {
+            parts.push(format!("removed {}", clears.join(", ")));
+        }
+        if parts.is_empty() {
+            parts.push("this run wrote nothing".to_string());
+        }
+        let observed = self.observed.as_ref().map(|(keys, _)| keys);
+        match observed {
+            None => parts.push(
+                "what the keys hold now is unknown (reading them again failed; look with \
+                 `state list`)"
+                    .to_string(),
+            ),
+            Some(observed) => {
+                let mut changed = Vec::new();
+                for k in &plan.keys {
+                    let Some(now) = observed.get(&k.key) else {
+                        continue;
+                    };
+                    let now_shown = now.describe();
+                    match self.now.get(&k.key) {
+                        Some(ours) => {
+                            let ours = ours.map_or("absent".to_string(), |s| s.to_string());
+                            if now_shown != ours {
+                                changed.push(format!(
+                                    "then {} changed to {now_shown} by someone else",
+                                    k.key
+                                ));
+                            }
+                        }
+                        None => {
+                            let before = k.before.describe();
+                            if now_shown != before {
+                                changed.push(format!(
+                                    "{} changed from {before} to {now_shown} by someone else",
+                                    k.key
+                                ));
+                            }
+                        }
+                    }
+                }
+                if !changed.is_empty() {
+                    parts.push(format!("{}; nothing overwritten", changed.join(", ")));
+                }
+            }
+        }
         let pending: Vec<String> = plan.steps[from.min(plan.steps.len())..]
             .iter()
             .filter_map(|s| match s {
@@ -1178,19 +1305,30 @@ impl Run {
                 Step::Wait { .. } => None,
             })
             .collect();
-        format!(
-            "{}; {}. Every key holds a valid value",
-            if written.is_empty() {
-                "nothing was written".to_string()
+        parts.push(if pending.is_empty() {
+            "nothing was left to write".to_string()
+        } else {
+            pending.join(", ")
+        });
+        let mut text = parts.join("; ");
+        if let Some(observed) = observed {
+            let invalid: Vec<&str> = plan
+                .keys
+                .iter()
+                .filter(|k| matches!(observed.get(&k.key), Some(Current::Invalid { .. })))
+                .map(|k| k.key.as_str())
+                .collect();
+            if invalid.is_empty() {
+                text.push_str(". Every key holds a valid value");
             } else {
-                format!("left in place: {}", written.join(", "))
-            },
-            if pending.is_empty() {
-                "nothing was left to write".to_string()
-            } else {
-                pending.join(", ")
+                text.push_str(&format!(
+                    ". {} now {} an invalid value",
+                    invalid.join(", "),
+                    if invalid.len() == 1 { "holds" } else { "hold" }
+                ));
             }
-        )
+        }
+        text
     }
 
     /// The failure for a signal during step `current` (or before it),
@@ -1206,6 +1344,24 @@ impl Run {
                 self.progress(plan, current)
             ),
         )
+    }
+
+    /// The failure for a sequence that stopped, its message describing what
+    /// was written and what the keys hold now.
+    fn stopped(&mut self, plan: &Plan, stop: Stop) -> Failure {
+        match stop {
+            Stop::Setup(f) => f,
+            Stop::Signal { step, name, code } => self.interrupted(plan, step, name, code),
+            Stop::Failed { step, mut failure } => {
+                self.not_run_from(step + 1);
+                failure.message = format!(
+                    "{}. So far: {}",
+                    failure.message.trim_end_matches('.'),
+                    self.progress(plan, step)
+                );
+                failure
+            }
+        }
     }
 
     /// What `key` holds now, given what it held before.

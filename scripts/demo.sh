@@ -45,11 +45,12 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
+app_port=$(free_port)
 server() { # backend server groups...
   local backend=$1 name=$2; shift 2
   local send="$backend/$name${*:+ $*}"
-  printf '    server %s 127.0.0.1:1 weight 100 agent-check agent-addr 127.0.0.1 agent-port %s agent-inter 2s agent-send "%s\\n"\n' \
-    "$name" "$agent_port" "$send"
+  printf '    server %s 127.0.0.1:%s check inter 1s weight 100 agent-check agent-addr 127.0.0.1 agent-port %s agent-inter 2s agent-send "%s\\n"\n' \
+    "$name" "$app_port" "$agent_port" "$send"
 }
 {
   echo "global"
@@ -59,6 +60,11 @@ server() { # backend server groups...
   echo "    timeout connect 1s"
   echo "    timeout client 5s"
   echo "    timeout server 5s"
+  echo "    timeout check 1s"
+  echo "# Stands in for the application servers, so health checks pass."
+  echo "frontend app"
+  echo "    bind 127.0.0.1:$app_port"
+  echo "    http-request return status 200 content-type text/plain string ok"
   echo "backend web"
   server web web-01
   server web web-02
@@ -76,7 +82,7 @@ for _ in $(seq 1 50); do [ -S "$work/admin.sock" ] && break; sleep 0.1; done
 show_stat() {
   echo "--- $1"
   echo "show stat" | socat stdio "unix-connect:$work/admin.sock" \
-    | awk -F, -v OFS=, 'NR==1 || ($2 != "FRONTEND" && $2 != "BACKEND") {print $1, $2, $18, $19}' \
+    | awk -F, -v OFS=, 'NR==1 || ($2 != "" && $2 != "FRONTEND" && $2 != "BACKEND") {print $1, $2, $18, $19}' \
     | sed 's/^# //' | column -t -s,
 }
 settle() { sleep 3; } # agent-inter is 2 s

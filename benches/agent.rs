@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use support::load::{self, quantile, LoadResult, LoadSpec};
 use support::{
     ask, context_switches, cpu_us, fd_count, free_port, load_average, status_kib, thread_count,
-    wait_for, Agent, Consul, Haproxy, Proc, TempDir,
+    wait_every, AdminStates, Agent, Consul, Haproxy, Proc, TempDir,
 };
 
 const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
@@ -304,7 +304,7 @@ impl Floor {
         let mut cmd = Command::new(std::env::current_exe().expect("own path"));
         cmd.arg(flag).arg(addr.to_string());
         let proc = Proc::spawn(cmd, dir.path().join("floor.log"));
-        let up = wait_for(Duration::from_secs(10), Duration::from_millis(20), || {
+        let up = wait_every(Duration::from_secs(10), Duration::from_millis(20), || {
             TcpStream::connect(addr).ok()
         });
         assert!(
@@ -330,7 +330,7 @@ fn measured(pid: u32, addr: SocketAddr, spec: &LoadSpec) -> (LoadResult, u64) {
 }
 
 fn wait_keys(agent: &Agent, keys: usize) {
-    let ok = wait_for(Duration::from_secs(30), Duration::from_millis(50), || {
+    let ok = wait_every(Duration::from_secs(30), Duration::from_millis(50), || {
         (agent.metric_sum("gitlab_haproxy_agent_keys") as usize == keys).then_some(())
     });
     assert!(ok.is_some(), "agent did not reach {keys} keys");
@@ -772,7 +772,7 @@ fn haproxy_convergence(args: &Args, consul: &Consul, report: &mut Report) {
         let states = haproxy.admin_states();
         states.len() == 1000 && states.values().all(|s| *s == admin)
     };
-    let ready = wait_for(Duration::from_secs(10), Duration::from_millis(50), || {
+    let ready = wait_every(Duration::from_secs(10), Duration::from_millis(50), || {
         all(0).then_some(())
     });
     assert!(ready.is_some(), "HAProxy rows not ready at start");
@@ -788,7 +788,7 @@ fn haproxy_convergence(args: &Args, consul: &Consul, report: &mut Report) {
         };
         let t0 = Instant::now();
         consul.put(&format!("{prefix}fleet"), value);
-        let done = wait_for(
+        let done = wait_every(
             Duration::from_millis(inter_ms * 3),
             Duration::from_millis(5),
             || all(admin).then(|| ms(t0.elapsed())),
@@ -854,7 +854,7 @@ fn churn(
     let requests = agent.metric_sum("gitlab_haproxy_agent_consul_requests_total") - requests0;
     let want = reply_for(&last);
     let settled = Instant::now();
-    let correct = wait_for(Duration::from_secs(3), Duration::from_millis(5), || {
+    let correct = wait_every(Duration::from_secs(3), Duration::from_millis(5), || {
         (ask(agent.listen, line) == want).then(|| ms(settled.elapsed()))
     });
     let bound = secs / MIN_QUERY_INTERVAL.as_secs_f64() + 1.0;
@@ -1201,6 +1201,7 @@ fn main() {
         "no agent binary at {}; build it with cargo build --release",
         args.agent_bin.display()
     );
+    support::ports_below_ephemeral();
     let machine = machine();
     let load_before = load_average();
     let started = Instant::now();

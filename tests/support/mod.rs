@@ -19,19 +19,32 @@ pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 pub const PREFIX: &str = "gitlab-haproxy-agent/state/";
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+static PORT_LO: AtomicU16 = AtomicU16::new(20_000);
+static PORT_SPAN: AtomicU16 = AtomicU16::new(40_000);
+
+/// Makes [`free_port`] hand out ports from `lo..lo + span` instead of
+/// 20,000..60,000 (the benchmark keeps below the ephemeral range so its
+/// load generator's client ports never take one). Call it before the first
+/// `free_port`.
+pub fn set_port_range(lo: u16, span: u16) {
+    PORT_LO.store(lo, Ordering::SeqCst);
+    PORT_SPAN.store(span, Ordering::SeqCst);
+}
 
 /// A loopback TCP port nobody listens on now. Ports are handed out from a
 /// per-process range so parallel tests in one binary never get the same one.
 pub fn free_port() -> u16 {
+    let lo = PORT_LO.load(Ordering::SeqCst);
+    let span = PORT_SPAN.load(Ordering::SeqCst);
     let _ = NEXT_PORT.compare_exchange(
         0,
-        20_000 + (std::process::id() % 800) as u16 * 50,
+        lo + (std::process::id() % u32::from(span / 50)) as u16 * 50,
         Ordering::SeqCst,
         Ordering::SeqCst,
     );
     for _ in 0..1000 {
         let port = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
-        let port = 20_000 + (port - 20_000) % 40_000;
+        let port = lo + (port - lo) % span;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
@@ -69,7 +82,16 @@ impl Drop for TempDir {
 }
 
 /// Polls `cond` every 20 ms until it returns `Some` or `timeout` passes.
-pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn wait_for<T>(timeout: Duration, cond: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_every(timeout, Duration::from_millis(20), cond)
+}
+
+/// Polls `cond` every `every` until it returns `Some` or `timeout` passes.
+pub fn wait_every<T>(
+    timeout: Duration,
+    every: Duration,
+    mut cond: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = cond() {
@@ -78,7 +100,7 @@ pub fn wait_for<T>(timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> Op
         if Instant::now() >= deadline {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(every);
     }
 }
 
@@ -98,7 +120,8 @@ pub struct Proc {
 }
 
 impl Proc {
-    fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+    /// Starts `cmd` with stdout and stderr into `log`.
+    pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
         let child = cmd
@@ -367,6 +390,11 @@ impl Consul {
     /// The process.
     pub fn proc(&mut self) -> &mut Proc {
         &mut self.proc
+    }
+
+    /// The PID.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     /// Stops Consul (SIGKILL).
@@ -655,10 +683,30 @@ impl Agent {
         envs: &[(&str, &str)],
         extra: &[&str],
     ) -> Agent {
+        Self::spawn_bin(
+            Path::new(AGENT_BIN),
+            consul_url,
+            port,
+            http_port,
+            envs,
+            extra,
+        )
+    }
+
+    /// Like [`Agent::spawn_env`] with the agent binary at `bin` (the
+    /// benchmark runs the release build it is given).
+    pub fn spawn_bin(
+        bin: &Path,
+        consul_url: &str,
+        port: u16,
+        http_port: u16,
+        envs: &[(&str, &str)],
+        extra: &[&str],
+    ) -> Agent {
         let dir = TempDir::new("agent");
         let listen = SocketAddr::from(([127, 0, 0, 1], port));
         let http = SocketAddr::from(([127, 0, 0, 1], http_port));
-        let mut cmd = Command::new(AGENT_BIN);
+        let mut cmd = Command::new(bin);
         cmd.env_clear()
             .env("RUST_LOG", "info")
             .arg("--consul-addr")
@@ -693,7 +741,12 @@ impl Agent {
 
     /// Waits up to 15 s for `/-/ready` to answer 200.
     pub fn wait_ready(&self) {
-        let ok = wait_for(Duration::from_secs(15), || {
+        self.wait_ready_within(Duration::from_secs(15));
+    }
+
+    /// Waits up to `timeout` for `/-/ready` to answer 200.
+    pub fn wait_ready_within(&self, timeout: Duration) {
+        let ok = wait_for(timeout, || {
             (self.http_get("/-/ready")?.0 == 200).then_some(())
         });
         assert!(ok.is_some(), "agent not ready:\n{}", self.proc.log());
@@ -702,6 +755,11 @@ impl Agent {
     /// The process.
     pub fn proc(&mut self) -> &mut Proc {
         &mut self.proc
+    }
+
+    /// The PID.
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     /// The process, read-only (to signal it).

@@ -268,26 +268,8 @@ impl Consul {
     /// Starts Consul with its HTTP API on `http_port` (other listeners on
     /// free ports), e.g. to bring up Consul where an agent already looks.
     pub fn start_on(http_port: u16, extra: &[&str]) -> Consul {
-        let ports = [
-            http_port,
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        ];
-        let dir = TempDir::new("consul");
-        let extra_args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let proc = Self::spawn(&ports, &dir, &extra_args);
-        let consul = Consul {
-            proc,
-            ports,
-            dir,
-            extra_args,
-            token: None,
-        };
-        consul.wait_leader();
-        consul
+        let extra_args = extra.iter().map(|s| s.to_string()).collect();
+        Self::launch(http_port, TempDir::new("consul"), extra_args, None)
     }
 
     /// Starts Consul with ACLs enabled, default policy deny, and
@@ -303,22 +285,33 @@ impl Consul {
             ),
         )
         .unwrap();
+        let extra_args = vec![format!("-config-file={}", cfg.display())];
+        Self::launch(free_port(), dir, extra_args, Some(master_token.to_string()))
+    }
+
+    /// Spawns Consul (HTTP on `http_port`, other listeners on free ports)
+    /// and waits for a leader.
+    fn launch(
+        http_port: u16,
+        dir: TempDir,
+        extra_args: Vec<String>,
+        token: Option<String>,
+    ) -> Consul {
         let ports = [
-            free_port(),
+            http_port,
             free_port(),
             free_port(),
             free_port(),
             free_port(),
             free_port(),
         ];
-        let extra_args = vec![format!("-config-file={}", cfg.display())];
         let proc = Self::spawn(&ports, &dir, &extra_args);
         let consul = Consul {
             proc,
             ports,
             dir,
             extra_args,
-            token: Some(master_token.to_string()),
+            token,
         };
         consul.wait_leader();
         consul

@@ -36,15 +36,8 @@ prefix=gitlab-haproxy-agent/state/
 cache_dir=${CACHE_DIR:-/var/cache/gitlab-haproxy-agent-test}
 cache_tar=$cache_dir/bookworm-minbase.tar
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); echo "ok   - $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL - $*"; }
-check() { # check "description" command...
-	local what=$1
-	shift
-	if "$@"; then pass "$what"; else fail "$what"; fi
-}
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 finish() {
 	echo "$passed passed, $failed failed"
 	[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -18,15 +18,8 @@ pkg=gitlab-haproxy-agent
 unit=$pkg.service
 max_exposure=5.0
 
-passed=0
-failed=0
-pass() { passed=$((passed + 1)); echo "ok   - $*"; }
-fail() { failed=$((failed + 1)); echo "FAIL - $*"; }
-check() { # check "description" command...
-	local what=$1
-	shift
-	if "$@"; then pass "$what"; else fail "$what"; fi
-}
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$here/lib.sh"
 
 work=$(mktemp -d /tmp/$pkg-static.XXXXXX)
 cleanup() { rm -rf "$work"; }

@@ -47,6 +47,14 @@ const GOOD: [&str; 4] = [
     "ready 100%\n",
 ];
 
+/// [`GOOD`] after `canary` is set to `maint`.
+const CANARY_MAINT: [&str; 4] = [
+    "maint 100%\n",
+    "maint 100%\n",
+    "ready 25%\n",
+    "ready 100%\n",
+];
+
 /// The keys behind [`GOOD`].
 const GOOD_KEYS: [(&str, &[u8]); 3] = [
     ("canary", b"drain"),
@@ -407,15 +415,7 @@ fn bad_consul_answers_never_change_a_servers_answer() {
 
     // A valid new snapshot is applied at once.
     fake.put("canary", b"maint");
-    wait_replies(
-        &agent,
-        &[
-            "maint 100%\n",
-            "maint 100%\n",
-            "ready 25%\n",
-            "ready 100%\n",
-        ],
-    );
+    wait_replies(&agent, &CANARY_MAINT);
     assert_eq!(consul_index(&agent), fake.index() as f64);
     assert_eq!(status(&agent)["last_error"], serde_json::Value::Null);
 }
@@ -488,15 +488,7 @@ fn blocking_queries_follow_the_index_rules_and_stay_rate_limited() {
     let held_at = fake.wait_pending(LONG);
     let held = fake.index();
     fake.restore(&[("canary", b"maint"), ("web/web-02", b"25%")], 7);
-    wait_replies(
-        &agent,
-        &[
-            "maint 100%\n",
-            "maint 100%\n",
-            "ready 25%\n",
-            "ready 100%\n",
-        ],
-    );
+    wait_replies(&agent, &CANARY_MAINT);
     let after = fake.wait_request(held_at + 2, LONG);
     let log = fake.requests();
     assert_eq!(log[held_at].index, Some(held));
@@ -578,15 +570,7 @@ fn slow_consul_answers_never_hold_up_agent_checks() {
         assert!(asked.elapsed() < Duration::from_secs(1));
         std::thread::sleep(Duration::from_millis(50));
     }
-    wait_replies(
-        &agent,
-        &[
-            "maint 100%\n",
-            "maint 100%\n",
-            "ready 25%\n",
-            "ready 100%\n",
-        ],
-    );
+    wait_replies(&agent, &CANARY_MAINT);
     // One request at a time: nothing was sent while the slow one was out.
     let next = fake.wait_request(slow + 1, LONG);
     assert!(pause(&fake.requests()[slow], &next) >= Duration::from_secs(2));
@@ -969,15 +953,7 @@ fn consul_leader_loss_and_server_restarts_keep_the_last_copy_served() {
     // elected again and a new write is picked up.
     servers[l].start();
     servers[f].wait_writable("canary", "maint");
-    wait_replies(
-        &agent,
-        &[
-            "maint 100%\n",
-            "maint 100%\n",
-            "ready 25%\n",
-            "ready 100%\n",
-        ],
-    );
+    wait_replies(&agent, &CANARY_MAINT);
     assert_eq!(status(&agent)["last_error"], serde_json::Value::Null);
     assert!(agent.log().contains("Consul reachable again"));
 
@@ -1390,15 +1366,7 @@ fn out_of_file_descriptors_the_agent_backs_off_and_answers_again() {
     until_in_flight_is_zero(&agent);
     // The watcher still follows Consul.
     fake.put("canary", b"maint");
-    wait_replies(
-        &agent,
-        &[
-            "maint 100%\n",
-            "maint 100%\n",
-            "ready 25%\n",
-            "ready 100%\n",
-        ],
-    );
+    wait_replies(&agent, &CANARY_MAINT);
 }
 
 // ---------------------------------------------------------------------------

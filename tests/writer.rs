@@ -843,24 +843,37 @@ fn drains_of_many_servers_use_several_transactions() {
     assert!(all_keys(&consul).is_empty());
 }
 
+/// Runs `state ARGS`, waits until it has written `canary` = `value`, lets
+/// it reach its wait, sends `signal`, and returns its run and when the signal
+/// was sent.
+fn interrupt_once_written(
+    consul: &Consul,
+    args: &[&str],
+    value: &str,
+    signal: &str,
+) -> (Run, Instant) {
+    let child = spawn_cli(consul, args);
+    let pid = child.id();
+    wait_for(CONVERGE, || {
+        (kv(consul, "canary").as_deref() == Some(value)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{value} written"));
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    kill(pid, signal);
+    (finish(child), started)
+}
+
 #[test]
 fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
     let consul = Consul::start();
     let agent = Agent::start(&consul.url(), &[]);
-    let child = spawn_cli(
+    let (run, started) = interrupt_once_written(
         &consul,
         &["canary", "disable", "--drain-wait", "30s", "--json"],
+        "drain",
+        "INT",
     );
-    let pid = child.id();
-    wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
-    })
-    .expect("drain written");
-    // Let it reach the wait, then interrupt.
-    std::thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
-    kill(pid, "INT");
-    let run = finish(child);
     assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
     assert_eq!(run.code, 130, "{run:?}");
     assert!(
@@ -888,15 +901,12 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
 
     // SIGINT while enable holds maint: maint stays, the key is not cleared.
     consul.put("canary", "drain");
-    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "30s"]);
-    let pid = child.id();
-    wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
-    })
-    .expect("maint written");
-    std::thread::sleep(Duration::from_millis(300));
-    kill(pid, "INT");
-    let run = finish(child);
+    let (run, _) = interrupt_once_written(
+        &consul,
+        &["canary", "enable", "--maint-wait", "30s"],
+        "maint",
+        "INT",
+    );
     assert_eq!(run.code, 130, "{run:?}");
     assert!(
         run.stderr.contains("clear was NOT written"),
@@ -911,19 +921,12 @@ fn sighup_during_the_drain_wait_reports_and_exits_129() {
     // A dropped SSH session: stop between steps like SIGINT, report what
     // was written, exit 128 + SIGHUP.
     let consul = Consul::start();
-    let child = spawn_cli(
+    let (run, started) = interrupt_once_written(
         &consul,
         &["canary", "disable", "--drain-wait", "30s", "--json"],
+        "drain",
+        "HUP",
     );
-    let pid = child.id();
-    wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
-    })
-    .expect("drain written");
-    std::thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
-    kill(pid, "HUP");
-    let run = finish(child);
     assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
     assert_eq!(run.code, 129, "{run:?}");
     assert!(
@@ -951,15 +954,12 @@ fn sighup_during_the_drain_wait_reports_and_exits_129() {
 
     // Text output too (the report goes to stdout, the message to stderr).
     consul.put("canary", "drain");
-    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "30s"]);
-    let pid = child.id();
-    wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
-    })
-    .expect("maint written");
-    std::thread::sleep(Duration::from_millis(300));
-    kill(pid, "HUP");
-    let run = finish(child);
+    let (run, _) = interrupt_once_written(
+        &consul,
+        &["canary", "enable", "--maint-wait", "30s"],
+        "maint",
+        "HUP",
+    );
     assert_eq!(run.code, 129, "{run:?}");
     assert!(
         run.stdout.contains("stopped (interrupted)"),

@@ -1201,7 +1201,6 @@ fn main() {
         "no agent binary at {}; build it with cargo build --release",
         args.agent_bin.display()
     );
-    support::ports_below_ephemeral();
     let machine = machine();
     let load_before = load_average();
     let started = Instant::now();

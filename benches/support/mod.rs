@@ -23,12 +23,6 @@ use std::time::{Duration, Instant};
 
 pub use harness::{free_port, wait_every, Haproxy, Proc, TempDir};
 
-/// Keeps [`free_port`] below the ephemeral range (10,000..32,000) so the
-/// load generator's client ports never take one. Call it first.
-pub fn ports_below_ephemeral() {
-    harness::set_port_range(10_000, 22_000);
-}
-
 /// Standard padded base64, for `PUT /v1/txn` values.
 pub fn base64(data: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";

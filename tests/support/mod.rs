@@ -19,23 +19,36 @@ pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 pub const PREFIX: &str = "gitlab-haproxy-agent/state/";
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-static PORT_LO: AtomicU16 = AtomicU16::new(20_000);
-static PORT_SPAN: AtomicU16 = AtomicU16::new(40_000);
 
-/// Makes [`free_port`] hand out ports from `lo..lo + span` instead of
-/// 20,000..60,000 (the benchmark keeps below the ephemeral range so its
-/// load generator's client ports never take one). Call it before the first
-/// `free_port`.
-pub fn set_port_range(lo: u16, span: u16) {
-    PORT_LO.store(lo, Ordering::SeqCst);
-    PORT_SPAN.store(span, Ordering::SeqCst);
+/// The ports [`free_port`] hands out: below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768..=60999 by default), or above it
+/// when it starts low. Outgoing connections (Consul's, HAProxy's, the
+/// agent's, the tests' own) take their source ports from the ephemeral
+/// range, so a port handed out here can never be taken by one of them
+/// between the check and the bind.
+fn port_range() -> (u16, u16) {
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|n| n.parse::<u16>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    match ephemeral {
+        (lo, _) if lo >= 20_000 => (10_000, lo - 10_000),
+        (_, hi) => {
+            let lo = hi.saturating_add(1).max(1024);
+            (lo, u16::MAX - lo)
+        }
+    }
 }
 
-/// A loopback TCP port nobody listens on now. Ports are handed out from a
-/// per-process range so parallel tests in one binary never get the same one.
+/// A loopback TCP port nobody listens on now, outside the ephemeral range
+/// (see [`port_range`]). Ports are handed out in turn from a block chosen
+/// by PID, so parallel tests in one binary never get the same one and
+/// binaries run one after another start far apart.
 pub fn free_port() -> u16 {
-    let lo = PORT_LO.load(Ordering::SeqCst);
-    let span = PORT_SPAN.load(Ordering::SeqCst);
+    let (lo, span) = port_range();
     let _ = NEXT_PORT.compare_exchange(
         0,
         lo + (std::process::id() % u32::from(span / 50)) as u16 * 50,
@@ -44,7 +57,7 @@ pub fn free_port() -> u16 {
     );
     for _ in 0..1000 {
         let port = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
-        let port = lo + (port - lo) % span;
+        let port = lo + port.wrapping_sub(lo) % span;
         if TcpListener::bind(("127.0.0.1", port)).is_ok() {
             return port;
         }
@@ -290,31 +303,51 @@ impl Consul {
     }
 
     /// Spawns Consul (HTTP on `http_port`, other listeners on free ports)
-    /// and waits for a leader.
+    /// and waits for a leader. If Consul exits because one of its ports
+    /// was taken between [`free_port`] and its bind, it is started again
+    /// on fresh ports (at most three times).
     fn launch(
         http_port: u16,
         dir: TempDir,
         extra_args: Vec<String>,
         token: Option<String>,
     ) -> Consul {
-        let ports = [
-            http_port,
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-            free_port(),
-        ];
+        let fresh_ports = || {
+            [
+                http_port,
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+                free_port(),
+            ]
+        };
+        let ports = fresh_ports();
         let proc = Self::spawn(&ports, &dir, &extra_args);
-        let consul = Consul {
+        let mut consul = Consul {
             proc,
             ports,
             dir,
             extra_args,
             token,
         };
+        for _ in 0..3 {
+            match consul.try_wait_leader() {
+                Ok(()) => return consul,
+                Err(_) if consul.lost_a_port() => {
+                    consul.ports = fresh_ports();
+                    consul.proc = Self::spawn(&consul.ports, &consul.dir, &consul.extra_args);
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
         consul.wait_leader();
         consul
+    }
+
+    /// Whether Consul has exited because a port it was given was in use.
+    fn lost_a_port(&mut self) -> bool {
+        self.proc.try_wait().is_some() && self.proc.log().contains("address already in use")
     }
 
     fn spawn(ports: &[u16; 6], dir: &TempDir, extra: &[String]) -> Proc {
@@ -337,8 +370,19 @@ impl Consul {
         Proc::spawn(cmd, dir.path().join("consul.log"))
     }
 
-    fn wait_leader(&self) {
+    fn wait_leader(&mut self) {
+        if let Err(e) = self.try_wait_leader() {
+            panic!("{e}");
+        }
+    }
+
+    /// Waits (up to 30 s, less if Consul exits) for a leader, then (up to
+    /// 10 s) for a KV write to succeed; the error carries Consul's log.
+    fn try_wait_leader(&mut self) -> Result<(), String> {
         let ok = wait_for(Duration::from_secs(30), || {
+            if self.proc.try_wait().is_some() {
+                return Some(false);
+            }
             let (status, _, body) = http_request_as(
                 self.addr(),
                 self.token.as_deref(),
@@ -346,13 +390,14 @@ impl Consul {
                 "/v1/status/leader",
                 b"",
             )?;
-            (status == 200 && body.len() > 4).then_some(())
+            (status == 200 && body.len() > 4).then_some(true)
         });
-        assert!(
-            ok.is_some(),
-            "Consul did not elect a leader:\n{}",
-            self.proc.log()
-        );
+        if ok != Some(true) {
+            return Err(format!(
+                "Consul did not elect a leader:\n{}",
+                self.proc.log()
+            ));
+        }
         let ok = wait_for(Duration::from_secs(10), || {
             let (status, _, _) = http_request_as(
                 self.addr(),
@@ -363,11 +408,13 @@ impl Consul {
             )?;
             (status == 200).then_some(())
         });
-        assert!(
-            ok.is_some(),
-            "Consul does not accept writes:\n{}",
-            self.proc.log()
-        );
+        if ok.is_none() {
+            return Err(format!(
+                "Consul does not accept writes:\n{}",
+                self.proc.log()
+            ));
+        }
+        Ok(())
     }
 
     /// The HTTP address.

@@ -12,6 +12,7 @@ pub mod load;
 #[path = "../../tests/support/mod.rs"]
 mod harness;
 
+use base64::Engine as _;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -22,28 +23,6 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub use harness::{free_port, wait_every, Haproxy, Proc, TempDir};
-
-/// Standard padded base64, for `PUT /v1/txn` values.
-pub fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
 
 /// A real Consul agent in dev mode (in-memory, single server) on loopback;
 /// keys here are full keys (the benchmark writes under several prefixes).
@@ -81,17 +60,18 @@ impl Consul {
     /// per transaction (the 1.8.7 limit).
     pub fn put_many(&self, pairs: &[(String, String)]) {
         for chunk in pairs.chunks(64) {
-            let ops: Vec<String> = chunk
+            let ops: Vec<serde_json::Value> = chunk
                 .iter()
                 .map(|(k, v)| {
-                    format!(
-                        r#"{{"KV":{{"Verb":"set","Key":"{k}","Value":"{}"}}}}"#,
-                        base64(v.as_bytes())
-                    )
+                    serde_json::json!({"KV": {
+                        "Verb": "set",
+                        "Key": k,
+                        "Value": base64::engine::general_purpose::STANDARD.encode(v),
+                    }})
                 })
                 .collect();
-            let body = format!("[{}]", ops.join(","));
-            let (status, _, answer) = self.0.request("PUT", "/v1/txn", body.as_bytes());
+            let body = serde_json::to_vec(&ops).expect("JSON");
+            let (status, _, answer) = self.0.request("PUT", "/v1/txn", &body);
             assert_eq!(
                 status,
                 200,
@@ -104,12 +84,12 @@ impl Consul {
     /// Deletes every full key with `PUT /v1/txn`, 64 per transaction.
     pub fn delete_many(&self, keys: &[String]) {
         for chunk in keys.chunks(64) {
-            let ops: Vec<String> = chunk
+            let ops: Vec<serde_json::Value> = chunk
                 .iter()
-                .map(|k| format!(r#"{{"KV":{{"Verb":"delete","Key":"{k}"}}}}"#))
+                .map(|k| serde_json::json!({"KV": {"Verb": "delete", "Key": k}}))
                 .collect();
-            let body = format!("[{}]", ops.join(","));
-            let (status, _, _) = self.0.request("PUT", "/v1/txn", body.as_bytes());
+            let body = serde_json::to_vec(&ops).expect("JSON");
+            let (status, _, _) = self.0.request("PUT", "/v1/txn", &body);
             assert_eq!(status, 200, "txn delete");
         }
     }

@@ -95,7 +95,9 @@ fn main() -> ExitCode {
     match runtime.block_on(gitlab_haproxy_agent::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("gitlab-haproxy-agent: {e:#}");
+            // Through the log, so that it has the log's format (a JSON line
+            // with --log-format json, an entry with fields in the journal).
+            tracing::error!(error = format!("{e:#}"), "exiting on a fatal error");
             ExitCode::FAILURE
         }
     }

@@ -175,6 +175,29 @@ fn exits_non_zero_naming_consul_when_it_is_down_at_start() {
 }
 
 #[test]
+fn with_json_logs_even_the_fatal_error_is_a_json_line() {
+    let url = format!("http://127.0.0.1:{}", support::free_port());
+    let mut agent = Agent::spawn(&url, &["--startup-timeout", "1s", "--log-format", "json"]);
+    let status = agent
+        .proc()
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent exits");
+    assert_eq!(status.code(), Some(1));
+    let log = agent.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let last = lines.last().expect("at least one line");
+    assert_eq!(last["level"], "ERROR", "{log}");
+    let error = last["error"].as_str().expect("an error field");
+    assert!(
+        error.contains("cannot reach Consul") && error.contains(&url),
+        "{log}"
+    );
+}
+
+#[test]
 fn http_endpoints_report_health_readiness_metrics_and_status() {
     let consul = Consul::start();
     consul.put("canary", "drain");

@@ -704,8 +704,8 @@ pub struct Agent {
 
 impl Agent {
     /// Starts the agent against `consul_url` with `extra` arguments (and
-    /// `--wait 5s` unless they set it), on free ports; does not wait for
-    /// readiness.
+    /// `--wait 5s` and `--log-format text` unless they set them), on free
+    /// ports; does not wait for readiness.
     pub fn spawn(consul_url: &str, extra: &[&str]) -> Agent {
         Self::spawn_on(consul_url, free_port(), free_port(), extra)
     }
@@ -755,7 +755,11 @@ impl Agent {
             .arg(listen.to_string())
             .arg("--http-listen")
             .arg(http.to_string())
-            .args(["--log-format", "text"])
+            .args(if extra.contains(&"--log-format") {
+                &[][..]
+            } else {
+                &["--log-format", "text"][..]
+            })
             .args(if extra.contains(&"--wait") {
                 &[][..]
             } else {

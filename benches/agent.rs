@@ -42,66 +42,59 @@ const RESULTS_END: &str = "<!-- bench:results:end -->";
 const SOAK_BEGIN: &str = "<!-- bench:soak:begin -->";
 const SOAK_END: &str = "<!-- bench:soak:end -->";
 
+/// The benchmark's options (after `--` with cargo bench); an unknown or
+/// malformed option is refused with clap's message and exit status 2.
+#[derive(clap::Parser)]
+#[command(
+    name = "bench",
+    about = "Benchmark of gitlab-haproxy-agent against its targets"
+)]
 struct Args {
     /// Set by `cargo bench`; `cargo test --all-targets` runs this binary
     /// without it, and then it only says how to run it.
+    #[arg(long, hide = true)]
     bench: bool,
+    /// Run only the floor (epoll) responder on this address.
+    #[arg(long, value_name = "ADDR")]
     floor: Option<SocketAddr>,
+    /// Run only the tokio floor responder on this address.
+    #[arg(long, value_name = "ADDR")]
     floor_tokio: Option<SocketAddr>,
+    /// Run only the load generator against a responder at this address.
+    #[arg(long, value_name = "ADDR")]
     load: Option<SocketAddr>,
+    /// With --load: checks per second (default: as fast as it can).
+    #[arg(long)]
     rate: Option<f64>,
+    /// With --load: seconds to run.
+    #[arg(long, default_value_t = 10)]
     secs: u64,
+    /// The agent binary under test.
+    #[arg(long, value_name = "PATH", default_value_os_t = default_agent_bin())]
     agent_bin: PathBuf,
+    /// Run the soak instead of the benchmark.
+    #[arg(long)]
     soak: bool,
+    /// Length of the soak, in seconds.
+    #[arg(long, default_value_t = 600)]
     soak_secs: u64,
+    /// Short phases for a smoke run; records nothing.
+    #[arg(long)]
     quick: bool,
-    record: bool,
+    /// Print the table without recording it in BENCHMARKS.md.
+    #[arg(long)]
+    no_record: bool,
 }
 
-fn parse_args() -> Args {
-    let mut args = Args {
-        bench: false,
-        floor: None,
-        floor_tokio: None,
-        load: None,
-        rate: None,
-        secs: 10,
-        agent_bin: Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("target/release/gitlab-haproxy-agent"),
-        soak: false,
-        soak_secs: 600,
-        quick: false,
-        record: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--floor" => args.floor = it.next().and_then(|v| v.parse().ok()),
-            "--floor-tokio" => args.floor_tokio = it.next().and_then(|v| v.parse().ok()),
-            "--load" => args.load = it.next().and_then(|v| v.parse().ok()),
-            "--rate" => args.rate = it.next().and_then(|v| v.parse().ok()),
-            "--secs" => args.secs = it.next().and_then(|v| v.parse().ok()).expect("--secs N"),
-            "--agent-bin" => {
-                args.agent_bin = it.next().map(PathBuf::from).expect("--agent-bin PATH")
-            }
-            "--soak" => args.soak = true,
-            "--soak-secs" => {
-                args.soak_secs = it
-                    .next()
-                    .and_then(|v| v.parse().ok())
-                    .expect("--soak-secs N")
-            }
-            "--quick" => {
-                args.quick = true;
-                args.record = false;
-            }
-            "--no-record" => args.record = false,
-            // cargo bench passes --bench to harness = false targets.
-            "--bench" => args.bench = true,
-            other => eprintln!("bench: ignoring unknown argument {other:?}"),
-        }
+impl Args {
+    /// Whether to write the results into BENCHMARKS.md.
+    fn record(&self) -> bool {
+        !self.quick && !self.no_record
     }
-    args
+}
+
+fn default_agent_bin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/gitlab-haproxy-agent")
 }
 
 /// Whether a figure met its target.
@@ -1173,7 +1166,7 @@ fn load_only(addr: SocketAddr, rate: Option<f64>, secs: u64) {
 }
 
 fn main() {
-    let args = parse_args();
+    let args = <Args as clap::Parser>::parse();
     if let Some(addr) = args.floor {
         support::floor::serve(addr);
     }
@@ -1210,7 +1203,7 @@ fn main() {
         let table = report.table();
         println!("{table}");
         let load_after = load_average();
-        if args.record {
+        if args.record() {
             let body = format!(
                 "Recorded by `./scripts/bench.sh --soak` ({} s); 1-minute load average {load_before} before, {load_after} after.\n\n{machine}\n{table}{series}",
                 args.soak_secs
@@ -1237,7 +1230,7 @@ fn main() {
         "{} targets missed; run took {took} s; 1-minute load average {load_before} before, {load_after} after",
         report.misses()
     );
-    if args.record {
+    if args.record() {
         let body = format!(
             "Recorded by `./scripts/bench.sh` in {took} s; 1-minute load average {load_before} before, {load_after} after.\n\n{machine}\n{table}\n### Consul cost of N load balancers (computed)\n\n{scale}"
         );

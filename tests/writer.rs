@@ -173,6 +173,23 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
     assert_eq!(run.code, 0);
     assert!(run.stdout.contains("INVALID"), "{}", run.stdout);
     assert!(run.stdout.contains("4 keys, 2 invalid"), "{}", run.stdout);
+    let line = |key: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", run.stdout))
+            .to_string()
+    };
+    assert!(
+        line("web/web-02").contains("none (frozen)"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        line("a/b/c").contains("none (no agent-send can name this key)"),
+        "{}",
+        run.stdout
+    );
 
     let run = cli(&consul, &["get", "web/web-01", "--json"]);
     assert_eq!(run.code, 0);

@@ -26,7 +26,9 @@ use crate::consul::{
     ConsulClient, ConsulError, KvPair, TokenSource, TxnOp, TxnOutcome, MAX_TXN_OPS,
 };
 use crate::responder::parse_line;
-use crate::state::{parse_value, validate_identity, AdminState, Answer, Entry, Snapshot};
+use crate::state::{
+    parse_value, validate_identity, AdminState, Answer, Entry, InvalidValue, Snapshot,
+};
 use crate::watcher::build_snapshot;
 use haproxy::{glob_match, Enrolment, Server, SourceError};
 use output::table;
@@ -1134,13 +1136,23 @@ fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value {
     v
 }
 
+/// The REPLY column for a key the agent holds invalid: a server whose first
+/// key it is gets no answer (frozen in its current state), but no server can
+/// name a key that is not a valid identity.
+fn invalid_reply(e: &InvalidValue) -> String {
+    match e {
+        InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
+        _ => "none (frozen)".to_string(),
+    }
+}
+
 fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
     let (state, reply) = match entry {
         Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
-        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), "none (frozen)".to_string()),
+        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), invalid_reply(e)),
         None => match parse_value(&pair.value) {
             Ok(s) => (s.to_string(), reply_text(s)),
-            Err(e) => (format!("INVALID: {e}"), "none (frozen)".to_string()),
+            Err(e) => (format!("INVALID: {e}"), invalid_reply(&e)),
         },
     };
     vec![

@@ -64,7 +64,15 @@ fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::from(EX_USAGE as u8);
         }
-        Err(e) => return usage_error(&format!("{} (see --help)", one_line(&e))),
+        Err(e) => {
+            let message = format!("{} (see --help)", one_line(&e));
+            // `state ... --json`: a JSON object on stdout, as for every
+            // other writer failure.
+            if std::env::args_os().any(|a| a == "--json") {
+                return gitlab_haproxy_agent::writer::usage_error(true, &message);
+            }
+            return usage_error(&message);
+        }
     };
     if let Some(Command::State(state)) = &cli.command {
         return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());

@@ -309,6 +309,16 @@ fn exit_codes_for_usage_and_unreachable_consul() {
             ],
             "--zone cannot be used with --haproxy-socket",
         ),
+        // Errors clap finds too, before the writer runs.
+        (&["set", "canary", "--json"], "<VALUE>"),
+        (
+            &["get", "canary", "--no-such-flag", "--json"],
+            "--no-such-flag",
+        ),
+        (
+            &["canary", "disable", "--drain-wait", "60", "--json"],
+            "--drain-wait",
+        ),
     ] {
         let run = cli_at(&nowhere, args);
         assert_eq!(run.code, 64, "{args:?}: {run:?}");

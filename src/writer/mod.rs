@@ -148,6 +148,14 @@ pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> Exi
     ExitCode::from(code)
 }
 
+/// Reports a usage error found before a `state` command could be parsed
+/// (clap's, e.g. an unknown option): the message on stderr and, with
+/// `json`, the same `{"ok": false, "error": {"kind": "usage", ...}}` object
+/// on stdout as every other failure. Returns exit status 64 (EX_USAGE).
+pub fn usage_error(json: bool, message: &str) -> ExitCode {
+    ExitCode::from(report_failure(json, &Failure::usage(message)))
+}
+
 fn report_failure(json: bool, failure: &Failure) -> u8 {
     err_line(&format!("gitlab-haproxy-agent state: {}", failure.message));
     if json && !failure.reported {

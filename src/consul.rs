@@ -296,14 +296,22 @@ impl ConsulClient {
     /// passes `index` or `wait` (plus jitter) ends (api-docs/features/blocking).
     /// `index == 0` answers at once.
     ///
-    /// A 404 is a prefix with no keys: a valid, empty answer with an index.
+    /// A 404 is a prefix with no keys: a valid, empty answer with an index,
+    /// once a plain read of the prefix's own key shows that the token may
+    /// read the prefix. Consul filters a recursive read by the token's ACL
+    /// rules and answers a token that may read nothing there with the same
+    /// 404 as an empty prefix, while it refuses a plain read of one key
+    /// with 403 (agent/consul/kvs_endpoint.go, `List` filters, `Get`
+    /// refuses; checked against Consul 1.8.7). Without that check an agent
+    /// with the wrong token would answer ready for every server.
     ///
     /// # Errors
     ///
     /// [`ConsulError`] for transport failures, a timeout after
-    /// `wait + TIMEOUT_MARGIN`, error statuses, and answers without a numeric
-    /// `X-Consul-Index`, with malformed JSON or base64, or a 200 with no key
-    /// under the prefix (a real empty prefix answers 404).
+    /// `wait + TIMEOUT_MARGIN`, error statuses (403 also when the 404 came
+    /// from a token that may not read the prefix), and answers without a
+    /// numeric `X-Consul-Index`, with malformed JSON or base64, or a 200
+    /// with no key under the prefix (a real empty prefix answers 404).
     pub async fn list_prefix(
         &self,
         prefix: &str,
@@ -342,6 +350,8 @@ impl ConsulClient {
             Some(Some(i)) => i,
         };
         if status == StatusCode::NOT_FOUND {
+            // Empty, or hidden from this token: only a plain read tells.
+            self.get_key(prefix).await?;
             return Ok(PrefixAnswer {
                 index,
                 pairs: Vec::new(),

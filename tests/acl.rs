@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::{wait_for, Agent, Consul, TempDir};
 
@@ -12,10 +12,15 @@ const MASTER: &str = "7f1c9a52-3c1e-4b9e-9a6b-6d2f0a9e1c01";
 
 /// Creates a token that may read the state prefix; returns (accessor, secret).
 fn read_token(consul: &Consul) -> (String, String) {
+    token_with(consul, "agent-read")
+}
+
+/// Creates a token with the one policy `policy`; returns (accessor, secret).
+fn token_with(consul: &Consul, policy: &str) -> (String, String) {
     let (status, _, body) = consul.request(
         "PUT",
         "/v1/acl/token",
-        br#"{"Description":"agent","Policies":[{"Name":"agent-read"}]}"#,
+        format!(r#"{{"Description":"agent","Policies":[{{"Name":"{policy}"}}]}}"#).as_bytes(),
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -40,12 +45,7 @@ fn wait_answer(agent: &Agent, line: &str, want: &str) {
 #[test]
 fn token_is_reread_on_403_and_on_sighup() {
     let consul = Consul::start_acl(MASTER);
-    let (status, _, body) = consul.request(
-        "PUT",
-        "/v1/acl/policy",
-        br#"{"Name":"agent-read","Rules":"key_prefix \"gitlab-haproxy-agent/state/\" { policy = \"read\" }"}"#,
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    policies(&consul);
     consul.put("canary", "drain");
 
     let dir = TempDir::new("token");
@@ -95,4 +95,80 @@ fn token_is_reread_on_403_and_on_sighup() {
     for secret in [&first_secret, &second_secret, &third_secret] {
         assert!(!log.contains(secret.as_str()), "token logged");
     }
+}
+
+/// Creates the policies `agent-read` (read on the state prefix) and
+/// `elsewhere` (read on another prefix only).
+fn policies(consul: &Consul) {
+    for body in [
+        &br#"{"Name":"agent-read","Rules":"key_prefix \"gitlab-haproxy-agent/state/\" { policy = \"read\" }"}"#[..],
+        br#"{"Name":"elsewhere","Rules":"key_prefix \"other/\" { policy = \"read\" }"}"#,
+    ] {
+        let (status, _, answer) = consul.request("PUT", "/v1/acl/policy", body);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    }
+}
+
+/// Consul answers a recursive read by a token that may read nothing under
+/// the prefix with the same 404 as an empty prefix; taken as empty, that
+/// would answer ready for every server.
+#[test]
+fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("canary", "drain");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+
+    // At start: no sync, no answer, exit 1 naming the refusal.
+    let (_, elsewhere) = token_with(&consul, "elsewhere");
+    std::fs::write(&token_file, &elsewhere).unwrap();
+    let mut agent = Agent::spawn(
+        &consul.url(),
+        &[
+            "--consul-token-file",
+            token_file.to_str().unwrap(),
+            "--startup-timeout",
+            "3s",
+        ],
+    );
+    let status = agent
+        .proc()
+        .wait_exit(Duration::from_secs(15))
+        .expect("agent exits");
+    assert_eq!(status.code(), Some(1), "{}", agent.log());
+    assert!(agent.log().contains("403"), "{}", agent.log());
+
+    // Running: the token is swapped for one that cannot read the prefix.
+    // The agent keeps serving its last copy (drain), never ready.
+    let (reader, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    let refused =
+        || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}");
+    std::fs::write(&token_file, &elsewhere).unwrap();
+    delete_token(&consul, &reader);
+    consul.put("canary", "maint");
+    let seen = wait_for(Duration::from_secs(20), || (refused() >= 2.0).then_some(()));
+    assert!(seen.is_some(), "no refusal counted:\n{}", agent.log());
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(
+            agent.ask("web/web-cny-01 canary"),
+            "drain 100%\n",
+            "{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = agent.http_get("/status").expect("/status").1;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        status["last_error"].as_str().unwrap_or("").contains("403"),
+        "{status}"
+    );
 }

@@ -11,7 +11,8 @@
 //! are served one per request, in order, before anything else (a pending
 //! blocking query takes the next one at once); a [`FakeConsul::set_sticky`]
 //! reply answers every request until cleared. Requests without a script
-//! get the label `store`. Every request is recorded on arrival with its
+//! get the label `store`; a plain read of one key (no `recurse`) is always
+//! answered from the store at once, labelled `key`. Every request is recorded on arrival with its
 //! time and its `index` and `wait` parameters, then with the reply chosen.
 #![allow(dead_code)]
 
@@ -421,6 +422,10 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    // A plain read of one key (the agent's check that a 404 to its
+    // recursive read is an empty prefix, not a refusal): answered from the
+    // store at once, never from a script.
+    let recurse = query_param(&query, "recurse").is_some();
     let index = query_param(&query, "index").and_then(|i| i.parse::<u64>().ok());
     let wait = query_param(&query, "wait").map(str::to_string);
     let hold = match &wait {
@@ -449,7 +454,9 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
         version.borrow_and_update();
         let decided = {
             let mut s = inner.state.lock().unwrap();
-            if let Some(r) = s.script.pop_front() {
+            if !recurse {
+                Some(Reply::store("key"))
+            } else if let Some(r) = s.script.pop_front() {
                 Some(r)
             } else if let Some(r) = s.sticky.clone() {
                 Some(r)
@@ -484,6 +491,7 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
                     .keys
                     .range(prefix.clone()..)
                     .take_while(|(k, _)| k.starts_with(&prefix))
+                    .filter(|(k, _)| recurse || **k == prefix)
                     .map(|(k, (v, m))| entry(k, v, *m))
                     .collect();
                 if list.is_empty() {

@@ -29,7 +29,7 @@ fi
 want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
 missing=()
 for p in "${want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
   # Keep the packaged daemons (haproxy, prometheus) from being started while
@@ -50,6 +50,6 @@ if ! cargo deb --version >/dev/null 2>&1; then
 fi
 
 
-haproxy -v | head -1
-consul version | head -1
-promtool --version 2>&1 | head -1
+haproxy -v | sed -n 1p
+consul version | sed -n 1p
+promtool --version 2>&1 | sed -n 1p

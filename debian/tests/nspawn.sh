@@ -100,7 +100,7 @@ deb=${DEB:-}
 if [ -z "$deb" ]; then
 	start=$SECONDS
 	if (cd "$repo" && cargo deb --output "$work/" >"$work/cargo-deb.log" 2>&1); then
-		deb=$(find "$work" -maxdepth 1 -name "${pkg}_*.deb" | head -n 1)
+		deb=$(find "$work" -maxdepth 1 -name "${pkg}_*.deb" | sed -n 1p)
 		log "cargo deb built $(basename "$deb") in $((SECONDS - start)) s"
 	else
 		tail -n 30 "$work/cargo-deb.log"
@@ -180,7 +180,7 @@ systemd-nspawn --register=no --keep-unit -q --console=read-only -D "$root" -b \
 nspawn_pid=$!
 # The container's PID 1: the `systemd` child of systemd-nspawn (an
 # intermediate child comes and goes first).
-find_init() { ct_pid=$(pgrep -P "$nspawn_pid" -x systemd | head -n 1) && [ -n "$ct_pid" ]; }
+find_init() { ct_pid=$(pgrep -P "$nspawn_pid" -x systemd | sed -n 1p) && [ -n "$ct_pid" ]; }
 if ! wait_for 30 find_init; then
 	tail -n 20 "$work/console.log"
 	fail "container PID 1 found"
@@ -200,7 +200,7 @@ booted() {
 }
 start=$SECONDS
 if wait_for 60 booted; then
-	pass "systemd booted in the container in $((SECONDS - start)) s ($(in_ct systemctl --version | head -n 1))"
+	pass "systemd booted in the container in $((SECONDS - start)) s ($(in_ct systemctl --version | sed -n 1p))"
 else
 	tail -n 20 "$work/console.log"
 	fail "systemd booted in the container"
@@ -232,14 +232,14 @@ installed() { in_ct dpkg-query -W -f='${Status} ${Version}' "$pkg" 2>/dev/null; 
 installed_is() { [ "$(installed)" = "install ok installed $1" ]; }
 # restarted_since PID: a new main process, and the unit active.
 restarted_since() { [ "$(main_pid)" != "$1" ] && is_active; }
-environ_has() { in_ct cat "/proc/$1/environ" | tr '\0' '\n' | grep -q "^$2="; }
+environ_has() { in_ct cat "/proc/$1/environ" | tr '\0' '\n' | grep "^$2=" >/dev/null; }
 as_user() { in_ct setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@" 2>/dev/null; }
 shell_of() { in_ct getent passwd "$1" | cut -d: -f7; }
-metric_present() { curl -s -m 3 "http://127.0.0.1:$http_port/metrics" | grep -q "^$1 "; }
-journal_has() { in_ct journalctl -u "$unit" --no-pager | grep -q "$1"; }
+metric_present() { curl -s -m 3 "http://127.0.0.1:$http_port/metrics" | grep "^$1 " >/dev/null; }
+journal_has() { in_ct journalctl -u "$unit" --no-pager | grep -- "$1" >/dev/null; }
 sha() { in_ct sha256sum "$1" 2>/dev/null | cut -d' ' -f1; }
 dump_unit() {
-	in_ct systemctl status --no-pager -n 0 "$unit" | head -n 12
+	in_ct systemctl status --no-pager -n 0 "$unit" | sed -n '1,12p'
 	in_ct journalctl -u "$unit" --no-pager -n 20 -o short-monotonic
 }
 
@@ -354,16 +354,16 @@ own=$(jq -c --arg u "$unit" 'select(._SYSTEMD_UNIT == $u and ._PID != "1")' "$wo
 structured=$(jq -c 'select(._TRANSPORT == "journal")
 	| [keys[] | select(startswith("_") | not)
 	  | select(IN("MESSAGE", "PRIORITY", "SYSLOG_IDENTIFIER", "SYSLOG_FACILITY", "SYSLOG_PID", "SYSLOG_TIMESTAMP") | not)]
-	| select(length > 0)' <<<"$own" | head -n 1)
+	| select(length > 0)' <<<"$own" | sed -n 1p)
 log "agent journal entries: $(grep -c . <<<"$own"), transports: $(jq -r '._TRANSPORT' <<<"$own" | sort | uniq -c | tr -s ' \n' ' ')"
 if [ -n "$structured" ]; then
 	pass "journalctl -o json: structured fields from the agent $structured"
 else
 	fail "journalctl -o json: no entry from the agent with fields of its own (native journald logging?)"
-	jq -c '{MESSAGE, _TRANSPORT}' <<<"$own" | head -n 3
+	jq -c '{MESSAGE, _TRANSPORT}' <<<"$own" | sed -n '1,3p'
 fi
 applied=$(jq -c 'select(.KEY != null and .VALUE != null and .CONSUL_INDEX != null)
-	| {MESSAGE, KEY, VALUE, CONSUL_INDEX}' <<<"$own" | head -n 1)
+	| {MESSAGE, KEY, VALUE, CONSUL_INDEX}' <<<"$own" | sed -n 1p)
 if [ -n "$applied" ]; then
 	pass "journal: a state change carries KEY, VALUE and CONSUL_INDEX $applied"
 else

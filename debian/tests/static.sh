@@ -53,7 +53,7 @@ if [ -z "$deb" ]; then
 	fi
 	start=$SECONDS
 	if (cd "$src" && cargo deb --output "$work/" >"$work/cargo-deb.log" 2>&1); then
-		deb=$(find "$work" -maxdepth 1 -name "${pkg}_*.deb" | head -n 1)
+		deb=$(find "$work" -maxdepth 1 -name "${pkg}_*.deb" | sed -n 1p)
 		pass "cargo deb built $(basename "$deb") in $((SECONDS - start)) s"
 	else
 		tail -n 30 "$work/cargo-deb.log"
@@ -114,7 +114,7 @@ interfaces=$repo/docs/interfaces.md
 if [ -f "$interfaces" ]; then
 	rows=0
 	while IFS='|' read -r _ _opt env def _; do
-		name=$(grep -oE 'GITLAB_HAPROXY_AGENT_[A-Z_]+' <<<"$env" | head -n 1)
+		name=$(grep -oE 'GITLAB_HAPROXY_AGENT_[A-Z_]+' <<<"$env" | sed -n 1p)
 		[ -n "$name" ] || continue
 		rows=$((rows + 1))
 		# shellcheck disable=SC2016 # literal backticks of the Markdown table

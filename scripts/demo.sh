@@ -19,16 +19,29 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# A free loopback port: ask the kernel for one and release it.
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-http_port=$(free_port); agent_port=$(free_port); metrics_port=$(free_port)
+# Nine distinct free loopback ports, below the kernel's ephemeral range so
+# no outgoing connection can take one before the process given it binds it.
+read -r http_port agent_port metrics_port app_port dns_port serf_lan_port \
+  serf_wan_port server_port grpc_port < <(python3 -c '
+import random, socket
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+ports = []
+for port in random.sample(range(10000, max(low, 10100)), 1000):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    ports.append(port)
+    if len(ports) == 9:
+        break
+print(*ports)
+')
 
 echo "Starting Consul (dev mode) on 127.0.0.1:$http_port"
 consul agent -dev -bind 127.0.0.1 -client 127.0.0.1 -http-port "$http_port" \
-  -dns-port "$(free_port)" -serf-lan-port "$(free_port)" -serf-wan-port "$(free_port)" \
-  -server-port "$(free_port)" -grpc-port "$(free_port)" >"$work/consul.log" 2>&1 &
+  -dns-port "$dns_port" -serf-lan-port "$serf_lan_port" -serf-wan-port "$serf_wan_port" \
+  -server-port "$server_port" -grpc-port "$grpc_port" >"$work/consul.log" 2>&1 &
 pids+=($!)
 export CONSUL_HTTP_ADDR="127.0.0.1:$http_port"
 for _ in $(seq 1 150); do
@@ -45,7 +58,6 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
-app_port=$(free_port)
 server() { # backend server groups...
   local backend=$1 name=$2; shift 2
   local send="$backend/$name${*:+ $*}"

@@ -900,6 +900,7 @@ impl Writer {
                     Change::Set(s) => TxnOp::Cas {
                         key: self.full(k),
                         value: s.to_string().into_bytes(),
+                        flags: 0,
                         index,
                     },
                     Change::Clear => TxnOp::DeleteCas {

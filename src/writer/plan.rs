@@ -467,6 +467,7 @@ mod tests {
                     key: "p/canary".into(),
                     value: b"drian".to_vec(),
                     modify_index: 7,
+                    flags: 0,
                 })),
             )],
             Duration::from_secs(5),

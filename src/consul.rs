@@ -92,6 +92,11 @@ pub struct KvPair {
     pub value: Vec<u8>,
     /// The key's ModifyIndex.
     pub modify_index: u64,
+    /// The key's `Flags`: an opaque number Consul keeps for the application
+    /// (`?flags=` on a KV PUT, `"Flags"` in a transaction, `consul kv put
+    /// -flags=N`); 0 when the answer does not carry it. The writer CLI
+    /// marks the row keys `state drain` writes with Flags 1.
+    pub flags: u64,
 }
 
 /// The answer to a prefix read.
@@ -111,6 +116,8 @@ struct RawPair {
     key: String,
     value: Option<String>,
     modify_index: u64,
+    #[serde(default)]
+    flags: u64,
 }
 
 /// Reads the ACL token from a file on first use and again after
@@ -392,7 +399,8 @@ fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
     ConsulError::Status { status, body: text }
 }
 
-/// Decodes a KV list body: a JSON array of `{Key, Value, ModifyIndex, ...}`
+/// Decodes a KV list body: a JSON array of `{Key, Value, Flags, ModifyIndex,
+/// ...}`
 /// with values in standard padded base64 or `null` (api-docs/kv).
 ///
 /// # Errors
@@ -415,6 +423,7 @@ fn decode_raw_pair(p: RawPair) -> Result<KvPair, ConsulError> {
         key: p.key,
         value,
         modify_index: p.modify_index,
+        flags: p.flags,
     })
 }
 
@@ -429,13 +438,17 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// One KV operation inside a transaction (api-docs/txn).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnOp {
-    /// Sets `key` to `value` only if its ModifyIndex is `index`; `index` 0
-    /// means only if the key does not exist.
+    /// Sets `key` to `value` with `flags` only if its ModifyIndex is
+    /// `index`; `index` 0 means only if the key does not exist. The key's
+    /// previous Flags are replaced, not merged.
     Cas {
         /// The full key.
         key: String,
         /// The raw value.
         value: Vec<u8>,
+        /// The key's Flags after the write (sent as `"Flags"`; 0 is what
+        /// `consul kv put` writes).
+        flags: u64,
         /// The expected ModifyIndex, 0 for absent.
         index: u64,
     },
@@ -465,9 +478,14 @@ impl TxnOp {
     fn to_json(&self) -> serde_json::Value {
         let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
         let kv = match self {
-            TxnOp::Cas { key, value, index } => {
-                serde_json::json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
-            }
+            TxnOp::Cas {
+                key,
+                value,
+                flags,
+                index,
+            } => serde_json::json!({
+                "Verb": "cas", "Key": key, "Value": b64(value), "Flags": flags, "Index": index,
+            }),
             TxnOp::DeleteCas { key, index } => {
                 serde_json::json!({"Verb": "delete-cas", "Key": key, "Index": index})
             }
@@ -619,14 +637,16 @@ impl ConsulClient {
 
     /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`
     /// (`?cas=N`; 0 writes only if the key does not exist). `Ok(false)`: the
-    /// key changed since it was read, and nothing was written.
+    /// key changed since it was read, and nothing was written. The key's
+    /// Flags become 0 (`?flags=0`, as `consul kv put` writes), whatever they
+    /// were.
     ///
     /// # Errors
     ///
     /// [`ConsulError`] for transport failures, error statuses (403 without
     /// write permission) and an answer other than `true` or `false`.
     pub async fn put_cas(&self, key: &str, value: &[u8], cas: u64) -> Result<bool, ConsulError> {
-        let url = format!("{}/v1/kv/{}?cas={cas}", self.addr, encode_key(key));
+        let url = format!("{}/v1/kv/{}?cas={cas}&flags=0", self.addr, encode_key(key));
         let (status, body) = self.send(self.http.put(&url).body(value.to_vec())).await?;
         if status != StatusCode::OK {
             return Err(status_error(status, &body));
@@ -679,11 +699,26 @@ mod tests {
     #[test]
     fn decodes_values_and_nulls() {
         let body = br#"[{"LockIndex":0,"Key":"p/canary","Flags":0,"Value":"ZHJhaW4=","CreateIndex":5,"ModifyIndex":7},
-                         {"Key":"p/web/web-01","Value":null,"ModifyIndex":9}]"#;
+                         {"Key":"p/web/web-01","Value":null,"ModifyIndex":9},
+                         {"LockIndex":0,"Key":"p/web/web-02","Flags":1,"Value":"bWFpbnQ=","CreateIndex":8,"ModifyIndex":10}]"#;
         let pairs = decode_pairs(body).unwrap();
         assert_eq!(pairs[0].value, b"drain");
         assert_eq!(pairs[0].modify_index, 7);
+        assert_eq!(pairs[0].flags, 0);
         assert_eq!(pairs[1].value, b"");
+        assert_eq!(pairs[1].flags, 0, "no Flags field reads as 0");
+        assert_eq!(pairs[2].value, b"maint");
+        assert_eq!(pairs[2].flags, 1);
+    }
+
+    #[test]
+    fn flags_are_the_full_u64_range_and_refused_when_not_a_number() {
+        let max = br#"[{"Key":"k","Flags":18446744073709551615,"Value":null,"ModifyIndex":1}]"#;
+        assert_eq!(decode_pairs(max).unwrap()[0].flags, u64::MAX);
+        assert!(matches!(
+            decode_pairs(br#"[{"Key":"k","Flags":-1,"Value":null,"ModifyIndex":1}]"#),
+            Err(ConsulError::Decode(_))
+        ));
     }
 
     #[test]
@@ -747,6 +782,7 @@ mod tests {
             key: key.into(),
             value: Vec::new(),
             modify_index: 1,
+            flags: 0,
         };
         assert!(check_under_prefix("p/", &[]).is_err());
         assert!(check_under_prefix("p/", &[pair("other/x")]).is_err());
@@ -773,6 +809,7 @@ mod tests {
             TxnOp::Cas {
                 key: "p/canary".into(),
                 value: b"drain".to_vec(),
+                flags: 1,
                 index: 0,
             },
             TxnOp::DeleteCas {
@@ -788,7 +825,7 @@ mod tests {
         let json: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
         assert_eq!(
             json[0],
-            serde_json::json!({"KV": {"Verb": "cas", "Key": "p/canary", "Value": "ZHJhaW4=", "Index": 0}})
+            serde_json::json!({"KV": {"Verb": "cas", "Key": "p/canary", "Value": "ZHJhaW4=", "Flags": 1, "Index": 0}})
         );
         assert_eq!(json[1]["KV"]["Verb"], "delete-cas");
         assert_eq!(json[1]["KV"]["Index"], 7);
@@ -799,13 +836,14 @@ mod tests {
     #[test]
     fn txn_answers_decode_to_commits_and_rollbacks() {
         // Consul 1.8.7 answers, as recorded.
-        let ok = br#"{"Results":[{"KV":{"LockIndex":0,"Key":"p/a","Flags":0,"Value":null,"CreateIndex":13,"ModifyIndex":20}}],"Errors":null}"#;
+        let ok = br#"{"Results":[{"KV":{"LockIndex":0,"Key":"p/a","Flags":1,"Value":null,"CreateIndex":13,"ModifyIndex":20}}],"Errors":null}"#;
         assert_eq!(
             decode_txn(StatusCode::OK, ok).unwrap(),
             TxnOutcome::Committed(vec![KvPair {
                 key: "p/a".into(),
                 value: Vec::new(),
-                modify_index: 20
+                modify_index: 20,
+                flags: 1,
             }])
         );
         let stale = br#"{"Results":null,"Errors":[{"OpIndex":2,"What":"failed to delete key \"p/b\", index is stale"}]}"#;

@@ -533,6 +533,7 @@ mod tests {
             key: key.into(),
             value: value.as_bytes().to_vec(),
             modify_index,
+            flags: 0,
         }
     }
 

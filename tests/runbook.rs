@@ -181,6 +181,16 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
                 ServerState::is_ready_full_weight,
             )
+        } else if joined.contains("state clear web/web-02-sv-gprd") {
+            (&["web-02-sv-gprd"], ServerState::is_ready_full_weight)
+        } else if joined
+            .contains("consul kv put -flags=1 gitlab-haproxy-agent/state/web/web-01-sv-gprd maint")
+        {
+            (&["web-01-sv-gprd"], ServerState::is_maint)
+        } else if joined.contains("state undrain --backend web --server web-01-sv-gprd") {
+            // Released by undrain only because the raw writes carried the
+            // drain mark.
+            (&["web-01-sv-gprd"], ServerState::is_ready_full_weight)
         } else {
             continue;
         };
@@ -195,7 +205,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 6, "procedures checked");
+    assert_eq!(checked, 9, "procedures checked");
     assert!(blocks.len() >= 10, "{} shell blocks", blocks.len());
     assert!(ran >= 30, "{ran} commands");
     // The procedures ran: everything is back to ready.

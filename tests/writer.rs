@@ -92,6 +92,45 @@ fn kv(consul: &Consul, key: &str) -> Option<String> {
     )
 }
 
+/// One key as Consul holds it: raw value, Flags, ModifyIndex.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    value: String,
+    flags: u64,
+    modify_index: u64,
+}
+
+/// The value, Flags and ModifyIndex at `PREFIX + key`, read from
+/// `/v1/kv/<key>`; `None` when absent.
+fn kv_entry(consul: &Consul, key: &str) -> Option<Entry> {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+    if status == 404 {
+        return None;
+    }
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    let value = base64::engine::general_purpose::STANDARD
+        .decode(v[0]["Value"].as_str().unwrap_or(""))
+        .unwrap();
+    Some(Entry {
+        value: String::from_utf8(value).unwrap(),
+        flags: v[0]["Flags"].as_u64().expect("Flags in the answer"),
+        modify_index: v[0]["ModifyIndex"].as_u64().unwrap(),
+    })
+}
+
+/// Writes `value` at `PREFIX + key` with Consul Flags `flags`, as
+/// `consul kv put -flags=N` does.
+fn put_flags(consul: &Consul, key: &str, value: &str, flags: u64) {
+    let (status, _, body) = consul.request(
+        "PUT",
+        &format!("/v1/kv/{PREFIX}{key}?flags={flags}"),
+        value.as_bytes(),
+    );
+    assert_eq!(status, 200, "PUT {key}: {}", String::from_utf8_lossy(&body));
+    assert_eq!(body.trim_ascii(), b"true");
+}
+
 /// Every key below the prefix with its raw value.
 fn all_keys(consul: &Consul) -> HashMap<String, String> {
     let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}?recurse=true"), b"");
@@ -814,6 +853,277 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     assert_eq!(all_keys(&consul).len(), 3);
 }
 
+/// The `set_by_hand` servers of a JSON report.
+fn set_by_hand(v: &Value) -> Vec<&str> {
+    v["set_by_hand"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["server"].as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn drain_and_undrain_leave_keys_set_by_hand_alone() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    for s in ["web-01", "web-02", "web-03", "web-04"] {
+        backends.push_str(&server_line("web", s, &["zone-b"], port, INTER_MS));
+    }
+    backends.push_str("\nbackend api\n");
+    backends.push_str(&server_line("api", "api-01", &["zone-b"], port, INTER_MS));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    let cfg = config_path(&haproxy);
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    // By hand: web-03 to maint for a disk swap (`state set`), web-04 to
+    // drain with a plain KV PUT (as `consul kv put` writes it: Flags 0).
+    let run = cli(&consul, &["set", "web/web-03", "maint"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    consul.put("web/web-04", "drain");
+    haproxy.wait_server("web", "web-03", CONVERGE, |s| s.admin_state == MAINT);
+    haproxy.wait_server("web", "web-04", CONVERGE, |s| s.admin_state == DRAIN);
+    let web03 = kv_entry(&consul, "web/web-03").unwrap();
+    let web04 = kv_entry(&consul, "web/web-04").unwrap();
+    assert_eq!((web03.value.as_str(), web03.flags), ("maint", 0));
+    assert_eq!((web04.value.as_str(), web04.flags), ("drain", 0));
+
+    // The dry run already names them.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--haproxy-config",
+            &cfg,
+            "--dry-run",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("2 servers left alone"),
+        "{}",
+        run.stdout
+    );
+
+    // Drain the backend: web-01 and web-02 go DRAIN then MAINT; the two set
+    // by hand are not written and HAProxy keeps them as they are.
+    let mut child = spawn_cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--haproxy-config",
+            &cfg,
+            "--drain-wait",
+            "1s",
+            "--json",
+        ],
+    );
+    let seen = watch(
+        &haproxy,
+        &mut child,
+        &[id("web", "web-01"), id("web", "web-02")],
+    );
+    let run = finish(child);
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["outcome"], "done");
+    assert_eq!(set_by_hand(&v), vec!["web/web-03", "web/web-04"]);
+    for k in v["keys"].as_array().unwrap() {
+        let hand = ["web/web-03", "web/web-04"].contains(&k["key"].as_str().unwrap());
+        assert_eq!(k["set_by_hand"], hand, "{k}");
+        assert_eq!(k["flags"], 0, "{k}");
+        assert_eq!(k["by_drain"], false, "{k}");
+    }
+    for step in v["steps"].as_array().unwrap() {
+        if step.get("write").is_some() {
+            assert_eq!(step["flags"], 1, "{step}");
+            assert_eq!(
+                step["keys"],
+                serde_json::json!(["web/web-01", "web/web-02"])
+            );
+        }
+    }
+    assert_eq!(
+        seen[&id("web", "web-01")],
+        vec![(0, 100), (DRAIN, 100), (MAINT, 100)]
+    );
+    assert_eq!(
+        seen[&id("web", "web-02")],
+        vec![(0, 100), (DRAIN, 100), (MAINT, 100)]
+    );
+    assert_eq!(seen[&id("web", "web-03")], vec![(MAINT, 100)]);
+    assert_eq!(seen[&id("web", "web-04")], vec![(DRAIN, 100)]);
+    assert_eq!(seen[&id("api", "api-01")], vec![(0, 100)]);
+    for key in ["web/web-01", "web/web-02"] {
+        let e = kv_entry(&consul, key).unwrap();
+        assert_eq!((e.value.as_str(), e.flags), ("maint", 1), "{key}");
+    }
+    assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+
+    // The mark shows in reads.
+    let v = cli(&consul, &["list", "--json"]).json();
+    let by_drain: HashMap<&str, (u64, bool)> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| {
+            (
+                k["key"].as_str().unwrap(),
+                (
+                    k["flags"].as_u64().unwrap(),
+                    k["by_drain"].as_bool().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    assert_eq!(by_drain["web/web-01"], (1, true));
+    assert_eq!(by_drain["web/web-03"], (0, false));
+    let v = cli(&consul, &["get", "web/web-04", "--json"]).json();
+    assert_eq!(
+        (v["flags"].as_u64(), v["by_drain"].as_bool()),
+        (Some(0), Some(false))
+    );
+    let run = cli(&consul, &["list"]);
+    let row = |key: &str| {
+        run.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", run.stdout))
+            .to_string()
+    };
+    assert!(
+        run.stdout.starts_with("KEY ") && run.stdout.lines().next().unwrap().ends_with("SET-BY")
+    );
+    assert!(row("web/web-01").ends_with(" drain"), "{}", run.stdout);
+    assert!(row("web/web-03").ends_with(" hand"), "{}", run.stdout);
+
+    // Drain again: nothing to do, the two still named.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--haproxy-config",
+            &cfg,
+            "--drain-wait",
+            "0s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("drain: nothing to do; 2 servers set by hand left alone"),
+        "{}",
+        run.stdout
+    );
+
+    // Undrain the backend: web-01 and web-02 back in service; web-03 stays
+    // in MAINT and web-04 in DRAIN, their keys untouched.
+    let run = cli(
+        &consul,
+        &["undrain", "--backend", "web", "--haproxy-config", &cfg],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("undrain: done; 2 servers set by hand left alone"),
+        "{}",
+        run.stdout
+    );
+    assert!(
+        run.stdout.contains("2 servers left alone"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("state clear KEY"), "{}", run.stdout);
+    for s in ["web/web-03", "web/web-04"] {
+        let line = run
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{s} ")) && l.contains("set by hand"))
+            .unwrap_or_else(|| panic!("no note for {s}: {}", run.stdout));
+        assert!(line.contains("left alone"), "{line}");
+    }
+    assert_eq!(kv_entry(&consul, "web/web-01"), None);
+    assert_eq!(kv_entry(&consul, "web/web-02"), None);
+    assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
+    haproxy.wait_server("web", "web-02", CONVERGE, |s| s.is_ready_full_weight());
+    // Several agent-check intervals later, still out.
+    std::thread::sleep(Duration::from_millis(5 * INTER_MS));
+    assert_eq!(haproxy.server("web", "web-03").admin_state, MAINT);
+    assert_eq!(haproxy.server("web", "web-04").admin_state, DRAIN);
+
+    // Break glass: a key put with -flags=1 is one `state undrain` releases.
+    put_flags(&consul, "web/web-03", "maint", 1);
+    let run = cli(
+        &consul,
+        &[
+            "undrain",
+            "--backend",
+            "web",
+            "--haproxy-config",
+            &cfg,
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(set_by_hand(&run.json()), vec!["web/web-04"]);
+    assert_eq!(kv_entry(&consul, "web/web-03"), None);
+    haproxy.wait_server("web", "web-03", CONVERGE, |s| s.is_ready_full_weight());
+    assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+
+    // `state set` takes over a key `state drain` wrote, even to the same
+    // value: it is then set by hand and undrain leaves it.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-01",
+            "--haproxy-config",
+            &cfg,
+            "--drain-wait",
+            "0s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv_entry(&consul, "web/web-01").unwrap().flags, 1);
+    let run = cli(&consul, &["set", "web/web-01", "maint", "--json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["written"], true, "{run:?}");
+    assert!(run.stderr.contains("now set by hand"), "{}", run.stderr);
+    let e = kv_entry(&consul, "web/web-01").unwrap();
+    assert_eq!((e.value.as_str(), e.flags), ("maint", 0));
+    let run = cli(
+        &consul,
+        &[
+            "undrain",
+            "--backend",
+            "web",
+            "--haproxy-config",
+            &cfg,
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(set_by_hand(&run.json()), vec!["web/web-01", "web/web-04"]);
+    assert_eq!(kv_entry(&consul, "web/web-01").unwrap(), e, "untouched");
+}
+
 #[test]
 fn drains_of_many_servers_use_several_transactions() {
     let consul = Consul::start();
@@ -849,6 +1159,14 @@ fn drains_of_many_servers_use_several_transactions() {
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert!(run.stderr.contains("(3 transactions)"), "{}", run.stderr);
+    let v = run.json();
+    let hand: Vec<&str> = v["set_by_hand"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(hand, vec!["be1/s1"], "the maint put by hand is reported");
     let keys = all_keys(&consul);
     assert_eq!(keys.len(), 162);
     assert!(keys.values().all(|v| v == "maint"));
@@ -867,7 +1185,11 @@ fn drains_of_many_servers_use_several_transactions() {
         ],
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(all_keys(&consul).is_empty());
+    assert_eq!(
+        all_keys(&consul),
+        HashMap::from([("be1/s1".to_string(), "maint".to_string())]),
+        "only the maint put by hand is left"
+    );
 }
 
 /// Runs `state ARGS`, waits until it has written `canary` = `value`, lets
@@ -879,12 +1201,23 @@ fn interrupt_once_written(
     value: &str,
     signal: &str,
 ) -> (Run, Instant) {
+    interrupt_once_written_at(consul, args, "canary", value, signal)
+}
+
+/// As [`interrupt_once_written`], waiting for `key` = `value`.
+fn interrupt_once_written_at(
+    consul: &Consul,
+    args: &[&str],
+    key: &str,
+    value: &str,
+    signal: &str,
+) -> (Run, Instant) {
     let child = spawn_cli(consul, args);
     let pid = child.id();
     wait_for(CONVERGE, || {
-        (kv(consul, "canary").as_deref() == Some(value)).then_some(())
+        (kv(consul, key).as_deref() == Some(value)).then_some(())
     })
-    .unwrap_or_else(|| panic!("{value} written"));
+    .unwrap_or_else(|| panic!("{key} = {value} written"));
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
     kill(pid, signal);
@@ -941,6 +1274,71 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
         run.stderr
     );
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+}
+
+#[test]
+fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
+    // The keys an interrupted run left carry the drain mark, so re-running
+    // takes them over; a key set by hand next to them stays.
+    let consul = Consul::start();
+    let dir = TempDir::new("writer-rerun");
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        "backend web\n    server a 127.0.0.1:1 agent-check agent-send \"web/a zone-b\\n\"\n    server b 127.0.0.1:1 agent-check agent-send \"web/b zone-b\\n\"\n",
+    )
+    .unwrap();
+    let cfg = cfg.to_str().unwrap();
+    consul.put("web/b", "maint");
+    let by_hand = kv_entry(&consul, "web/b").unwrap();
+
+    let drain = |wait: &'static str| {
+        vec![
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            cfg,
+            "--drain-wait",
+            wait,
+        ]
+    };
+    let (run, _) = interrupt_once_written_at(&consul, &drain("30s"), "web/a", "drain", "INT");
+    assert_eq!(run.code, 130, "{run:?}");
+    let a = kv_entry(&consul, "web/a").unwrap();
+    assert_eq!((a.value.as_str(), a.flags), ("drain", 1));
+    let run = cli(&consul, &drain("1s"));
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("already drain: waits again"),
+        "{}",
+        run.stdout
+    );
+    let a = kv_entry(&consul, "web/a").unwrap();
+    assert_eq!((a.value.as_str(), a.flags), ("maint", 1));
+    assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
+
+    // Undrain interrupted while maint is held: maint stays, still marked.
+    put_flags(&consul, "web/a", "drain", 1);
+    let undrain = |wait: &'static str| {
+        vec![
+            "undrain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            cfg,
+            "--maint-wait",
+            wait,
+        ]
+    };
+    let (run, _) = interrupt_once_written_at(&consul, &undrain("30s"), "web/a", "maint", "INT");
+    assert_eq!(run.code, 130, "{run:?}");
+    let a = kv_entry(&consul, "web/a").unwrap();
+    assert_eq!((a.value.as_str(), a.flags), ("maint", 1));
+    let run = cli(&consul, &undrain("1s"));
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv_entry(&consul, "web/a"), None);
+    assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
 }
 
 #[test]

@@ -56,6 +56,10 @@ pub enum StateCommand {
     List,
     /// Write one validated value, only if the key has not changed since it
     /// was read (compare-and-set).
+    ///
+    /// The key is written with Consul Flags 0: set by hand. A drain or maint
+    /// set this way is left alone by `drain` and `undrain`, also when it
+    /// replaces the same value `drain` wrote.
     #[command(after_help = EXIT_CODES_HELP)]
     Set {
         /// Key relative to the prefix.
@@ -97,7 +101,11 @@ pub enum StateCommand {
     /// key goes to drain, then after --drain-wait to maint.
     ///
     /// Only servers whose line has agent-check are written; the others are
-    /// listed as not enrolled. Keys already at maint are left alone.
+    /// listed as not enrolled. Keys are written with Consul Flags 1, the
+    /// mark `undrain` looks for. Keys at maint with the mark are left alone;
+    /// keys at drain with the mark (an interrupted run) wait again. Keys at
+    /// drain or maint without the mark were set by hand: they are left alone
+    /// and listed.
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -110,11 +118,14 @@ pub enum StateCommand {
         #[command(flatten)]
         write: WriteOpts,
     },
-    /// Bring servers back: row keys at drain go to maint first and are held
-    /// there for --maint-wait, then every key at maint is removed, so
-    /// HAProxy's slowstart ramps the servers up.
+    /// Bring servers back: row keys `drain` wrote that are at drain go to
+    /// maint first and are held there for --maint-wait, then they and those
+    /// at maint are removed, so HAProxy's slowstart ramps the servers up.
     ///
-    /// Keys that are absent or in service (ready, N%) are left alone.
+    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at drain
+    /// or maint without the mark were set by hand (a server out for repair):
+    /// they are left alone and listed; `state clear` releases one. Keys that
+    /// are absent or in service (ready, N%) are left alone.
     #[command(after_help = EXIT_CODES_HELP)]
     Undrain {
         /// Which servers.
@@ -150,6 +161,8 @@ pub enum StateCommand {
 pub enum CanaryAction {
     /// `canary` = drain, wait --drain-wait, then maint. Interrupted during
     /// the wait, drain stays and maint is not written; re-running finishes.
+    /// Written with Consul Flags 0: the `canary` key is taken over and
+    /// cleared whoever set it.
     #[command(after_help = EXIT_CODES_HELP)]
     Disable {
         /// How long canary servers keep their sessions before maint.

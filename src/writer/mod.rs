@@ -32,7 +32,9 @@ use crate::state::{
 use crate::watcher::build_snapshot;
 use haproxy::{glob_match, Enrolment, Server, SourceError};
 use output::table;
-use plan::{currents, plan_drain, plan_undrain, show_raw, Change, Current, Plan, Step, WaitFor};
+use plan::{
+    currents, plan_drain, plan_undrain, show_raw, Change, Claim, Current, Plan, Step, WaitFor,
+};
 
 /// Exit statuses, from sysexits.h; documented in `state --help`
 /// ([`cli::EXIT_CODES_HELP`]).
@@ -63,6 +65,17 @@ pub mod exit {
 
 /// The key of the canary group.
 pub const CANARY_KEY: &str = "canary";
+
+/// The Consul KV Flags that mark a row key written by `state drain` (both its
+/// drain and its maint, and the maint `state undrain` writes on the way
+/// out). `state undrain` clears, and `state drain` takes over, only row keys
+/// at drain or maint that carry exactly this value.
+///
+/// Any other value marks a key set by hand, which both leave alone: 0 is
+/// what `consul kv put`, `state set` and `state canary disable` write, and
+/// Consul's answer for a key written without Flags. `consul kv put -flags=1
+/// KEY maint` writes a key `state undrain` will release.
+pub const DRAIN_FLAGS: u64 = 1;
 
 /// Why a command did not complete, with its exit status.
 #[derive(Debug, Clone)]
@@ -229,7 +242,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
                 let target = Target::canary();
                 writer
                     .sequence("canary disable", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait))
+                        Ok(plan_drain(t, *drain_wait, Claim::Any))
                     })
                     .await
             }
@@ -237,7 +250,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
                 let target = Target::canary();
                 writer
                     .sequence("canary enable", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
+                        plan_undrain(t, *maint_wait, Claim::Any).map_err(refused_invalid)
                     })
                     .await
             }
@@ -251,7 +264,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
             Ok(target) => {
                 writer
                     .sequence("drain", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait))
+                        Ok(plan_drain(t, *drain_wait, Claim::Marked))
                     })
                     .await
             }
@@ -265,7 +278,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
             Ok(target) => {
                 writer
                     .sequence("undrain", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
+                        plan_undrain(t, *maint_wait, Claim::Marked).map_err(refused_invalid)
                     })
                     .await
             }
@@ -649,14 +662,17 @@ impl Writer {
         }
         let unchanged = match (&before, change) {
             (Current::Absent, Change::Clear) => true,
-            (Current::Valid { state, .. }, Change::Set(s)) => *state == s,
+            // The same value written by `state drain` is written again with
+            // Flags 0: the key becomes one set by hand, which `state
+            // undrain` leaves alone.
+            (Current::Valid { state, .. }, Change::Set(s)) => *state == s && !before.by_drain(),
             _ => false,
         };
         let after = match change {
             Change::Set(s) => s.to_string(),
             Change::Clear => "absent".to_string(),
         };
-        let note = slowstart_note(&before, change);
+        let note = slowstart_note(&before, change).or_else(|| takeover_note(&before, change));
         let status = if unchanged {
             "unchanged"
         } else if dry_run {
@@ -694,6 +710,8 @@ impl Writer {
                 "before": before.describe(),
                 "after": after,
                 "modify_index_before": before.index(),
+                "flags_before": before.flags(),
+                "by_drain_before": before.by_drain(),
                 "written": status == "written",
                 "dry_run": dry_run,
                 "note": if unchanged { None } else { note },
@@ -848,7 +866,11 @@ impl Writer {
                     }
                     run.statuses[i] = StepStatus::Done;
                 }
-                Step::Write { change, keys } => {
+                Step::Write {
+                    change,
+                    flags,
+                    keys,
+                } => {
                     let chunks = keys.chunks(MAX_TXN_OPS).count();
                     for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
                         if n > 0 {
@@ -861,7 +883,7 @@ impl Writer {
                                 });
                             }
                         }
-                        if let Err(failure) = self.write_chunk(*change, chunk, run).await {
+                        if let Err(failure) = self.write_chunk(*change, *flags, chunk, run).await {
                             run.statuses[i] = if n == 0 {
                                 StepStatus::Failed
                             } else {
@@ -884,11 +906,13 @@ impl Writer {
         Ok(())
     }
 
-    /// One transaction: every key in `chunk` gets `change`, each only if its
-    /// ModifyIndex is the one last seen.
+    /// One transaction: every key in `chunk` gets `change` (a value with
+    /// Consul Flags `flags`), each only if its ModifyIndex is the one last
+    /// seen.
     async fn write_chunk(
         &self,
         change: Change,
+        flags: u64,
         chunk: &[String],
         run: &mut Run,
     ) -> Result<(), Failure> {
@@ -900,6 +924,7 @@ impl Writer {
                     Change::Set(s) => TxnOp::Cas {
                         key: self.full(k),
                         value: s.to_string().into_bytes(),
+                        flags,
                         index,
                     },
                     Change::Clear => TxnOp::DeleteCas {
@@ -1104,6 +1129,19 @@ fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
     )
 }
 
+/// Tells that `state set` takes over a drain or maint key `state drain`
+/// wrote.
+fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
+    let out = matches!(
+        change,
+        Change::Set(AdminState::Drain) | Change::Set(AdminState::Maint)
+    );
+    (before.by_drain() && out).then_some(
+        "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
+         `state undrain` and `state drain` leave it alone until `state clear`",
+    )
+}
+
 fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
     match pair {
         None => json!({"key": key, "present": false}),
@@ -1113,6 +1151,8 @@ fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "present": true,
                 "value": String::from_utf8_lossy(&p.value),
                 "modify_index": p.modify_index,
+                "flags": p.flags,
+                "by_drain": p.flags == DRAIN_FLAGS,
             });
             match parse_value(&p.value) {
                 Ok(s) => {
@@ -1169,10 +1209,21 @@ fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
         state,
         reply,
         pair.modify_index.to_string(),
+        set_by(pair.flags),
     ]
 }
 
-const KEY_HEADER: [&str; 5] = ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX"];
+/// The SET-BY column: `drain` for a key `state drain` wrote, `hand` for any
+/// other (with its Flags when they are not 0).
+fn set_by(flags: u64) -> String {
+    match flags {
+        DRAIN_FLAGS => "drain".to_string(),
+        0 => "hand".to_string(),
+        n => format!("hand (flags {n})"),
+    }
+}
+
+const KEY_HEADER: [&str; 6] = ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
 
 fn key_table(rows: &[(String, &KvPair)]) -> String {
     let rows: Vec<Vec<String>> = rows.iter().map(|(k, p)| key_row(k, p, None)).collect();
@@ -1305,7 +1356,7 @@ impl Run {
         let pending: Vec<String> = plan.steps[from.min(plan.steps.len())..]
             .iter()
             .filter_map(|s| match s {
-                Step::Write { change, keys } => {
+                Step::Write { change, keys, .. } => {
                     let target = match change {
                         Change::Set(s) => Some(*s),
                         Change::Clear => None,
@@ -1426,9 +1477,80 @@ impl Report<'_> {
                 before: Current::Absent,
                 after: *s,
                 note: None,
+                set_by_hand: false,
             })
             .collect();
         plan::snapshot_after(self.snapshot, &reached)
+    }
+
+    /// The keys left alone because they were set by hand, each with the
+    /// server it decides (`None` for a group key), in the report's order.
+    fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
+        let hand: HashMap<&str, &plan::KeyPlan> = self
+            .plan
+            .keys
+            .iter()
+            .filter(|k| k.set_by_hand)
+            .map(|k| (k.key.as_str(), k))
+            .collect();
+        if self.target.servers.is_empty() {
+            return self
+                .plan
+                .keys
+                .iter()
+                .filter(|k| k.set_by_hand)
+                .map(|k| (None, k))
+                .collect();
+        }
+        self.target
+            .servers
+            .iter()
+            .filter_map(|s| {
+                let k = hand.get(s.row_key()?)?;
+                Some((Some(s.id()), *k))
+            })
+            .collect()
+    }
+
+    /// The lines naming the servers left alone because their keys were set
+    /// by hand, so on-call sees them; empty when there are none.
+    fn set_by_hand_text(&self) -> String {
+        let hand = self.set_by_hand();
+        if hand.is_empty() {
+            return String::new();
+        }
+        let n = hand.len();
+        let (them, verb) = if n == 1 {
+            ("its key was", "it stays")
+        } else {
+            ("their keys were", "they stay")
+        };
+        let mut out = format!(
+            "{n} server{} left alone: {them} set by hand (drain or maint without Consul \
+             Flags {DRAIN_FLAGS}, the mark `state drain` writes), so {verb} as set:\n",
+            if n == 1 { "" } else { "s" },
+        );
+        let rows: Vec<Vec<String>> = hand
+            .iter()
+            .map(|(server, k)| {
+                vec![
+                    server.clone().unwrap_or_else(|| "-".into()),
+                    k.key.clone(),
+                    k.before.describe(),
+                    k.before.flags().to_string(),
+                    k.before.index().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
+            &rows,
+        ));
+        out.push_str(
+            "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
+             `state set KEY maint` first, so slowstart ramps).\n",
+        );
+        out
     }
 
     fn outcome(&self) -> &'static str {
@@ -1464,8 +1586,13 @@ impl Report<'_> {
             .iter()
             .zip(&self.run.statuses)
             .map(|(step, status)| match step {
-                Step::Write { change, keys } => json!({
-                    "write": change.describe(), "keys": keys, "status": status.as_str(),
+                Step::Write {
+                    change,
+                    flags,
+                    keys,
+                } => json!({
+                    "write": change.describe(), "flags": flags, "keys": keys,
+                    "status": status.as_str(),
                 }),
                 Step::Wait { duration, purpose } => json!({
                     "wait_seconds": duration.as_secs_f64(),
@@ -1490,9 +1617,18 @@ impl Report<'_> {
                 "key": k.key,
                 "before": k.before.describe(),
                 "modify_index_before": k.before.index(),
+                "flags": k.before.flags(),
+                "by_drain": k.before.by_drain(),
+                "set_by_hand": k.set_by_hand,
                 "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
                 "target": k.after.map_or("absent".into(), |s| s.to_string()),
                 "note": k.note,
+            })).collect::<Vec<_>>(),
+            "set_by_hand": self.set_by_hand().iter().map(|(server, k)| json!({
+                "server": server,
+                "key": k.key,
+                "value": k.before.describe(),
+                "flags": k.before.flags(),
             })).collect::<Vec<_>>(),
             "servers": self.target.servers.iter().map(|s| {
                 let (answer, decided_by) = Self::server_answer(&now, s);
@@ -1519,11 +1655,17 @@ impl Report<'_> {
             "done" => "done".to_string(),
             other => format!("stopped ({other})"),
         };
-        out.push_str(&format!("{}: {headline}\n", self.action));
+        let hand = self.set_by_hand().len();
+        let hand = match hand {
+            0 => String::new(),
+            1 => "; 1 server set by hand left alone (see below)".to_string(),
+            n => format!("; {n} servers set by hand left alone (see below)"),
+        };
+        out.push_str(&format!("{}: {headline}{hand}\n", self.action));
         if self.dry_run || self.failure.is_some() {
             for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
                 let what = match step {
-                    Step::Write { change, keys } => format!(
+                    Step::Write { change, keys, .. } => format!(
                         "write {} to {} key{}",
                         change.describe(),
                         keys.len(),
@@ -1619,6 +1761,7 @@ impl Report<'_> {
                 .collect();
             out.push_str(&table(&["SERVER", "REASON"], &rows));
         }
+        out.push_str(&self.set_by_hand_text());
         if let Some(source) = &self.target.source {
             out.push_str(&format!("Servers read from {source}.\n"));
         }
@@ -1713,10 +1856,97 @@ mod tests {
         let drain = Current::Valid {
             state: AdminState::Drain,
             index: 1,
+            flags: 0,
         };
         assert!(slowstart_note(&drain, Change::Clear).is_some());
         assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
         assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
         assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
+    }
+
+    #[test]
+    fn set_takes_over_a_key_state_drain_wrote_and_says_so() {
+        let maint = |flags| Current::Valid {
+            state: AdminState::Maint,
+            index: 1,
+            flags,
+        };
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
+        assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
+        assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
+    }
+
+    #[test]
+    fn set_by_column_names_the_drain_mark() {
+        assert_eq!(set_by(DRAIN_FLAGS), "drain");
+        assert_eq!(set_by(0), "hand");
+        assert_eq!(set_by(42), "hand (flags 42)");
+    }
+
+    #[test]
+    fn report_names_servers_left_alone_because_set_by_hand() {
+        let target = Target::select(
+            haproxy::parse_config(CONFIG),
+            &selector(Some("b"), None, None),
+            "cfg".into(),
+        );
+        let key = |key: &str, value: &[u8], flags| KvPair {
+            key: format!("p/{key}"),
+            value: value.to_vec(),
+            modify_index: 5,
+            flags,
+        };
+        let pairs = [
+            key("api/api-01", b"maint", 0),
+            key("web/web-02", b"maint", DRAIN_FLAGS),
+        ];
+        let plan = plan_undrain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            Claim::Marked,
+        )
+        .unwrap();
+        let run = Run::new(&plan, 9);
+        let snapshot = Snapshot::default();
+        let report = Report {
+            action: "undrain",
+            dry_run: true,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: None,
+        };
+        let text = report.text();
+        assert!(
+            text.starts_with("undrain: dry run, nothing written; the plan; 1 server set by hand"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 server left alone: its key was set by hand"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("api/api-01") && l.ends_with(" 5"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["api/api-01", "api/api-01", "maint", "0", "5"]
+        );
+        let v = report.json();
+        assert_eq!(
+            v["set_by_hand"],
+            json!([{"server": "api/api-01", "key": "api/api-01", "value": "maint", "flags": 0}])
+        );
+        let keys = v["keys"].as_array().unwrap();
+        assert_eq!(keys[0]["key"], "api/api-01");
+        assert_eq!(keys[0]["set_by_hand"], true);
+        assert_eq!(keys[1]["flags"], DRAIN_FLAGS);
+        assert_eq!(keys[1]["by_drain"], true);
+        assert_eq!(keys[1]["set_by_hand"], false);
     }
 }

@@ -1,10 +1,15 @@
 //! Drain and undrain sequences as pure plans: from what each key holds now to
 //! an ordered list of writes and waits, each write a set of compare-and-set
 //! operations that leaves every key with a valid value.
+//!
+//! Row keys written by `state drain` carry [`DRAIN_FLAGS`] in their Consul
+//! Flags; a row key at drain or maint without it was set by hand, and the
+//! drain and undrain plans leave it alone ([`Claim::Marked`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use super::DRAIN_FLAGS;
 use crate::consul::KvPair;
 use crate::state::{parse_value, AdminState, Entry, KeyState, Snapshot};
 
@@ -19,6 +24,9 @@ pub enum Current {
         state: AdminState,
         /// The key's ModifyIndex.
         index: u64,
+        /// The key's Consul Flags ([`DRAIN_FLAGS`]: written by `state
+        /// drain`).
+        flags: u64,
     },
     /// A value the agent refuses.
     Invalid {
@@ -28,6 +36,8 @@ pub enum Current {
         raw: String,
         /// The key's ModifyIndex.
         index: u64,
+        /// The key's Consul Flags.
+        flags: u64,
     },
 }
 
@@ -40,11 +50,13 @@ impl Current {
                 Ok(state) => Current::Valid {
                     state,
                     index: p.modify_index,
+                    flags: p.flags,
                 },
                 Err(e) => Current::Invalid {
                     reason: e.to_string(),
                     raw: show_raw(&p.value),
                     index: p.modify_index,
+                    flags: p.flags,
                 },
             },
         }
@@ -56,6 +68,33 @@ impl Current {
             Current::Absent => 0,
             Current::Valid { index, .. } | Current::Invalid { index, .. } => *index,
         }
+    }
+
+    /// The key's Consul Flags: 0 for absent.
+    pub fn flags(&self) -> u64 {
+        match self {
+            Current::Absent => 0,
+            Current::Valid { flags, .. } | Current::Invalid { flags, .. } => *flags,
+        }
+    }
+
+    /// True when the key carries [`DRAIN_FLAGS`]: `state drain` wrote it.
+    /// False for an absent key and for any other Flags (a key set by hand).
+    pub fn by_drain(&self) -> bool {
+        !matches!(self, Current::Absent) && self.flags() == DRAIN_FLAGS
+    }
+
+    /// True for a key at drain or maint that `state drain` did not write:
+    /// someone took the server out on purpose (`state set`, `consul kv
+    /// put`), and the drain and undrain plans leave it alone.
+    pub fn set_by_hand(&self) -> bool {
+        matches!(
+            self,
+            Current::Valid {
+                state: AdminState::Drain | AdminState::Maint,
+                ..
+            }
+        ) && !self.by_drain()
     }
 
     /// How it is shown: `absent`, the canonical value, or `invalid "raw"`.
@@ -107,6 +146,43 @@ pub enum WaitFor {
     Maint,
 }
 
+/// Which keys at drain or maint a plan takes over, and the Flags its
+/// writes carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The row keys of `state drain` and `state undrain`: a key at drain or
+    /// maint is taken over only when it carries [`DRAIN_FLAGS`] (a drain
+    /// this command wrote, perhaps interrupted); without it the key was set
+    /// by hand and is left alone. Every value written carries
+    /// [`DRAIN_FLAGS`].
+    Marked,
+    /// The `canary` group key of `state canary`: taken over whatever its
+    /// Flags (`canary enable` brings the canaries back, whoever took them
+    /// out). Every value written carries Flags 0.
+    Any,
+}
+
+impl Claim {
+    /// The Flags each value written under this claim carries.
+    pub fn flags(self) -> u64 {
+        match self {
+            Claim::Marked => DRAIN_FLAGS,
+            Claim::Any => 0,
+        }
+    }
+
+    /// The state of a key this claim leaves alone because it was set by
+    /// hand; `None` for a key the plan may take over.
+    fn left_alone(self, current: &Current) -> Option<AdminState> {
+        match current {
+            Current::Valid { state, .. } if self == Claim::Marked && current.set_by_hand() => {
+                Some(*state)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// One step of a plan.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Step {
@@ -114,6 +190,9 @@ pub enum Step {
     Write {
         /// What is written.
         change: Change,
+        /// The Flags each key gets with a [`Change::Set`]; 0 with
+        /// [`Change::Clear`].
+        flags: u64,
         /// The keys, sorted.
         keys: Vec<String>,
     },
@@ -137,6 +216,9 @@ pub struct KeyPlan {
     pub after: Option<AdminState>,
     /// Why it is left alone, or what to know about it.
     pub note: Option<&'static str>,
+    /// True when it is left alone because it is at drain or maint without
+    /// [`DRAIN_FLAGS`]: set by hand, not by `state drain`.
+    pub set_by_hand: bool,
 }
 
 impl KeyPlan {
@@ -169,11 +251,25 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// `drain_wait`, every key at drain goes to maint. Keys at maint are left
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
-pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan {
+///
+/// With [`Claim::Marked`], a key at drain or maint without [`DRAIN_FLAGS`]
+/// was set by hand: it is in no step and keeps its value. Values are written
+/// with `claim`'s Flags.
+pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: Claim) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in sorted(targets) {
+        if let Some(state) = claim.left_alone(&before) {
+            keys.push(KeyPlan {
+                key,
+                before,
+                after: Some(state),
+                note: Some("set by hand: left alone"),
+                set_by_hand: true,
+            });
+            continue;
+        }
         let (after, note) = match &before {
             Current::Valid {
                 state: AdminState::Maint,
@@ -208,12 +304,14 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
             before,
             after: Some(after),
             note,
+            set_by_hand: false,
         });
     }
     let mut steps = Vec::new();
     if !to_drain.is_empty() {
         steps.push(Step::Write {
             change: Change::Set(AdminState::Drain),
+            flags: claim.flags(),
             keys: to_drain,
         });
     }
@@ -224,6 +322,7 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
         });
         steps.push(Step::Write {
             change: Change::Set(AdminState::Maint),
+            flags: claim.flags(),
             keys: to_maint,
         });
     }
@@ -235,6 +334,12 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
 /// then every key at maint is cleared. Keys that are absent or in service
 /// (`ready`, `N%`) are left alone.
 ///
+/// With [`Claim::Marked`], only keys carrying [`DRAIN_FLAGS`] are taken back:
+/// a key at drain or maint without them was set by hand (a server out for
+/// repair) and is in no step; `state clear` releases it. The maint written
+/// on the way carries `claim`'s Flags, so an interrupted undrain can be
+/// re-run.
+///
 /// # Errors
 ///
 /// The keys holding an invalid value, with the reason: the servers they
@@ -243,6 +348,7 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
 pub fn plan_undrain(
     targets: Vec<(String, Current)>,
     maint_wait: Duration,
+    claim: Claim,
 ) -> Result<Plan, Vec<(String, String)>> {
     let targets = sorted(targets);
     let invalid: Vec<(String, String)> = targets
@@ -259,6 +365,16 @@ pub fn plan_undrain(
     let mut to_clear = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in targets {
+        if let Some(state) = claim.left_alone(&before) {
+            keys.push(KeyPlan {
+                key,
+                before,
+                after: Some(state),
+                note: Some("set by hand: left alone (`state clear` releases it)"),
+                set_by_hand: true,
+            });
+            continue;
+        }
         let (after, note) = match &before {
             Current::Absent => (None, Some("no key")),
             Current::Valid {
@@ -284,12 +400,14 @@ pub fn plan_undrain(
             before,
             after,
             note,
+            set_by_hand: false,
         });
     }
     let mut steps = Vec::new();
     if !to_maint.is_empty() {
         steps.push(Step::Write {
             change: Change::Set(AdminState::Maint),
+            flags: claim.flags(),
             keys: to_maint,
         });
         steps.push(Step::Wait {
@@ -300,6 +418,7 @@ pub fn plan_undrain(
     if !to_clear.is_empty() {
         steps.push(Step::Write {
             change: Change::Clear,
+            flags: 0,
             keys: to_clear,
         });
     }
@@ -354,18 +473,46 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
 mod tests {
     use super::*;
 
+    /// A key with Flags 0: set by hand (`state set`, `consul kv put`).
     fn valid(state: AdminState, index: u64) -> Current {
-        Current::Valid { state, index }
+        Current::Valid {
+            state,
+            index,
+            flags: 0,
+        }
     }
 
-    fn write(change: Change, keys: &[&str]) -> Step {
+    /// A key written by `state drain`.
+    fn by_drain(state: AdminState, index: u64) -> Current {
+        Current::Valid {
+            state,
+            index,
+            flags: DRAIN_FLAGS,
+        }
+    }
+
+    fn write(change: Change, flags: u64, keys: &[&str]) -> Step {
         Step::Write {
             change,
+            flags,
             keys: keys.iter().map(|k| k.to_string()).collect(),
         }
     }
 
+    fn key<'a>(plan: &'a Plan, key: &str) -> &'a KeyPlan {
+        plan.keys.iter().find(|k| k.key == key).unwrap()
+    }
+
     const W: Duration = Duration::from_secs(60);
+    const M: Duration = Duration::from_secs(5);
+    const DRAIN_WAIT: Step = Step::Wait {
+        duration: W,
+        purpose: WaitFor::Drain,
+    };
+    const MAINT_WAIT: Step = Step::Wait {
+        duration: M,
+        purpose: WaitFor::Maint,
+    };
 
     #[test]
     fn drain_goes_through_drain_then_maint_and_skips_maint() {
@@ -373,22 +520,25 @@ mod tests {
             vec![
                 ("web/b".into(), Current::Absent),
                 ("web/a".into(), valid(AdminState::Weight(50), 3)),
-                ("web/c".into(), valid(AdminState::Maint, 4)),
-                ("web/d".into(), valid(AdminState::Drain, 5)),
+                ("web/c".into(), by_drain(AdminState::Maint, 4)),
+                ("web/d".into(), by_drain(AdminState::Drain, 5)),
                 ("web/e".into(), valid(AdminState::Ready, 6)),
             ],
             W,
+            Claim::Marked,
         );
         assert_eq!(
             plan.steps,
             vec![
-                write(Change::Set(AdminState::Drain), &["web/a", "web/b", "web/e"]),
-                Step::Wait {
-                    duration: W,
-                    purpose: WaitFor::Drain
-                },
+                write(
+                    Change::Set(AdminState::Drain),
+                    DRAIN_FLAGS,
+                    &["web/a", "web/b", "web/e"]
+                ),
+                DRAIN_WAIT,
                 write(
                     Change::Set(AdminState::Maint),
+                    DRAIN_FLAGS,
                     &["web/a", "web/b", "web/d", "web/e"]
                 ),
             ]
@@ -396,90 +546,338 @@ mod tests {
         assert_eq!(plan.keys[0].key, "web/a");
         assert!(plan.keys[0].note.unwrap().contains("weight"));
         assert!(!plan.keys[2].changes(), "maint stays");
+        assert_eq!(plan.keys[2].note, Some("already maint"));
         assert!(plan.keys.iter().all(|k| k.after == Some(AdminState::Maint)));
+        assert!(plan.keys.iter().all(|k| !k.set_by_hand));
     }
 
     #[test]
-    fn drain_of_maint_only_is_nothing() {
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Maint, 9))], W);
+    fn drain_takes_over_keys_in_service_and_invalid_ones_whatever_their_flags() {
+        let invalid = |flags| Current::Invalid {
+            reason: "bad".into(),
+            raw: "\"drian\"".into(),
+            index: 9,
+            flags,
+        };
+        let plan = plan_drain(
+            vec![
+                ("web/a".into(), valid(AdminState::Ready, 3)),
+                ("web/b".into(), by_drain(AdminState::Ready, 4)),
+                ("web/c".into(), invalid(0)),
+                ("web/d".into(), invalid(DRAIN_FLAGS)),
+                ("web/e".into(), valid(AdminState::Weight(0), 5)),
+            ],
+            W,
+            Claim::Marked,
+        );
+        let all = ["web/a", "web/b", "web/c", "web/d", "web/e"];
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Drain), DRAIN_FLAGS, &all),
+                DRAIN_WAIT,
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &all),
+            ]
+        );
+        assert!(plan.keys.iter().all(|k| !k.set_by_hand && k.changes()));
+    }
+
+    #[test]
+    fn drain_leaves_keys_set_by_hand_at_drain_or_maint_alone() {
+        let plan = plan_drain(
+            vec![
+                ("web/a".into(), valid(AdminState::Drain, 3)),
+                ("web/b".into(), valid(AdminState::Maint, 4)),
+                (
+                    "web/c".into(),
+                    Current::Valid {
+                        state: AdminState::Maint,
+                        index: 5,
+                        flags: 7,
+                    },
+                ),
+                ("web/d".into(), Current::Absent),
+            ],
+            W,
+            Claim::Marked,
+        );
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Drain), DRAIN_FLAGS, &["web/d"]),
+                DRAIN_WAIT,
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/d"]),
+            ],
+            "keys set by hand are in no step"
+        );
+        for (k, state) in [
+            ("web/a", AdminState::Drain),
+            ("web/b", AdminState::Maint),
+            ("web/c", AdminState::Maint),
+        ] {
+            let k = key(&plan, k);
+            assert!(k.set_by_hand, "{k:?}");
+            assert_eq!(k.after, Some(state), "{k:?} keeps its value");
+            assert!(!k.changes(), "{k:?}");
+            assert_eq!(k.note, Some("set by hand: left alone"));
+        }
+        assert!(!key(&plan, "web/d").set_by_hand);
+    }
+
+    #[test]
+    fn drain_of_keys_set_by_hand_only_is_nothing() {
+        let plan = plan_drain(
+            vec![
+                ("web/a".into(), valid(AdminState::Drain, 3)),
+                ("web/b".into(), valid(AdminState::Maint, 4)),
+            ],
+            W,
+            Claim::Marked,
+        );
         assert!(plan.steps.is_empty());
     }
 
     #[test]
+    fn drain_of_maint_only_is_nothing() {
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Maint, 9))],
+            W,
+            Claim::Marked,
+        );
+        assert!(plan.steps.is_empty());
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Maint, 9))],
+            W,
+            Claim::Any,
+        );
+        assert!(plan.steps.is_empty());
+        assert_eq!(plan.keys[0].note, Some("already maint"));
+    }
+
+    #[test]
     fn interrupted_drain_waits_again() {
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Drain, 9))], W);
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Drain, 9))],
+            W,
+            Claim::Marked,
+        );
         assert_eq!(
             plan.steps,
             vec![
-                Step::Wait {
-                    duration: W,
-                    purpose: WaitFor::Drain
-                },
-                write(Change::Set(AdminState::Maint), &["canary"]),
+                DRAIN_WAIT,
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/a"]),
             ]
         );
+        assert!(!plan.keys[0].set_by_hand);
+    }
+
+    #[test]
+    fn canary_takes_over_its_key_whatever_its_flags_and_writes_flags_0() {
+        // `canary disable` left drain (Flags 0) when interrupted, or someone
+        // put drain by hand: either way the canary key is taken to maint.
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Drain, 9))],
+            W,
+            Claim::Any,
+        );
+        assert_eq!(
+            plan.steps,
+            vec![
+                DRAIN_WAIT,
+                write(Change::Set(AdminState::Maint), 0, &["canary"])
+            ]
+        );
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, Claim::Any);
+        assert_eq!(
+            plan.steps[0],
+            write(Change::Set(AdminState::Drain), 0, &["canary"])
+        );
+        // Enable clears it whoever set it.
+        for flags in [0, DRAIN_FLAGS] {
+            let plan = plan_undrain(
+                vec![(
+                    "canary".into(),
+                    Current::Valid {
+                        state: AdminState::Drain,
+                        index: 3,
+                        flags,
+                    },
+                )],
+                M,
+                Claim::Any,
+            )
+            .unwrap();
+            assert_eq!(
+                plan.steps,
+                vec![
+                    write(Change::Set(AdminState::Maint), 0, &["canary"]),
+                    MAINT_WAIT,
+                    write(Change::Clear, 0, &["canary"]),
+                ]
+            );
+            assert!(!plan.keys[0].set_by_hand);
+        }
     }
 
     #[test]
     fn undrain_goes_through_maint_and_leaves_service_alone() {
         let plan = plan_undrain(
             vec![
-                ("web/a".into(), valid(AdminState::Drain, 3)),
-                ("web/b".into(), valid(AdminState::Maint, 4)),
+                ("web/a".into(), by_drain(AdminState::Drain, 3)),
+                ("web/b".into(), by_drain(AdminState::Maint, 4)),
                 ("web/c".into(), valid(AdminState::Weight(50), 5)),
                 ("web/d".into(), Current::Absent),
+                ("web/e".into(), by_drain(AdminState::Ready, 6)),
             ],
-            Duration::from_secs(5),
+            M,
+            Claim::Marked,
         )
         .unwrap();
         assert_eq!(
             plan.steps,
             vec![
-                write(Change::Set(AdminState::Maint), &["web/a"]),
-                Step::Wait {
-                    duration: Duration::from_secs(5),
-                    purpose: WaitFor::Maint
-                },
-                write(Change::Clear, &["web/a", "web/b"]),
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/a"]),
+                MAINT_WAIT,
+                write(Change::Clear, 0, &["web/a", "web/b"]),
             ]
         );
         assert_eq!(plan.keys[2].after, Some(AdminState::Weight(50)));
         assert!(!plan.keys[2].changes());
         assert!(!plan.keys[3].changes());
+        assert_eq!(plan.keys[4].note, Some("in service: left alone"));
+        assert!(plan.keys.iter().all(|k| !k.set_by_hand));
+    }
+
+    #[test]
+    fn undrain_leaves_keys_set_by_hand_at_drain_or_maint_alone() {
+        let plan = plan_undrain(
+            vec![
+                ("web/a".into(), valid(AdminState::Drain, 3)),
+                ("web/b".into(), valid(AdminState::Maint, 4)),
+                (
+                    "web/c".into(),
+                    Current::Valid {
+                        state: AdminState::Drain,
+                        index: 5,
+                        flags: 2,
+                    },
+                ),
+                ("web/d".into(), by_drain(AdminState::Maint, 6)),
+                ("web/e".into(), by_drain(AdminState::Drain, 7)),
+            ],
+            M,
+            Claim::Marked,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/e"]),
+                MAINT_WAIT,
+                write(Change::Clear, 0, &["web/d", "web/e"]),
+            ],
+            "keys set by hand are in no step"
+        );
+        for (k, state) in [
+            ("web/a", AdminState::Drain),
+            ("web/b", AdminState::Maint),
+            ("web/c", AdminState::Drain),
+        ] {
+            let k = key(&plan, k);
+            assert!(k.set_by_hand, "{k:?}");
+            assert_eq!(k.after, Some(state), "{k:?} keeps its value");
+            assert!(!k.changes(), "{k:?}");
+            assert!(k.note.unwrap().contains("state clear"), "{k:?}");
+        }
+        assert_eq!(key(&plan, "web/d").after, None);
+        assert!(!key(&plan, "web/d").set_by_hand);
+    }
+
+    #[test]
+    fn undrain_of_keys_set_by_hand_only_is_nothing() {
+        let plan = plan_undrain(
+            vec![
+                ("web/a".into(), valid(AdminState::Drain, 3)),
+                ("web/b".into(), valid(AdminState::Maint, 4)),
+            ],
+            M,
+            Claim::Marked,
+        )
+        .unwrap();
+        assert!(plan.steps.is_empty());
+        assert!(plan.keys.iter().all(|k| k.set_by_hand));
     }
 
     #[test]
     fn undrain_from_maint_needs_no_wait() {
         let plan = plan_undrain(
             vec![("canary".into(), valid(AdminState::Maint, 3))],
-            Duration::from_secs(5),
+            M,
+            Claim::Any,
         )
         .unwrap();
-        assert_eq!(plan.steps, vec![write(Change::Clear, &["canary"])]);
+        assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["canary"])]);
+        let plan = plan_undrain(
+            vec![("web/a".into(), by_drain(AdminState::Maint, 3))],
+            M,
+            Claim::Marked,
+        )
+        .unwrap();
+        assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
     }
 
     #[test]
     fn undrain_refuses_invalid_values() {
-        let err = plan_undrain(
-            vec![(
-                "canary".into(),
-                Current::from_pair(Some(&KvPair {
-                    key: "p/canary".into(),
-                    value: b"drian".to_vec(),
-                    modify_index: 7,
-                })),
-            )],
-            Duration::from_secs(5),
-        )
-        .unwrap_err();
-        assert_eq!(err[0].0, "canary");
-        assert!(err[0].1.contains("drian"));
+        for flags in [0, DRAIN_FLAGS] {
+            let invalid = Current::from_pair(Some(&KvPair {
+                key: "p/web/a".into(),
+                value: b"drian".to_vec(),
+                modify_index: 7,
+                flags,
+            }));
+            for claim in [Claim::Marked, Claim::Any] {
+                let err =
+                    plan_undrain(vec![("web/a".into(), invalid.clone())], M, claim).unwrap_err();
+                assert_eq!(err[0].0, "web/a");
+                assert!(err[0].1.contains("drian"));
+            }
+        }
+    }
+
+    #[test]
+    fn flags_are_read_from_the_pair_and_only_drain_flags_mark_a_drain() {
+        let current = |value: &[u8], flags| {
+            Current::from_pair(Some(&KvPair {
+                key: "p/web/a".into(),
+                value: value.to_vec(),
+                modify_index: 3,
+                flags,
+            }))
+        };
+        assert_eq!(current(b"maint", 0), valid(AdminState::Maint, 3));
+        assert_eq!(current(b"maint", 1), by_drain(AdminState::Maint, 3));
+        assert!(current(b"maint", DRAIN_FLAGS).by_drain());
+        assert!(!current(b"maint", DRAIN_FLAGS).set_by_hand());
+        for flags in [0, 2, 3, u64::MAX] {
+            assert!(!current(b"maint", flags).by_drain(), "{flags}");
+            assert!(current(b"maint", flags).set_by_hand(), "{flags}");
+            assert!(current(b"drain", flags).set_by_hand(), "{flags}");
+            assert!(!current(b"ready", flags).set_by_hand(), "{flags}");
+            assert!(!current(b"50%", flags).set_by_hand(), "{flags}");
+        }
+        assert_eq!(current(b"drian", 1).flags(), 1);
+        assert!(
+            !current(b"drian", 0).set_by_hand(),
+            "invalid is not hand-set"
+        );
+        assert!(!Current::Absent.by_drain());
+        assert_eq!(Current::Absent.flags(), 0);
     }
 
     #[test]
     fn snapshot_after_applies_final_values() {
         let snap = Snapshot::default();
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, Claim::Any);
         let after = snapshot_after(&snap, &plan.keys);
         assert_eq!(
             after.lookup(["web/x", "canary"]),

@@ -32,6 +32,14 @@ impl Run {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self:?}"))
     }
+
+    /// The table row on stdout that starts with `key`.
+    fn row(&self, key: &str) -> &str {
+        self.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", self.stdout))
+    }
 }
 
 fn command(consul_url: &str, args: &[&str]) -> Command {
@@ -212,20 +220,14 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
     assert_eq!(run.code, 0);
     assert!(run.stdout.contains("INVALID"), "{}", run.stdout);
     assert!(run.stdout.contains("4 keys, 2 invalid"), "{}", run.stdout);
-    let line = |key: &str| {
-        run.stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no row for {key}: {}", run.stdout))
-            .to_string()
-    };
     assert!(
-        line("web/web-02").contains("none (frozen)"),
+        run.row("web/web-02").contains("none (frozen)"),
         "{}",
         run.stdout
     );
     assert!(
-        line("a/b/c").contains("none (no agent-send can name this key)"),
+        run.row("a/b/c")
+            .contains("none (no agent-send can name this key)"),
         "{}",
         run.stdout
     );
@@ -854,6 +856,18 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
 }
 
 /// The `set_by_hand` servers of a JSON report.
+/// `VERB --backend BACKEND --haproxy-config CFG EXTRA...`.
+fn backend_args<'a>(
+    verb: &'a str,
+    backend: &'a str,
+    cfg: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec![verb, "--backend", backend, "--haproxy-config", cfg];
+    args.extend_from_slice(extra);
+    args
+}
+
 fn set_by_hand(v: &Value) -> Vec<&str> {
     v["set_by_hand"]
         .as_array()
@@ -893,17 +907,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!((web04.value.as_str(), web04.flags), ("drain", 0));
 
     // The dry run already names them.
-    let run = cli(
-        &consul,
-        &[
-            "drain",
-            "--backend",
-            "web",
-            "--haproxy-config",
-            &cfg,
-            "--dry-run",
-        ],
-    );
+    let run = cli(&consul, &backend_args("drain", "web", &cfg, &["--dry-run"]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout.contains("2 servers left alone"),
@@ -915,16 +919,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     // by hand are not written and HAProxy keeps them as they are.
     let mut child = spawn_cli(
         &consul,
-        &[
-            "drain",
-            "--backend",
-            "web",
-            "--haproxy-config",
-            &cfg,
-            "--drain-wait",
-            "1s",
-            "--json",
-        ],
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "1s", "--json"]),
     );
     let seen = watch(
         &haproxy,
@@ -993,31 +988,16 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
         (Some(0), Some(false))
     );
     let run = cli(&consul, &["list"]);
-    let row = |key: &str| {
-        run.stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no row for {key}: {}", run.stdout))
-            .to_string()
-    };
     assert!(
         run.stdout.starts_with("KEY ") && run.stdout.lines().next().unwrap().ends_with("SET-BY")
     );
-    assert!(row("web/web-01").ends_with(" drain"), "{}", run.stdout);
-    assert!(row("web/web-03").ends_with(" hand"), "{}", run.stdout);
+    assert!(run.row("web/web-01").ends_with(" drain"), "{}", run.stdout);
+    assert!(run.row("web/web-03").ends_with(" hand"), "{}", run.stdout);
 
     // Drain again: nothing to do, the two still named.
     let run = cli(
         &consul,
-        &[
-            "drain",
-            "--backend",
-            "web",
-            "--haproxy-config",
-            &cfg,
-            "--drain-wait",
-            "0s",
-        ],
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
@@ -1029,10 +1009,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
 
     // Undrain the backend: web-01 and web-02 back in service; web-03 stays
     // in MAINT and web-04 in DRAIN, their keys untouched.
-    let run = cli(
-        &consul,
-        &["undrain", "--backend", "web", "--haproxy-config", &cfg],
-    );
+    let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout
@@ -1067,17 +1044,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
 
     // Break glass: a key put with -flags=1 is one `state undrain` releases.
     put_flags(&consul, "web/web-03", "maint", 1);
-    let run = cli(
-        &consul,
-        &[
-            "undrain",
-            "--backend",
-            "web",
-            "--haproxy-config",
-            &cfg,
-            "--json",
-        ],
-    );
+    let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(set_by_hand(&run.json()), vec!["web/web-04"]);
     assert_eq!(kv_entry(&consul, "web/web-03"), None);
@@ -1088,17 +1055,12 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     // value: it is then set by hand and undrain leaves it.
     let run = cli(
         &consul,
-        &[
+        &backend_args(
             "drain",
-            "--backend",
             "web",
-            "--server",
-            "web-01",
-            "--haproxy-config",
             &cfg,
-            "--drain-wait",
-            "0s",
-        ],
+            &["--server", "web-01", "--drain-wait", "0s"],
+        ),
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(kv_entry(&consul, "web/web-01").unwrap().flags, 1);
@@ -1108,17 +1070,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert!(run.stderr.contains("now set by hand"), "{}", run.stderr);
     let e = kv_entry(&consul, "web/web-01").unwrap();
     assert_eq!((e.value.as_str(), e.flags), ("maint", 0));
-    let run = cli(
-        &consul,
-        &[
-            "undrain",
-            "--backend",
-            "web",
-            "--haproxy-config",
-            &cfg,
-            "--json",
-        ],
-    );
+    let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(set_by_hand(&run.json()), vec!["web/web-01", "web/web-04"]);
     assert_eq!(kv_entry(&consul, "web/web-01").unwrap(), e, "untouched");
@@ -1292,17 +1244,21 @@ fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
     consul.put("web/b", "maint");
     let by_hand = kv_entry(&consul, "web/b").unwrap();
 
-    let drain = |wait: &'static str| {
+    // `drain|undrain --zone b` with `wait_flag` (--drain-wait or
+    // --maint-wait) set to `wait`.
+    let zone_b = |verb: &'static str, wait_flag: &'static str, wait: &'static str| {
         vec![
-            "drain",
+            verb,
             "--zone",
             "b",
             "--haproxy-config",
             cfg,
-            "--drain-wait",
+            wait_flag,
             wait,
         ]
     };
+    let drain = |wait| zone_b("drain", "--drain-wait", wait);
+    let undrain = |wait| zone_b("undrain", "--maint-wait", wait);
     let (run, _) = interrupt_once_written_at(&consul, &drain("30s"), "web/a", "drain", "INT");
     assert_eq!(run.code, 130, "{run:?}");
     let a = kv_entry(&consul, "web/a").unwrap();
@@ -1320,17 +1276,6 @@ fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
 
     // Undrain interrupted while maint is held: maint stays, still marked.
     put_flags(&consul, "web/a", "drain", 1);
-    let undrain = |wait: &'static str| {
-        vec![
-            "undrain",
-            "--zone",
-            "b",
-            "--haproxy-config",
-            cfg,
-            "--maint-wait",
-            wait,
-        ]
-    };
     let (run, _) = interrupt_once_written_at(&consul, &undrain("30s"), "web/a", "maint", "INT");
     assert_eq!(run.code, 130, "{run:?}");
     let a = kv_entry(&consul, "web/a").unwrap();

@@ -433,7 +433,7 @@ impl Watcher {
             "not synced yet, not answering"
         };
         crate::notify::status(&format!(
-            "Consul unreachable for {}s, {copy}: {error}",
+            "Consul reads failing for {}s, {copy}: {error}",
             since.elapsed().as_secs()
         ));
     }

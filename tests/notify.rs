@@ -72,7 +72,7 @@ fn notifies_ready_only_after_first_sync_then_watchdog_then_stopping() {
     assert!(
         early
             .iter()
-            .any(|m| m.contains("STATUS=Consul unreachable")),
+            .any(|m| m.contains("STATUS=Consul reads failing")),
         "{early:?}"
     );
     assert_eq!(agent.http_get("/-/ready").unwrap().0, 503);

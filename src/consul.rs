@@ -4,6 +4,7 @@
 //! demand, and sent only as `X-Consul-Token`.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -128,6 +129,8 @@ pub struct TokenSource {
     path: Option<PathBuf>,
     fixed: Option<HeaderValue>,
     cached: Mutex<Option<Option<HeaderValue>>>,
+    /// How many times the token was read from its file.
+    loads: AtomicU64,
 }
 
 impl TokenSource {
@@ -137,6 +140,7 @@ impl TokenSource {
             path,
             fixed: None,
             cached: Mutex::new(None),
+            loads: AtomicU64::new(0),
         }
     }
 
@@ -164,6 +168,7 @@ impl TokenSource {
             path: None,
             fixed,
             cached: Mutex::new(None),
+            loads: AtomicU64::new(0),
         })
     }
 
@@ -177,6 +182,12 @@ impl TokenSource {
         *self.cached.lock().unwrap() = None;
     }
 
+    /// How many times the token has been read from its file (0 for a fixed
+    /// token or none): a change means requests now carry another token.
+    pub fn loads(&self) -> u64 {
+        self.loads.load(Ordering::SeqCst)
+    }
+
     fn header(&self) -> Result<Option<HeaderValue>, ConsulError> {
         if self.fixed.is_some() {
             return Ok(self.fixed.clone());
@@ -185,6 +196,7 @@ impl TokenSource {
         if let Some(h) = cached.as_ref() {
             return Ok(h.clone());
         }
+        self.loads.fetch_add(1, Ordering::SeqCst);
         let header = match &self.path {
             None => None,
             Some(path) => {
@@ -218,7 +230,15 @@ pub struct ConsulClient {
     http: reqwest::Client,
     addr: String,
     token: TokenSource,
+    /// [`TokenSource::loads`] when the token's read access to the prefix
+    /// was last checked; `u64::MAX` before the first check.
+    read_checked_at_load: AtomicU64,
 }
+
+/// The key below the prefix that [`ConsulClient::list_prefix`] reads to
+/// check the token's read access. `~` is not allowed in identities, so no
+/// state key can have this name.
+pub const READ_CHECK_KEY: &str = "~read-check";
 
 /// Percent-encodes a KV key for a URL path, keeping `/` (Consul keys are
 /// paths).
@@ -257,6 +277,7 @@ impl ConsulClient {
             http,
             addr: addr.trim_end_matches('/').to_string(),
             token,
+            read_checked_at_load: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -303,20 +324,26 @@ impl ConsulClient {
     /// passes `index` or `wait` (plus jitter) ends (api-docs/features/blocking).
     /// `index == 0` answers at once.
     ///
-    /// A 404 is a prefix with no keys: a valid, empty answer with an index,
-    /// once a plain read of the prefix's own key shows that the token may
-    /// read the prefix. Consul filters a recursive read by the token's ACL
-    /// rules and answers a token that may read nothing there with the same
-    /// 404 as an empty prefix, while it refuses a plain read of one key
-    /// with 403 (agent/consul/kvs_endpoint.go, `List` filters, `Get`
-    /// refuses; checked against Consul 1.8.7). Without that check an agent
-    /// with the wrong token would answer ready for every server.
+    /// A 404 is a prefix with no keys: a valid, empty answer with an index.
+    ///
+    /// Consul filters a recursive read by the token's ACL rules: a token
+    /// that may read nothing under the prefix gets the same 404 as an empty
+    /// prefix, and one that may read only part of it (a rule for the folder
+    /// key alone, or for one backend's folder) gets that part, while Consul
+    /// refuses a plain read of a key the token may not read with 403
+    /// (agent/consul/kvs_endpoint.go: `List` filters, `Get` refuses; checked
+    /// against Consul 1.8.7). So after every 404, and after the first
+    /// answer with each token read from its file, this also reads
+    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
+    /// whole read. Without that check an agent with the wrong token would
+    /// answer ready for every server. A token that may read the prefix's
+    /// root but not some folder below it still sees only part of it.
     ///
     /// # Errors
     ///
     /// [`ConsulError`] for transport failures, a timeout after
-    /// `wait + TIMEOUT_MARGIN`, error statuses (403 also when the 404 came
-    /// from a token that may not read the prefix), and answers without a
+    /// `wait + TIMEOUT_MARGIN`, error statuses (403 also when the token may
+    /// not read [`READ_CHECK_KEY`] below the prefix), and answers without a
     /// numeric `X-Consul-Index`, with malformed JSON or base64, or a 200
     /// with no key under the prefix (a real empty prefix answers 404).
     pub async fn list_prefix(
@@ -356,9 +383,16 @@ impl ConsulClient {
             Some(None) => return Err(ConsulError::Decode("X-Consul-Index is not a number".into())),
             Some(Some(i)) => i,
         };
+        let load = self.token.loads();
+        if status == StatusCode::NOT_FOUND
+            || self.read_checked_at_load.load(Ordering::SeqCst) != load
+        {
+            // Empty or whole, or hidden from this token in part or in full:
+            // only a plain read tells.
+            self.get_key(&format!("{prefix}{READ_CHECK_KEY}")).await?;
+            self.read_checked_at_load.store(load, Ordering::SeqCst);
+        }
         if status == StatusCode::NOT_FOUND {
-            // Empty, or hidden from this token: only a plain read tells.
-            self.get_key(prefix).await?;
             return Ok(PrefixAnswer {
                 index,
                 pairs: Vec::new(),

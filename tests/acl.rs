@@ -97,12 +97,16 @@ fn token_is_reread_on_403_and_on_sighup() {
     }
 }
 
-/// Creates the policies `agent-read` (read on the state prefix) and
-/// `elsewhere` (read on another prefix only).
+/// Creates the policies `agent-read` (read on the state prefix) and three
+/// that read less: `elsewhere` (another prefix only), `folder-key` (the
+/// prefix's folder key alone: `key` where `key_prefix` was meant) and
+/// `one-backend` (the `web/` folder below the prefix only).
 fn policies(consul: &Consul) {
     for body in [
         &br#"{"Name":"agent-read","Rules":"key_prefix \"gitlab-haproxy-agent/state/\" { policy = \"read\" }"}"#[..],
         br#"{"Name":"elsewhere","Rules":"key_prefix \"other/\" { policy = \"read\" }"}"#,
+        br#"{"Name":"folder-key","Rules":"key \"gitlab-haproxy-agent/state/\" { policy = \"read\" }"}"#,
+        br#"{"Name":"one-backend","Rules":"key_prefix \"gitlab-haproxy-agent/state/web/\" { policy = \"read\" }"}"#,
     ] {
         let (status, _, answer) = consul.request("PUT", "/v1/acl/policy", body);
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
@@ -110,34 +114,40 @@ fn policies(consul: &Consul) {
 }
 
 /// Consul answers a recursive read by a token that may read nothing under
-/// the prefix with the same 404 as an empty prefix; taken as empty, that
-/// would answer ready for every server.
+/// the prefix with the same 404 as an empty prefix, and one that may read
+/// part of it with that part; taken as they are, the hidden keys would
+/// answer ready.
 #[test]
 fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix() {
     let consul = Consul::start_acl(MASTER);
     policies(&consul);
     consul.put("canary", "drain");
+    consul.put("web/web-01", "maint");
     let dir = TempDir::new("token");
     let token_file = dir.path().join("consul-token");
 
-    // At start: no sync, no answer, exit 1 naming the refusal.
-    let (_, elsewhere) = token_with(&consul, "elsewhere");
-    std::fs::write(&token_file, &elsewhere).unwrap();
-    let mut agent = Agent::spawn(
-        &consul.url(),
-        &[
-            "--consul-token-file",
-            token_file.to_str().unwrap(),
-            "--startup-timeout",
-            "3s",
-        ],
-    );
-    let status = agent
-        .proc()
-        .wait_exit(Duration::from_secs(15))
-        .expect("agent exits");
-    assert_eq!(status.code(), Some(1), "{}", agent.log());
-    assert!(agent.log().contains("403"), "{}", agent.log());
+    // At start: no sync, no answer, exit 1 naming the refusal. The first
+    // two see a 404, the third a 200 with web/web-01 alone.
+    for policy in ["elsewhere", "folder-key", "one-backend"] {
+        let (_, secret) = token_with(&consul, policy);
+        std::fs::write(&token_file, &secret).unwrap();
+        let mut agent = Agent::spawn(
+            &consul.url(),
+            &[
+                "--consul-token-file",
+                token_file.to_str().unwrap(),
+                "--startup-timeout",
+                "3s",
+            ],
+        );
+        let status = agent
+            .proc()
+            .wait_exit(Duration::from_secs(15))
+            .expect("agent exits");
+        assert_eq!(status.code(), Some(1), "{policy}: {}", agent.log());
+        assert!(agent.log().contains("403"), "{policy}: {}", agent.log());
+    }
+    let (_, folder_key) = token_with(&consul, "folder-key");
 
     // Running: the token is swapped for one that cannot read the prefix.
     // The agent keeps serving its last copy (drain), never ready.
@@ -150,7 +160,7 @@ fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix(
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     let refused =
         || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}");
-    std::fs::write(&token_file, &elsewhere).unwrap();
+    std::fs::write(&token_file, &folder_key).unwrap();
     delete_token(&consul, &reader);
     consul.put("canary", "maint");
     let seen = wait_for(Duration::from_secs(20), || (refused() >= 2.0).then_some(()));

@@ -459,6 +459,13 @@ fn blocking_queries_follow_the_index_rules_and_stay_rate_limited() {
     });
     assert!(ok.is_some(), "index not followed through churn");
     assert_eq!(replies(&agent), GOOD);
+    // The token's read access was checked once, with the first answer; the
+    // answers with keys since cost no extra request.
+    assert_eq!(
+        fake.key_reads(),
+        vec![format!("/v1/kv/{PREFIX}~read-check")],
+        "plain key reads"
+    );
 
     // An index of 0 is clamped to 1 (applied like a backwards index, then
     // re-read); the agent then blocks on 1 instead of spinning.

@@ -314,12 +314,12 @@ else
 	fail "Consul with ACLs"
 fi
 # What the agent reads with no token: the denied keys are filtered out, so the
-# prefix answers 404 like an empty one; a plain read of the prefix key is
-# refused (403), which is how the agent tells the two apart.
+# prefix answers 404 like an empty one; a plain read of a key below the
+# prefix is refused (403), which is how the agent tells the two apart.
 check "Consul hides the prefix without a token (404)" \
 	test "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "http://127.0.0.1:$consul_http/v1/kv/$prefix?recurse")" = 404
-check "Consul refuses a plain read of the prefix key without a token (403)" \
-	test "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "http://127.0.0.1:$consul_http/v1/kv/$prefix")" = 403
+check "Consul refuses a plain read of a key below the prefix without a token (403)" \
+	test "$(curl -s -o /dev/null -w '%{http_code}' -m 3 "http://127.0.0.1:$consul_http/v1/kv/${prefix}~read-check")" = 403
 
 # --- empty credential = no token: refused, never synced, never active -------------------
 status_says_403() { [[ "$(prop StatusText)" == *403* ]]; }

@@ -11,8 +11,9 @@
 //! are served one per request, in order, before anything else (a pending
 //! blocking query takes the next one at once); a [`FakeConsul::set_sticky`]
 //! reply answers every request until cleared. Requests without a script
-//! get the label `store`; a plain read of one key (no `recurse`) is always
-//! answered from the store at once, labelled `key`. Every request is recorded on arrival with its
+//! get the label `store`. A plain read of one key (no `recurse`) is always
+//! answered from the store at once and recorded apart
+//! ([`FakeConsul::key_reads`]). Every request is recorded on arrival with its
 //! time and its `index` and `wait` parameters, then with the reply chosen.
 #![allow(dead_code)]
 
@@ -165,6 +166,8 @@ struct State {
     script: VecDeque<Reply>,
     sticky: Option<Reply>,
     log: Vec<Record>,
+    /// Paths of plain (non-recursive) key reads, in order.
+    key_reads: Vec<String>,
 }
 
 struct Inner {
@@ -323,6 +326,12 @@ impl FakeConsul {
         self.inner.state.lock().unwrap().log.clone()
     }
 
+    /// The paths of plain reads of one key (no `recurse`), in order; they
+    /// are answered from the store and are not in [`FakeConsul::requests`].
+    pub fn key_reads(&self) -> Vec<String> {
+        self.inner.state.lock().unwrap().key_reads.clone()
+    }
+
     /// Scripted replies not served yet.
     pub fn pending(&self) -> usize {
         self.inner.state.lock().unwrap().script.len()
@@ -422,10 +431,9 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
-    // A plain read of one key (the agent's check that a 404 to its
-    // recursive read is an empty prefix, not a refusal): answered from the
-    // store at once, never from a script.
-    let recurse = query_param(&query, "recurse").is_some();
+    if query_param(&query, "recurse").is_none() {
+        return key_read(inner, path);
+    }
     let index = query_param(&query, "index").and_then(|i| i.parse::<u64>().ok());
     let wait = query_param(&query, "wait").map(str::to_string);
     let hold = match &wait {
@@ -454,9 +462,7 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
         version.borrow_and_update();
         let decided = {
             let mut s = inner.state.lock().unwrap();
-            if !recurse {
-                Some(Reply::store("key"))
-            } else if let Some(r) = s.script.pop_front() {
+            if let Some(r) = s.script.pop_front() {
                 Some(r)
             } else if let Some(r) = s.sticky.clone() {
                 Some(r)
@@ -491,7 +497,6 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
                     .keys
                     .range(prefix.clone()..)
                     .take_while(|(k, _)| k.starts_with(&prefix))
-                    .filter(|(k, _)| recurse || **k == prefix)
                     .map(|(k, (v, m))| entry(k, v, *m))
                     .collect();
                 if list.is_empty() {
@@ -532,6 +537,26 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
         builder = builder.header("X-Consul-Index", h);
     }
     builder.body(body).unwrap()
+}
+
+/// A plain read of one key (the agent's check of its token's read access):
+/// answered from the store at once, never from a script, and recorded in
+/// `key_reads` only.
+fn key_read(inner: &Inner, path: String) -> Response<FakeBody> {
+    let mut s = inner.state.lock().unwrap();
+    let key = path.strip_prefix("/v1/kv/").unwrap_or("").to_string();
+    let (status, body) = match s.keys.get(&key) {
+        Some((v, m)) => (200, serde_json::to_vec(&[entry(&key, v, *m)]).unwrap()),
+        None => (404, Vec::new()),
+    };
+    let index = s.index.to_string();
+    s.key_reads.push(path);
+    Response::builder()
+        .status(status)
+        .header("Content-Type", "application/json")
+        .header("X-Consul-Index", index)
+        .body(FakeBody::full(body))
+        .unwrap()
 }
 
 fn plain(status: u16, text: &str) -> Response<FakeBody> {

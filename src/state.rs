@@ -324,7 +324,7 @@ pub enum InvalidIdentity {
     #[error("identity {0:?} has a character outside A-Z a-z 0-9 . _ - : /")]
     BadCharacter(String),
     /// A row key is `<backend>/<server>`: exactly one `/`, both parts
-    /// non-empty.
+    /// non-empty; no part is `.` or `..`.
     #[error("identity {0:?} is neither a group nor <backend>/<server>")]
     BadShape(String),
 }
@@ -352,7 +352,13 @@ pub fn validate_identity(identity: &str) -> Result<(), InvalidIdentity> {
             _ => return Err(InvalidIdentity::BadCharacter(truncate(identity, 64))),
         }
     }
-    if slashes > 1 || identity.starts_with('/') || identity.ends_with('/') {
+    // `.` and `..` as a name would be path segments in the Consul key
+    // (`<prefix>../x` is `gitlab-haproxy-agent/x`, outside the prefix).
+    if slashes > 1
+        || identity.starts_with('/')
+        || identity.ends_with('/')
+        || identity.split('/').any(|part| part == "." || part == "..")
+    {
         return Err(InvalidIdentity::BadShape(truncate(identity, 64)));
     }
     Ok(())
@@ -499,6 +505,14 @@ mod tests {
         assert_eq!(validate_identity("canary"), Ok(()));
         assert_eq!(validate_identity("zone:us-east1-b"), Ok(()));
         assert_eq!(validate_identity(""), Err(InvalidIdentity::Empty));
+        for dots in ["..", ".", "../x", "./canary", "web/..", "web/."] {
+            assert!(
+                matches!(validate_identity(dots), Err(InvalidIdentity::BadShape(_))),
+                "{dots}"
+            );
+        }
+        assert_eq!(validate_identity("web/web.01"), Ok(()));
+        assert_eq!(validate_identity("..web/...x"), Ok(()));
         assert!(matches!(
             validate_identity("a/b/c"),
             Err(InvalidIdentity::BadShape(_))

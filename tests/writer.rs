@@ -262,6 +262,8 @@ fn writes_are_validated_compare_and_set_and_can_be_dry_runs() {
         &["set", "canary", "drain maxconn:0"],
         &["set", "web/web-01/x", "drain"],
         &["set", "web/web 01", "drain"],
+        &["set", "../x", "drain"],
+        &["set", "./canary", "drain"],
         &["clear", "a/b/c"],
     ] {
         let run = cli(&consul, args);

@@ -27,6 +27,12 @@ pub const TOKEN_CREDENTIAL: &str = "consul-token";
 /// above any load balancer's server count (each holds a file descriptor).
 pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
 
+/// The allowed `--min-query-interval` (inclusive): at least 10 ms so the
+/// watcher loop never spins under churn, at most 10 s so a change still
+/// reaches the agent quickly.
+pub const MIN_QUERY_INTERVAL_RANGE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(10));
+
 /// Exit code for bad options: EX_USAGE from sysexits.h.
 pub const EX_USAGE: i32 = 64;
 
@@ -142,7 +148,8 @@ pub struct AgentArgs {
     )]
     pub max_connections: usize,
 
-    /// Least time between two Consul requests (rate limit under churn).
+    /// Least time between two Consul requests (rate limit under churn),
+    /// 10ms..10s.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub min_query_interval: Duration,
 
@@ -319,11 +326,13 @@ impl AgentConfig {
                 format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}"),
             ));
         }
-        if a.min_query_interval > Duration::from_secs(10) {
+        if a.min_query_interval < MIN_QUERY_INTERVAL_RANGE.0
+            || a.min_query_interval > MIN_QUERY_INTERVAL_RANGE.1
+        {
             return Err(bad(
                 "--min-query-interval",
                 human(a.min_query_interval),
-                "must be at most 10s",
+                "must be between 10ms and 10s",
             ));
         }
         if a.listen == a.http_listen && a.listen.port() != 0 {
@@ -429,6 +438,8 @@ mod tests {
             (vec!["--wait", "20m"], "--wait"),
             (vec!["--wait", "10ms"], "--wait"),
             (vec!["--check-timeout", "5s"], "--check-timeout"),
+            (vec!["--min-query-interval", "0s"], "--min-query-interval"),
+            (vec!["--min-query-interval", "11s"], "--min-query-interval"),
             (vec!["--max-connections", "0"], "--max-connections"),
             (vec!["--max-connections", "65537"], "--max-connections"),
             (

@@ -702,6 +702,20 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         "    server web-b-03 127.0.0.1:1 weight 100 agent-send \"web/web-b-03 zone-b\\n\"\n",
     );
     backends.push_str("    server web-x-04 127.0.0.1:1 weight 100\n");
+    // Enrolled in name only: the agent never answers these lines, or answers
+    // them from a group key first.
+    let agent_opts =
+        format!("agent-check agent-addr 127.0.0.1 agent-port {port} agent-inter {INTER_MS}ms");
+    backends.push_str(&format!(
+        "    server web-b-04 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-04 zone-b\"\n"
+    ));
+    backends.push_str(&format!(
+        "    server web-b-05 127.0.0.1:1 weight 100 {agent_opts} agent-send \"canary web/web-b-05 zone-b\\n\"\n"
+    ));
+    backends.push_str(&format!(
+        "    server web-b-06 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-06 zone-b {}\\n\"\n",
+        ["g"; 16].join(" ")
+    ));
     backends.push_str("\nbackend api\n");
     backends.push_str(&server_line(
         "api",
@@ -782,9 +796,22 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         .iter()
         .map(|s| (s["server"].as_str().unwrap(), s["reason"].as_str().unwrap()))
         .collect();
-    assert_eq!(not_enrolled.len(), 2, "{not_enrolled:?}");
+    assert_eq!(not_enrolled.len(), 5, "{not_enrolled:?}");
     assert_eq!(not_enrolled["web/web-b-03"], "no agent-check");
     assert!(not_enrolled["web/web-x-04"].contains("zone unknown"));
+    assert_eq!(
+        not_enrolled["web/web-b-04"],
+        "agent-send does not end with \\n: the agent never answers it"
+    );
+    assert!(
+        not_enrolled["web/web-b-05"]
+            .starts_with("first identity on agent-send is `canary`, not a row key"),
+        "{not_enrolled:?}"
+    );
+    assert!(
+        not_enrolled["web/web-b-06"].contains("more than 16 identities"),
+        "{not_enrolled:?}"
+    );
     assert_eq!(
         all_keys(&consul),
         HashMap::from([

@@ -100,8 +100,9 @@ pub enum StateCommand {
     /// Drain servers selected from the HAProxy configuration: each one's row
     /// key goes to drain, then after --drain-wait to maint.
     ///
-    /// Only servers whose line has agent-check are written; the others are
-    /// listed as not enrolled. Keys are written with Consul Flags 1, the
+    /// Only enrolled servers are written: agent-check on, and an agent-send
+    /// line ending with \n that the agent accepts, with the row key first.
+    /// The others are listed as not enrolled, with the reason. Keys are written with Consul Flags 1, the
     /// mark `undrain` looks for. Keys at maint with the mark are left alone;
     /// keys at drain with the mark (an interrupted run) wait again. Keys at
     /// drain or maint without the mark were set by hand: they are left alone

@@ -1811,6 +1811,37 @@ mod tests {
     }
 
     #[test]
+    fn servers_the_agent_would_not_answer_from_their_row_key_are_not_enrolled() {
+        let config = "defaults\n  default-server agent-check\nbackend legacy\n  server l-01 1.1.1.1:80 agent-send \"legacy/l-01 zone-c\\n\"\n  server l-02 1.1.1.2:80 agent-send \"canary legacy/l-02 zone-c\\n\"\n  server l-03 1.1.1.3:80 agent-send \"legacy/l-03 zone-c\"\n  server l-04 1.1.1.4:80 agent-send \"legacy/l-04 zone-c a b c d e f g h i j k l m n o\\n\"\n";
+        for select in [
+            selector(Some("c"), None, None),
+            selector(None, Some("legacy"), None),
+        ] {
+            let t = Target::select(haproxy::parse_config(config), &select, "cfg".into());
+            assert_eq!(t.keys, vec!["legacy/l-01"]);
+            let ids: Vec<String> = t.servers.iter().map(Server::id).collect();
+            assert_eq!(ids, vec!["legacy/l-01"]);
+            let ne: Vec<(String, &str)> = t
+                .not_enrolled
+                .iter()
+                .map(|(s, w)| (s.id(), w.as_str()))
+                .collect();
+            assert_eq!(ne.len(), 3, "{ne:?}");
+            assert_eq!(ne[0].0, "legacy/l-02");
+            assert!(
+                ne[0]
+                    .1
+                    .starts_with("first identity on agent-send is `canary`, not a row key"),
+                "{ne:?}"
+            );
+            assert_eq!(ne[1].0, "legacy/l-03");
+            assert!(ne[1].1.contains("does not end with \\n"), "{ne:?}");
+            assert_eq!(ne[2].0, "legacy/l-04");
+            assert!(ne[2].1.contains("more than 16 identities"), "{ne:?}");
+        }
+    }
+
+    #[test]
     fn backend_and_glob_selection() {
         let t = Target::select(
             haproxy::parse_config(CONFIG),

@@ -910,7 +910,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();
     let mut backends = String::from("backend web\n");
-    for s in ["web-01", "web-02", "web-03", "web-04"] {
+    for s in ["web-01", "web-02", "web-03", "web-04", "web-05"] {
         backends.push_str(&server_line("web", s, &["zone-b"], port, INTER_MS));
     }
     backends.push_str("\nbackend api\n");
@@ -922,22 +922,29 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
 
     // By hand: web-03 to maint for a disk swap (`state set`), web-04 to
-    // drain with a plain KV PUT (as `consul kv put` writes it: Flags 0).
+    // drain with a plain KV PUT (as `consul kv put` writes it: Flags 0),
+    // web-05 out of rotation at weight 0 (UP, no traffic).
     let run = cli(&consul, &["set", "web/web-03", "maint"]);
     assert_eq!(run.code, 0, "{run:?}");
     consul.put("web/web-04", "drain");
+    consul.put("web/web-05", "0%");
     haproxy.wait_server("web", "web-03", CONVERGE, |s| s.admin_state == MAINT);
     haproxy.wait_server("web", "web-04", CONVERGE, |s| s.admin_state == DRAIN);
+    haproxy.wait_server("web", "web-05", CONVERGE, |s| {
+        s.admin_state == 0 && s.uweight == 0
+    });
     let web03 = kv_entry(&consul, "web/web-03").unwrap();
     let web04 = kv_entry(&consul, "web/web-04").unwrap();
+    let web05 = kv_entry(&consul, "web/web-05").unwrap();
     assert_eq!((web03.value.as_str(), web03.flags), ("maint", 0));
     assert_eq!((web04.value.as_str(), web04.flags), ("drain", 0));
+    assert_eq!((web05.value.as_str(), web05.flags), ("0%", 0));
 
     // The dry run already names them.
     let run = cli(&consul, &backend_args("drain", "web", &cfg, &["--dry-run"]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
-        run.stdout.contains("2 servers left alone"),
+        run.stdout.contains("3 servers left alone"),
         "{}",
         run.stdout
     );
@@ -957,9 +964,12 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
     assert_eq!(v["outcome"], "done");
-    assert_eq!(set_by_hand(&v), vec!["web/web-03", "web/web-04"]);
+    assert_eq!(
+        set_by_hand(&v),
+        vec!["web/web-03", "web/web-04", "web/web-05"]
+    );
     for k in v["keys"].as_array().unwrap() {
-        let hand = ["web/web-03", "web/web-04"].contains(&k["key"].as_str().unwrap());
+        let hand = ["web/web-03", "web/web-04", "web/web-05"].contains(&k["key"].as_str().unwrap());
         assert_eq!(k["set_by_hand"], hand, "{k}");
         assert_eq!(k["flags"], 0, "{k}");
         assert_eq!(k["by_drain"], false, "{k}");
@@ -983,6 +993,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     );
     assert_eq!(seen[&id("web", "web-03")], vec![(MAINT, 100)]);
     assert_eq!(seen[&id("web", "web-04")], vec![(DRAIN, 100)]);
+    assert_eq!(seen[&id("web", "web-05")], vec![(0, 0)], "UP at weight 0");
     assert_eq!(seen[&id("api", "api-01")], vec![(0, 100)]);
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
@@ -990,6 +1001,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-05").unwrap(), web05, "untouched");
 
     // The mark shows in reads.
     let v = cli(&consul, &["list", "--json"]).json();
@@ -1029,28 +1041,28 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout
-            .contains("drain: nothing to do; 2 servers set by hand left alone"),
+            .contains("drain: nothing to do; 3 servers set by hand left alone"),
         "{}",
         run.stdout
     );
 
     // Undrain the backend: web-01 and web-02 back in service; web-03 stays
-    // in MAINT and web-04 in DRAIN, their keys untouched.
+    // in MAINT, web-04 in DRAIN and web-05 at weight 0, their keys untouched.
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout
-            .contains("undrain: done; 2 servers set by hand left alone"),
+            .contains("undrain: done; 3 servers set by hand left alone"),
         "{}",
         run.stdout
     );
     assert!(
-        run.stdout.contains("2 servers left alone"),
+        run.stdout.contains("3 servers left alone"),
         "{}",
         run.stdout
     );
     assert!(run.stdout.contains("state clear KEY"), "{}", run.stdout);
-    for s in ["web/web-03", "web/web-04"] {
+    for s in ["web/web-03", "web/web-04", "web/web-05"] {
         let line = run
             .stdout
             .lines()
@@ -1062,18 +1074,21 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(kv_entry(&consul, "web/web-02"), None);
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-05").unwrap(), web05, "untouched");
     haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
     haproxy.wait_server("web", "web-02", CONVERGE, |s| s.is_ready_full_weight());
     // Several agent-check intervals later, still out.
     std::thread::sleep(Duration::from_millis(5 * INTER_MS));
     assert_eq!(haproxy.server("web", "web-03").admin_state, MAINT);
     assert_eq!(haproxy.server("web", "web-04").admin_state, DRAIN);
+    let s = haproxy.server("web", "web-05");
+    assert_eq!((s.admin_state, s.uweight), (0, 0), "{s:?}");
 
     // Break glass: a key put with -flags=1 is one `state undrain` releases.
     put_flags(&consul, "web/web-03", "maint", 1);
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(set_by_hand(&run.json()), vec!["web/web-04"]);
+    assert_eq!(set_by_hand(&run.json()), vec!["web/web-04", "web/web-05"]);
     assert_eq!(kv_entry(&consul, "web/web-03"), None);
     haproxy.wait_server("web", "web-03", CONVERGE, |s| s.is_ready_full_weight());
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
@@ -1099,7 +1114,10 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!((e.value.as_str(), e.flags), ("maint", 0));
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(set_by_hand(&run.json()), vec!["web/web-01", "web/web-04"]);
+    assert_eq!(
+        set_by_hand(&run.json()),
+        vec!["web/web-01", "web/web-04", "web/web-05"]
+    );
     assert_eq!(kv_entry(&consul, "web/web-01").unwrap(), e, "untouched");
 }
 

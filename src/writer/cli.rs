@@ -57,8 +57,8 @@ pub enum StateCommand {
     /// Write one validated value, only if the key has not changed since it
     /// was read (compare-and-set).
     ///
-    /// The key is written with Consul Flags 0: set by hand. A drain or maint
-    /// set this way is left alone by `drain` and `undrain`, also when it
+    /// The key is written with Consul Flags 0: set by hand. A drain, maint or
+    /// 0% set this way is left alone by `drain` and `undrain`, also when it
     /// replaces the same value `drain` wrote.
     #[command(after_help = EXIT_CODES_HELP)]
     Set {
@@ -102,11 +102,12 @@ pub enum StateCommand {
     ///
     /// Only enrolled servers are written: agent-check on, and an agent-send
     /// line ending with \n that the agent accepts, with the row key first.
-    /// The others are listed as not enrolled, with the reason. Keys are written with Consul Flags 1, the
-    /// mark `undrain` looks for. Keys at maint with the mark are left alone;
-    /// keys at drain with the mark (an interrupted run) wait again. Keys at
-    /// drain or maint without the mark were set by hand: they are left alone
-    /// and listed.
+    /// The others are listed as not enrolled, with the reason. Keys are
+    /// written with Consul Flags 1, the mark `undrain` looks for. Keys at
+    /// maint with the mark are left alone; keys at drain with the mark (an
+    /// interrupted run) wait again. Keys at drain, maint or 0% without the
+    /// mark were set by hand: they are left alone and listed. Keys at a
+    /// weight above 0 are drained; undrain clears them (ready 100%).
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -123,8 +124,8 @@ pub enum StateCommand {
     /// maint first and are held there for --maint-wait, then they and those
     /// at maint are removed, so HAProxy's slowstart ramps the servers up.
     ///
-    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at drain
-    /// or maint without the mark were set by hand (a server out for repair):
+    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at
+    /// drain, maint or 0% without the mark were set by hand (a server out for repair):
     /// they are left alone and listed; `state clear` releases one. Keys that
     /// are absent or in service (ready, N%) are left alone.
     #[command(after_help = EXIT_CODES_HELP)]

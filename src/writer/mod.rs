@@ -69,7 +69,7 @@ pub const CANARY_KEY: &str = "canary";
 /// The Consul KV Flags that mark a row key written by `state drain` (both its
 /// drain and its maint, and the maint `state undrain` writes on the way
 /// out). `state undrain` clears, and `state drain` takes over, only row keys
-/// at drain or maint that carry exactly this value.
+/// at drain, maint or `0%` that carry exactly this value.
 ///
 /// Any other value marks a key set by hand, which both leave alone: 0 is
 /// what `consul kv put`, `state set` and `state canary disable` write, and
@@ -1129,12 +1129,13 @@ fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
     )
 }
 
-/// Tells that `state set` takes over a drain or maint key `state drain`
-/// wrote.
+/// Tells that `state set` takes over a key `state drain` wrote, setting it
+/// to a value `state drain` and `state undrain` then leave alone (drain,
+/// maint or 0%).
 fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
     let out = matches!(
         change,
-        Change::Set(AdminState::Drain) | Change::Set(AdminState::Maint)
+        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
     );
     (before.by_drain() && out).then_some(
         "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
@@ -1526,7 +1527,7 @@ impl Report<'_> {
             ("their keys were", "they stay")
         };
         let mut out = format!(
-            "{n} server{} left alone: {them} set by hand (drain or maint without Consul \
+            "{n} server{} left alone: {them} set by hand (drain, maint or 0% without Consul \
              Flags {DRAIN_FLAGS}, the mark `state drain` writes), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
@@ -1904,6 +1905,8 @@ mod tests {
         };
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
         assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());

@@ -777,6 +777,7 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
     assert_eq!(v["outcome"], "done");
+    assert_eq!(v["row_keys_assumed"], false);
     let servers: Vec<&str> = v["servers"]
         .as_array()
         .unwrap()
@@ -880,6 +881,106 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     );
     assert_eq!(run.code, 65, "{run:?}");
     assert_eq!(all_keys(&consul).len(), 3);
+}
+
+#[test]
+fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_a_server() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-01", &[], port, INTER_MS));
+    // Its agent-send names another row key than `<backend>/<server>`.
+    backends.push_str(&server_line("legacy", "web-02", &[], port, INTER_MS));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+    let socket = haproxy.socket().to_string_lossy().into_owned();
+
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "0s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("row keys are assumed to be <backend>/<server>"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("not drained by the agent"),
+        "{}",
+        run.stderr
+    );
+    let v = run.json();
+    assert_eq!(v["outcome"], "not_drained", "{v}");
+    assert_eq!(v["row_keys_assumed"], true);
+    assert_eq!(v["not_drained"], serde_json::json!(["web/web-02"]));
+    assert_eq!(v["error"]["exit_code"], 65);
+    let statuses: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["done", "done", "not_run"], "{v}");
+    // Drain written to both, maint to neither.
+    for key in ["web/web-01", "web/web-02"] {
+        let e = kv_entry(&consul, key).unwrap();
+        assert_eq!((e.value.as_str(), e.flags), ("drain", 1), "{key}");
+    }
+    assert!(haproxy.server("web", "web-01").is_drain());
+    assert!(haproxy.server("web", "web-02").is_ready_full_weight());
+
+    // Undrain takes the drain back.
+    let run = cli(
+        &consul,
+        &["undrain", "--backend", "web", "--haproxy-socket", &socket],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("Row keys are assumed to be <backend>/<server>"),
+        "{}",
+        run.stdout
+    );
+    assert!(all_keys(&consul).is_empty());
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
+
+    // Every server drained: the drain goes on to maint.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-01",
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "0s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["outcome"], "done");
+    assert_eq!(v["row_keys_assumed"], true);
+    assert_eq!(v["not_drained"], serde_json::json!([]));
+    assert_eq!(kv(&consul, "web/web-01").as_deref(), Some("maint"));
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_maint());
 }
 
 /// The `set_by_hand` servers of a JSON report.

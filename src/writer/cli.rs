@@ -12,7 +12,8 @@ Exit status:
   64   bad options or arguments (EX_USAGE)
   65   invalid key or value, a key holding an invalid value where that is
        refused, or a selection with no enrolled server; nothing written
-       (EX_DATAERR)
+       (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
+       a server in DRAIN: drain was written, maint was not
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
@@ -223,8 +224,11 @@ pub struct Selector {
     )]
     pub haproxy_config: PathBuf,
     /// Read the servers from the running HAProxy's stats socket instead
-    /// (`show servers state`): row keys are `<backend>/<server>`, and zones
-    /// are unknown, so --zone needs --haproxy-config.
+    /// (`show servers state`). The socket does not show agent-send lines:
+    /// row keys are assumed to be `<backend>/<server>`, and zones are
+    /// unknown, so --zone needs --haproxy-config. After the drain wait,
+    /// `drain` checks on this socket that every server went to DRAIN, and
+    /// stops before maint (exit 65) when one did not.
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
 }

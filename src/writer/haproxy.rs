@@ -21,6 +21,10 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 /// check runs.
 const CHK_ST_ENABLED: u32 = 0x04;
 
+/// `SRV_ADMF_FDRAIN` in `srv_admin_state` of `show servers state`: the
+/// server was put in DRAIN (by the agent or the CLI).
+pub const ADMIN_FORCED_DRAIN: u32 = 0x08;
+
 /// One server of the HAProxy configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
@@ -447,6 +451,37 @@ pub fn tokenize(line: &str) -> Vec<String> {
 ///
 /// [`SourceError`] when the socket cannot be used or answers something else.
 pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
+    let out = show_servers_state(path)?;
+    parse_servers_state(&out).map_err(|detail| SourceError::Socket {
+        path: path.display().to_string(),
+        detail,
+    })
+}
+
+/// Which servers of the running HAProxy are in DRAIN now, read from its stats
+/// socket (`show servers state`, `srv_admin_state` bit 0x08): by
+/// `<backend>/<server>`.
+///
+/// # Errors
+///
+/// [`SourceError`] when the socket cannot be used or answers something else.
+pub fn drained_from_socket(path: &Path) -> Result<HashMap<String, bool>, SourceError> {
+    let out = show_servers_state(path)?;
+    parse_admin_states(&out)
+        .map(|states| {
+            states
+                .into_iter()
+                .map(|(id, admin)| (id, admin & ADMIN_FORCED_DRAIN != 0))
+                .collect()
+        })
+        .map_err(|detail| SourceError::Socket {
+            path: path.display().to_string(),
+            detail,
+        })
+}
+
+/// The raw answer to `show servers state` on the stats socket at `path`.
+fn show_servers_state(path: &Path) -> Result<String, SourceError> {
     let io = |e: std::io::Error| SourceError::Io {
         what: "HAProxy stats socket",
         path: path.display().to_string(),
@@ -458,10 +493,55 @@ pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
     stream.write_all(b"show servers state\n").map_err(io)?;
     let mut out = String::new();
     stream.read_to_string(&mut out).map_err(io)?;
-    parse_servers_state(&out).map_err(|detail| SourceError::Socket {
-        path: path.display().to_string(),
-        detail,
-    })
+    Ok(out)
+}
+
+/// Parses `srv_admin_state` of each server in `show servers state` output
+/// (version 1), by `<backend>/<server>`.
+///
+/// # Errors
+///
+/// A message when the header or a row is not as expected.
+pub fn parse_admin_states(out: &str) -> Result<HashMap<String, u32>, String> {
+    let (header, rows) = state_table(out)?;
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
+    };
+    let (be, sv, admin) = (col("be_name")?, col("srv_name")?, col("srv_admin_state")?);
+    rows.iter()
+        .map(|(line, f)| {
+            let get = |i: usize| f.get(i).copied().ok_or(format!("short row {line:?}"));
+            let state: u32 = get(admin)?
+                .parse()
+                .map_err(|_| format!("srv_admin_state is not a number in {line:?}"))?;
+            Ok((format!("{}/{}", get(be)?, get(sv)?), state))
+        })
+        .collect()
+}
+
+/// The header words and the rows (line, words) of `show servers state`
+/// output (version 1).
+#[allow(clippy::type_complexity)]
+fn state_table(out: &str) -> Result<(Vec<&str>, Vec<(&str, Vec<&str>)>), String> {
+    let mut lines = out.lines();
+    match lines.next().map(str::trim) {
+        Some("1") => {}
+        other => return Err(format!("expected format version 1, got {other:?}")),
+    }
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or("no header line")?
+        .trim_start_matches('#')
+        .split_whitespace()
+        .collect();
+    let rows = lines
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| (l, l.split_whitespace().collect()))
+        .collect();
+    Ok((header, rows))
 }
 
 /// Parses `show servers state` output (version 1).
@@ -811,6 +891,13 @@ listen api
         assert_eq!(servers[0].row_key(), Some("web/a"));
         assert_eq!(servers[1].row_key(), None);
         assert!(parse_servers_state("Unknown command\n").is_err());
+        let states = parse_admin_states(
+            &out.replace(" 2 0 100 100 1 1 0 2 0 0 ", " 2 8 100 100 1 1 0 2 0 0 "),
+        )
+        .unwrap();
+        assert_eq!(states["web/a"], 0);
+        assert_eq!(states["web/b"], ADMIN_FORCED_DRAIN);
+        assert!(parse_admin_states("Unknown command\n").is_err());
     }
 
     #[test]

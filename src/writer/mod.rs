@@ -10,7 +10,7 @@ pub mod plan;
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,7 +43,10 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// EX_USAGE: bad options or arguments.
     pub const USAGE: u8 = 64;
-    /// EX_DATAERR: an invalid key or value; nothing written.
+    /// EX_DATAERR: an invalid key or value; nothing written. Also a drain
+    /// from `--haproxy-socket` whose servers HAProxy did not put in DRAIN
+    /// (their row key is not the assumed `<backend>/<server>`): drain
+    /// written, maint not.
     pub const DATAERR: u8 = 65;
     /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
     pub const NOINPUT: u8 = 66;
@@ -66,6 +69,19 @@ pub mod exit {
 /// The key of the canary group.
 pub const CANARY_KEY: &str = "canary";
 
+/// How long after the drain wait HAProxy may take to show the servers of a
+/// drain from `--haproxy-socket` in DRAIN (several `agent-inter` of 2 s).
+pub const DRAIN_CHECK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the stats socket is read while waiting for DRAIN.
+const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
+
+/// What a report from `--haproxy-socket` says about its row keys.
+const ASSUMED_ROW_KEYS: &str = "row keys are assumed to be <backend>/<server>: the stats \
+     socket does not show agent-send lines, so a server whose agent-send starts with another \
+     key is not decided by the key written (AGENT ANSWERS is the answer for that key alone). \
+     `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint";
+
 /// The Consul KV Flags that mark a row key written by `state drain` (both its
 /// drain and its maint, and the maint `state undrain` writes on the way
 /// out). `state undrain` clears, and `state drain` takes over, only row keys
@@ -84,7 +100,7 @@ pub struct Failure {
     pub code: u8,
     /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
     /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
-    /// `interrupted`.
+    /// `interrupted`, `not_drained`.
     pub kind: &'static str,
     /// What happened, and what was and was not written.
     pub message: String,
@@ -343,6 +359,10 @@ struct Target {
     not_enrolled: Vec<(Server, String)>,
     /// Where the servers came from, for the report.
     source: Option<String>,
+    /// The stats socket the servers were read from: their row keys are
+    /// assumed to be `<backend>/<server>` (the socket shows no agent-send
+    /// line), and `drain` checks there that HAProxy drained them.
+    socket: Option<PathBuf>,
     /// The selection, in words.
     selection: String,
 }
@@ -354,6 +374,7 @@ impl Target {
             servers: Vec::new(),
             not_enrolled: Vec::new(),
             source: None,
+            socket: None,
             selection: format!("key {CANARY_KEY}"),
         }
     }
@@ -394,7 +415,9 @@ impl Target {
                 select.haproxy_config.display().to_string(),
             ),
         };
-        Ok(Target::select(all, select, source))
+        let mut target = Target::select(all, select, source);
+        target.socket.clone_from(&select.haproxy_socket);
+        Ok(target)
     }
 
     fn select(all: Vec<Server>, select: &Selector, source: String) -> Target {
@@ -446,6 +469,7 @@ impl Target {
             servers,
             not_enrolled,
             source: Some(source),
+            socket: None,
             selection: Target::describe_selection(select),
         }
     }
@@ -774,6 +798,9 @@ impl Writer {
             .await?;
         let snapshot = build_snapshot(&self.prefix, &answer);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
+        if target.socket.is_some() {
+            err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
+        }
         let mut run = Run::new(&plan, answer.index);
         let mut failure = None;
         if dry_run {
@@ -781,7 +808,7 @@ impl Writer {
                 .iter_mut()
                 .for_each(|s| *s = StepStatus::Planned);
         } else if !plan.steps.is_empty() {
-            let stop = self.execute(action, &plan, &mut run).await.err();
+            let stop = self.execute(action, &plan, &target, &mut run).await.err();
             // Report what Consul holds now, not only what was written: after
             // a conflict another writer's value is the truth.
             if let Ok(after) = self
@@ -823,7 +850,13 @@ impl Writer {
         }
     }
 
-    async fn execute(&self, action: &str, plan: &Plan, run: &mut Run) -> Result<(), Stop> {
+    async fn execute(
+        &self,
+        action: &str,
+        plan: &Plan,
+        target: &Target,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
         let interrupt = Interrupt::install().map_err(|e| {
             Stop::Setup(Failure::new(
                 1,
@@ -865,6 +898,29 @@ impl Writer {
                         });
                     }
                     run.statuses[i] = StepStatus::Done;
+                    if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
+                        (purpose, &target.socket, plan.steps.get(i + 1))
+                    {
+                        let servers: Vec<&Server> = target
+                            .servers
+                            .iter()
+                            .filter(|s| s.row_key().is_some_and(|k| keys.iter().any(|w| w == k)))
+                            .collect();
+                        self.check_drained(action, socket, &servers, &interrupt, run)
+                            .await
+                            .map_err(|stop| match stop {
+                                Stop::Failed { failure, .. } => Stop::Failed {
+                                    step: i + 1,
+                                    failure,
+                                },
+                                Stop::Signal { name, code, .. } => Stop::Signal {
+                                    step: i + 1,
+                                    name,
+                                    code,
+                                },
+                                other => other,
+                            })?;
+                    }
                 }
                 Step::Write {
                     change,
@@ -904,6 +960,72 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// After the drain wait of a drain whose servers came from the stats
+    /// socket: reads `show servers state` there again until every server in
+    /// `servers` is in DRAIN, for at most [`DRAIN_CHECK_GRACE`]. A server
+    /// HAProxy does not drain is one whose agent-send line does not start
+    /// with the assumed row key: the sequence stops before maint (exit 65).
+    async fn check_drained(
+        &self,
+        action: &str,
+        socket: &Path,
+        servers: &[&Server],
+        interrupt: &Interrupt,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let failed = |failure: Failure| Stop::Failed { step: 0, failure };
+        let deadline = tokio::time::Instant::now() + DRAIN_CHECK_GRACE;
+        loop {
+            let drained = haproxy::drained_from_socket(socket).map_err(|e| {
+                let mut f = Failure::from(e);
+                f.message = format!(
+                    "{}; cannot check that HAProxy drained the servers, so maint is not written",
+                    f.message
+                );
+                failed(f)
+            })?;
+            let missing: Vec<String> = servers
+                .iter()
+                .map(|s| s.id())
+                .filter(|id| drained.get(id) != Some(&true))
+                .collect();
+            if missing.is_empty() {
+                err_line(&format!(
+                    "{action}: HAProxy at {} shows {} server{} in DRAIN",
+                    socket.display(),
+                    servers.len(),
+                    if servers.len() == 1 { "" } else { "s" }
+                ));
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let n = missing.len();
+                run.not_drained.clone_from(&missing);
+                return Err(failed(Failure::new(
+                    exit::DATAERR,
+                    "not_drained",
+                    format!(
+                        "not drained by the agent: {} {} not in DRAIN on HAProxy at {} {}                          after the drain wait: {}. {} agent-send probably does not start with                          <backend>/<server>, the row key assumed with --haproxy-socket, so                          the key written does not decide; maint is not written. Find the                          row key on the server's agent-send line in the HAProxy                          configuration (drain with --haproxy-config), and take the drain                          back with `state undrain` and the same selection",
+                        n,
+                        if n == 1 { "server is" } else { "servers are" },
+                        socket.display(),
+                        humantime::format_duration(DRAIN_CHECK_GRACE),
+                        missing.join(", "),
+                        if n == 1 { "Its" } else { "Their" },
+                    ),
+                )));
+            }
+            if !interrupt.sleep(DRAIN_CHECK_POLL).await {
+                let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                return Err(Stop::Signal {
+                    step: 0,
+                    name,
+                    code,
+                });
+            }
+        }
     }
 
     /// One transaction: every key in `chunk` gets `change` (a value with
@@ -1266,6 +1388,9 @@ struct Run {
     /// The keys and the snapshot as read again at the end, when that read
     /// worked.
     observed: Option<(HashMap<String, Current>, Snapshot)>,
+    /// Servers HAProxy did not put in DRAIN after the drain wait (with
+    /// `--haproxy-socket`).
+    not_drained: Vec<String>,
 }
 
 impl Run {
@@ -1280,6 +1405,7 @@ impl Run {
             now: HashMap::new(),
             statuses: vec![StepStatus::NotRun; plan.steps.len()],
             observed: None,
+            not_drained: Vec::new(),
         }
     }
 
@@ -1613,6 +1739,8 @@ impl Report<'_> {
             "dry_run": self.dry_run,
             "prefix_read_at_index": self.run.read_index,
             "source": self.target.source,
+            "row_keys_assumed": self.target.socket.is_some(),
+            "not_drained": self.run.not_drained,
             "steps": self.steps_json(),
             "keys": self.plan.keys.iter().map(|k| json!({
                 "key": k.key,
@@ -1765,6 +1893,11 @@ impl Report<'_> {
         out.push_str(&self.set_by_hand_text());
         if let Some(source) = &self.target.source {
             out.push_str(&format!("Servers read from {source}.\n"));
+        }
+        if self.target.socket.is_some() {
+            let mut note = ASSUMED_ROW_KEYS.to_string();
+            note[..1].make_ascii_uppercase();
+            out.push_str(&format!("{note}.\n"));
         }
         out
     }

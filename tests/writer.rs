@@ -247,6 +247,18 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("drain 100%"));
+
+    // One key is one key.
+    for key in ["web/web-01", "web/web-02", "a/b/c"] {
+        consul.delete(key);
+    }
+    let run = cli(&consul, &["list"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("\n1 key, 0 invalid. Consul index"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]

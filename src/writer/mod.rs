@@ -631,8 +631,9 @@ impl Writer {
         }
         print!("{}", key_table_snapshot(&rows, &snapshot));
         println!(
-            "{} keys, {invalid} invalid{}. Consul index {}.",
+            "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),
+            if rows.len() == 1 { "" } else { "s" },
             if invalid > 0 {
                 " (the servers an invalid key decides get no answer and keep their state)"
             } else {

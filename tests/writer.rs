@@ -247,6 +247,18 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stdout).contains("drain 100%"));
+
+    // One key is one key.
+    for key in ["web/web-01", "web/web-02", "a/b/c"] {
+        consul.delete(key);
+    }
+    let run = cli(&consul, &["list"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("\n1 key, 0 invalid. Consul index"),
+        "{}",
+        run.stdout
+    );
 }
 
 #[test]
@@ -704,6 +716,20 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         "    server web-b-03 127.0.0.1:1 weight 100 agent-send \"web/web-b-03 zone-b\\n\"\n",
     );
     backends.push_str("    server web-x-04 127.0.0.1:1 weight 100\n");
+    // Enrolled in name only: the agent never answers these lines, or answers
+    // them from a group key first.
+    let agent_opts =
+        format!("agent-check agent-addr 127.0.0.1 agent-port {port} agent-inter {INTER_MS}ms");
+    backends.push_str(&format!(
+        "    server web-b-04 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-04 zone-b\"\n"
+    ));
+    backends.push_str(&format!(
+        "    server web-b-05 127.0.0.1:1 weight 100 {agent_opts} agent-send \"canary web/web-b-05 zone-b\\n\"\n"
+    ));
+    backends.push_str(&format!(
+        "    server web-b-06 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-06 zone-b {}\\n\"\n",
+        ["g"; 16].join(" ")
+    ));
     backends.push_str("\nbackend api\n");
     backends.push_str(&server_line(
         "api",
@@ -765,6 +791,7 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
     assert_eq!(v["outcome"], "done");
+    assert_eq!(v["row_keys_assumed"], false);
     let servers: Vec<&str> = v["servers"]
         .as_array()
         .unwrap()
@@ -784,9 +811,22 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         .iter()
         .map(|s| (s["server"].as_str().unwrap(), s["reason"].as_str().unwrap()))
         .collect();
-    assert_eq!(not_enrolled.len(), 2, "{not_enrolled:?}");
+    assert_eq!(not_enrolled.len(), 5, "{not_enrolled:?}");
     assert_eq!(not_enrolled["web/web-b-03"], "no agent-check");
     assert!(not_enrolled["web/web-x-04"].contains("zone unknown"));
+    assert_eq!(
+        not_enrolled["web/web-b-04"],
+        "agent-send does not end with \\n: the agent never answers it"
+    );
+    assert!(
+        not_enrolled["web/web-b-05"]
+            .starts_with("first identity on agent-send is `canary`, not a row key"),
+        "{not_enrolled:?}"
+    );
+    assert!(
+        not_enrolled["web/web-b-06"].contains("more than 16 identities"),
+        "{not_enrolled:?}"
+    );
     assert_eq!(
         all_keys(&consul),
         HashMap::from([
@@ -857,6 +897,106 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     assert_eq!(all_keys(&consul).len(), 3);
 }
 
+#[test]
+fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_a_server() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-01", &[], port, INTER_MS));
+    // Its agent-send names another row key than `<backend>/<server>`.
+    backends.push_str(&server_line("legacy", "web-02", &[], port, INTER_MS));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+    let socket = haproxy.socket().to_string_lossy().into_owned();
+
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "0s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("row keys are assumed to be <backend>/<server>"),
+        "{}",
+        run.stderr
+    );
+    assert!(
+        run.stderr.contains("not drained by the agent"),
+        "{}",
+        run.stderr
+    );
+    let v = run.json();
+    assert_eq!(v["outcome"], "not_drained", "{v}");
+    assert_eq!(v["row_keys_assumed"], true);
+    assert_eq!(v["not_drained"], serde_json::json!(["web/web-02"]));
+    assert_eq!(v["error"]["exit_code"], 65);
+    let statuses: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["done", "done", "not_run"], "{v}");
+    // Drain written to both, maint to neither.
+    for key in ["web/web-01", "web/web-02"] {
+        let e = kv_entry(&consul, key).unwrap();
+        assert_eq!((e.value.as_str(), e.flags), ("drain", 1), "{key}");
+    }
+    assert!(haproxy.server("web", "web-01").is_drain());
+    assert!(haproxy.server("web", "web-02").is_ready_full_weight());
+
+    // Undrain takes the drain back.
+    let run = cli(
+        &consul,
+        &["undrain", "--backend", "web", "--haproxy-socket", &socket],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("Row keys are assumed to be <backend>/<server>"),
+        "{}",
+        run.stdout
+    );
+    assert!(all_keys(&consul).is_empty());
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
+
+    // Every server drained: the drain goes on to maint.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-01",
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "0s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["outcome"], "done");
+    assert_eq!(v["row_keys_assumed"], true);
+    assert_eq!(v["not_drained"], serde_json::json!([]));
+    assert_eq!(kv(&consul, "web/web-01").as_deref(), Some("maint"));
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_maint());
+}
+
 /// The `set_by_hand` servers of a JSON report.
 /// `VERB --backend BACKEND --haproxy-config CFG EXTRA...`.
 fn backend_args<'a>(
@@ -885,7 +1025,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();
     let mut backends = String::from("backend web\n");
-    for s in ["web-01", "web-02", "web-03", "web-04"] {
+    for s in ["web-01", "web-02", "web-03", "web-04", "web-05"] {
         backends.push_str(&server_line("web", s, &["zone-b"], port, INTER_MS));
     }
     backends.push_str("\nbackend api\n");
@@ -897,22 +1037,29 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
 
     // By hand: web-03 to maint for a disk swap (`state set`), web-04 to
-    // drain with a plain KV PUT (as `consul kv put` writes it: Flags 0).
+    // drain with a plain KV PUT (as `consul kv put` writes it: Flags 0),
+    // web-05 out of rotation at weight 0 (UP, no traffic).
     let run = cli(&consul, &["set", "web/web-03", "maint"]);
     assert_eq!(run.code, 0, "{run:?}");
     consul.put("web/web-04", "drain");
+    consul.put("web/web-05", "0%");
     haproxy.wait_server("web", "web-03", CONVERGE, |s| s.admin_state == MAINT);
     haproxy.wait_server("web", "web-04", CONVERGE, |s| s.admin_state == DRAIN);
+    haproxy.wait_server("web", "web-05", CONVERGE, |s| {
+        s.admin_state == 0 && s.uweight == 0
+    });
     let web03 = kv_entry(&consul, "web/web-03").unwrap();
     let web04 = kv_entry(&consul, "web/web-04").unwrap();
+    let web05 = kv_entry(&consul, "web/web-05").unwrap();
     assert_eq!((web03.value.as_str(), web03.flags), ("maint", 0));
     assert_eq!((web04.value.as_str(), web04.flags), ("drain", 0));
+    assert_eq!((web05.value.as_str(), web05.flags), ("0%", 0));
 
     // The dry run already names them.
     let run = cli(&consul, &backend_args("drain", "web", &cfg, &["--dry-run"]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
-        run.stdout.contains("2 servers left alone"),
+        run.stdout.contains("3 servers left alone"),
         "{}",
         run.stdout
     );
@@ -932,9 +1079,12 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
     assert_eq!(v["outcome"], "done");
-    assert_eq!(set_by_hand(&v), vec!["web/web-03", "web/web-04"]);
+    assert_eq!(
+        set_by_hand(&v),
+        vec!["web/web-03", "web/web-04", "web/web-05"]
+    );
     for k in v["keys"].as_array().unwrap() {
-        let hand = ["web/web-03", "web/web-04"].contains(&k["key"].as_str().unwrap());
+        let hand = ["web/web-03", "web/web-04", "web/web-05"].contains(&k["key"].as_str().unwrap());
         assert_eq!(k["set_by_hand"], hand, "{k}");
         assert_eq!(k["flags"], 0, "{k}");
         assert_eq!(k["by_drain"], false, "{k}");
@@ -958,6 +1108,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     );
     assert_eq!(seen[&id("web", "web-03")], vec![(MAINT, 100)]);
     assert_eq!(seen[&id("web", "web-04")], vec![(DRAIN, 100)]);
+    assert_eq!(seen[&id("web", "web-05")], vec![(0, 0)], "UP at weight 0");
     assert_eq!(seen[&id("api", "api-01")], vec![(0, 100)]);
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
@@ -965,6 +1116,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-05").unwrap(), web05, "untouched");
 
     // The mark shows in reads.
     let v = cli(&consul, &["list", "--json"]).json();
@@ -1004,28 +1156,28 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout
-            .contains("drain: nothing to do; 2 servers set by hand left alone"),
+            .contains("drain: nothing to do; 3 servers set by hand left alone"),
         "{}",
         run.stdout
     );
 
     // Undrain the backend: web-01 and web-02 back in service; web-03 stays
-    // in MAINT and web-04 in DRAIN, their keys untouched.
+    // in MAINT, web-04 in DRAIN and web-05 at weight 0, their keys untouched.
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout
-            .contains("undrain: done; 2 servers set by hand left alone"),
+            .contains("undrain: done; 3 servers set by hand left alone"),
         "{}",
         run.stdout
     );
     assert!(
-        run.stdout.contains("2 servers left alone"),
+        run.stdout.contains("3 servers left alone"),
         "{}",
         run.stdout
     );
     assert!(run.stdout.contains("state clear KEY"), "{}", run.stdout);
-    for s in ["web/web-03", "web/web-04"] {
+    for s in ["web/web-03", "web/web-04", "web/web-05"] {
         let line = run
             .stdout
             .lines()
@@ -1037,18 +1189,21 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(kv_entry(&consul, "web/web-02"), None);
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
+    assert_eq!(kv_entry(&consul, "web/web-05").unwrap(), web05, "untouched");
     haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
     haproxy.wait_server("web", "web-02", CONVERGE, |s| s.is_ready_full_weight());
     // Several agent-check intervals later, still out.
     std::thread::sleep(Duration::from_millis(5 * INTER_MS));
     assert_eq!(haproxy.server("web", "web-03").admin_state, MAINT);
     assert_eq!(haproxy.server("web", "web-04").admin_state, DRAIN);
+    let s = haproxy.server("web", "web-05");
+    assert_eq!((s.admin_state, s.uweight), (0, 0), "{s:?}");
 
     // Break glass: a key put with -flags=1 is one `state undrain` releases.
     put_flags(&consul, "web/web-03", "maint", 1);
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(set_by_hand(&run.json()), vec!["web/web-04"]);
+    assert_eq!(set_by_hand(&run.json()), vec!["web/web-04", "web/web-05"]);
     assert_eq!(kv_entry(&consul, "web/web-03"), None);
     haproxy.wait_server("web", "web-03", CONVERGE, |s| s.is_ready_full_weight());
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
@@ -1074,7 +1229,10 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!((e.value.as_str(), e.flags), ("maint", 0));
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(set_by_hand(&run.json()), vec!["web/web-01", "web/web-04"]);
+    assert_eq!(
+        set_by_hand(&run.json()),
+        vec!["web/web-01", "web/web-04", "web/web-05"]
+    );
     assert_eq!(kv_entry(&consul, "web/web-01").unwrap(), e, "untouched");
 }
 

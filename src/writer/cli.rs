@@ -12,7 +12,8 @@ Exit status:
   64   bad options or arguments (EX_USAGE)
   65   invalid key or value, a key holding an invalid value where that is
        refused, or a selection with no enrolled server; nothing written
-       (EX_DATAERR)
+       (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
+       a server in DRAIN: drain was written, maint was not
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
@@ -57,8 +58,8 @@ pub enum StateCommand {
     /// Write one validated value, only if the key has not changed since it
     /// was read (compare-and-set).
     ///
-    /// The key is written with Consul Flags 0: set by hand. A drain or maint
-    /// set this way is left alone by `drain` and `undrain`, also when it
+    /// The key is written with Consul Flags 0: set by hand. A drain, maint or
+    /// 0% set this way is left alone by `drain` and `undrain`, also when it
     /// replaces the same value `drain` wrote.
     #[command(after_help = EXIT_CODES_HELP)]
     Set {
@@ -100,12 +101,14 @@ pub enum StateCommand {
     /// Drain servers selected from the HAProxy configuration: each one's row
     /// key goes to drain, then after --drain-wait to maint.
     ///
-    /// Only servers whose line has agent-check are written; the others are
-    /// listed as not enrolled. Keys are written with Consul Flags 1, the
-    /// mark `undrain` looks for. Keys at maint with the mark are left alone;
-    /// keys at drain with the mark (an interrupted run) wait again. Keys at
-    /// drain or maint without the mark were set by hand: they are left alone
-    /// and listed.
+    /// Only enrolled servers are written: agent-check on, and an agent-send
+    /// line ending with \n that the agent accepts, with the row key first.
+    /// The others are listed as not enrolled, with the reason. Keys are
+    /// written with Consul Flags 1, the mark `undrain` looks for. Keys at
+    /// maint with the mark are left alone; keys at drain with the mark (an
+    /// interrupted run) wait again. Keys at drain, maint or 0% without the
+    /// mark were set by hand: they are left alone and listed. Keys at a
+    /// weight above 0 are drained; undrain clears them (ready 100%).
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -122,8 +125,8 @@ pub enum StateCommand {
     /// maint first and are held there for --maint-wait, then they and those
     /// at maint are removed, so HAProxy's slowstart ramps the servers up.
     ///
-    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at drain
-    /// or maint without the mark were set by hand (a server out for repair):
+    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at
+    /// drain, maint or 0% without the mark were set by hand (a server out for repair):
     /// they are left alone and listed; `state clear` releases one. Keys that
     /// are absent or in service (ready, N%) are left alone.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -221,8 +224,11 @@ pub struct Selector {
     )]
     pub haproxy_config: PathBuf,
     /// Read the servers from the running HAProxy's stats socket instead
-    /// (`show servers state`): row keys are `<backend>/<server>`, and zones
-    /// are unknown, so --zone needs --haproxy-config.
+    /// (`show servers state`). The socket does not show agent-send lines:
+    /// row keys are assumed to be `<backend>/<server>`, and zones are
+    /// unknown, so --zone needs --haproxy-config. After the drain wait,
+    /// `drain` checks on this socket that every server went to DRAIN, and
+    /// stops before maint (exit 65) when one did not.
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
 }

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::responder::parse_line;
+use crate::responder::{parse_line, MAX_LINE};
 
 /// Group name prefix that puts a server in a zone: `zone-us-east1-b`.
 pub const ZONE_GROUP_PREFIX: &str = "zone-";
@@ -20,6 +20,10 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
 /// `CHK_ST_ENABLED` in `srv_agent_state` of `show servers state`: the agent
 /// check runs.
 const CHK_ST_ENABLED: u32 = 0x04;
+
+/// `SRV_ADMF_FDRAIN` in `srv_admin_state` of `show servers state`: the
+/// server was put in DRAIN (by the agent or the CLI).
+pub const ADMIN_FORCED_DRAIN: u32 = 0x08;
 
 /// One server of the HAProxy configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +42,8 @@ pub struct Server {
 /// Whether the agent decides a server's admin state, and through which keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enrolment {
-    /// agent-check is on and the agent-send line names a row key.
+    /// agent-check is on and the agent answers the agent-send line from its
+    /// first identity, a row key.
     Enrolled {
         /// The row key (`<backend>/<server>`) the agent reads for it.
         row_key: String,
@@ -46,9 +51,10 @@ pub enum Enrolment {
         /// by convention), as the agent reads them.
         identities: Vec<String>,
     },
-    /// The agent is not asked about this server, or cannot be told about it
-    /// alone.
-    NotEnrolled(&'static str),
+    /// The agent is not asked about this server, never answers its
+    /// agent-send line, or answers it from another key than the row key:
+    /// why, in words.
+    NotEnrolled(String),
 }
 
 impl Server {
@@ -311,36 +317,67 @@ pub fn parse_config(text: &str) -> Vec<Server> {
 }
 
 fn server(backend: &str, name: &str, options: &AgentOptions) -> Server {
-    let identities: Option<Vec<String>> = options.send.as_deref().and_then(|send| {
-        let line = send.strip_suffix('\n').unwrap_or(send);
-        parse_line(line.as_bytes())
-            .ok()
-            .map(|ids| ids.into_iter().map(str::to_string).collect())
-    });
-    let zones = identities
-        .iter()
-        .flatten()
-        .filter_map(|id| id.strip_prefix(ZONE_GROUP_PREFIX))
-        .map(str::to_string)
-        .collect();
-    let enrolment = match (&options.send, identities) {
-        _ if !options.check => Enrolment::NotEnrolled("no agent-check"),
-        (None, _) => Enrolment::NotEnrolled("agent-check without agent-send"),
-        (Some(_), None) => Enrolment::NotEnrolled("agent-send line the agent refuses"),
-        (Some(_), Some(ids)) => match ids.iter().find(|id| id.contains('/')) {
-            Some(row) => Enrolment::Enrolled {
-                row_key: row.clone(),
-                identities: ids,
-            },
-            None => Enrolment::NotEnrolled("agent-send names no <backend>/<server> key"),
-        },
+    let enrolment = match &options.send {
+        _ if !options.check => Enrolment::NotEnrolled("no agent-check".into()),
+        None => Enrolment::NotEnrolled("agent-check without agent-send".into()),
+        Some(send) => enrolment(send),
     };
     Server {
         backend: backend.to_string(),
         name: name.to_string(),
         enrolment,
-        zones,
+        zones: options.send.as_deref().map(zones).unwrap_or_default(),
     }
+}
+
+/// Whether the agent answers the agent-send line `send` (as HAProxy sends
+/// it, LF included) with a row key of its own: the line ends with LF, fits
+/// the agent's 1 KiB, the agent's parser accepts it, and its first identity
+/// is a row key (`<backend>/<server>`), the one the agent reads first.
+fn enrolment(send: &str) -> Enrolment {
+    // The agent reads up to the first LF; without one it waits, times out
+    // and answers nothing.
+    let Some((line, _)) = send.split_once('\n') else {
+        return Enrolment::NotEnrolled(
+            "agent-send does not end with \\n: the agent never answers it".into(),
+        );
+    };
+    if line.len() + 1 > MAX_LINE {
+        return Enrolment::NotEnrolled(format!(
+            "agent-send is longer than {MAX_LINE} bytes: the agent never answers it"
+        ));
+    }
+    let ids = match parse_line(line.as_bytes()) {
+        Ok(ids) => ids,
+        Err(e) => {
+            return Enrolment::NotEnrolled(format!(
+                "the agent refuses its agent-send ({e}) and never answers it"
+            ))
+        }
+    };
+    if !ids[0].contains('/') {
+        return Enrolment::NotEnrolled(format!(
+            "first identity on agent-send is `{}`, not a row key: the agent answers from it \
+             first, so a row key would not decide",
+            ids[0]
+        ));
+    }
+    Enrolment::Enrolled {
+        row_key: ids[0].to_string(),
+        identities: ids.into_iter().map(str::to_string).collect(),
+    }
+}
+
+/// Zones from the `zone-<ZONE>` words of an agent-send line, also of a line
+/// the agent refuses, so that a zonal drain lists that server as not
+/// enrolled rather than as of unknown zone.
+fn zones(send: &str) -> Vec<String> {
+    let line = send.split('\n').next().unwrap_or_default();
+    line.split([' ', '\t', '\r'])
+        .filter_map(|id| id.strip_prefix(ZONE_GROUP_PREFIX))
+        .filter(|z| !z.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 /// Splits one configuration line into words the way HAProxy does: blanks
@@ -414,6 +451,37 @@ pub fn tokenize(line: &str) -> Vec<String> {
 ///
 /// [`SourceError`] when the socket cannot be used or answers something else.
 pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
+    let out = show_servers_state(path)?;
+    parse_servers_state(&out).map_err(|detail| SourceError::Socket {
+        path: path.display().to_string(),
+        detail,
+    })
+}
+
+/// Which servers of the running HAProxy are in DRAIN now, read from its stats
+/// socket (`show servers state`, `srv_admin_state` bit 0x08): by
+/// `<backend>/<server>`.
+///
+/// # Errors
+///
+/// [`SourceError`] when the socket cannot be used or answers something else.
+pub fn drained_from_socket(path: &Path) -> Result<HashMap<String, bool>, SourceError> {
+    let out = show_servers_state(path)?;
+    parse_admin_states(&out)
+        .map(|states| {
+            states
+                .into_iter()
+                .map(|(id, admin)| (id, admin & ADMIN_FORCED_DRAIN != 0))
+                .collect()
+        })
+        .map_err(|detail| SourceError::Socket {
+            path: path.display().to_string(),
+            detail,
+        })
+}
+
+/// The raw answer to `show servers state` on the stats socket at `path`.
+fn show_servers_state(path: &Path) -> Result<String, SourceError> {
     let io = |e: std::io::Error| SourceError::Io {
         what: "HAProxy stats socket",
         path: path.display().to_string(),
@@ -425,10 +493,55 @@ pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
     stream.write_all(b"show servers state\n").map_err(io)?;
     let mut out = String::new();
     stream.read_to_string(&mut out).map_err(io)?;
-    parse_servers_state(&out).map_err(|detail| SourceError::Socket {
-        path: path.display().to_string(),
-        detail,
-    })
+    Ok(out)
+}
+
+/// Parses `srv_admin_state` of each server in `show servers state` output
+/// (version 1), by `<backend>/<server>`.
+///
+/// # Errors
+///
+/// A message when the header or a row is not as expected.
+pub fn parse_admin_states(out: &str) -> Result<HashMap<String, u32>, String> {
+    let (header, rows) = state_table(out)?;
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
+    };
+    let (be, sv, admin) = (col("be_name")?, col("srv_name")?, col("srv_admin_state")?);
+    rows.iter()
+        .map(|(line, f)| {
+            let get = |i: usize| f.get(i).copied().ok_or(format!("short row {line:?}"));
+            let state: u32 = get(admin)?
+                .parse()
+                .map_err(|_| format!("srv_admin_state is not a number in {line:?}"))?;
+            Ok((format!("{}/{}", get(be)?, get(sv)?), state))
+        })
+        .collect()
+}
+
+/// The header words and the rows (line, words) of `show servers state`
+/// output (version 1).
+#[allow(clippy::type_complexity)]
+fn state_table(out: &str) -> Result<(Vec<&str>, Vec<(&str, Vec<&str>)>), String> {
+    let mut lines = out.lines();
+    match lines.next().map(str::trim) {
+        Some("1") => {}
+        other => return Err(format!("expected format version 1, got {other:?}")),
+    }
+    let header: Vec<&str> = lines
+        .next()
+        .ok_or("no header line")?
+        .trim_start_matches('#')
+        .split_whitespace()
+        .collect();
+    let rows = lines
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| (l, l.split_whitespace().collect()))
+        .collect();
+    Ok((header, rows))
 }
 
 /// Parses `show servers state` output (version 1).
@@ -468,9 +581,9 @@ pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
             .map_err(|_| format!("srv_agent_state is not a number in {line:?}"))?;
         let row_key = format!("{backend}/{name}");
         let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
-            Enrolment::NotEnrolled("no agent-check")
+            Enrolment::NotEnrolled("no agent-check".into())
         } else if crate::state::validate_identity(&row_key).is_err() {
-            Enrolment::NotEnrolled("name is not a valid key")
+            Enrolment::NotEnrolled("name is not a valid key".into())
         } else {
             Enrolment::Enrolled {
                 identities: vec![row_key.clone()],
@@ -577,6 +690,16 @@ fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::responder::MAX_IDENTITIES;
+
+    impl Enrolment {
+        fn row_key_for_test(&self) -> Option<&str> {
+            match self {
+                Enrolment::Enrolled { row_key, .. } => Some(row_key),
+                Enrolment::NotEnrolled(_) => None,
+            }
+        }
+    }
 
     #[test]
     fn tokenizes_like_haproxy() {
@@ -645,23 +768,30 @@ listen api
             }
         );
         assert_eq!(by["web/web-01"].zones, vec!["us-east1-b"]);
-        assert_eq!(by["web/web-02"].row_key(), Some("web/web-02"));
+        // Single quotes keep `\n` literal: no LF, the agent never answers.
+        assert_eq!(
+            by["web/web-02"].enrolment,
+            Enrolment::NotEnrolled(
+                "agent-send does not end with \\n: the agent never answers it".into()
+            )
+        );
         assert_eq!(by["web/web-02"].zones, vec!["us-east1-c"]);
         assert_eq!(
             by["web/web-03"].enrolment,
-            Enrolment::NotEnrolled("no agent-check")
+            Enrolment::NotEnrolled("no agent-check".into())
         );
         assert_eq!(by["web/web-03"].zones, vec!["us-east1-b"]);
         assert_eq!(
             by["web/web-04"].enrolment,
-            Enrolment::NotEnrolled("agent-check without agent-send")
+            Enrolment::NotEnrolled("agent-check without agent-send".into())
         );
         assert!(matches!(
-            by["web/web-05"].enrolment,
-            Enrolment::NotEnrolled(r) if r.contains("no <backend>/<server>")
+            &by["web/web-05"].enrolment,
+            Enrolment::NotEnrolled(r) if r.starts_with("first identity on agent-send is `canary`, not a row key")
         ));
+        assert_eq!(by["web/web-05"].zones, vec!["us-east1-b"]);
         assert!(matches!(
-            by["web/web-06"].enrolment,
+            &by["web/web-06"].enrolment,
             Enrolment::NotEnrolled(r) if r.contains("refuses")
         ));
         // The second, plain defaults section has no default-server.
@@ -670,12 +800,79 @@ listen api
         // `cookie` takes a value: the `agent-check` after it is the cookie.
         assert_eq!(
             by["api/api-02"].enrolment,
-            Enrolment::NotEnrolled("no agent-check")
+            Enrolment::NotEnrolled("no agent-check".into())
         );
         assert_eq!(
             by["api/api-03"].enrolment,
-            Enrolment::NotEnrolled("no agent-check")
+            Enrolment::NotEnrolled("no agent-check".into())
         );
+    }
+
+    /// The enrolment of one server with agent-check and this agent-send
+    /// argument (as written in the configuration, in double quotes).
+    fn enrolment_of(send: &str) -> Enrolment {
+        let servers = parse_config(&format!(
+            "backend b\n  server s 1.2.3.4:80 agent-check agent-send \"{send}\"\n"
+        ));
+        servers[0].enrolment.clone()
+    }
+
+    fn reason(send: &str) -> String {
+        match enrolment_of(send) {
+            Enrolment::NotEnrolled(why) => why,
+            e => panic!("{send:?} is enrolled: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn enrolled_only_when_the_agent_answers_from_the_row_key() {
+        assert_eq!(
+            enrolment_of(r"web/web-01 canary zone-b\n"),
+            Enrolment::Enrolled {
+                row_key: "web/web-01".into(),
+                identities: vec!["web/web-01".into(), "canary".into(), "zone-b".into()],
+            }
+        );
+        // CRLF is accepted, as by the agent.
+        assert_eq!(
+            enrolment_of(r"web/web-01\r\n").row_key_for_test(),
+            Some("web/web-01")
+        );
+        assert!(reason("web/web-01 zone-b").contains("does not end with \\n"));
+        assert_eq!(
+            reason(r"canary legacy/l-02 zone-c\n"),
+            "first identity on agent-send is `canary`, not a row key: the agent answers from \
+             it first, so a row key would not decide"
+        );
+        let many = format!("web/web-01 {}\\n", vec!["g"; MAX_IDENTITIES].join(" "));
+        assert!(
+            reason(&many).contains("refuses its agent-send (more than 16 identities)"),
+            "{}",
+            reason(&many)
+        );
+        let most = format!("web/web-01 {}\\n", vec!["g"; MAX_IDENTITIES - 1].join(" "));
+        assert_eq!(enrolment_of(&most).row_key_for_test(), Some("web/web-01"));
+        assert!(reason(r"web/web-01 $HOME\n").contains("refuses"));
+        assert!(reason(r"web/web-01/x\n").contains("refuses"));
+        assert!(reason(r"\n").contains("refuses"));
+        // 1 KiB, LF included, as the agent reads it.
+        let fits = format!("web/web-01{}g\\n", " ".repeat(MAX_LINE - 12));
+        assert_eq!(enrolment_of(&fits).row_key_for_test(), Some("web/web-01"));
+        let long = format!("web/web-01{}g\\n", " ".repeat(MAX_LINE - 11));
+        assert!(
+            reason(&long).contains("longer than 1024 bytes"),
+            "{}",
+            reason(&long)
+        );
+    }
+
+    #[test]
+    fn zones_of_lines_the_agent_refuses_are_read_too() {
+        let servers = parse_config(
+            "backend b\n  server s 1.2.3.4:80 agent-check agent-send \"b/s zone-z $HOME\\n\"\n",
+        );
+        assert_eq!(servers[0].zones, vec!["z"]);
+        assert_eq!(servers[0].row_key(), None);
     }
 
     #[test]
@@ -694,6 +891,13 @@ listen api
         assert_eq!(servers[0].row_key(), Some("web/a"));
         assert_eq!(servers[1].row_key(), None);
         assert!(parse_servers_state("Unknown command\n").is_err());
+        let states = parse_admin_states(
+            &out.replace(" 2 0 100 100 1 1 0 2 0 0 ", " 2 8 100 100 1 1 0 2 0 0 "),
+        )
+        .unwrap();
+        assert_eq!(states["web/a"], 0);
+        assert_eq!(states["web/b"], ADMIN_FORCED_DRAIN);
+        assert!(parse_admin_states("Unknown command\n").is_err());
     }
 
     #[test]

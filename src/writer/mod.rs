@@ -10,7 +10,7 @@ pub mod plan;
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -43,7 +43,10 @@ pub mod exit {
     pub const OK: u8 = 0;
     /// EX_USAGE: bad options or arguments.
     pub const USAGE: u8 = 64;
-    /// EX_DATAERR: an invalid key or value; nothing written.
+    /// EX_DATAERR: an invalid key or value; nothing written. Also a drain
+    /// from `--haproxy-socket` whose servers HAProxy did not put in DRAIN
+    /// (their row key is not the assumed `<backend>/<server>`): drain
+    /// written, maint not.
     pub const DATAERR: u8 = 65;
     /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
     pub const NOINPUT: u8 = 66;
@@ -66,10 +69,23 @@ pub mod exit {
 /// The key of the canary group.
 pub const CANARY_KEY: &str = "canary";
 
+/// How long after the drain wait HAProxy may take to show the servers of a
+/// drain from `--haproxy-socket` in DRAIN (several `agent-inter` of 2 s).
+pub const DRAIN_CHECK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the stats socket is read while waiting for DRAIN.
+const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
+
+/// What a report from `--haproxy-socket` says about its row keys.
+const ASSUMED_ROW_KEYS: &str = "row keys are assumed to be <backend>/<server>: the stats \
+     socket does not show agent-send lines, so a server whose agent-send starts with another \
+     key is not decided by the key written (AGENT ANSWERS is the answer for that key alone). \
+     `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint";
+
 /// The Consul KV Flags that mark a row key written by `state drain` (both its
 /// drain and its maint, and the maint `state undrain` writes on the way
 /// out). `state undrain` clears, and `state drain` takes over, only row keys
-/// at drain or maint that carry exactly this value.
+/// at drain, maint or `0%` that carry exactly this value.
 ///
 /// Any other value marks a key set by hand, which both leave alone: 0 is
 /// what `consul kv put`, `state set` and `state canary disable` write, and
@@ -84,7 +100,7 @@ pub struct Failure {
     pub code: u8,
     /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
     /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
-    /// `interrupted`.
+    /// `interrupted`, `not_drained`.
     pub kind: &'static str,
     /// What happened, and what was and was not written.
     pub message: String,
@@ -343,6 +359,10 @@ struct Target {
     not_enrolled: Vec<(Server, String)>,
     /// Where the servers came from, for the report.
     source: Option<String>,
+    /// The stats socket the servers were read from: their row keys are
+    /// assumed to be `<backend>/<server>` (the socket shows no agent-send
+    /// line), and `drain` checks there that HAProxy drained them.
+    socket: Option<PathBuf>,
     /// The selection, in words.
     selection: String,
 }
@@ -354,6 +374,7 @@ impl Target {
             servers: Vec::new(),
             not_enrolled: Vec::new(),
             source: None,
+            socket: None,
             selection: format!("key {CANARY_KEY}"),
         }
     }
@@ -394,7 +415,9 @@ impl Target {
                 select.haproxy_config.display().to_string(),
             ),
         };
-        Ok(Target::select(all, select, source))
+        let mut target = Target::select(all, select, source);
+        target.socket.clone_from(&select.haproxy_socket);
+        Ok(target)
     }
 
     fn select(all: Vec<Server>, select: &Selector, source: String) -> Target {
@@ -446,6 +469,7 @@ impl Target {
             servers,
             not_enrolled,
             source: Some(source),
+            socket: None,
             selection: Target::describe_selection(select),
         }
     }
@@ -607,8 +631,9 @@ impl Writer {
         }
         print!("{}", key_table_snapshot(&rows, &snapshot));
         println!(
-            "{} keys, {invalid} invalid{}. Consul index {}.",
+            "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),
+            if rows.len() == 1 { "" } else { "s" },
             if invalid > 0 {
                 " (the servers an invalid key decides get no answer and keep their state)"
             } else {
@@ -774,6 +799,9 @@ impl Writer {
             .await?;
         let snapshot = build_snapshot(&self.prefix, &answer);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
+        if target.socket.is_some() {
+            err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
+        }
         let mut run = Run::new(&plan, answer.index);
         let mut failure = None;
         if dry_run {
@@ -781,7 +809,7 @@ impl Writer {
                 .iter_mut()
                 .for_each(|s| *s = StepStatus::Planned);
         } else if !plan.steps.is_empty() {
-            let stop = self.execute(action, &plan, &mut run).await.err();
+            let stop = self.execute(action, &plan, &target, &mut run).await.err();
             // Report what Consul holds now, not only what was written: after
             // a conflict another writer's value is the truth.
             if let Ok(after) = self
@@ -823,7 +851,13 @@ impl Writer {
         }
     }
 
-    async fn execute(&self, action: &str, plan: &Plan, run: &mut Run) -> Result<(), Stop> {
+    async fn execute(
+        &self,
+        action: &str,
+        plan: &Plan,
+        target: &Target,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
         let interrupt = Interrupt::install().map_err(|e| {
             Stop::Setup(Failure::new(
                 1,
@@ -865,6 +899,29 @@ impl Writer {
                         });
                     }
                     run.statuses[i] = StepStatus::Done;
+                    if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
+                        (purpose, &target.socket, plan.steps.get(i + 1))
+                    {
+                        let servers: Vec<&Server> = target
+                            .servers
+                            .iter()
+                            .filter(|s| s.row_key().is_some_and(|k| keys.iter().any(|w| w == k)))
+                            .collect();
+                        self.check_drained(action, socket, &servers, &interrupt, run)
+                            .await
+                            .map_err(|stop| match stop {
+                                Stop::Failed { failure, .. } => Stop::Failed {
+                                    step: i + 1,
+                                    failure,
+                                },
+                                Stop::Signal { name, code, .. } => Stop::Signal {
+                                    step: i + 1,
+                                    name,
+                                    code,
+                                },
+                                other => other,
+                            })?;
+                    }
                 }
                 Step::Write {
                     change,
@@ -904,6 +961,72 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// After the drain wait of a drain whose servers came from the stats
+    /// socket: reads `show servers state` there again until every server in
+    /// `servers` is in DRAIN, for at most [`DRAIN_CHECK_GRACE`]. A server
+    /// HAProxy does not drain is one whose agent-send line does not start
+    /// with the assumed row key: the sequence stops before maint (exit 65).
+    async fn check_drained(
+        &self,
+        action: &str,
+        socket: &Path,
+        servers: &[&Server],
+        interrupt: &Interrupt,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let failed = |failure: Failure| Stop::Failed { step: 0, failure };
+        let deadline = tokio::time::Instant::now() + DRAIN_CHECK_GRACE;
+        loop {
+            let drained = haproxy::drained_from_socket(socket).map_err(|e| {
+                let mut f = Failure::from(e);
+                f.message = format!(
+                    "{}; cannot check that HAProxy drained the servers, so maint is not written",
+                    f.message
+                );
+                failed(f)
+            })?;
+            let missing: Vec<String> = servers
+                .iter()
+                .map(|s| s.id())
+                .filter(|id| drained.get(id) != Some(&true))
+                .collect();
+            if missing.is_empty() {
+                err_line(&format!(
+                    "{action}: HAProxy at {} shows {} server{} in DRAIN",
+                    socket.display(),
+                    servers.len(),
+                    if servers.len() == 1 { "" } else { "s" }
+                ));
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let n = missing.len();
+                run.not_drained.clone_from(&missing);
+                return Err(failed(Failure::new(
+                    exit::DATAERR,
+                    "not_drained",
+                    format!(
+                        "not drained by the agent: {} {} not in DRAIN on HAProxy at {} {}                          after the drain wait: {}. {} agent-send probably does not start with                          <backend>/<server>, the row key assumed with --haproxy-socket, so                          the key written does not decide; maint is not written. Find the                          row key on the server's agent-send line in the HAProxy                          configuration (drain with --haproxy-config), and take the drain                          back with `state undrain` and the same selection",
+                        n,
+                        if n == 1 { "server is" } else { "servers are" },
+                        socket.display(),
+                        humantime::format_duration(DRAIN_CHECK_GRACE),
+                        missing.join(", "),
+                        if n == 1 { "Its" } else { "Their" },
+                    ),
+                )));
+            }
+            if !interrupt.sleep(DRAIN_CHECK_POLL).await {
+                let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                return Err(Stop::Signal {
+                    step: 0,
+                    name,
+                    code,
+                });
+            }
+        }
     }
 
     /// One transaction: every key in `chunk` gets `change` (a value with
@@ -1129,12 +1252,13 @@ fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
     )
 }
 
-/// Tells that `state set` takes over a drain or maint key `state drain`
-/// wrote.
+/// Tells that `state set` takes over a key `state drain` wrote, setting it
+/// to a value `state drain` and `state undrain` then leave alone (drain,
+/// maint or 0%).
 fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
     let out = matches!(
         change,
-        Change::Set(AdminState::Drain) | Change::Set(AdminState::Maint)
+        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
     );
     (before.by_drain() && out).then_some(
         "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
@@ -1265,6 +1389,9 @@ struct Run {
     /// The keys and the snapshot as read again at the end, when that read
     /// worked.
     observed: Option<(HashMap<String, Current>, Snapshot)>,
+    /// Servers HAProxy did not put in DRAIN after the drain wait (with
+    /// `--haproxy-socket`).
+    not_drained: Vec<String>,
 }
 
 impl Run {
@@ -1279,6 +1406,7 @@ impl Run {
             now: HashMap::new(),
             statuses: vec![StepStatus::NotRun; plan.steps.len()],
             observed: None,
+            not_drained: Vec::new(),
         }
     }
 
@@ -1526,7 +1654,7 @@ impl Report<'_> {
             ("their keys were", "they stay")
         };
         let mut out = format!(
-            "{n} server{} left alone: {them} set by hand (drain or maint without Consul \
+            "{n} server{} left alone: {them} set by hand (drain, maint or 0% without Consul \
              Flags {DRAIN_FLAGS}, the mark `state drain` writes), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
@@ -1612,6 +1740,8 @@ impl Report<'_> {
             "dry_run": self.dry_run,
             "prefix_read_at_index": self.run.read_index,
             "source": self.target.source,
+            "row_keys_assumed": self.target.socket.is_some(),
+            "not_drained": self.run.not_drained,
             "steps": self.steps_json(),
             "keys": self.plan.keys.iter().map(|k| json!({
                 "key": k.key,
@@ -1765,6 +1895,11 @@ impl Report<'_> {
         if let Some(source) = &self.target.source {
             out.push_str(&format!("Servers read from {source}.\n"));
         }
+        if self.target.socket.is_some() {
+            let mut note = ASSUMED_ROW_KEYS.to_string();
+            note[..1].make_ascii_uppercase();
+            out.push_str(&format!("{note}.\n"));
+        }
         out
     }
 }
@@ -1808,6 +1943,37 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn servers_the_agent_would_not_answer_from_their_row_key_are_not_enrolled() {
+        let config = "defaults\n  default-server agent-check\nbackend legacy\n  server l-01 1.1.1.1:80 agent-send \"legacy/l-01 zone-c\\n\"\n  server l-02 1.1.1.2:80 agent-send \"canary legacy/l-02 zone-c\\n\"\n  server l-03 1.1.1.3:80 agent-send \"legacy/l-03 zone-c\"\n  server l-04 1.1.1.4:80 agent-send \"legacy/l-04 zone-c a b c d e f g h i j k l m n o\\n\"\n";
+        for select in [
+            selector(Some("c"), None, None),
+            selector(None, Some("legacy"), None),
+        ] {
+            let t = Target::select(haproxy::parse_config(config), &select, "cfg".into());
+            assert_eq!(t.keys, vec!["legacy/l-01"]);
+            let ids: Vec<String> = t.servers.iter().map(Server::id).collect();
+            assert_eq!(ids, vec!["legacy/l-01"]);
+            let ne: Vec<(String, &str)> = t
+                .not_enrolled
+                .iter()
+                .map(|(s, w)| (s.id(), w.as_str()))
+                .collect();
+            assert_eq!(ne.len(), 3, "{ne:?}");
+            assert_eq!(ne[0].0, "legacy/l-02");
+            assert!(
+                ne[0]
+                    .1
+                    .starts_with("first identity on agent-send is `canary`, not a row key"),
+                "{ne:?}"
+            );
+            assert_eq!(ne[1].0, "legacy/l-03");
+            assert!(ne[1].1.contains("does not end with \\n"), "{ne:?}");
+            assert_eq!(ne[2].0, "legacy/l-04");
+            assert!(ne[2].1.contains("more than 16 identities"), "{ne:?}");
+        }
     }
 
     #[test]
@@ -1873,6 +2039,8 @@ mod tests {
         };
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
         assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());

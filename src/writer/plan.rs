@@ -3,8 +3,8 @@
 //! operations that leaves every key with a valid value.
 //!
 //! Row keys written by `state drain` carry [`DRAIN_FLAGS`] in their Consul
-//! Flags; a row key at drain or maint without it was set by hand, and the
-//! drain and undrain plans leave it alone ([`Claim::Marked`]).
+//! Flags; a row key at drain, maint or `0%` without it was set by hand, and
+//! the drain and undrain plans leave it alone ([`Claim::Marked`]).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -84,14 +84,15 @@ impl Current {
         !matches!(self, Current::Absent) && self.flags() == DRAIN_FLAGS
     }
 
-    /// True for a key at drain or maint that `state drain` did not write:
-    /// someone took the server out on purpose (`state set`, `consul kv
-    /// put`), and the drain and undrain plans leave it alone.
+    /// True for a key at drain, maint or `0%` that `state drain` did not
+    /// write: someone took the server out on purpose (`state set`, `consul
+    /// kv put`), and the drain and undrain plans leave it alone. A key at a
+    /// weight above 0 is in service: a drain replaces it.
     pub fn set_by_hand(&self) -> bool {
         matches!(
             self,
             Current::Valid {
-                state: AdminState::Drain | AdminState::Maint,
+                state: AdminState::Drain | AdminState::Maint | AdminState::Weight(0),
                 ..
             }
         ) && !self.by_drain()
@@ -146,14 +147,14 @@ pub enum WaitFor {
     Maint,
 }
 
-/// Which keys at drain or maint a plan takes over, and the Flags its
+/// Which keys at drain, maint or `0%` a plan takes over, and the Flags its
 /// writes carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
-    /// The row keys of `state drain` and `state undrain`: a key at drain or
-    /// maint is taken over only when it carries [`DRAIN_FLAGS`] (a drain
-    /// this command wrote, perhaps interrupted); without it the key was set
-    /// by hand and is left alone. Every value written carries
+    /// The row keys of `state drain` and `state undrain`: a key at drain,
+    /// maint or `0%` is taken over only when it carries [`DRAIN_FLAGS`] (a
+    /// drain this command wrote, perhaps interrupted); without it the key
+    /// was set by hand and is left alone. Every value written carries
     /// [`DRAIN_FLAGS`].
     Marked,
     /// The `canary` group key of `state canary`: taken over whatever its
@@ -216,8 +217,8 @@ pub struct KeyPlan {
     pub after: Option<AdminState>,
     /// Why it is left alone, or what to know about it.
     pub note: Option<&'static str>,
-    /// True when it is left alone because it is at drain or maint without
-    /// [`DRAIN_FLAGS`]: set by hand, not by `state drain`.
+    /// True when it is left alone because it is at drain, maint or `0%`
+    /// without [`DRAIN_FLAGS`]: set by hand, not by `state drain`.
     pub set_by_hand: bool,
 }
 
@@ -252,9 +253,10 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
-/// With [`Claim::Marked`], a key at drain or maint without [`DRAIN_FLAGS`]
-/// was set by hand: it is in no step and keeps its value. Values are written
-/// with `claim`'s Flags.
+/// With [`Claim::Marked`], a key at drain, maint or `0%` without
+/// [`DRAIN_FLAGS`] was set by hand: it is in no step and keeps its value. A
+/// key at a weight above 0 is drained, and undrain clears it. Values are
+/// written with `claim`'s Flags.
 pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: Claim) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
@@ -335,8 +337,8 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
 /// (`ready`, `N%`) are left alone.
 ///
 /// With [`Claim::Marked`], only keys carrying [`DRAIN_FLAGS`] are taken back:
-/// a key at drain or maint without them was set by hand (a server out for
-/// repair) and is in no step; `state clear` releases it. The maint written
+/// a key at drain, maint or `0%` without them was set by hand (a server out
+/// for repair) and is in no step; `state clear` releases it. The maint written
 /// on the way carries `claim`'s Flags, so an interrupted undrain can be
 /// re-run.
 ///
@@ -565,12 +567,13 @@ mod tests {
                 ("web/b".into(), by_drain(AdminState::Ready, 4)),
                 ("web/c".into(), invalid(0)),
                 ("web/d".into(), invalid(DRAIN_FLAGS)),
-                ("web/e".into(), valid(AdminState::Weight(0), 5)),
+                ("web/e".into(), valid(AdminState::Weight(1), 5)),
+                ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
             ],
             W,
             Claim::Marked,
         );
-        let all = ["web/a", "web/b", "web/c", "web/d", "web/e"];
+        let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
         assert_eq!(
             plan.steps,
             vec![
@@ -622,6 +625,58 @@ mod tests {
             assert_eq!(k.note, Some("set by hand: left alone"));
         }
         assert!(!key(&plan, "web/d").set_by_hand);
+    }
+
+    #[test]
+    fn drain_and_undrain_leave_keys_set_by_hand_at_0_percent_alone() {
+        let targets = vec![
+            ("web/a".into(), valid(AdminState::Weight(0), 3)),
+            (
+                "web/b".into(),
+                Current::Valid {
+                    state: AdminState::Weight(0),
+                    index: 4,
+                    flags: 2,
+                },
+            ),
+            ("web/c".into(), valid(AdminState::Weight(50), 5)),
+        ];
+        let plan = plan_drain(targets.clone(), W, Claim::Marked);
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Drain), DRAIN_FLAGS, &["web/c"]),
+                DRAIN_WAIT,
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/c"]),
+            ],
+            "0% set by hand is in no step; 50% is drained"
+        );
+        for k in ["web/a", "web/b"] {
+            let k = key(&plan, k);
+            assert!(k.set_by_hand, "{k:?}");
+            assert_eq!(k.after, Some(AdminState::Weight(0)), "{k:?}");
+            assert!(!k.changes(), "{k:?}");
+            assert_eq!(k.note, Some("set by hand: left alone"));
+        }
+        assert!(key(&plan, "web/c").note.unwrap().contains("weight"));
+        let plan = plan_undrain(targets, M, Claim::Marked).unwrap();
+        assert!(plan.steps.is_empty());
+        for k in ["web/a", "web/b"] {
+            let k = key(&plan, k);
+            assert!(k.set_by_hand, "{k:?}");
+            assert!(k.note.unwrap().contains("state clear"), "{k:?}");
+        }
+        assert!(!key(&plan, "web/c").set_by_hand);
+        // `canary disable` takes the canary key over whatever it holds.
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Weight(0), 3))],
+            W,
+            Claim::Any,
+        );
+        assert_eq!(
+            plan.steps[0],
+            write(Change::Set(AdminState::Drain), 0, &["canary"])
+        );
     }
 
     #[test]
@@ -858,12 +913,15 @@ mod tests {
         assert_eq!(current(b"maint", 1), by_drain(AdminState::Maint, 3));
         assert!(current(b"maint", DRAIN_FLAGS).by_drain());
         assert!(!current(b"maint", DRAIN_FLAGS).set_by_hand());
+        assert!(!current(b"0%", DRAIN_FLAGS).set_by_hand());
         for flags in [0, 2, 3, u64::MAX] {
             assert!(!current(b"maint", flags).by_drain(), "{flags}");
             assert!(current(b"maint", flags).set_by_hand(), "{flags}");
             assert!(current(b"drain", flags).set_by_hand(), "{flags}");
             assert!(!current(b"ready", flags).set_by_hand(), "{flags}");
             assert!(!current(b"50%", flags).set_by_hand(), "{flags}");
+            assert!(!current(b"1%", flags).set_by_hand(), "{flags}");
+            assert!(current(b"0%", flags).set_by_hand(), "{flags}");
         }
         assert_eq!(current(b"drian", 1).flags(), 1);
         assert!(

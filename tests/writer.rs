@@ -33,6 +33,26 @@ impl Run {
             .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self:?}"))
     }
 
+    /// Asserts that stdout contains `text`.
+    #[track_caller]
+    fn says(&self, text: &str) {
+        assert!(
+            self.stdout.contains(text),
+            "stdout lacks {text:?}:\n{}",
+            self.stdout
+        );
+    }
+
+    /// Asserts that stderr contains `text`.
+    #[track_caller]
+    fn warns(&self, text: &str) {
+        assert!(
+            self.stderr.contains(text),
+            "stderr lacks {text:?}:\n{}",
+            self.stderr
+        );
+    }
+
     /// The table row on stdout that starts with `key`.
     fn row(&self, key: &str) -> &str {
         self.stdout
@@ -218,8 +238,8 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
 
     let run = cli(&consul, &["list"]);
     assert_eq!(run.code, 0);
-    assert!(run.stdout.contains("INVALID"), "{}", run.stdout);
-    assert!(run.stdout.contains("4 keys, 2 invalid"), "{}", run.stdout);
+    run.says("INVALID");
+    run.says("4 keys, 2 invalid");
     assert!(
         run.row("web/web-02").contains("none (frozen)"),
         "{}",
@@ -238,7 +258,7 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
     assert!(run.json()["modify_index"].as_u64().unwrap() > 0);
     let run = cli(&consul, &["get", "nothing-here"]);
     assert_eq!(run.code, 0);
-    assert!(run.stdout.contains("no key"), "{}", run.stdout);
+    run.says("no key");
     // The options of the daemon are accepted before `state` too.
     let out = Command::new(AGENT_BIN)
         .env_clear()
@@ -254,11 +274,7 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
     }
     let run = cli(&consul, &["list"]);
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout.contains("\n1 key, 0 invalid. Consul index"),
-        "{}",
-        run.stdout
-    );
+    run.says("\n1 key, 0 invalid. Consul index");
 }
 
 #[test]
@@ -288,7 +304,7 @@ fn writes_are_validated_compare_and_set_and_can_be_dry_runs() {
     // --dry-run writes nothing.
     let run = cli(&consul, &["set", "canary", "drain", "--dry-run"]);
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(run.stdout.contains("dry run"), "{}", run.stdout);
+    run.says("dry run");
     assert_eq!(kv(&consul, "canary"), None);
 
     // A valid value is written in its canonical spelling.
@@ -544,13 +560,9 @@ fn explain_agrees_with_the_running_agent() {
         );
     }
     let run = cli(&consul, &["explain", "web/web-cny-01", "canary", "zone-b"]);
-    assert!(
-        run.stdout.contains("decided by key canary = drain"),
-        "{}",
-        run.stdout
-    );
+    run.says("decided by key canary = drain");
     let run = cli(&consul, &["explain", "web/web-03", "canary"]);
-    assert!(run.stdout.contains("invalid value"), "{}", run.stdout);
+    run.says("invalid value");
     let run = cli(&consul, &["explain", "web/web-01/x"]);
     assert_eq!(run.code, 65, "{run:?}");
 }
@@ -646,11 +658,7 @@ fn canary_disable_drains_then_maints_only_the_canaries_and_enable_ramps_them() {
     let seen = watch(&haproxy, &mut child, &canaries);
     let run = finish(child);
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout.contains("canary disable: done"),
-        "{}",
-        run.stdout
-    );
+    run.says("canary disable: done");
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
     for (server, states) in &seen {
         if canaries.contains(server) {
@@ -868,17 +876,12 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     let socket = haproxy.socket().to_string_lossy().into_owned();
     let run = cli(
         &consul,
-        &[
+        &socket_args(
             "drain",
-            "--backend",
             "web",
-            "--server",
-            "web-[ab]-0[12]",
-            "--haproxy-socket",
             &socket,
-            "--drain-wait",
-            "0s",
-        ],
+            &["--server", "web-[ab]-0[12]", "--drain-wait", "0s"],
+        ),
     );
     assert_eq!(run.code, 0, "{run:?}");
     let keys = all_keys(&consul);
@@ -914,29 +917,11 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
 
     let run = cli(
         &consul,
-        &[
-            "drain",
-            "--backend",
-            "web",
-            "--haproxy-socket",
-            &socket,
-            "--drain-wait",
-            "0s",
-            "--json",
-        ],
+        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
     );
     assert_eq!(run.code, 65, "{run:?}");
-    assert!(
-        run.stderr
-            .contains("row keys are assumed to be <backend>/<server>"),
-        "{}",
-        run.stderr
-    );
-    assert!(
-        run.stderr.contains("not drained by the agent"),
-        "{}",
-        run.stderr
-    );
+    run.warns("row keys are assumed to be <backend>/<server>");
+    run.warns("not drained by the agent");
     let v = run.json();
     assert_eq!(v["outcome"], "not_drained", "{v}");
     assert_eq!(v["row_keys_assumed"], true);
@@ -958,35 +943,21 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
     assert!(haproxy.server("web", "web-02").is_ready_full_weight());
 
     // Undrain takes the drain back.
-    let run = cli(
-        &consul,
-        &["undrain", "--backend", "web", "--haproxy-socket", &socket],
-    );
+    let run = cli(&consul, &socket_args("undrain", "web", &socket, &[]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout
-            .contains("Row keys are assumed to be <backend>/<server>"),
-        "{}",
-        run.stdout
-    );
+    run.says("Row keys are assumed to be <backend>/<server>");
     assert!(all_keys(&consul).is_empty());
     haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
 
     // Every server drained: the drain goes on to maint.
     let run = cli(
         &consul,
-        &[
+        &socket_args(
             "drain",
-            "--backend",
             "web",
-            "--server",
-            "web-01",
-            "--haproxy-socket",
             &socket,
-            "--drain-wait",
-            "0s",
-            "--json",
-        ],
+            &["--server", "web-01", "--drain-wait", "0s", "--json"],
+        ),
     );
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
@@ -997,7 +968,6 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
     haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_maint());
 }
 
-/// The `set_by_hand` servers of a JSON report.
 /// `VERB --backend BACKEND --haproxy-config CFG EXTRA...`.
 fn backend_args<'a>(
     verb: &'a str,
@@ -1005,11 +975,28 @@ fn backend_args<'a>(
     cfg: &'a str,
     extra: &[&'a str],
 ) -> Vec<&'a str> {
-    let mut args = vec![verb, "--backend", backend, "--haproxy-config", cfg];
-    args.extend_from_slice(extra);
-    args
+    [
+        &[verb, "--backend", backend, "--haproxy-config", cfg][..],
+        extra,
+    ]
+    .concat()
 }
 
+/// `VERB --backend BACKEND --haproxy-socket SOCKET EXTRA...`.
+fn socket_args<'a>(
+    verb: &'a str,
+    backend: &'a str,
+    socket: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
+    [
+        &[verb, "--backend", backend, "--haproxy-socket", socket][..],
+        extra,
+    ]
+    .concat()
+}
+
+/// The `set_by_hand` servers of a JSON report.
 fn set_by_hand(v: &Value) -> Vec<&str> {
     v["set_by_hand"]
         .as_array()
@@ -1058,11 +1045,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     // The dry run already names them.
     let run = cli(&consul, &backend_args("drain", "web", &cfg, &["--dry-run"]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout.contains("3 servers left alone"),
-        "{}",
-        run.stdout
-    );
+    run.says("3 servers left alone");
 
     // Drain the backend: web-01 and web-02 go DRAIN then MAINT; the two set
     // by hand are not written and HAProxy keeps them as they are.
@@ -1154,29 +1137,15 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
         &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout
-            .contains("drain: nothing to do; 3 servers set by hand left alone"),
-        "{}",
-        run.stdout
-    );
+    run.says("drain: nothing to do; 3 servers set by hand left alone");
 
     // Undrain the backend: web-01 and web-02 back in service; web-03 stays
     // in MAINT, web-04 in DRAIN and web-05 at weight 0, their keys untouched.
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout
-            .contains("undrain: done; 3 servers set by hand left alone"),
-        "{}",
-        run.stdout
-    );
-    assert!(
-        run.stdout.contains("3 servers left alone"),
-        "{}",
-        run.stdout
-    );
-    assert!(run.stdout.contains("state clear KEY"), "{}", run.stdout);
+    run.says("undrain: done; 3 servers set by hand left alone");
+    run.says("3 servers left alone");
+    run.says("state clear KEY");
     for s in ["web/web-03", "web/web-04", "web/web-05"] {
         let line = run
             .stdout
@@ -1224,7 +1193,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     let run = cli(&consul, &["set", "web/web-01", "maint", "--json"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.json()["written"], true, "{run:?}");
-    assert!(run.stderr.contains("now set by hand"), "{}", run.stderr);
+    run.warns("now set by hand");
     let e = kv_entry(&consul, "web/web-01").unwrap();
     assert_eq!((e.value.as_str(), e.flags), ("maint", 0));
     let run = cli(&consul, &backend_args("undrain", "web", &cfg, &["--json"]));
@@ -1270,7 +1239,7 @@ fn drains_of_many_servers_use_several_transactions() {
         ],
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(run.stderr.contains("(3 transactions)"), "{}", run.stderr);
+    run.warns("(3 transactions)");
     let v = run.json();
     let hand: Vec<&str> = v["set_by_hand"]
         .as_array()
@@ -1348,11 +1317,7 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
     );
     assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
     assert_eq!(run.code, 130, "{run:?}");
-    assert!(
-        run.stderr.contains("maint was NOT written"),
-        "{}",
-        run.stderr
-    );
+    run.warns("maint was NOT written");
     let v = run.json();
     assert_eq!(v["outcome"], "interrupted");
     assert_eq!(v["keys"][0]["now"], "drain");
@@ -1369,7 +1334,7 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
     let run = cli(&consul, &["canary", "disable", "--drain-wait", "1s"]);
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(run.stdout.contains("nothing to do"), "{}", run.stdout);
+    run.says("nothing to do");
 
     // SIGINT while enable holds maint: maint stays, the key is not cleared.
     consul.put("canary", "drain");
@@ -1380,11 +1345,7 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
         "INT",
     );
     assert_eq!(run.code, 130, "{run:?}");
-    assert!(
-        run.stderr.contains("clear was NOT written"),
-        "{}",
-        run.stderr
-    );
+    run.warns("clear was NOT written");
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
 }
 
@@ -1425,11 +1386,7 @@ fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
     assert_eq!((a.value.as_str(), a.flags), ("drain", 1));
     let run = cli(&consul, &drain("1s"));
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout.contains("already drain: waits again"),
-        "{}",
-        run.stdout
-    );
+    run.says("already drain: waits again");
     let a = kv_entry(&consul, "web/a").unwrap();
     assert_eq!((a.value.as_str(), a.flags), ("maint", 1));
     assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
@@ -1459,21 +1416,9 @@ fn sighup_during_the_drain_wait_reports_and_exits_129() {
     );
     assert!(started.elapsed() < Duration::from_secs(5), "stops at once");
     assert_eq!(run.code, 129, "{run:?}");
-    assert!(
-        run.stderr.contains("interrupted by SIGHUP"),
-        "{}",
-        run.stderr
-    );
-    assert!(
-        run.stderr.contains("wrote canary = drain"),
-        "{}",
-        run.stderr
-    );
-    assert!(
-        run.stderr.contains("maint was NOT written"),
-        "{}",
-        run.stderr
-    );
+    run.warns("interrupted by SIGHUP");
+    run.warns("wrote canary = drain");
+    run.warns("maint was NOT written");
     let v = run.json();
     assert_eq!(v["outcome"], "interrupted");
     assert_eq!(v["error"]["exit_code"], 129);
@@ -1491,11 +1436,7 @@ fn sighup_during_the_drain_wait_reports_and_exits_129() {
         "HUP",
     );
     assert_eq!(run.code, 129, "{run:?}");
-    assert!(
-        run.stdout.contains("stopped (interrupted)"),
-        "{}",
-        run.stdout
-    );
+    run.says("stopped (interrupted)");
     assert!(
         run.stderr.contains("wrote canary = maint") && run.stderr.contains("clear was NOT written"),
         "{}",
@@ -1526,7 +1467,7 @@ fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
     consul.put("canary", "50%");
     let run = finish(child);
     assert_eq!(run.code, 75, "{run:?}");
-    assert!(run.stderr.contains("conflict"), "{}", run.stderr);
+    run.warns("conflict");
     assert_eq!(
         report_row(&run.stdout, "canary")[..3],
         ["canary", "absent", "50%"],
@@ -1629,7 +1570,7 @@ fn undrain_refuses_to_guess_over_an_invalid_value() {
     let index = consul.prefix_index();
     let run = cli(&consul, &["canary", "enable"]);
     assert_eq!(run.code, 65, "{run:?}");
-    assert!(run.stderr.contains("drian"), "{}", run.stderr);
+    run.warns("drian");
     assert_eq!(consul.prefix_index(), index);
     // Disable replaces it: taking servers out is what was asked.
     let run = cli(&consul, &["canary", "disable", "--drain-wait", "0s"]);

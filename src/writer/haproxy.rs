@@ -503,45 +503,79 @@ fn show_servers_state(path: &Path) -> Result<String, SourceError> {
 ///
 /// A message when the header or a row is not as expected.
 pub fn parse_admin_states(out: &str) -> Result<HashMap<String, u32>, String> {
-    let (header, rows) = state_table(out)?;
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or(format!("no column {name}"))
-    };
-    let (be, sv, admin) = (col("be_name")?, col("srv_name")?, col("srv_admin_state")?);
-    rows.iter()
-        .map(|(line, f)| {
-            let get = |i: usize| f.get(i).copied().ok_or(format!("short row {line:?}"));
-            let state: u32 = get(admin)?
-                .parse()
-                .map_err(|_| format!("srv_admin_state is not a number in {line:?}"))?;
-            Ok((format!("{}/{}", get(be)?, get(sv)?), state))
+    let table = StateTable::parse(out)?;
+    let (be, sv, admin) = (
+        table.col("be_name")?,
+        table.col("srv_name")?,
+        table.col("srv_admin_state")?,
+    );
+    table
+        .rows
+        .iter()
+        .map(|row| {
+            let state = row.number(admin, "srv_admin_state")?;
+            Ok((format!("{}/{}", row.get(be)?, row.get(sv)?), state))
         })
         .collect()
 }
 
-/// The header words and the rows (line, words) of `show servers state`
-/// output (version 1).
-#[allow(clippy::type_complexity)]
-fn state_table(out: &str) -> Result<(Vec<&str>, Vec<(&str, Vec<&str>)>), String> {
-    let mut lines = out.lines();
-    match lines.next().map(str::trim) {
-        Some("1") => {}
-        other => return Err(format!("expected format version 1, got {other:?}")),
+/// `show servers state` output (version 1): the column names and the rows.
+struct StateTable<'a> {
+    header: Vec<&'a str>,
+    rows: Vec<StateRow<'a>>,
+}
+
+/// One server's row of `show servers state`.
+struct StateRow<'a> {
+    line: &'a str,
+    fields: Vec<&'a str>,
+}
+
+impl<'a> StateTable<'a> {
+    fn parse(out: &'a str) -> Result<Self, String> {
+        let mut lines = out.lines();
+        match lines.next().map(str::trim) {
+            Some("1") => {}
+            other => return Err(format!("expected format version 1, got {other:?}")),
+        }
+        let header = lines
+            .next()
+            .ok_or("no header line")?
+            .trim_start_matches('#')
+            .split_whitespace()
+            .collect();
+        let rows = lines
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(|line| StateRow {
+                line,
+                fields: line.split_whitespace().collect(),
+            })
+            .collect();
+        Ok(StateTable { header, rows })
     }
-    let header: Vec<&str> = lines
-        .next()
-        .ok_or("no header line")?
-        .trim_start_matches('#')
-        .split_whitespace()
-        .collect();
-    let rows = lines
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .map(|l| (l, l.split_whitespace().collect()))
-        .collect();
-    Ok((header, rows))
+
+    /// The position of column `name`.
+    fn col(&self, name: &str) -> Result<usize, String> {
+        self.header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
+    }
+}
+
+impl<'a> StateRow<'a> {
+    fn get(&self, i: usize) -> Result<&'a str, String> {
+        self.fields
+            .get(i)
+            .copied()
+            .ok_or(format!("short row {:?}", self.line))
+    }
+
+    fn number(&self, i: usize, name: &str) -> Result<u32, String> {
+        self.get(i)?
+            .parse()
+            .map_err(|_| format!("{name} is not a number in {:?}", self.line))
+    }
 }
 
 /// Parses `show servers state` output (version 1).
@@ -550,35 +584,16 @@ fn state_table(out: &str) -> Result<(Vec<&str>, Vec<(&str, Vec<&str>)>), String>
 ///
 /// A message when the header or a row is not as expected.
 pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
-    let mut lines = out.lines();
-    match lines.next().map(str::trim) {
-        Some("1") => {}
-        other => return Err(format!("expected format version 1, got {other:?}")),
-    }
-    let header: Vec<&str> = lines
-        .next()
-        .ok_or("no header line")?
-        .trim_start_matches('#')
-        .split_whitespace()
-        .collect();
-    let col = |name: &str| {
-        header
-            .iter()
-            .position(|h| *h == name)
-            .ok_or(format!("no column {name}"))
-    };
-    let (be, sv, agent) = (col("be_name")?, col("srv_name")?, col("srv_agent_state")?);
+    let table = StateTable::parse(out)?;
+    let (be, sv, agent) = (
+        table.col("be_name")?,
+        table.col("srv_name")?,
+        table.col("srv_agent_state")?,
+    );
     let mut servers = Vec::new();
-    for line in lines {
-        if line.trim().is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let f: Vec<&str> = line.split_whitespace().collect();
-        let get = |i: usize| f.get(i).copied().ok_or(format!("short row {line:?}"));
-        let (backend, name) = (get(be)?, get(sv)?);
-        let agent_state: u32 = get(agent)?
-            .parse()
-            .map_err(|_| format!("srv_agent_state is not a number in {line:?}"))?;
+    for row in &table.rows {
+        let (backend, name) = (row.get(be)?, row.get(sv)?);
+        let agent_state = row.number(agent, "srv_agent_state")?;
         let row_key = format!("{backend}/{name}");
         let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
             Enrolment::NotEnrolled("no agent-check".into())

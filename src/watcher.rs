@@ -262,23 +262,28 @@ impl Watcher {
     /// Consul address.
     pub async fn first_sync(&mut self, timeout: Duration) -> Result<(), ConsulError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut last_error = None;
         loop {
             let result = tokio::time::timeout_at(deadline, self.step()).await;
             match result {
                 Ok(Ok(())) if self.shared.readiness.is_synced() => return Ok(()),
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    let delay = self.config.backoff.delay(self.failures, fastrand::f64());
-                    if tokio::time::Instant::now() + delay >= deadline {
+                    let now = tokio::time::Instant::now();
+                    if now >= deadline {
                         return Err(e);
                     }
-                    tokio::time::sleep(delay).await;
+                    // Back off, but never past the deadline: the last try
+                    // is cut short there and reports this error.
+                    let delay = self.config.backoff.delay(self.failures, fastrand::f64());
+                    last_error = Some(e);
+                    tokio::time::sleep(delay.min(deadline - now)).await;
                 }
                 Err(_) => {
-                    return Err(ConsulError::Timeout {
+                    return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {
                         addr: self.client.addr().to_string(),
                         after: timeout,
-                    })
+                    }))
                 }
             }
         }

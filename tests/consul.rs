@@ -161,15 +161,34 @@ fn follows_a_snapshot_restore_that_moves_the_index_backwards() {
 fn exits_non_zero_naming_consul_when_it_is_down_at_start() {
     let port = support::free_port();
     let url = format!("http://127.0.0.1:{port}");
-    let mut agent = Agent::spawn(&url, &["--startup-timeout", "2s"]);
     let start = Instant::now();
+    let mut agent = Agent::spawn(&url, &["--startup-timeout", "3s"]);
     let status = agent
         .proc()
         .wait_exit(Duration::from_secs(15))
         .expect("agent exits");
     assert_eq!(status.code(), Some(1));
     assert!(start.elapsed() < Duration::from_secs(10));
+    // It keeps retrying (with back-off) for the whole --startup-timeout:
+    // from its first log line to the fatal one, by the log's own clock.
     let log = agent.log();
+    let at = |level: &str| {
+        let line = log
+            .lines()
+            .find(|l| l.contains(level))
+            .unwrap_or_else(|| panic!("no {level} line: {log}"));
+        // `2026-11-29T11:20:08.820444Z`: seconds of the day.
+        let clock = &line[11..26];
+        let (h, m, s) = (&clock[..2], &clock[3..5], &clock[6..]);
+        h.parse::<f64>().unwrap() * 3600.0
+            + m.parse::<f64>().unwrap() * 60.0
+            + s.parse::<f64>().unwrap()
+    };
+    let retried = (at("ERROR") - at("INFO")).rem_euclid(86_400.0);
+    assert!(
+        (2.9..5.0).contains(&retried),
+        "gave up after {retried} s: {log}"
+    );
     assert!(log.contains(&url), "{log}");
     assert!(log.contains("cannot reach Consul"), "{log}");
 }

@@ -96,7 +96,8 @@ pub struct KvPair {
     /// The key's `Flags`: an opaque number Consul keeps for the application
     /// (`?flags=` on a KV PUT, `"Flags"` in a transaction, `consul kv put
     /// -flags=N`); 0 when the answer does not carry it. The writer CLI
-    /// marks the row keys `state drain` writes with Flags 1.
+    /// marks the row keys `state drain` writes with odd Flags (see
+    /// `writer::drain_flags`).
     pub flags: u64,
 }
 

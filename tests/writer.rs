@@ -205,6 +205,13 @@ fn config_path(haproxy: &Haproxy) -> String {
 const DRAIN: u32 = 0x08;
 const MAINT: u32 = 0x01;
 
+/// The Consul Flags `state drain` writes for the selection `--zone ZONE
+/// --backend BACKEND --server GLOB` (absent parts `None`).
+fn mark(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u64 {
+    use gitlab_haproxy_agent::writer::{drain_flags, selection_id};
+    drain_flags(selection_id(zone, backend, server))
+}
+
 #[test]
 fn reads_show_parsed_state_and_flag_invalid_values() {
     let consul = Consul::start();
@@ -660,6 +667,12 @@ fn canary_disable_drains_then_maints_only_the_canaries_and_enable_ramps_them() {
     assert_eq!(run.code, 0, "{run:?}");
     run.says("canary disable: done");
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
+    // The canary key has no set-by-hand rule: SET-BY shows `-`.
+    let list = cli(&consul, &["list"]);
+    assert!(list.row("canary").ends_with(" -"), "{list:?}");
+    let v = cli(&consul, &["get", "canary", "--json"]).json();
+    assert_eq!(v["set_by"], "-", "{v}");
+    assert_eq!(v["by_drain"], false, "{v}");
     for (server, states) in &seen {
         if canaries.contains(server) {
             assert_eq!(
@@ -937,7 +950,8 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
     // Drain written to both, maint to neither.
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
-        assert_eq!((e.value.as_str(), e.flags), ("drain", 1), "{key}");
+        let flags = mark(None, Some("web"), None);
+        assert_eq!((e.value.as_str(), e.flags), ("drain", flags), "{key}");
     }
     assert!(haproxy.server("web", "web-01").is_drain());
     assert!(haproxy.server("web", "web-02").is_ready_full_weight());
@@ -966,6 +980,156 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
     assert_eq!(v["not_drained"], serde_json::json!([]));
     assert_eq!(kv(&consul, "web/web-01").as_deref(), Some("maint"));
     haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_maint());
+}
+
+#[test]
+fn a_drain_from_the_stats_socket_fails_when_haproxy_does_not_put_a_server_in_maint() {
+    // web-01 is decided by `canary` first: at drain, it shows DRAIN before
+    // its row key is written, and stays in DRAIN once maint is.
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&format!(
+        "    server web-01 127.0.0.1:1 weight 100 agent-check agent-addr 127.0.0.1 agent-port {port} agent-inter {INTER_MS}ms agent-send \"canary web/web-01\\n\"\n"
+    ));
+    backends.push_str(&server_line("web", "web-02", &[], port, INTER_MS));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+    consul.put("canary", "drain");
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_drain());
+    let socket = haproxy.socket().to_string_lossy().into_owned();
+
+    let run = cli(
+        &consul,
+        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    run.warns("not in maint");
+    let v = run.json();
+    assert_eq!(v["outcome"], "not_in_maint", "{v}");
+    assert_eq!(v["not_in_maint"], serde_json::json!(["web/web-01"]));
+    assert_eq!(v["not_drained"], serde_json::json!([]));
+    assert_eq!(v["error"]["exit_code"], 65);
+    let statuses: Vec<&str> = v["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(statuses, ["done", "done", "done"], "{v}");
+    for key in ["web/web-01", "web/web-02"] {
+        assert_eq!(kv(&consul, key).as_deref(), Some("maint"), "{key}");
+    }
+    assert!(haproxy.server("web", "web-01").is_drain());
+    assert!(haproxy.server("web", "web-02").is_maint());
+}
+
+#[test]
+fn an_undrain_leaves_servers_another_drain_holds_in_maint() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-a-01", &["zone-a"], port, INTER_MS));
+    backends.push_str(&server_line("web", "web-b-01", &["zone-b"], port, INTER_MS));
+    backends.push_str("\nbackend api\n");
+    backends.push_str(&server_line("api", "api-b-01", &["zone-b"], port, INTER_MS));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    let cfg = config_path(&haproxy);
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+    let zone_b = |verb: &'static str, extra: &[&'static str]| -> Run {
+        let args = [&[verb, "--zone", "b", "--haproxy-config", &cfg][..], extra].concat();
+        cli(&consul, &args)
+    };
+    let zone_mark = mark(Some("b"), None, None);
+    let web_mark = mark(None, Some("web"), None);
+    assert_ne!(zone_mark, web_mark);
+
+    // The zone drain, then the backend drain: web-b-01 is already maint.
+    let run = zone_b("drain", &["--drain-wait", "0s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let held = kv_entry(&consul, "web/web-b-01").unwrap();
+    assert_eq!((held.value.as_str(), held.flags), ("maint", zone_mark));
+    let run = cli(
+        &consul,
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.row("web/web-b-01").contains("already maint"), "{run:?}");
+    assert_eq!(kv_entry(&consul, "web/web-b-01").unwrap(), held);
+    assert_eq!(kv_entry(&consul, "web/web-a-01").unwrap().flags, web_mark);
+    let list = cli(&consul, &["list"]);
+    let zone_id = format!(" drain:{:08x}", zone_mark >> 1);
+    assert!(list.row("web/web-b-01").ends_with(&zone_id), "{list:?}");
+    let v = cli(&consul, &["get", "web/web-b-01", "--json"]).json();
+    assert_eq!(v["drain_id"], format!("{:08x}", zone_mark >> 1));
+
+    // The backend undrain brings back only its own server.
+    let run = cli(
+        &consul,
+        &backend_args("undrain", "web", &cfg, &["--maint-wait", "0s", "--json"]),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    let held_list: Vec<&str> = v["held_by_other_drain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["server"].as_str().unwrap())
+        .collect();
+    assert_eq!(held_list, ["web/web-b-01"], "{v}");
+    assert_eq!(
+        v["held_by_other_drain"][0]["drain_id"],
+        format!("{:08x}", zone_mark >> 1)
+    );
+    assert_eq!(kv_entry(&consul, "web/web-a-01"), None);
+    assert_eq!(
+        kv_entry(&consul, "web/web-b-01").unwrap(),
+        held,
+        "untouched"
+    );
+    haproxy.wait_server("web", "web-a-01", CONVERGE, |s| s.is_ready_full_weight());
+    std::thread::sleep(Duration::from_millis(5 * INTER_MS));
+    assert_eq!(haproxy.server("web", "web-b-01").admin_state, MAINT);
+    let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
+    run.says("held by another drain");
+    run.says("same selection");
+
+    // The zone undrain brings it back.
+    let run = zone_b("undrain", &["--maint-wait", "0s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(all_keys(&consul).is_empty());
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    // --any-drain takes back another drain's keys in its selection.
+    let run = zone_b("drain", &["--drain-wait", "0s"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = cli(
+        &consul,
+        &backend_args(
+            "undrain",
+            "web",
+            &cfg,
+            &["--maint-wait", "0s", "--any-drain", "--json"],
+        ),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["held_by_other_drain"], serde_json::json!([]));
+    assert_eq!(kv_entry(&consul, "web/web-b-01"), None);
+    assert_eq!(
+        kv_entry(&consul, "api/api-b-01").unwrap().flags,
+        zone_mark,
+        "outside the selection"
+    );
+    haproxy.wait_server("web", "web-b-01", CONVERGE, |s| s.is_ready_full_weight());
+    haproxy.wait_server("api", "api-b-01", CONVERGE, |s| s.is_maint());
 }
 
 /// `VERB --backend BACKEND --haproxy-config CFG EXTRA...`.
@@ -1074,7 +1238,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
     for step in v["steps"].as_array().unwrap() {
         if step.get("write").is_some() {
-            assert_eq!(step["flags"], 1, "{step}");
+            assert_eq!(step["flags"], mark(None, Some("web"), None), "{step}");
             assert_eq!(
                 step["keys"],
                 serde_json::json!(["web/web-01", "web/web-02"])
@@ -1095,7 +1259,8 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(seen[&id("api", "api-01")], vec![(0, 100)]);
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
-        assert_eq!((e.value.as_str(), e.flags), ("maint", 1), "{key}");
+        let flags = mark(None, Some("web"), None);
+        assert_eq!((e.value.as_str(), e.flags), ("maint", flags), "{key}");
     }
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
@@ -1117,7 +1282,10 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
             )
         })
         .collect();
-    assert_eq!(by_drain["web/web-01"], (1, true));
+    assert_eq!(
+        by_drain["web/web-01"],
+        (mark(None, Some("web"), None), true)
+    );
     assert_eq!(by_drain["web/web-03"], (0, false));
     let v = cli(&consul, &["get", "web/web-04", "--json"]).json();
     assert_eq!(
@@ -1128,7 +1296,8 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert!(
         run.stdout.starts_with("KEY ") && run.stdout.lines().next().unwrap().ends_with("SET-BY")
     );
-    assert!(run.row("web/web-01").ends_with(" drain"), "{}", run.stdout);
+    let id = format!(" drain:{:08x}", mark(None, Some("web"), None) >> 1);
+    assert!(run.row("web/web-01").ends_with(&id), "{}", run.stdout);
     assert!(run.row("web/web-03").ends_with(" hand"), "{}", run.stdout);
 
     // Drain again: nothing to do, the two still named.
@@ -1189,7 +1358,10 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(kv_entry(&consul, "web/web-01").unwrap().flags, 1);
+    assert_eq!(
+        kv_entry(&consul, "web/web-01").unwrap().flags,
+        mark(None, Some("web"), Some("web-01"))
+    );
     let run = cli(&consul, &["set", "web/web-01", "maint", "--json"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.json()["written"], true, "{run:?}");
@@ -1382,13 +1554,14 @@ fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
     let undrain = |wait| zone_b("undrain", "--maint-wait", wait);
     let (run, _) = interrupt_once_written_at(&consul, &drain("30s"), "web/a", "drain", "INT");
     assert_eq!(run.code, 130, "{run:?}");
+    let zone_mark = mark(Some("b"), None, None);
     let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("drain", 1));
+    assert_eq!((a.value.as_str(), a.flags), ("drain", zone_mark));
     let run = cli(&consul, &drain("1s"));
     assert_eq!(run.code, 0, "{run:?}");
     run.says("already drain: waits again");
     let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("maint", 1));
+    assert_eq!((a.value.as_str(), a.flags), ("maint", zone_mark));
     assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
 
     // Undrain interrupted while maint is held: maint stays, still marked.
@@ -1396,7 +1569,7 @@ fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
     let (run, _) = interrupt_once_written_at(&consul, &undrain("30s"), "web/a", "maint", "INT");
     assert_eq!(run.code, 130, "{run:?}");
     let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("maint", 1));
+    assert_eq!((a.value.as_str(), a.flags), ("maint", zone_mark));
     let run = cli(&consul, &undrain("1s"));
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(kv_entry(&consul, "web/a"), None);

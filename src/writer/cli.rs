@@ -13,7 +13,8 @@ Exit status:
   65   invalid key or value, a key holding an invalid value where that is
        refused, or a selection with no enrolled server; nothing written
        (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
-       a server in DRAIN: drain was written, maint was not
+       a server in DRAIN (drain was written, maint was not), or not in
+       MAINT after maint was written (something else decides it first)
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
@@ -104,10 +105,13 @@ pub enum StateCommand {
     /// Only enrolled servers are written: agent-check on, and an agent-send
     /// line ending with \n that the agent accepts, with the row key first.
     /// The others are listed as not enrolled, with the reason. Keys are
-    /// written with Consul Flags 1, the mark `undrain` looks for. Keys at
-    /// maint with the mark are left alone; keys at drain with the mark (an
-    /// interrupted run) wait again. Keys at drain, maint or 0% without the
-    /// mark were set by hand: they are left alone and listed. Keys at a
+    /// written with the drain mark `undrain` looks for: odd Consul Flags,
+    /// 1 | (selection id << 1), the id a hash of --zone, --backend and
+    /// --server. Keys at maint with any drain's mark are left alone; keys at
+    /// drain with this selection's mark (an interrupted run) wait again;
+    /// keys at drain with another drain's mark are held by that drain: left
+    /// alone and listed. Keys at drain, maint or 0% without a mark (even
+    /// Flags) were set by hand: they are left alone and listed. Keys at a
     /// weight above 0 are drained; undrain clears them (ready 100%).
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
@@ -125,10 +129,14 @@ pub enum StateCommand {
     /// maint first and are held there for --maint-wait, then they and those
     /// at maint are removed, so HAProxy's slowstart ramps the servers up.
     ///
-    /// Only keys `drain` wrote (Consul Flags 1) are taken back. Keys at
-    /// drain, maint or 0% without the mark were set by hand (a server out for repair):
-    /// they are left alone and listed; `state clear` releases one. Keys that
-    /// are absent or in service (ready, N%) are left alone.
+    /// Only keys `drain` wrote with the same selection (--zone, --backend,
+    /// --server) are taken back, and keys with the generic mark (Consul
+    /// Flags 1, e.g. `consul kv put -flags=1`). Keys at drain or maint marked
+    /// by another drain are held by it: left alone and listed (undrain them
+    /// with that drain's selection, or --any-drain). Keys at drain, maint or
+    /// 0% without a mark were set by hand (a server out for repair): they
+    /// are left alone and listed; `state clear` releases one. Keys that are
+    /// absent or in service (ready, N%) are left alone.
     #[command(after_help = EXIT_CODES_HELP)]
     Undrain {
         /// Which servers.
@@ -138,6 +146,11 @@ pub enum StateCommand {
         /// were at drain: at least agent-inter, so every HAProxy applies it.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
+        /// Also take back keys marked by another drain (another selection),
+        /// for when the selection of the drain is not known. Keys set by
+        /// hand are still left alone.
+        #[arg(long)]
+        any_drain: bool,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
@@ -228,7 +241,20 @@ pub struct Selector {
     /// row keys are assumed to be `<backend>/<server>`, and zones are
     /// unknown, so --zone needs --haproxy-config. After the drain wait,
     /// `drain` checks on this socket that every server went to DRAIN, and
-    /// stops before maint (exit 65) when one did not.
+    /// stops before maint (exit 65) when one did not; after maint, that
+    /// every server went to MAINT (exit 65 when one did not).
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
+}
+
+impl Selector {
+    /// The selection id written into the drain mark
+    /// ([`super::selection_id`] of --zone, --backend and --server).
+    pub fn id(&self) -> u32 {
+        super::selection_id(
+            self.zone.as_deref(),
+            self.backend.as_deref(),
+            self.server.as_deref(),
+        )
+    }
 }

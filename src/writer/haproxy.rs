@@ -25,6 +25,10 @@ const CHK_ST_ENABLED: u32 = 0x04;
 /// server was put in DRAIN (by the agent or the CLI).
 pub const ADMIN_FORCED_DRAIN: u32 = 0x08;
 
+/// `SRV_ADMF_FMAINT` in `srv_admin_state` of `show servers state`: the
+/// server was put in MAINT (by the agent or the CLI).
+pub const ADMIN_FORCED_MAINT: u32 = 0x01;
+
 /// One server of the HAProxy configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Server {
@@ -466,12 +470,26 @@ pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
 ///
 /// [`SourceError`] when the socket cannot be used or answers something else.
 pub fn drained_from_socket(path: &Path) -> Result<HashMap<String, bool>, SourceError> {
+    with_admin_flag_from_socket(path, ADMIN_FORCED_DRAIN)
+}
+
+/// Which servers of the running HAProxy have `flag` set in their
+/// `srv_admin_state` now ([`ADMIN_FORCED_DRAIN`], [`ADMIN_FORCED_MAINT`]),
+/// read from its stats socket: by `<backend>/<server>`.
+///
+/// # Errors
+///
+/// [`SourceError`] when the socket cannot be used or answers something else.
+pub fn with_admin_flag_from_socket(
+    path: &Path,
+    flag: u32,
+) -> Result<HashMap<String, bool>, SourceError> {
     let out = show_servers_state(path)?;
     parse_admin_states(&out)
         .map(|states| {
             states
                 .into_iter()
-                .map(|(id, admin)| (id, admin & ADMIN_FORCED_DRAIN != 0))
+                .map(|(id, admin)| (id, admin & flag != 0))
                 .collect()
         })
         .map_err(|detail| SourceError::Socket {

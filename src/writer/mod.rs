@@ -46,7 +46,8 @@ pub mod exit {
     /// EX_DATAERR: an invalid key or value; nothing written. Also a drain
     /// from `--haproxy-socket` whose servers HAProxy did not put in DRAIN
     /// (their row key is not the assumed `<backend>/<server>`): drain
-    /// written, maint not.
+    /// written, maint not; or did not put in MAINT after maint was written
+    /// (something else decides them first).
     pub const DATAERR: u8 = 65;
     /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
     pub const NOINPUT: u8 = 66;
@@ -80,18 +81,47 @@ const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
 const ASSUMED_ROW_KEYS: &str = "row keys are assumed to be <backend>/<server>: the stats \
      socket does not show agent-send lines, so a server whose agent-send starts with another \
      key is not decided by the key written (AGENT ANSWERS is the answer for that key alone). \
-     `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint";
+     `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint, \
+     and to MAINT after";
 
-/// The Consul KV Flags that mark a row key written by `state drain` (both its
-/// drain and its maint, and the maint `state undrain` writes on the way
-/// out). `state undrain` clears, and `state drain` takes over, only row keys
-/// at drain, maint or `0%` that carry exactly this value.
+/// The generic drain mark: Consul KV Flags 1. A row key written by `state
+/// drain` carries [`drain_flags`] of its selection id, an odd value; any odd
+/// value is a drain's mark, and 1 (selection id 0) is the mark every `state
+/// undrain` releases, whatever its selection: `consul kv put -flags=1 KEY
+/// maint` writes a key `state undrain` will release.
 ///
-/// Any other value marks a key set by hand, which both leave alone: 0 is
-/// what `consul kv put`, `state set` and `state canary disable` write, and
-/// Consul's answer for a key written without Flags. `consul kv put -flags=1
-/// KEY maint` writes a key `state undrain` will release.
+/// Even Flags mark a key set by hand, which both leave alone at drain, maint
+/// or `0%`: 0 is what `consul kv put`, `state set` and `state canary
+/// disable` write, and Consul's answer for a key written without Flags.
 pub const DRAIN_FLAGS: u64 = 1;
+
+/// The Consul KV Flags of a row key written by the drain (or undrain) whose
+/// selection id is `id` (see [`selection_id`]): `1 | id << 1`. `state
+/// undrain` with the same selection releases it; another selection's undrain
+/// leaves it alone unless `--any-drain`.
+pub fn drain_flags(id: u32) -> u64 {
+    DRAIN_FLAGS | (u64::from(id) << 1)
+}
+
+/// The stable id of a drain selection: FNV-1a (32 bits) of `zone=<Z>
+/// backend=<B> server=<GLOB>`, absent parts empty. Where the servers are
+/// read from (configuration or stats socket) is not part of it.
+pub fn selection_id(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u32 {
+    let text = format!(
+        "zone={} backend={} server={}",
+        zone.unwrap_or(""),
+        backend.unwrap_or(""),
+        server.unwrap_or("")
+    );
+    fnv1a_32(text.as_bytes())
+}
+
+/// FNV-1a, 32 bits, with its published offset basis and prime.
+fn fnv1a_32(bytes: &[u8]) -> u32 {
+    bytes.iter().fold(0x811c_9dc5_u32, |hash, b| {
+        (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193)
+    })
+}
 
 /// Why a command did not complete, with its exit status.
 #[derive(Debug, Clone)]
@@ -100,7 +130,7 @@ pub struct Failure {
     pub code: u8,
     /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
     /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
-    /// `interrupted`, `not_drained`.
+    /// `interrupted`, `not_drained`, `not_in_maint`.
     pub kind: &'static str,
     /// What happened, and what was and was not written.
     pub message: String,
@@ -278,9 +308,17 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
         } => match Target::servers(select) {
             Err(f) => Err(f),
             Ok(target) => {
+                let id = select.id();
                 writer
                     .sequence("drain", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait, Claim::Marked))
+                        Ok(plan_drain(
+                            t,
+                            *drain_wait,
+                            Claim::Marked {
+                                id,
+                                any_drain: false,
+                            },
+                        ))
                     })
                     .await
             }
@@ -288,13 +326,18 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
         StateCommand::Undrain {
             select,
             maint_wait,
+            any_drain,
             write,
         } => match Target::servers(select) {
             Err(f) => Err(f),
             Ok(target) => {
+                let claim = Claim::Marked {
+                    id: select.id(),
+                    any_drain: *any_drain,
+                };
                 writer
                     .sequence("undrain", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait, Claim::Marked).map_err(refused_invalid)
+                        plan_undrain(t, *maint_wait, claim).map_err(refused_invalid)
                     })
                     .await
             }
@@ -472,6 +515,14 @@ impl Target {
             socket: None,
             selection: Target::describe_selection(select),
         }
+    }
+
+    /// The servers whose row key is one of `keys`.
+    fn servers_of(&self, keys: &[String]) -> Vec<&Server> {
+        self.servers
+            .iter()
+            .filter(|s| s.row_key().is_some_and(|k| keys.iter().any(|w| w == k)))
+            .collect()
     }
 
     fn describe_selection(select: &Selector) -> String {
@@ -902,25 +953,10 @@ impl Writer {
                     if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
                         (purpose, &target.socket, plan.steps.get(i + 1))
                     {
-                        let servers: Vec<&Server> = target
-                            .servers
-                            .iter()
-                            .filter(|s| s.row_key().is_some_and(|k| keys.iter().any(|w| w == k)))
-                            .collect();
-                        self.check_drained(action, socket, &servers, &interrupt, run)
+                        let servers = target.servers_of(keys);
+                        self.check_admin(action, socket, &servers, Want::Drain, &interrupt, run)
                             .await
-                            .map_err(|stop| match stop {
-                                Stop::Failed { failure, .. } => Stop::Failed {
-                                    step: i + 1,
-                                    failure,
-                                },
-                                Stop::Signal { name, code, .. } => Stop::Signal {
-                                    step: i + 1,
-                                    name,
-                                    code,
-                                },
-                                other => other,
-                            })?;
+                            .map_err(|stop| stop.at(i + 1))?;
                     }
                 }
                 Step::Write {
@@ -957,66 +993,122 @@ impl Writer {
                         if keys.len() == 1 { "" } else { "s" },
                         if chunks == 1 { "" } else { "s" },
                     ));
+                    let after_drain_wait = i > 0
+                        && matches!(
+                            plan.steps[i - 1],
+                            Step::Wait {
+                                purpose: WaitFor::Drain,
+                                ..
+                            }
+                        );
+                    if let (Change::Set(AdminState::Maint), true, Some(socket)) =
+                        (change, after_drain_wait, &target.socket)
+                    {
+                        let servers = target.servers_of(keys);
+                        self.check_admin(action, socket, &servers, Want::Maint, &interrupt, run)
+                            .await
+                            .map_err(|stop| stop.at(i))?;
+                    }
                 }
             }
         }
         Ok(())
     }
 
-    /// After the drain wait of a drain whose servers came from the stats
-    /// socket: reads `show servers state` there again until every server in
-    /// `servers` is in DRAIN, for at most [`DRAIN_CHECK_GRACE`]. A server
-    /// HAProxy does not drain is one whose agent-send line does not start
-    /// with the assumed row key: the sequence stops before maint (exit 65).
-    async fn check_drained(
+    /// With servers from the stats socket, reads `show servers state` there
+    /// again until every server in `servers` is in the state `want`, for at
+    /// most [`DRAIN_CHECK_GRACE`]:
+    ///
+    /// - [`Want::Drain`], after the drain wait: a server HAProxy does not
+    ///   drain is one whose agent-send line does not start with the assumed
+    ///   row key; the sequence stops before maint (exit 65, `not_drained`).
+    /// - [`Want::Maint`], after maint was written: a server HAProxy does not
+    ///   put in MAINT is decided by something else first (a group key earlier
+    ///   on its agent-send line, e.g. `canary` = drain, which also fooled the
+    ///   DRAIN check); exit 65, `not_in_maint`.
+    async fn check_admin(
         &self,
         action: &str,
         socket: &Path,
         servers: &[&Server],
+        want: Want,
         interrupt: &Interrupt,
         run: &mut Run,
     ) -> Result<(), Stop> {
         let failed = |failure: Failure| Stop::Failed { step: 0, failure };
         let deadline = tokio::time::Instant::now() + DRAIN_CHECK_GRACE;
         loop {
-            let drained = haproxy::drained_from_socket(socket).map_err(|e| {
-                let mut f = Failure::from(e);
-                f.message = format!(
-                    "{}; cannot check that HAProxy drained the servers, so maint is not written",
-                    f.message
-                );
-                failed(f)
-            })?;
+            let reached =
+                haproxy::with_admin_flag_from_socket(socket, want.flag()).map_err(|e| {
+                    let mut f = Failure::from(e);
+                    f.message = format!("{}; {}", f.message, want.unchecked());
+                    failed(f)
+                })?;
             let missing: Vec<String> = servers
                 .iter()
                 .map(|s| s.id())
-                .filter(|id| drained.get(id) != Some(&true))
+                .filter(|id| reached.get(id) != Some(&true))
                 .collect();
             if missing.is_empty() {
                 err_line(&format!(
-                    "{action}: HAProxy at {} shows {} server{} in DRAIN",
+                    "{action}: HAProxy at {} shows {} server{} in {}",
                     socket.display(),
                     servers.len(),
-                    if servers.len() == 1 { "" } else { "s" }
+                    if servers.len() == 1 { "" } else { "s" },
+                    want.name(),
                 ));
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
                 let n = missing.len();
-                run.not_drained.clone_from(&missing);
-                return Err(failed(Failure::new(
-                    exit::DATAERR,
-                    "not_drained",
-                    format!(
-                        "not drained by the agent: {} {} not in DRAIN on HAProxy at {} {}                          after the drain wait: {}. {} agent-send probably does not start with                          <backend>/<server>, the row key assumed with --haproxy-socket, so                          the key written does not decide; maint is not written. Find the                          row key on the server's agent-send line in the HAProxy                          configuration (drain with --haproxy-config), and take the drain                          back with `state undrain` and the same selection",
-                        n,
-                        if n == 1 { "server is" } else { "servers are" },
-                        socket.display(),
-                        humantime::format_duration(DRAIN_CHECK_GRACE),
-                        missing.join(", "),
-                        if n == 1 { "Its" } else { "Their" },
-                    ),
-                )));
+                let head = format!(
+                    "{} {} not in {} on HAProxy at {} {} after {}: {}.",
+                    n,
+                    if n == 1 { "server is" } else { "servers are" },
+                    want.name(),
+                    socket.display(),
+                    humantime::format_duration(DRAIN_CHECK_GRACE),
+                    match want {
+                        Want::Drain => "the drain wait",
+                        Want::Maint => "maint was written",
+                    },
+                    missing.join(", "),
+                );
+                let its = if n == 1 { "Its" } else { "Their" };
+                let (kind, message) = match want {
+                    Want::Drain => {
+                        run.not_drained.clone_from(&missing);
+                        (
+                            "not_drained",
+                            format!(
+                                "not drained by the agent: {head} {its} agent-send probably \
+                                 does not start with <backend>/<server>, the row key assumed \
+                                 with --haproxy-socket, so the key written does not decide; \
+                                 maint is not written. Find the row key on the server's \
+                                 agent-send line in the HAProxy configuration (drain with \
+                                 --haproxy-config), and take the drain back with `state \
+                                 undrain` and the same selection"
+                            ),
+                        )
+                    }
+                    Want::Maint => {
+                        run.not_in_maint.clone_from(&missing);
+                        (
+                            "not_in_maint",
+                            format!(
+                                "not in maint: {head} maint is written to {} row key, but \
+                                 something else decides first: {} agent-send probably starts \
+                                 with another key (a group key such as `canary` at drain), \
+                                 or the server was set from the HAProxy CLI. Find what \
+                                 decides with `state explain` and the server's agent-send \
+                                 line (--haproxy-config), and take it out that way",
+                                if n == 1 { "its" } else { "their" },
+                                its.to_lowercase(),
+                            ),
+                        )
+                    }
+                };
+                return Err(failed(Failure::new(exit::DATAERR, kind, message)));
             }
             if !interrupt.sleep(DRAIN_CHECK_POLL).await {
                 let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
@@ -1276,7 +1368,9 @@ fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "value": String::from_utf8_lossy(&p.value),
                 "modify_index": p.modify_index,
                 "flags": p.flags,
-                "by_drain": p.flags == DRAIN_FLAGS,
+                "by_drain": is_row_key(key) && p.flags & DRAIN_FLAGS != 0,
+                "drain_id": drain_id_json(key, p.flags),
+                "set_by": set_by(key, p.flags),
             });
             match parse_value(&p.value) {
                 Ok(s) => {
@@ -1333,18 +1427,43 @@ fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
         state,
         reply,
         pair.modify_index.to_string(),
-        set_by(pair.flags),
+        set_by(key, pair.flags),
     ]
 }
 
-/// The SET-BY column: `drain` for a key `state drain` wrote, `hand` for any
-/// other (with its Flags when they are not 0).
-fn set_by(flags: u64) -> String {
+/// True for a row key (`<backend>/<server>`), false for a group key such as
+/// `canary`, which has no set-by-hand rule.
+fn is_row_key(key: &str) -> bool {
+    key.contains('/')
+}
+
+/// The SET-BY column: `-` for a group key (its Flags mean nothing), else
+/// [`mark_name`].
+fn set_by(key: &str, flags: u64) -> String {
+    if is_row_key(key) {
+        mark_name(flags)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// What a row key's Flags say: `drain` for the generic mark (Flags 1),
+/// `drain:<id>` (8 hex digits) for a drain with selection id `id`, `hand` for
+/// even Flags (with them when they are not 0).
+fn mark_name(flags: u64) -> String {
     match flags {
-        DRAIN_FLAGS => "drain".to_string(),
         0 => "hand".to_string(),
+        DRAIN_FLAGS => "drain".to_string(),
+        n if n & DRAIN_FLAGS != 0 => format!("drain:{:08x}", n >> 1),
         n => format!("hand (flags {n})"),
     }
+}
+
+/// The selection id of a drain mark for `--json`: 8 hex digits, `None` for
+/// the generic mark, a key set by hand, or a group key.
+fn drain_id_json(key: &str, flags: u64) -> Option<String> {
+    (is_row_key(key) && flags & DRAIN_FLAGS != 0 && flags >> 1 != 0)
+        .then(|| format!("{:08x}", flags >> 1))
 }
 
 const KEY_HEADER: [&str; 6] = ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
@@ -1362,6 +1481,40 @@ fn key_table_snapshot(rows: &[(String, &KvPair)], snapshot: &Snapshot) -> String
     table(&KEY_HEADER, &rows)
 }
 
+/// The HAProxy admin state [`Writer::check_admin`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Drain,
+    Maint,
+}
+
+impl Want {
+    fn flag(self) -> u32 {
+        match self {
+            Want::Drain => haproxy::ADMIN_FORCED_DRAIN,
+            Want::Maint => haproxy::ADMIN_FORCED_MAINT,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Want::Drain => "DRAIN",
+            Want::Maint => "MAINT",
+        }
+    }
+
+    /// What a socket error means for the sequence.
+    fn unchecked(self) -> &'static str {
+        match self {
+            Want::Drain => "cannot check that HAProxy drained the servers, so maint is not written",
+            Want::Maint => {
+                "cannot check that HAProxy put the servers in MAINT (maint is written); look \
+                 with `show servers state`"
+            }
+        }
+    }
+}
+
 /// Why a sequence stopped before its end.
 enum Stop {
     /// Before any step.
@@ -1374,6 +1527,17 @@ enum Stop {
     },
     /// Step `step` failed (a conflict, Consul, permission).
     Failed { step: usize, failure: Failure },
+}
+
+impl Stop {
+    /// The same stop, at step `step`.
+    fn at(self, step: usize) -> Stop {
+        match self {
+            Stop::Failed { failure, .. } => Stop::Failed { step, failure },
+            Stop::Signal { name, code, .. } => Stop::Signal { step, name, code },
+            other => other,
+        }
+    }
 }
 
 /// Where a sequence got to.
@@ -1392,6 +1556,9 @@ struct Run {
     /// Servers HAProxy did not put in DRAIN after the drain wait (with
     /// `--haproxy-socket`).
     not_drained: Vec<String>,
+    /// Servers HAProxy did not put in MAINT after maint was written (with
+    /// `--haproxy-socket`).
+    not_in_maint: Vec<String>,
 }
 
 impl Run {
@@ -1407,6 +1574,7 @@ impl Run {
             statuses: vec![StepStatus::NotRun; plan.steps.len()],
             observed: None,
             not_drained: Vec::new(),
+            not_in_maint: Vec::new(),
         }
     }
 
@@ -1606,6 +1774,7 @@ impl Report<'_> {
                 after: *s,
                 note: None,
                 set_by_hand: false,
+                held_by_other_drain: false,
             })
             .collect();
         plan::snapshot_after(self.snapshot, &reached)
@@ -1614,11 +1783,24 @@ impl Report<'_> {
     /// The keys left alone because they were set by hand, each with the
     /// server it decides (`None` for a group key), in the report's order.
     fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
+        self.left_alone(|k| k.set_by_hand)
+    }
+
+    /// The keys left alone because another drain's mark holds them, each
+    /// with the server it decides.
+    fn held_by_other_drain(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
+        self.left_alone(|k| k.held_by_other_drain)
+    }
+
+    fn left_alone(
+        &self,
+        which: impl Fn(&plan::KeyPlan) -> bool,
+    ) -> Vec<(Option<String>, &plan::KeyPlan)> {
         let hand: HashMap<&str, &plan::KeyPlan> = self
             .plan
             .keys
             .iter()
-            .filter(|k| k.set_by_hand)
+            .filter(|k| which(k))
             .map(|k| (k.key.as_str(), k))
             .collect();
         if self.target.servers.is_empty() {
@@ -1626,7 +1808,7 @@ impl Report<'_> {
                 .plan
                 .keys
                 .iter()
-                .filter(|k| k.set_by_hand)
+                .filter(|k| which(k))
                 .map(|k| (None, k))
                 .collect();
         }
@@ -1655,7 +1837,7 @@ impl Report<'_> {
         };
         let mut out = format!(
             "{n} server{} left alone: {them} set by hand (drain, maint or 0% without Consul \
-             Flags {DRAIN_FLAGS}, the mark `state drain` writes), so {verb} as set:\n",
+             Flags: no mark of `state drain`), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
         let rows: Vec<Vec<String>> = hand
@@ -1677,6 +1859,42 @@ impl Report<'_> {
         out.push_str(
             "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
              `state set KEY maint` first, so slowstart ramps).\n",
+        );
+        out
+    }
+
+    /// The lines naming the servers left alone because another drain holds
+    /// their keys; empty when there are none.
+    fn held_by_other_drain_text(&self) -> String {
+        let held = self.held_by_other_drain();
+        if held.is_empty() {
+            return String::new();
+        }
+        let n = held.len();
+        let mut out = format!(
+            "{n} server{} left alone: held by another drain (drain or maint with another \
+             selection's mark):\n",
+            if n == 1 { "" } else { "s" },
+        );
+        let rows: Vec<Vec<String>> = held
+            .iter()
+            .map(|(server, k)| {
+                vec![
+                    server.clone().unwrap_or_else(|| "-".into()),
+                    k.key.clone(),
+                    k.before.describe(),
+                    mark_name(k.before.flags()),
+                    k.before.index().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["SERVER", "KEY", "VALUE", "SET-BY", "MODIFY-INDEX"],
+            &rows,
+        ));
+        out.push_str(
+            "Undrain it with the same selection as its drain (or --any-drain), or `state \
+             clear KEY`.\n",
         );
         out
     }
@@ -1742,6 +1960,7 @@ impl Report<'_> {
             "source": self.target.source,
             "row_keys_assumed": self.target.socket.is_some(),
             "not_drained": self.run.not_drained,
+            "not_in_maint": self.run.not_in_maint,
             "steps": self.steps_json(),
             "keys": self.plan.keys.iter().map(|k| json!({
                 "key": k.key,
@@ -1749,7 +1968,9 @@ impl Report<'_> {
                 "modify_index_before": k.before.index(),
                 "flags": k.before.flags(),
                 "by_drain": k.before.by_drain(),
+                "drain_id": k.before.drain_id().filter(|id| *id != 0).map(|id| format!("{id:08x}")),
                 "set_by_hand": k.set_by_hand,
+                "held_by_other_drain": k.held_by_other_drain,
                 "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
                 "target": k.after.map_or("absent".into(), |s| s.to_string()),
                 "note": k.note,
@@ -1759,6 +1980,13 @@ impl Report<'_> {
                 "key": k.key,
                 "value": k.before.describe(),
                 "flags": k.before.flags(),
+            })).collect::<Vec<_>>(),
+            "held_by_other_drain": self.held_by_other_drain().iter().map(|(server, k)| json!({
+                "server": server,
+                "key": k.key,
+                "value": k.before.describe(),
+                "flags": k.before.flags(),
+                "drain_id": k.before.drain_id().map(|id| format!("{id:08x}")),
             })).collect::<Vec<_>>(),
             "servers": self.target.servers.iter().map(|s| {
                 let (answer, decided_by) = Self::server_answer(&now, s);
@@ -1791,7 +2019,12 @@ impl Report<'_> {
             1 => "; 1 server set by hand left alone (see below)".to_string(),
             n => format!("; {n} servers set by hand left alone (see below)"),
         };
-        out.push_str(&format!("{}: {headline}{hand}\n", self.action));
+        let held = match self.held_by_other_drain().len() {
+            0 => String::new(),
+            1 => "; 1 server held by another drain left alone (see below)".to_string(),
+            n => format!("; {n} servers held by another drain left alone (see below)"),
+        };
+        out.push_str(&format!("{}: {headline}{hand}{held}\n", self.action));
         if self.dry_run || self.failure.is_some() {
             for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
                 let what = match step {
@@ -1892,6 +2125,7 @@ impl Report<'_> {
             out.push_str(&table(&["SERVER", "REASON"], &rows));
         }
         out.push_str(&self.set_by_hand_text());
+        out.push_str(&self.held_by_other_drain_text());
         if let Some(source) = &self.target.source {
             out.push_str(&format!("Servers read from {source}.\n"));
         }
@@ -2048,10 +2282,41 @@ mod tests {
     }
 
     #[test]
+    fn selection_ids_are_fnv1a_of_the_normalized_selection() {
+        // Published FNV-1a 32-bit test vectors.
+        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
+        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
+        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
+        assert_eq!(
+            selection_id(Some("b"), None, None),
+            fnv1a_32(b"zone=b backend= server=")
+        );
+        assert_eq!(
+            selection_id(None, Some("web"), Some("web-0*")),
+            fnv1a_32(b"zone= backend=web server=web-0*")
+        );
+        assert_ne!(
+            selection_id(Some("b"), None, None),
+            selection_id(None, Some("b"), None)
+        );
+    }
+
+    #[test]
     fn set_by_column_names_the_drain_mark() {
-        assert_eq!(set_by(DRAIN_FLAGS), "drain");
-        assert_eq!(set_by(0), "hand");
-        assert_eq!(set_by(42), "hand (flags 42)");
+        assert_eq!(set_by("web/a", DRAIN_FLAGS), "drain");
+        assert_eq!(set_by("web/a", 0), "hand");
+        assert_eq!(set_by("web/a", 42), "hand (flags 42)");
+        assert_eq!(set_by("web/a", drain_flags(0x1234abcd)), "drain:1234abcd");
+        assert_eq!(
+            drain_id_json("web/a", drain_flags(0xab)).unwrap(),
+            "000000ab"
+        );
+        assert_eq!(drain_id_json("web/a", DRAIN_FLAGS), None);
+        // Group keys have no set-by-hand rule.
+        for flags in [0, DRAIN_FLAGS, drain_flags(7), 42] {
+            assert_eq!(set_by("canary", flags), "-");
+            assert_eq!(drain_id_json("canary", flags), None);
+        }
     }
 
     #[test]
@@ -2074,7 +2339,10 @@ mod tests {
         let plan = plan_undrain(
             currents("p/", &pairs, &target.keys),
             Duration::ZERO,
-            Claim::Marked,
+            Claim::Marked {
+                id: 0,
+                any_drain: false,
+            },
         )
         .unwrap();
         let run = Run::new(&plan, 9);

@@ -2,14 +2,17 @@
 //! an ordered list of writes and waits, each write a set of compare-and-set
 //! operations that leaves every key with a valid value.
 //!
-//! Row keys written by `state drain` carry [`DRAIN_FLAGS`] in their Consul
-//! Flags; a row key at drain, maint or `0%` without it was set by hand, and
-//! the drain and undrain plans leave it alone ([`Claim::Marked`]).
+//! Row keys written by `state drain` carry a drain mark in their Consul Flags
+//! (odd Flags: [`drain_flags`] of the drain's selection id, or the generic
+//! [`DRAIN_FLAGS`]); a row key at drain, maint or `0%` without one was set by
+//! hand, and the drain and undrain plans leave it alone ([`Claim::Marked`]).
+//! A key at drain or maint marked by another drain is held by that drain,
+//! and `state undrain` leaves it alone too.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::DRAIN_FLAGS;
+use super::{drain_flags, DRAIN_FLAGS};
 use crate::consul::KvPair;
 use crate::state::{parse_value, AdminState, Entry, KeyState, Snapshot};
 
@@ -24,8 +27,7 @@ pub enum Current {
         state: AdminState,
         /// The key's ModifyIndex.
         index: u64,
-        /// The key's Consul Flags ([`DRAIN_FLAGS`]: written by `state
-        /// drain`).
+        /// The key's Consul Flags (odd: written by `state drain`).
         flags: u64,
     },
     /// A value the agent refuses.
@@ -78,10 +80,17 @@ impl Current {
         }
     }
 
-    /// True when the key carries [`DRAIN_FLAGS`]: `state drain` wrote it.
-    /// False for an absent key and for any other Flags (a key set by hand).
+    /// True when the key carries a drain mark (odd Flags): `state drain`
+    /// wrote it, whichever selection. False for an absent key and for even
+    /// Flags (a key set by hand).
     pub fn by_drain(&self) -> bool {
-        !matches!(self, Current::Absent) && self.flags() == DRAIN_FLAGS
+        !matches!(self, Current::Absent) && self.flags() & DRAIN_FLAGS != 0
+    }
+
+    /// The selection id of the drain that wrote the key (`Some(0)`: the
+    /// generic mark, Flags 1); `None` when no drain wrote it.
+    pub fn drain_id(&self) -> Option<u64> {
+        self.by_drain().then(|| self.flags() >> 1)
     }
 
     /// True for a key at drain, maint or `0%` that `state drain` did not
@@ -152,11 +161,18 @@ pub enum WaitFor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Claim {
     /// The row keys of `state drain` and `state undrain`: a key at drain,
-    /// maint or `0%` is taken over only when it carries [`DRAIN_FLAGS`] (a
-    /// drain this command wrote, perhaps interrupted); without it the key
-    /// was set by hand and is left alone. Every value written carries
-    /// [`DRAIN_FLAGS`].
-    Marked,
+    /// maint or `0%` is taken over only when it carries a drain mark;
+    /// without one the key was set by hand and is left alone. A key at drain
+    /// or maint marked by another drain than `id` (and not with the generic
+    /// mark) is held by that drain: `state drain` leaves it at drain alone
+    /// (at maint it is already out), `state undrain` leaves it alone unless
+    /// `any_drain`. Every value written carries [`drain_flags`]`(id)`.
+    Marked {
+        /// The selection id of this drain or undrain.
+        id: u32,
+        /// Undrain: release keys of any drain's mark.
+        any_drain: bool,
+    },
     /// The `canary` group key of `state canary`: taken over whatever its
     /// Flags (`canary enable` brings the canaries back, whoever took them
     /// out). Every value written carries Flags 0.
@@ -167,7 +183,7 @@ impl Claim {
     /// The Flags each value written under this claim carries.
     pub fn flags(self) -> u64 {
         match self {
-            Claim::Marked => DRAIN_FLAGS,
+            Claim::Marked { id, .. } => drain_flags(id),
             Claim::Any => 0,
         }
     }
@@ -176,11 +192,32 @@ impl Claim {
     /// hand; `None` for a key the plan may take over.
     fn left_alone(self, current: &Current) -> Option<AdminState> {
         match current {
-            Current::Valid { state, .. } if self == Claim::Marked && current.set_by_hand() => {
+            Current::Valid { state, .. }
+                if matches!(self, Claim::Marked { .. }) && current.set_by_hand() =>
+            {
                 Some(*state)
             }
             _ => None,
         }
+    }
+
+    /// True for a key at drain or maint that another drain marked: not this
+    /// claim's id, not the generic mark, and not released by `any_drain`.
+    fn held_by_other(self, current: &Current) -> bool {
+        let Claim::Marked { id, any_drain } = self else {
+            return false;
+        };
+        let out = matches!(
+            current,
+            Current::Valid {
+                state: AdminState::Drain | AdminState::Maint,
+                ..
+            }
+        );
+        out && !any_drain
+            && current
+                .drain_id()
+                .is_some_and(|d| d != 0 && d != u64::from(id))
     }
 }
 
@@ -218,8 +255,11 @@ pub struct KeyPlan {
     /// Why it is left alone, or what to know about it.
     pub note: Option<&'static str>,
     /// True when it is left alone because it is at drain, maint or `0%`
-    /// without [`DRAIN_FLAGS`]: set by hand, not by `state drain`.
+    /// without a drain mark: set by hand, not by `state drain`.
     pub set_by_hand: bool,
+    /// True when it is left alone because another drain's mark holds it
+    /// (see [`Claim::Marked`]).
+    pub held_by_other_drain: bool,
 }
 
 impl KeyPlan {
@@ -253,10 +293,12 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
-/// With [`Claim::Marked`], a key at drain, maint or `0%` without
-/// [`DRAIN_FLAGS`] was set by hand: it is in no step and keeps its value. A
-/// key at a weight above 0 is drained, and undrain clears it. Values are
-/// written with `claim`'s Flags.
+/// With [`Claim::Marked`], a key at drain, maint or `0%` without a drain
+/// mark was set by hand: it is in no step and keeps its value. A key at
+/// maint with any drain's mark is already out; a key at drain with another
+/// drain's mark is held by that drain and left alone. A key at a weight
+/// above 0 is drained, and undrain clears it. Values are written with
+/// `claim`'s Flags.
 pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: Claim) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
@@ -269,6 +311,25 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
                 after: Some(state),
                 note: Some("set by hand: left alone"),
                 set_by_hand: true,
+                held_by_other_drain: false,
+            });
+            continue;
+        }
+        let held = matches!(
+            before,
+            Current::Valid {
+                state: AdminState::Drain,
+                ..
+            }
+        ) && claim.held_by_other(&before);
+        if held {
+            keys.push(KeyPlan {
+                key,
+                before,
+                after: Some(AdminState::Drain),
+                note: Some("held by another drain: left alone"),
+                set_by_hand: false,
+                held_by_other_drain: true,
             });
             continue;
         }
@@ -307,6 +368,7 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
             after: Some(after),
             note,
             set_by_hand: false,
+            held_by_other_drain: false,
         });
     }
     let mut steps = Vec::new();
@@ -336,11 +398,13 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
 /// then every key at maint is cleared. Keys that are absent or in service
 /// (`ready`, `N%`) are left alone.
 ///
-/// With [`Claim::Marked`], only keys carrying [`DRAIN_FLAGS`] are taken back:
-/// a key at drain, maint or `0%` without them was set by hand (a server out
-/// for repair) and is in no step; `state clear` releases it. The maint written
-/// on the way carries `claim`'s Flags, so an interrupted undrain can be
-/// re-run.
+/// With [`Claim::Marked`], only keys carrying a drain mark are taken back: a
+/// key at drain, maint or `0%` without one was set by hand (a server out for
+/// repair) and is in no step; `state clear` releases it. A key at drain or
+/// maint with another drain's mark (not this selection's, not the generic
+/// one) is held by that drain and in no step, unless `any_drain`. The maint
+/// written on the way carries `claim`'s Flags, so an interrupted undrain can
+/// be re-run.
 ///
 /// # Errors
 ///
@@ -374,6 +438,25 @@ pub fn plan_undrain(
                 after: Some(state),
                 note: Some("set by hand: left alone (`state clear` releases it)"),
                 set_by_hand: true,
+                held_by_other_drain: false,
+            });
+            continue;
+        }
+        if claim.held_by_other(&before) {
+            let state = match before {
+                Current::Valid { state, .. } => state,
+                _ => unreachable!("held keys are valid"),
+            };
+            keys.push(KeyPlan {
+                key,
+                before,
+                after: Some(state),
+                note: Some(
+                    "held by another drain: left alone (undrain it with the same selection, \
+                     or `state clear KEY`)",
+                ),
+                set_by_hand: false,
+                held_by_other_drain: true,
             });
             continue;
         }
@@ -403,6 +486,7 @@ pub fn plan_undrain(
             after,
             note,
             set_by_hand: false,
+            held_by_other_drain: false,
         });
     }
     let mut steps = Vec::new();
@@ -505,6 +589,12 @@ mod tests {
         plan.keys.iter().find(|k| k.key == key).unwrap()
     }
 
+    /// The claim of a drain or undrain with selection id 0: writes the
+    /// generic mark, [`DRAIN_FLAGS`].
+    const MARKED: Claim = Claim::Marked {
+        id: 0,
+        any_drain: false,
+    };
     const W: Duration = Duration::from_secs(60);
     const M: Duration = Duration::from_secs(5);
     const DRAIN_WAIT: Step = Step::Wait {
@@ -527,7 +617,7 @@ mod tests {
                 ("web/e".into(), valid(AdminState::Ready, 6)),
             ],
             W,
-            Claim::Marked,
+            MARKED,
         );
         assert_eq!(
             plan.steps,
@@ -571,7 +661,7 @@ mod tests {
                 ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
             ],
             W,
-            Claim::Marked,
+            MARKED,
         );
         let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
         assert_eq!(
@@ -596,13 +686,13 @@ mod tests {
                     Current::Valid {
                         state: AdminState::Maint,
                         index: 5,
-                        flags: 7,
+                        flags: 6,
                     },
                 ),
                 ("web/d".into(), Current::Absent),
             ],
             W,
-            Claim::Marked,
+            MARKED,
         );
         assert_eq!(
             plan.steps,
@@ -641,7 +731,7 @@ mod tests {
             ),
             ("web/c".into(), valid(AdminState::Weight(50), 5)),
         ];
-        let plan = plan_drain(targets.clone(), W, Claim::Marked);
+        let plan = plan_drain(targets.clone(), W, MARKED);
         assert_eq!(
             plan.steps,
             vec![
@@ -659,7 +749,7 @@ mod tests {
             assert_eq!(k.note, Some("set by hand: left alone"));
         }
         assert!(key(&plan, "web/c").note.unwrap().contains("weight"));
-        let plan = plan_undrain(targets, M, Claim::Marked).unwrap();
+        let plan = plan_undrain(targets, M, MARKED).unwrap();
         assert!(plan.steps.is_empty());
         for k in ["web/a", "web/b"] {
             let k = key(&plan, k);
@@ -687,7 +777,7 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             W,
-            Claim::Marked,
+            MARKED,
         );
         assert!(plan.steps.is_empty());
     }
@@ -697,7 +787,7 @@ mod tests {
         let plan = plan_drain(
             vec![("web/a".into(), by_drain(AdminState::Maint, 9))],
             W,
-            Claim::Marked,
+            MARKED,
         );
         assert!(plan.steps.is_empty());
         let plan = plan_drain(
@@ -714,7 +804,7 @@ mod tests {
         let plan = plan_drain(
             vec![("web/a".into(), by_drain(AdminState::Drain, 9))],
             W,
-            Claim::Marked,
+            MARKED,
         );
         assert_eq!(
             plan.steps,
@@ -785,7 +875,7 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Ready, 6)),
             ],
             M,
-            Claim::Marked,
+            MARKED,
         )
         .unwrap();
         assert_eq!(
@@ -821,7 +911,7 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Drain, 7)),
             ],
             M,
-            Claim::Marked,
+            MARKED,
         )
         .unwrap();
         assert_eq!(
@@ -856,7 +946,7 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             M,
-            Claim::Marked,
+            MARKED,
         )
         .unwrap();
         assert!(plan.steps.is_empty());
@@ -875,7 +965,7 @@ mod tests {
         let plan = plan_undrain(
             vec![("web/a".into(), by_drain(AdminState::Maint, 3))],
             M,
-            Claim::Marked,
+            MARKED,
         )
         .unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
@@ -890,7 +980,7 @@ mod tests {
                 modify_index: 7,
                 flags,
             }));
-            for claim in [Claim::Marked, Claim::Any] {
+            for claim in [MARKED, Claim::Any] {
                 let err =
                     plan_undrain(vec![("web/a".into(), invalid.clone())], M, claim).unwrap_err();
                 assert_eq!(err[0].0, "web/a");
@@ -900,7 +990,7 @@ mod tests {
     }
 
     #[test]
-    fn flags_are_read_from_the_pair_and_only_drain_flags_mark_a_drain() {
+    fn flags_are_read_from_the_pair_and_odd_flags_mark_a_drain() {
         let current = |value: &[u8], flags| {
             Current::from_pair(Some(&KvPair {
                 key: "p/web/a".into(),
@@ -914,7 +1004,15 @@ mod tests {
         assert!(current(b"maint", DRAIN_FLAGS).by_drain());
         assert!(!current(b"maint", DRAIN_FLAGS).set_by_hand());
         assert!(!current(b"0%", DRAIN_FLAGS).set_by_hand());
-        for flags in [0, 2, 3, u64::MAX] {
+        for flags in [3, drain_flags(u32::MAX), u64::MAX] {
+            assert!(current(b"maint", flags).by_drain(), "{flags}");
+            assert!(!current(b"maint", flags).set_by_hand(), "{flags}");
+            assert!(!current(b"drain", flags).set_by_hand(), "{flags}");
+        }
+        assert_eq!(current(b"maint", 3).drain_id(), Some(1));
+        assert_eq!(current(b"maint", 1).drain_id(), Some(0));
+        assert_eq!(current(b"maint", 2).drain_id(), None);
+        for flags in [0, 2, 4, u64::MAX - 1] {
             assert!(!current(b"maint", flags).by_drain(), "{flags}");
             assert!(current(b"maint", flags).set_by_hand(), "{flags}");
             assert!(current(b"drain", flags).set_by_hand(), "{flags}");
@@ -930,6 +1028,124 @@ mod tests {
         );
         assert!(!Current::Absent.by_drain());
         assert_eq!(Current::Absent.flags(), 0);
+    }
+
+    /// A key written by the drain with selection id `id`.
+    fn by_drain_id(state: AdminState, index: u64, id: u32) -> Current {
+        Current::Valid {
+            state,
+            index,
+            flags: drain_flags(id),
+        }
+    }
+
+    #[test]
+    fn drain_flags_carry_the_selection_id() {
+        assert_eq!(drain_flags(0), DRAIN_FLAGS);
+        assert_eq!(drain_flags(5), 11);
+        assert_eq!(drain_flags(u32::MAX), (u64::from(u32::MAX) << 1) | 1);
+        let zone = Claim::Marked {
+            id: 7,
+            any_drain: false,
+        };
+        assert_eq!(zone.flags(), 15);
+        assert_eq!(Claim::Any.flags(), 0);
+    }
+
+    #[test]
+    fn drain_leaves_a_key_at_drain_held_by_another_drain_and_takes_its_own() {
+        let this = Claim::Marked {
+            id: 7,
+            any_drain: false,
+        };
+        let plan = plan_drain(
+            vec![
+                ("web/a".into(), by_drain_id(AdminState::Drain, 3, 9)),
+                ("web/b".into(), by_drain_id(AdminState::Maint, 4, 9)),
+                ("web/c".into(), by_drain_id(AdminState::Drain, 5, 7)),
+                ("web/d".into(), by_drain(AdminState::Drain, 6)),
+                ("web/e".into(), by_drain_id(AdminState::Maint, 7, 7)),
+                ("web/f".into(), Current::Absent),
+            ],
+            W,
+            this,
+        );
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Drain), 15, &["web/f"]),
+                DRAIN_WAIT,
+                write(
+                    Change::Set(AdminState::Maint),
+                    15,
+                    &["web/c", "web/d", "web/f"]
+                ),
+            ]
+        );
+        let a = key(&plan, "web/a");
+        assert!(a.held_by_other_drain && !a.set_by_hand, "{a:?}");
+        assert!(!a.changes());
+        assert_eq!(a.note, Some("held by another drain: left alone"));
+        for k in ["web/b", "web/e"] {
+            let k = key(&plan, k);
+            assert_eq!(k.note, Some("already maint"), "{k:?}");
+            assert!(!k.held_by_other_drain && !k.changes(), "{k:?}");
+        }
+        assert_eq!(
+            key(&plan, "web/c").note,
+            Some("already drain: waits again, then maint")
+        );
+    }
+
+    #[test]
+    fn undrain_takes_back_its_own_and_generic_marks_only_unless_any_drain() {
+        let targets = vec![
+            ("web/a".into(), by_drain_id(AdminState::Maint, 3, 9)),
+            ("web/b".into(), by_drain_id(AdminState::Drain, 4, 9)),
+            ("web/c".into(), by_drain_id(AdminState::Maint, 5, 7)),
+            ("web/d".into(), by_drain(AdminState::Maint, 6)),
+            ("web/e".into(), valid(AdminState::Maint, 7)),
+        ];
+        let plan = plan_undrain(
+            targets.clone(),
+            M,
+            Claim::Marked {
+                id: 7,
+                any_drain: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![write(Change::Clear, 0, &["web/c", "web/d"])]
+        );
+        for (k, state) in [("web/a", AdminState::Maint), ("web/b", AdminState::Drain)] {
+            let k = key(&plan, k);
+            assert!(k.held_by_other_drain && !k.set_by_hand, "{k:?}");
+            assert_eq!(k.after, Some(state), "{k:?}");
+            assert!(!k.changes(), "{k:?}");
+            assert!(k.note.unwrap().contains("same selection"), "{k:?}");
+        }
+        assert!(key(&plan, "web/e").set_by_hand);
+        let plan = plan_undrain(
+            targets,
+            M,
+            Claim::Marked {
+                id: 7,
+                any_drain: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Maint), 15, &["web/b"]),
+                MAINT_WAIT,
+                write(Change::Clear, 0, &["web/a", "web/b", "web/c", "web/d"]),
+            ]
+        );
+        assert!(plan.keys.iter().all(|k| !k.held_by_other_drain));
+        assert!(key(&plan, "web/e").set_by_hand, "set by hand stays");
     }
 
     #[test]

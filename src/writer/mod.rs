@@ -1515,6 +1515,31 @@ impl Want {
     }
 }
 
+/// A table of servers a sequence left alone: server, key, value, `mark`
+/// (under `mark_header`) and ModifyIndex of each key as read.
+fn left_alone_table(
+    keys: &[(Option<String>, &plan::KeyPlan)],
+    mark_header: &str,
+    mark: impl Fn(&plan::Current) -> String,
+) -> String {
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|(server, k)| {
+            vec![
+                server.clone().unwrap_or_else(|| "-".into()),
+                k.key.clone(),
+                k.before.describe(),
+                mark(&k.before),
+                k.before.index().to_string(),
+            ]
+        })
+        .collect();
+    table(
+        &["SERVER", "KEY", "VALUE", mark_header, "MODIFY-INDEX"],
+        &rows,
+    )
+}
+
 /// Why a sequence stopped before its end.
 enum Stop {
     /// Before any step.
@@ -1840,22 +1865,7 @@ impl Report<'_> {
              Flags: no mark of `state drain`), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
-        let rows: Vec<Vec<String>> = hand
-            .iter()
-            .map(|(server, k)| {
-                vec![
-                    server.clone().unwrap_or_else(|| "-".into()),
-                    k.key.clone(),
-                    k.before.describe(),
-                    k.before.flags().to_string(),
-                    k.before.index().to_string(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
-            &rows,
-        ));
+        out.push_str(&left_alone_table(&hand, "FLAGS", |c| c.flags().to_string()));
         out.push_str(
             "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
              `state set KEY maint` first, so slowstart ramps).\n",
@@ -1876,22 +1886,7 @@ impl Report<'_> {
              selection's mark):\n",
             if n == 1 { "" } else { "s" },
         );
-        let rows: Vec<Vec<String>> = held
-            .iter()
-            .map(|(server, k)| {
-                vec![
-                    server.clone().unwrap_or_else(|| "-".into()),
-                    k.key.clone(),
-                    k.before.describe(),
-                    mark_name(k.before.flags()),
-                    k.before.index().to_string(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["SERVER", "KEY", "VALUE", "SET-BY", "MODIFY-INDEX"],
-            &rows,
-        ));
+        out.push_str(&left_alone_table(&held, "SET-BY", |c| mark_name(c.flags())));
         out.push_str(
             "Undrain it with the same selection as its drain (or --any-drain), or `state \
              clear KEY`.\n",

@@ -1628,62 +1628,69 @@ fn report_row<'a>(stdout: &'a str, key: &str) -> Vec<&'a str> {
         .unwrap_or_else(|| panic!("no row for {key}:\n{stdout}"))
 }
 
-#[test]
-fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
-    let consul = Consul::start();
-    // Canary: someone sets ready while the CLI waits to write maint.
-    let child = spawn_cli(&consul, &["canary", "disable", "--drain-wait", "5s"]);
+/// Runs `args`; once the canary key holds `written.0` puts `written.1`
+/// there, as another writer would; then checks the run stops with 75, its
+/// report row starts with `row` (it shows the other writer's value), its
+/// message says each of `says` (what this run wrote, what the key holds
+/// now, what was not written), and the other value is kept.
+fn canary_changes_during_the_wait(
+    consul: &Consul,
+    args: &[&str],
+    written: (&str, &str),
+    row: [&str; 3],
+    says: &[&str],
+) {
+    let child = spawn_cli(consul, args);
     wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("drain")).then_some(())
+        (kv(consul, "canary").as_deref() == Some(written.0)).then_some(())
     })
-    .expect("drain written");
-    consul.put("canary", "50%");
+    .unwrap_or_else(|| panic!("{} written", written.0));
+    consul.put("canary", written.1);
     let run = finish(child);
     assert_eq!(run.code, 75, "{run:?}");
     run.warns("conflict");
     assert_eq!(
         report_row(&run.stdout, "canary")[..3],
-        ["canary", "absent", "50%"],
-        "the report shows the other writer's value: {}",
-        run.stdout
-    );
-    // The message agrees with the table: what this run wrote, what the key
-    // holds now, what was not written.
-    for says in [
-        "wrote canary = drain",
-        "then canary changed to 50% by someone else; nothing overwritten",
-        "maint was NOT written to 1 key",
-    ] {
-        assert!(run.stderr.contains(says), "{says:?}: {}", run.stderr);
-    }
-    assert!(!run.stderr.contains("left in place"), "{}", run.stderr);
-    assert_eq!(kv(&consul, "canary").as_deref(), Some("50%"));
-
-    // Enable: someone puts drain back while maint is held.
-    consul.put("canary", "drain");
-    let child = spawn_cli(&consul, &["canary", "enable", "--maint-wait", "5s"]);
-    wait_for(CONVERGE, || {
-        (kv(&consul, "canary").as_deref() == Some("maint")).then_some(())
-    })
-    .expect("maint written");
-    consul.put("canary", "drain");
-    let run = finish(child);
-    assert_eq!(run.code, 75, "{run:?}");
-    assert_eq!(
-        report_row(&run.stdout, "canary")[..3],
-        ["canary", "drain", "drain"],
+        row,
         "{}",
         run.stdout
     );
-    for says in [
-        "wrote canary = maint",
-        "then canary changed to drain by someone else; nothing overwritten",
-        "clear was NOT written to 1 key",
-    ] {
-        assert!(run.stderr.contains(says), "{says:?}: {}", run.stderr);
+    for text in says {
+        run.warns(text);
     }
     assert!(!run.stderr.contains("left in place"), "{}", run.stderr);
-    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+    assert_eq!(kv(consul, "canary").as_deref(), Some(written.1));
+}
+
+#[test]
+fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
+    let consul = Consul::start();
+    // Canary: someone sets 50% while the CLI waits to write maint.
+    canary_changes_during_the_wait(
+        &consul,
+        &["canary", "disable", "--drain-wait", "5s"],
+        ("drain", "50%"),
+        ["canary", "absent", "50%"],
+        &[
+            "wrote canary = drain",
+            "then canary changed to 50% by someone else; nothing overwritten",
+            "maint was NOT written to 1 key",
+        ],
+    );
+
+    // Enable: someone puts drain back while maint is held.
+    consul.put("canary", "drain");
+    canary_changes_during_the_wait(
+        &consul,
+        &["canary", "enable", "--maint-wait", "5s"],
+        ("maint", "drain"),
+        ["canary", "drain", "drain"],
+        &[
+            "wrote canary = maint",
+            "then canary changed to drain by someone else; nothing overwritten",
+            "clear was NOT written to 1 key",
+        ],
+    );
 
     // Zonal: one key changes during the wait; the maint transaction is
     // rolled back whole, so no key is overwritten and none goes to maint.

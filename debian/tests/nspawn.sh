@@ -152,21 +152,28 @@ tar -C "$root" -xf "$cache_tar" || {
 chmod 755 "$root" # services running as other users must reach /
 
 # --- free loopback ports ----------------------------------------------------------
+# Below the kernel's ephemeral range (no outgoing connection can take one
+# before it is bound), not in use now, and each handed out once: pick_port
+# sets the named variable in this shell so `taken` keeps every pick.
 taken=" $(ss -Htuan | awk '{ n = split($5, a, ":"); print a[n] }' | sort -u | tr '\n' ' ') "
-free_port() {
+ephemeral_low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range)
+pick_port() {
 	local p
 	for _ in $(seq 1 200); do
-		p=$((20000 + RANDOM % 30000))
+		p=$((10000 + RANDOM % (ephemeral_low - 10000)))
 		case $taken in *" $p "*) continue ;; esac
 		taken="$taken$p "
-		echo "$p"
+		printf -v "$1" '%s' "$p"
 		return 0
 	done
 	return 1
 }
-consul_http=$(free_port) consul_dns=$(free_port) consul_serf_lan=$(free_port)
-consul_serf_wan=$(free_port) consul_server=$(free_port) consul_grpc=$(free_port)
-agent_port=$(free_port) http_port=$(free_port)
+consul_http='' consul_dns='' consul_serf_lan='' consul_serf_wan='' consul_server=''
+consul_grpc='' agent_port='' http_port='' dead_port=''
+for var in consul_http consul_dns consul_serf_lan consul_serf_wan consul_server consul_grpc \
+	agent_port http_port dead_port; do
+	pick_port "$var" || { echo "no free port" >&2; exit 1; }
+done
 log "ports: consul http $consul_http, agent $agent_port, agent http $http_port"
 
 # --- boot the container -------------------------------------------------------------
@@ -442,7 +449,6 @@ check "remove: binary gone" test ! -e "$root/usr/bin/$pkg"
 check "remove: /etc/default/$pkg kept" test "$(sha /etc/default/$pkg)" = "$edited_sha"
 # Installing while Consul is unreachable (a machine being built) must neither
 # fail nor hang: the kept settings, pointed at a port where nothing listens.
-dead_port=$(free_port)
 sed -i "s|^GITLAB_HAPROXY_AGENT_CONSUL_ADDR=.*|GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$dead_port|" \
 	"$root/etc/default/$pkg"
 start=$SECONDS

@@ -103,6 +103,13 @@ pub fn drain_flags(id: u32) -> u64 {
     DRAIN_FLAGS | (u64::from(id) << 1)
 }
 
+/// Reads a drain mark from Consul KV Flags, the inverse of [`drain_flags`]:
+/// the selection id for odd Flags (`Some(0)`: the generic mark, Flags 1),
+/// `None` for even Flags (a key set by hand).
+pub fn drain_mark(flags: u64) -> Option<u64> {
+    (flags & DRAIN_FLAGS != 0).then_some(flags >> 1)
+}
+
 /// The stable id of a drain selection: FNV-1a (32 bits) of `zone=<Z>
 /// backend=<B> server=<GLOB>`, absent parts empty. Where the servers are
 /// read from (configuration or stats socket) is not part of it.
@@ -1368,7 +1375,7 @@ fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "value": String::from_utf8_lossy(&p.value),
                 "modify_index": p.modify_index,
                 "flags": p.flags,
-                "by_drain": is_row_key(key) && p.flags & DRAIN_FLAGS != 0,
+                "by_drain": is_row_key(key) && drain_mark(p.flags).is_some(),
                 "drain_id": drain_id_json(key, p.flags),
                 "set_by": set_by(key, p.flags),
             });
@@ -1451,19 +1458,20 @@ fn set_by(key: &str, flags: u64) -> String {
 /// `drain:<id>` (8 hex digits) for a drain with selection id `id`, `hand` for
 /// even Flags (with them when they are not 0).
 fn mark_name(flags: u64) -> String {
-    match flags {
-        0 => "hand".to_string(),
-        DRAIN_FLAGS => "drain".to_string(),
-        n if n & DRAIN_FLAGS != 0 => format!("drain:{:08x}", n >> 1),
-        n => format!("hand (flags {n})"),
+    match drain_mark(flags) {
+        Some(0) => "drain".to_string(),
+        Some(id) => format!("drain:{id:08x}"),
+        None if flags == 0 => "hand".to_string(),
+        None => format!("hand (flags {flags})"),
     }
 }
 
 /// The selection id of a drain mark for `--json`: 8 hex digits, `None` for
 /// the generic mark, a key set by hand, or a group key.
 fn drain_id_json(key: &str, flags: u64) -> Option<String> {
-    (is_row_key(key) && flags & DRAIN_FLAGS != 0 && flags >> 1 != 0)
-        .then(|| format!("{:08x}", flags >> 1))
+    drain_mark(flags)
+        .filter(|id| is_row_key(key) && *id != 0)
+        .map(|id| format!("{id:08x}"))
 }
 
 const KEY_HEADER: [&str; 6] = ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];

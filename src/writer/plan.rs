@@ -4,15 +4,16 @@
 //!
 //! Row keys written by `state drain` carry a drain mark in their Consul Flags
 //! (odd Flags: [`drain_flags`] of the drain's selection id, or the generic
-//! [`DRAIN_FLAGS`]); a row key at drain, maint or `0%` without one was set by
-//! hand, and the drain and undrain plans leave it alone ([`Claim::Marked`]).
+//! [`DRAIN_FLAGS`](super::DRAIN_FLAGS)); a row key at drain, maint or `0%`
+//! without one was set by hand, and the drain and undrain plans leave it
+//! alone ([`Claim::Marked`]).
 //! A key at drain or maint marked by another drain is held by that drain,
 //! and `state undrain` leaves it alone too.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{drain_flags, DRAIN_FLAGS};
+use super::{drain_flags, drain_mark};
 use crate::consul::KvPair;
 use crate::state::{parse_value, AdminState, Entry, KeyState, Snapshot};
 
@@ -84,13 +85,13 @@ impl Current {
     /// wrote it, whichever selection. False for an absent key and for even
     /// Flags (a key set by hand).
     pub fn by_drain(&self) -> bool {
-        !matches!(self, Current::Absent) && self.flags() & DRAIN_FLAGS != 0
+        self.drain_id().is_some()
     }
 
     /// The selection id of the drain that wrote the key (`Some(0)`: the
     /// generic mark, Flags 1); `None` when no drain wrote it.
     pub fn drain_id(&self) -> Option<u64> {
-        self.by_drain().then(|| self.flags() >> 1)
+        drain_mark(self.flags())
     }
 
     /// True for a key at drain, maint or `0%` that `state drain` did not
@@ -558,6 +559,7 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::writer::DRAIN_FLAGS;
 
     /// A key with Flags 0: set by hand (`state set`, `consul kv put`).
     fn valid(state: AdminState, index: u64) -> Current {

@@ -3,6 +3,8 @@
 //! each stopped by its PID when dropped. Every wait is bounded in time.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

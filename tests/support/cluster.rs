@@ -1,0 +1,440 @@
+//! A real Consul cluster on loopback, as production runs it: three servers
+//! (non-dev, each with its own data directory) and client agents, every
+//! node on its own loopback address with Consul's default ports, the agent
+//! under test reading through a client agent. Every process is started and
+//! stopped by its PID; every wait is bounded.
+//!
+//! Each cluster takes one /24 of 127.0.0.0/8 (all of it is local on Linux):
+//! servers on `.1`-`.3`, client agents from `.11`. The /24 is chosen per
+//! process and per cluster, and skipped when something already listens
+//! there, so test binaries and tests running at once never meet.
+//!
+//! Raft runs with `performance { raft_multiplier = 1 }` (Consul's
+//! recommended production timing; the default of 5 is for small machines),
+//! so a leader is elected again within about 2 s of losing one.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{http_request_as, kill, wait_every, Proc, TempDir, PREFIX};
+
+/// Consul's default HTTP port, on each node's own address.
+pub const HTTP_PORT: u16 = 8500;
+/// Consul's default server RPC port: a leader is named `<ip>:8300`.
+pub const SERVER_PORT: u16 = 8300;
+/// Consul's default serf LAN port.
+pub const SERF_LAN_PORT: u16 = 8301;
+
+/// How long a cluster may take to form (about 5-10 s here).
+pub const FORM_TIMEOUT: Duration = Duration::from_secs(60);
+
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// A free /24 as its first three octets: `127.(100 + pid % 100).n`, n
+/// counting up per cluster, skipping a /24 where anything listens on a
+/// server's or the first client's Consul ports.
+fn pick_net(clients: u8) -> [u8; 3] {
+    let b = 100 + (std::process::id() % 100) as u8;
+    for _ in 0..250 {
+        let c = (NEXT_NET.fetch_add(1, Ordering::SeqCst) % 250) as u8 + 1;
+        let net = [127, b, c];
+        let hosts = (1..=3).chain(11..11 + clients.max(1));
+        let free = hosts.into_iter().all(|h| {
+            let ip = Ipv4Addr::new(net[0], net[1], net[2], h);
+            [HTTP_PORT, SERVER_PORT, SERF_LAN_PORT]
+                .iter()
+                .all(|p| TcpListener::bind((ip, *p)).is_ok())
+        });
+        if free {
+            return net;
+        }
+    }
+    panic!("no free loopback /24 for a Consul cluster");
+}
+
+/// One Consul agent process (server or client) of a [`Cluster`].
+pub struct Node {
+    /// The node name: `s1`..`s3`, `c1`...
+    pub name: String,
+    /// Its own loopback address (bind, client and advertise address).
+    pub ip: Ipv4Addr,
+    /// A server (`-server`) or a client agent.
+    pub server: bool,
+    data: PathBuf,
+    logs: PathBuf,
+    join: Vec<Ipv4Addr>,
+    starts: u32,
+    proc: Option<Proc>,
+}
+
+impl Node {
+    fn command(&self) -> Command {
+        let mut cmd = Command::new("consul");
+        cmd.arg("agent")
+            .arg(format!("-node={}", self.name))
+            .arg(format!("-bind={}", self.ip))
+            .arg(format!("-client={}", self.ip))
+            .arg(format!("-data-dir={}", self.data.display()))
+            .args(["-dns-port=-1", "-grpc-port=-1", "-retry-interval=200ms"])
+            .args(["-log-level=info", "-disable-host-node-id"]);
+        for ip in &self.join {
+            cmd.arg(format!("-retry-join={ip}"));
+        }
+        if self.server {
+            cmd.args(["-server", "-bootstrap-expect=3"])
+                .arg("-hcl=performance { raft_multiplier = 1 }");
+        }
+        // Every client of a test connects from 127.0.0.1: lift the
+        // per-address HTTP connection cap (200 on 1.8.7).
+        cmd.arg("-hcl=limits { http_max_conns_per_client = 10000 }");
+        cmd
+    }
+
+    /// Starts the process (again, on the same data directory and address,
+    /// after [`Node::kill`] or [`Node::terminate`]); does not wait.
+    pub fn start(&mut self) {
+        assert!(self.proc.is_none(), "{} is running", self.name);
+        self.starts += 1;
+        let log = self.logs.join(format!("{}-{}.log", self.name, self.starts));
+        self.proc = Some(Proc::spawn(self.command(), log));
+    }
+
+    /// Whether the process runs (or is stopped by SIGSTOP).
+    pub fn is_running(&self) -> bool {
+        self.proc.is_some()
+    }
+
+    /// The PID.
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().expect("running").pid()
+    }
+
+    /// SIGKILL and reap: a crash, no leave.
+    pub fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            kill(p.pid(), "CONT");
+            p.kill();
+        }
+    }
+
+    /// SIGTERM (a server shuts down without leaving the cluster, as
+    /// `systemctl restart consul` does), then waits up to 15 s for the exit;
+    /// SIGKILL after that.
+    pub fn terminate(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.signal("TERM");
+            if p.wait_exit(Duration::from_secs(15)).is_none() {
+                p.kill();
+            }
+        }
+    }
+
+    /// SIGSTOP: the process keeps its sockets but answers nothing.
+    pub fn pause(&self) {
+        kill(self.pid(), "STOP");
+    }
+
+    /// SIGCONT after [`Node::pause`].
+    pub fn resume(&self) {
+        kill(self.pid(), "CONT");
+    }
+
+    /// `<ip>:8500`.
+    pub fn http(&self) -> SocketAddr {
+        SocketAddr::from((self.ip, HTTP_PORT))
+    }
+
+    /// `http://<ip>:8500`, for `--consul-addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.http())
+    }
+
+    /// `<ip>:8300`: how Consul names this server as leader.
+    pub fn rpc_addr(&self) -> String {
+        format!("{}:{SERVER_PORT}", self.ip)
+    }
+
+    /// Every log of this node so far (one file per start), for failures.
+    pub fn log(&self) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                let path = self.logs.join(format!("{}-{n}.log", self.name));
+                let text = std::fs::read_to_string(path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(40).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!(
+                    "--- {} start {n} (last 40 lines)\n{}\n",
+                    self.name,
+                    tail.join("\n")
+                )
+            })
+            .collect()
+    }
+
+    /// Any HTTP request to this node; `None` when it does not answer in
+    /// time (the harness's reads wait at most 15 s).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> Option<(u16, HashMap<String, String>, Vec<u8>)> {
+        http_request_as(self.http(), None, method, path, body)
+    }
+
+    /// The leader this node knows (`<ip>:8300`), if any.
+    pub fn leader(&self) -> Option<String> {
+        let (status, _, body) = self.request("GET", "/v1/status/leader", b"")?;
+        let leader = String::from_utf8_lossy(&body)
+            .trim()
+            .trim_matches('"')
+            .to_string();
+        (status == 200 && !leader.is_empty()).then_some(leader)
+    }
+
+    /// Writes `PREFIX + key` through this node; false when Consul refused
+    /// (no leader) or did not answer.
+    pub fn put(&self, key: &str, value: &str) -> bool {
+        self.request("PUT", &format!("/v1/kv/{PREFIX}{key}"), value.as_bytes())
+            .is_some_and(|(s, _, b)| s == 200 && b.trim_ascii() == b"true")
+    }
+
+    /// The `X-Consul-Index` of the prefix read through this node with the
+    /// given query (`""`, `"&stale"`), if it answers.
+    pub fn prefix_index(&self, query: &str) -> Option<u64> {
+        let (status, headers, _) =
+            self.request("GET", &format!("/v1/kv/{PREFIX}?recurse{query}"), b"")?;
+        if status != 200 && status != 404 {
+            return None;
+        }
+        headers.get("x-consul-index")?.parse().ok()
+    }
+
+    /// The members this node sees alive (`/v1/agent/members`, status 1).
+    pub fn alive_members(&self) -> usize {
+        let Some((200, _, body)) = self.request("GET", "/v1/agent/members", b"") else {
+            return 0;
+        };
+        let members: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        members
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["Status"] == 1).count())
+    }
+
+    /// The servers this client agent holds RPC connections to now (from
+    /// /proc/net/tcp: ESTABLISHED from its address to port 8300), as
+    /// addresses. A client agent sends every RPC to one server at a time
+    /// and moves on only when that one fails or on its periodic rebalance
+    /// (minutes).
+    pub fn rpc_peers(&self) -> Vec<Ipv4Addr> {
+        let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+        let me = self.ip;
+        let mut peers: Vec<Ipv4Addr> = table
+            .lines()
+            .skip(1)
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let (local, remote, state) = (f.get(1)?, f.get(2)?, f.get(3)?);
+                if *state != "01" {
+                    return None;
+                }
+                let (lip, _) = parse_proc_addr(local)?;
+                let (rip, rport) = parse_proc_addr(remote)?;
+                (lip == me && rport == SERVER_PORT).then_some(rip)
+            })
+            .collect();
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+}
+
+/// `0100007F:1F90` (little-endian address, hex port) from /proc/net/tcp.
+fn parse_proc_addr(field: &str) -> Option<(Ipv4Addr, u16)> {
+    let (ip, port) = field.split_once(':')?;
+    let ip = u32::from_str_radix(ip, 16).ok()?;
+    let port = u16::from_str_radix(port, 16).ok()?;
+    Some((Ipv4Addr::from(ip.swap_bytes()), port))
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Three Consul servers and `n` client agents on one loopback /24.
+pub struct Cluster {
+    /// `s1`..`s3` on `.1`..`.3`.
+    pub servers: Vec<Node>,
+    /// `c1`.. on `.11`...
+    pub clients: Vec<Node>,
+    net: [u8; 3],
+    // Last: removed after every node has been stopped.
+    dir: TempDir,
+}
+
+impl Cluster {
+    /// Starts three servers and `clients` client agents, and waits (up to
+    /// [`FORM_TIMEOUT`]) until a leader is elected, every node sees every
+    /// other alive, and a write through the first client agent succeeds.
+    pub fn start(clients: u8) -> Cluster {
+        let net = pick_net(clients);
+        let dir = TempDir::new("consul-cluster");
+        let ip = |h: u8| Ipv4Addr::new(net[0], net[1], net[2], h);
+        let seeds: Vec<Ipv4Addr> = (1..=3).map(ip).collect();
+        let node = |name: String, host: u8, server: bool| Node {
+            data: dir.path().join(&name),
+            logs: dir.path().to_path_buf(),
+            name,
+            ip: ip(host),
+            server,
+            join: seeds.clone(),
+            starts: 0,
+            proc: None,
+        };
+        let servers: Vec<Node> = (1..=3).map(|n| node(format!("s{n}"), n, true)).collect();
+        let clients: Vec<Node> = (1..=clients)
+            .map(|n| node(format!("c{n}"), 10 + n, false))
+            .collect();
+        let mut cluster = Cluster {
+            servers,
+            clients,
+            net,
+            dir,
+        };
+        for n in cluster.servers.iter_mut().chain(cluster.clients.iter_mut()) {
+            n.start();
+        }
+        let started = Instant::now();
+        cluster.wait_formed(FORM_TIMEOUT);
+        eprintln!(
+            "cluster on {}.{}.{}.0/24 formed in {:?}",
+            net[0],
+            net[1],
+            net[2],
+            started.elapsed()
+        );
+        cluster
+    }
+
+    /// Waits up to `timeout` until every running server agrees on a leader,
+    /// every running node sees all running nodes alive, and a write
+    /// through the first client agent succeeds; panics with the logs
+    /// otherwise.
+    pub fn wait_formed(&self, timeout: Duration) {
+        let running = self.nodes().filter(|n| n.is_running()).count();
+        let ok = wait_every(timeout, Duration::from_millis(100), || {
+            let leader = self.agreed_leader()?;
+            let all_alive = self
+                .nodes()
+                .filter(|n| n.is_running())
+                .all(|n| n.alive_members() >= running);
+            (all_alive && self.client(0).put("gha-cluster-ping", "1")).then_some(leader)
+        });
+        if ok.is_none() {
+            panic!(
+                "the Consul cluster did not form in {timeout:?}:\n{}",
+                self.logs()
+            );
+        }
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.servers.iter().chain(self.clients.iter())
+    }
+
+    /// The `n`-th client agent (0-based).
+    pub fn client(&self, n: usize) -> &Node {
+        &self.clients[n]
+    }
+
+    /// The leader every running (not paused) server names, as a server
+    /// index, when they agree.
+    pub fn agreed_leader(&self) -> Option<usize> {
+        let mut named = self
+            .servers
+            .iter()
+            .filter(|s| s.is_running())
+            .map(|s| s.leader());
+        let first = named.next()??;
+        if !named.all(|l| l.as_deref() == Some(first.as_str())) {
+            return None;
+        }
+        self.servers.iter().position(|s| s.rpc_addr() == first)
+    }
+
+    /// Waits up to `timeout` for an agreed leader and returns its index.
+    pub fn wait_leader(&self, timeout: Duration) -> usize {
+        wait_every(timeout, Duration::from_millis(100), || self.agreed_leader())
+            .unwrap_or_else(|| panic!("no agreed leader in {timeout:?}:\n{}", self.logs()))
+    }
+
+    /// Waits up to `timeout` until a write of `key` through the first
+    /// client agent succeeds (a leader is there and commits).
+    pub fn wait_put(&self, key: &str, value: &str, timeout: Duration) {
+        let ok = wait_every(timeout, Duration::from_millis(100), || {
+            self.client(0).put(key, value).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "PUT {key}={value} failed for {timeout:?}:\n{}",
+            self.logs()
+        );
+    }
+
+    /// Like [`Cluster::wait_put`], through server `server`'s own HTTP API.
+    pub fn wait_put_on(&self, server: usize, key: &str, value: &str, timeout: Duration) {
+        let ok = wait_every(timeout, Duration::from_millis(100), || {
+            self.servers[server].put(key, value).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "PUT {key}={value} on s{} failed for {timeout:?}:\n{}",
+            server + 1,
+            self.logs()
+        );
+    }
+
+    /// Writes `PREFIX + key` through the first client agent; panics if
+    /// Consul refuses.
+    pub fn put(&self, key: &str, value: &str) {
+        assert!(
+            self.client(0).put(key, value),
+            "PUT {key}={value} refused:\n{}",
+            self.logs()
+        );
+    }
+
+    /// The index of the server the client agent `client` sends its RPCs
+    /// to, when it holds a connection to exactly one.
+    pub fn server_of(&self, client: usize) -> Option<usize> {
+        match self.clients[client].rpc_peers()[..] {
+            [ip] => self.servers.iter().position(|s| s.ip == ip),
+            _ => None,
+        }
+    }
+
+    /// The last lines of every node's logs.
+    pub fn logs(&self) -> String {
+        self.nodes().map(Node::log).collect()
+    }
+
+    /// The cluster's /24, e.g. `127.142.3`.
+    pub fn net(&self) -> String {
+        format!("{}.{}.{}", self.net[0], self.net[1], self.net[2])
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for n in self.clients.iter_mut().chain(self.servers.iter_mut()) {
+            n.kill();
+        }
+    }
+}

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::consistency::{Consistency, MAX_STALE_RANGE};
 use crate::consul::MAX_WAIT;
 use crate::responder::ResponderConfig;
 use crate::watcher::{Backoff, WatcherConfig};
@@ -152,6 +153,18 @@ pub struct AgentArgs {
     /// 10ms..10s.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub min_query_interval: Duration,
+
+    /// Read consistency of the blocking query: `default` (the Consul leader
+    /// answers every read) or `stale` (any server answers; answers that are
+    /// behind the copy, older than --max-stale or from a server without a
+    /// leader are confirmed by a default read first).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CONSISTENCY", value_enum, default_value_t = Consistency::Default)]
+    pub consistency: Consistency,
+
+    /// With --consistency stale: the largest X-Consul-LastContact an answer
+    /// may carry to be applied without a default read (100ms to 10m).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MAX_STALE", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub max_stale: Duration,
 
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
@@ -335,6 +348,13 @@ impl AgentConfig {
                 "must be between 10ms and 10s",
             ));
         }
+        if a.max_stale < MAX_STALE_RANGE.0 || a.max_stale > MAX_STALE_RANGE.1 {
+            return Err(bad(
+                "--max-stale",
+                human(a.max_stale),
+                "must be between 100ms and 10m",
+            ));
+        }
         if a.listen == a.http_listen && a.listen.port() != 0 {
             return Err(bad(
                 "--http-listen",
@@ -348,6 +368,8 @@ impl AgentConfig {
                 wait: a.wait,
                 min_interval: a.min_query_interval,
                 backoff: Backoff::default(),
+                consistency: a.consistency,
+                max_stale: a.max_stale,
             },
             consul,
             listen: a.listen,
@@ -385,6 +407,15 @@ mod tests {
         assert_eq!(c.watcher.wait, Duration::from_secs(60));
         assert_eq!(c.responder.check_timeout, Duration::from_millis(500));
         assert_eq!(c.log_format, LogFormat::Auto);
+        assert_eq!(c.watcher.consistency, Consistency::Default);
+        assert_eq!(c.watcher.max_stale, Duration::from_secs(5));
+        let c = config(
+            &["--consistency", "stale", "--max-stale", "2s"],
+            &Fallbacks::default(),
+        )
+        .unwrap();
+        assert_eq!(c.watcher.consistency, Consistency::Stale);
+        assert_eq!(c.watcher.max_stale, Duration::from_secs(2));
     }
 
     #[test]
@@ -447,6 +478,8 @@ mod tests {
                 "--max-connections",
             ),
             (vec!["--http-listen", "127.0.0.1:9777"], "--http-listen"),
+            (vec!["--max-stale", "10ms"], "--max-stale"),
+            (vec!["--max-stale", "11m"], "--max-stale"),
         ] {
             let err = config(&args, &fb).unwrap_err();
             assert_eq!(err.option, option, "{args:?}");

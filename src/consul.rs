@@ -13,6 +13,7 @@ use reqwest::header::{HeaderMap, HeaderValue};
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+use crate::consistency::{Consistency, ReadMeta};
 use crate::metrics::ConsulOutcome;
 
 /// Extra time allowed beyond `wait` before a blocking query counts as timed
@@ -353,7 +354,31 @@ impl ConsulClient {
         index: u64,
         wait: Duration,
     ) -> Result<PrefixAnswer, ConsulError> {
-        let mut url = format!("{}/v1/kv/{}?recurse=true", self.addr, encode_key(prefix));
+        self.list_prefix_as(prefix, index, wait, Consistency::Default)
+            .await
+            .map(|(answer, _)| answer)
+    }
+
+    /// [`ConsulClient::list_prefix`] in the given consistency mode
+    /// (`?stale` for [`Consistency::Stale`]), with the answer's
+    /// `X-Consul-LastContact` and `X-Consul-KnownLeader`.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::list_prefix`].
+    pub async fn list_prefix_as(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+        consistency: Consistency,
+    ) -> Result<(PrefixAnswer, ReadMeta), ConsulError> {
+        let mut url = format!(
+            "{}/v1/kv/{}?recurse=true{}",
+            self.addr,
+            encode_key(prefix),
+            consistency.query()
+        );
         let mut timeout = TIMEOUT_MARGIN;
         if index > 0 {
             url.push_str(&format!("&index={index}&wait={}", wait_param(wait)));
@@ -372,6 +397,7 @@ impl ConsulClient {
             .headers()
             .get("X-Consul-Index")
             .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+        let meta = ReadMeta::from_headers(response.headers());
         let body = response
             .bytes()
             .await
@@ -394,19 +420,21 @@ impl ConsulClient {
             self.read_checked_at_load.store(load, Ordering::SeqCst);
         }
         if status == StatusCode::NOT_FOUND {
-            return Ok(PrefixAnswer {
+            let answer = PrefixAnswer {
                 index,
                 pairs: Vec::new(),
                 body_bytes: body.len(),
-            });
+            };
+            return Ok((answer, meta));
         }
         let pairs = decode_pairs(&body)?;
         check_under_prefix(prefix, &pairs)?;
-        Ok(PrefixAnswer {
+        let answer = PrefixAnswer {
             index,
             pairs,
             body_bytes: body.len(),
-        })
+        };
+        Ok((answer, meta))
     }
 }
 

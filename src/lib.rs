@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod consistency;
 pub mod consul;
 pub mod http;
 pub mod logging;

@@ -9,6 +9,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use crate::consistency::HoldReason;
 use crate::state::AnswerKind;
 
 const NAMESPACE: &str = "gitlab_haproxy_agent";
@@ -110,6 +111,12 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
     /// last agent-check received.
     pub last_check_timestamp: Gauge,
+    /// `gitlab_haproxy_agent_stale_answers_held_total{reason}`: stale-mode
+    /// answers held, not applied, until a default read confirmed the copy.
+    stale_answers_held: IntCounterVec,
+    /// `gitlab_haproxy_agent_consul_last_contact_seconds`: the last
+    /// answer's `X-Consul-LastContact` (0 from the leader).
+    pub consul_last_contact: Gauge,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -270,6 +277,26 @@ impl Metrics {
         .unwrap();
         reg(Box::new(last_check_timestamp.clone()));
 
+        let stale_answers_held = IntCounterVec::new(
+            opts(
+                "stale_answers_held_total",
+                "Stale-mode Consul answers held until a default-consistency read confirmed the copy, by reason.",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        for r in HoldReason::ALL {
+            stale_answers_held.with_label_values(&[r.as_str()]);
+        }
+        reg(Box::new(stale_answers_held.clone()));
+
+        let consul_last_contact = Gauge::with_opts(opts(
+            "consul_last_contact_seconds",
+            "X-Consul-LastContact of the last Consul answer: how long its server had not heard from the leader.",
+        ))
+        .unwrap();
+        reg(Box::new(consul_last_contact.clone()));
+
         #[cfg(target_os = "linux")]
         reg(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -294,7 +321,16 @@ impl Metrics {
             accept_errors,
             rows_seen,
             last_check_timestamp,
+            stale_answers_held,
+            consul_last_contact,
         }
+    }
+
+    /// Counts one stale answer held for `reason`.
+    pub fn stale_held(&self, reason: HoldReason) {
+        self.stale_answers_held
+            .with_label_values(&[reason.as_str()])
+            .inc();
     }
 
     /// Counts one Consul request.

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::consistency::{hold_reason, Consistency, ReadMeta};
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
 use crate::metrics::ConsulOutcome;
 use crate::shared::{ReadyStep, Shared};
@@ -31,6 +32,12 @@ pub struct WatcherConfig {
     pub min_interval: Duration,
     /// Retry delays after failures.
     pub backoff: Backoff,
+    /// Read consistency (`--consistency`). Default [`Consistency::Default`].
+    pub consistency: Consistency,
+    /// In stale mode, the oldest `X-Consul-LastContact` an answer may have
+    /// to be applied without a default read (`--max-stale`). Default
+    /// [`crate::consistency::DEFAULT_MAX_STALE`] (5 s).
+    pub max_stale: Duration,
 }
 
 /// Jittered exponential backoff: the n-th consecutive failure waits a random
@@ -93,6 +100,11 @@ impl IndexTracker {
             Some(i) if !self.reset => i,
             _ => 0,
         }
+    }
+
+    /// The index of the copy held, `None` before the first answer.
+    pub fn held(&self) -> Option<u64> {
+        self.current
     }
 
     /// Makes the next query a full read (index 0) whose answer is applied
@@ -236,6 +248,9 @@ pub struct Watcher {
     tracker: IndexTracker,
     failures: u32,
     last_start: Option<tokio::time::Instant>,
+    /// Stale mode: the next read is a default-consistency one (the first
+    /// read, and after a held answer).
+    confirm: bool,
 }
 
 /// How often the watcher proves it is alive while a blocking query is held.
@@ -251,6 +266,7 @@ impl Watcher {
             tracker: IndexTracker::default(),
             failures: 0,
             last_start: None,
+            confirm: true,
         }
     }
 
@@ -329,11 +345,15 @@ impl Watcher {
         }
         self.last_start = Some(tokio::time::Instant::now());
         let index = self.tracker.query_index();
+        let consistency = self.read_consistency();
         let started = Instant::now();
         let result = {
-            let request = self
-                .client
-                .list_prefix(&self.config.prefix, index, self.config.wait);
+            let request = self.client.list_prefix_as(
+                &self.config.prefix,
+                index,
+                self.config.wait,
+                consistency,
+            );
             tokio::pin!(request);
             let mut tick = tokio::time::interval(HEARTBEAT_EVERY);
             loop {
@@ -349,8 +369,10 @@ impl Watcher {
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(answer) => {
-                self.on_answer(answer);
+            Ok((answer, meta)) => {
+                if !self.hold_stale(consistency, &answer, &meta) {
+                    self.on_answer(answer);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -359,6 +381,52 @@ impl Watcher {
                 Err(e)
             }
         }
+    }
+
+    /// The consistency of the next read: stale in stale mode, unless a
+    /// default read must confirm the copy first.
+    fn read_consistency(&self) -> Consistency {
+        match self.config.consistency {
+            Consistency::Stale if !self.confirm => Consistency::Stale,
+            _ => Consistency::Default,
+        }
+    }
+
+    /// Holds a stale answer that could move the copy backwards (see
+    /// [`crate::consistency`]): counts it, and makes the next read a
+    /// default-consistency full read. True when held; a default answer
+    /// clears the need to confirm.
+    fn hold_stale(
+        &mut self,
+        consistency: Consistency,
+        answer: &PrefixAnswer,
+        meta: &ReadMeta,
+    ) -> bool {
+        let metrics = &self.shared.metrics;
+        if let Some(age) = meta.last_contact {
+            metrics.consul_last_contact.set(age.as_secs_f64());
+        }
+        if consistency == Consistency::Default {
+            self.confirm = false;
+            return false;
+        }
+        let held = self.tracker.held();
+        let Some(reason) = hold_reason(held, answer.index, meta, self.config.max_stale) else {
+            return false;
+        };
+        metrics.stale_held(reason);
+        metrics.consul_request(ConsulOutcome::NotModified);
+        info!(
+            consul_index = answer.index,
+            held_index = held.unwrap_or(0),
+            last_contact_ms = meta.last_contact.map(|d| d.as_millis() as u64),
+            known_leader = meta.known_leader,
+            reason = reason.as_str(),
+            "stale answer held; confirming with a default-consistency read"
+        );
+        self.confirm = true;
+        self.tracker.force_full_read();
+        true
     }
 
     fn on_answer(&mut self, answer: PrefixAnswer) {

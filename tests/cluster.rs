@@ -14,6 +14,7 @@
 //! Each test forms its own cluster on its own loopback /24 (see
 //! `support::cluster`), about 5-10 s.
 
+mod fake_consul;
 mod support;
 
 use std::io::{Read, Write};
@@ -22,8 +23,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use support::cluster::Cluster;
-use support::{wait_every, Agent};
+use fake_consul::{FakeConsul, IndexHeader, Reply};
+use support::cluster::{put_at, Cluster};
+use support::{wait_every, Agent, PREFIX};
 
 /// How long a write may take to reach every prober once Consul has
 /// committed it (through a client agent, with a leader).
@@ -521,4 +523,208 @@ fn quorum_lost_for_thirty_seconds_then_back() {
         eprintln!("write after quorum came back applied in {took:?}");
     });
     assert_recovered(&agent);
+}
+
+// ---------------------------------------------------------------------------
+// Stale reads
+
+fn held(agent: &Agent, reason: &str) -> f64 {
+    sample(
+        &agent.metrics(),
+        &format!("gitlab_haproxy_agent_stale_answers_held_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or_else(|| panic!("no stale_answers_held_total for {reason}"))
+}
+
+/// A lagging follower, one cut off from the leader for longer than
+/// --max-stale, and one that knows no leader, each answering a stale read
+/// with older data: shown with the fake, since a real cluster gives these
+/// only for moments. None is applied; each is counted and followed by a
+/// default-consistency read, whose answer is.
+#[test]
+fn stale_answers_behind_old_or_leaderless_are_held_until_a_default_read_confirms() {
+    let fake = FakeConsul::start(PREFIX, 5);
+    fake.put("canary", b"drain");
+    fake.put("web/web-01", b"maint");
+    let agent = Agent::start(
+        &fake.url(),
+        &["--consistency", "stale", "--max-stale", "2s"],
+    );
+    let first = &fake.requests()[0];
+    assert!(
+        !first.stale,
+        "the first read must be a default one: {first:?}"
+    );
+    let watches = [
+        Watch::new("web/web-cny-01 canary", "drain 100%"),
+        Watch::new("web/web-01 canary", "maint 100%"),
+    ];
+    let index = fake.index();
+    let older = fake.render(&[("canary", b"ready")], 3);
+    probed(&agent, &watches, |p| {
+        let cases = [
+            (
+                "lower_index",
+                Reply::body("behind", &older).with_index(IndexHeader::Value(index - 1)),
+            ),
+            (
+                "too_old",
+                Reply::body("cut off", &older)
+                    .with_index(IndexHeader::Value(index + 5))
+                    .with_freshness(Some("true"), Some("2500")),
+            ),
+            (
+                "no_leader",
+                Reply::body("leaderless", &older)
+                    .with_index(IndexHeader::Value(index + 6))
+                    .with_freshness(Some("false"), Some("0")),
+            ),
+            (
+                "no_leader",
+                Reply::body("no headers", &older)
+                    .with_index(IndexHeader::Value(index + 7))
+                    .with_freshness(None, None),
+            ),
+        ];
+        for (reason, reply) in cases {
+            let label = reply.label.clone();
+            let before = held(&agent, reason);
+            fake.wait_pending(APPLY);
+            fake.script(reply);
+            let n = fake.wait_served(&label, APPLY);
+            assert!(fake.requests()[n].stale, "{label}: not a stale read");
+            let ok = wait_every(APPLY, Duration::from_millis(10), || {
+                (held(&agent, reason) > before).then_some(())
+            });
+            assert!(
+                ok.is_some(),
+                "{label} not held as {reason}:\n{}",
+                agent.log()
+            );
+            // The confirming read: default consistency, index 0, answered
+            // from the store (the leader); then stale reads again.
+            let confirm = fake.wait_answered(n + 1, APPLY);
+            assert!(!confirm.stale, "{label}: {confirm:?}");
+            assert_eq!(confirm.index, None, "{label}: {confirm:?}");
+            let next = fake.wait_request(n + 2, APPLY);
+            assert!(next.stale, "{label}: {next:?}");
+            assert_eq!(next.index, Some(index), "{label}: {next:?}");
+            p.assert_right();
+        }
+        // A fresh stale answer that moves forward is applied at once.
+        p.expect(&[("web/web-cny-01 canary", "maint 100%")]);
+        fake.put("canary", b"maint");
+        p.wait_settled(APPLY, "a fresh stale answer");
+    });
+    let text = agent.metrics();
+    assert_eq!(
+        sample(&text, "gitlab_haproxy_agent_consul_index_resets_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&text, "gitlab_haproxy_agent_consul_index"),
+        Some(fake.index() as f64)
+    );
+}
+
+/// Asks `line` every 5 ms until `stop`; returns the weights answered, in
+/// order (`ready N%` -> N; anything else panics the test).
+fn ladder(addr: SocketAddr, line: &str, stop: &AtomicBool) -> Vec<u32> {
+    let mut seen = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let reply = support::ask_raw(addr, format!("{line}\n").as_bytes());
+        let weight = reply
+            .strip_prefix("ready ")
+            .and_then(|r| r.strip_suffix("%\n"))
+            .and_then(|w| w.parse().ok())
+            .unwrap_or_else(|| panic!("{line}: unexpected answer {reply:?}"));
+        seen.push(weight);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    seen
+}
+
+/// In stale mode, writes 1%, 2%, ... in order while two probers ask
+/// continuously, through a follower restarted (it serves its old copy for
+/// a moment after start) and the client agent restarted (the agent re-reads
+/// from index 0, from whichever server the client agent picks): no prober
+/// ever sees a weight lower than one it saw before.
+#[test]
+fn stale_mode_never_answers_ordered_writes_out_of_order() {
+    let mut cluster = Cluster::start(1);
+    cluster.put("web/web-02", "1%");
+    let agent = Agent::start(
+        &cluster.client(0).url(),
+        &["--consistency", "stale", "--wait", "2s"],
+    );
+    let stop = AtomicBool::new(false);
+    let last = std::sync::atomic::AtomicU32::new(1);
+    let seen = std::thread::scope(|s| {
+        let probers: Vec<_> = (0..2)
+            .map(|_| s.spawn(|| ladder(agent.listen, WEIGHTED, &stop)))
+            .collect();
+        let servers: Vec<SocketAddr> = cluster.servers.iter().map(|n| n.http()).collect();
+        let last = &last;
+        let writer = s.spawn(move || {
+            // Writes through the servers' own HTTP API, so they go on
+            // while the client agent is down.
+            let mut weight = 1;
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while weight < 250 && Instant::now() < deadline {
+                let via = servers[weight as usize % 3];
+                if put_at(via, "web/web-02", &format!("{}%", weight + 1)) {
+                    weight += 1;
+                    last.store(weight, Ordering::SeqCst);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        std::thread::sleep(Duration::from_secs(2));
+        let leader = cluster.wait_leader(APPLY);
+        let follower = (0..3).find(|s| *s != leader).unwrap();
+        cluster.servers[follower].kill();
+        std::thread::sleep(Duration::from_secs(3));
+        cluster.servers[follower].start();
+        std::thread::sleep(Duration::from_secs(3));
+        cluster.clients[0].kill();
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.clients[0].start();
+        writer.join().unwrap();
+        let want = format!("ready {}%\n", last.load(Ordering::SeqCst));
+        let ok = wait_every(APPLY, Duration::from_millis(20), || {
+            (agent.ask(WEIGHTED) == want).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "the last write ({want:?}) not applied:\n{}",
+            agent.log()
+        );
+        stop.store(true, Ordering::Relaxed);
+        probers
+            .into_iter()
+            .map(|p| p.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for weights in &seen {
+        assert!(weights.len() > 100, "only {} answers", weights.len());
+        let back = weights.windows(2).filter(|w| w[1] < w[0]).count();
+        assert_eq!(back, 0, "{back} answers went backwards: {weights:?}");
+    }
+    let text = agent.metrics();
+    let held: Vec<_> = text
+        .lines()
+        .filter(|l| l.starts_with("gitlab_haproxy_agent_stale_answers_held_total"))
+        .collect();
+    eprintln!(
+        "{} answers in order up to {}%; {held:?}",
+        seen.iter().map(Vec::len).sum::<usize>(),
+        last.load(Ordering::SeqCst)
+    );
 }

@@ -71,6 +71,11 @@ pub struct Reply {
     body: ReplyBody,
     delay: Duration,
     bump: bool,
+    /// `X-Consul-KnownLeader` and `X-Consul-LastContact` (ms), as a
+    /// leader sends them (`true`, `0`) unless changed; `None` leaves the
+    /// header out.
+    known_leader: Option<String>,
+    last_contact: Option<String>,
 }
 
 impl Reply {
@@ -84,6 +89,8 @@ impl Reply {
             body: ReplyBody::Store,
             delay: Duration::ZERO,
             bump: false,
+            known_leader: Some("true".into()),
+            last_contact: Some("0".into()),
         }
     }
 
@@ -130,6 +137,18 @@ impl Reply {
         self
     }
 
+    /// The same reply as a server with these `X-Consul-KnownLeader` and
+    /// `X-Consul-LastContact` values would send it (`None`: no header).
+    pub fn with_freshness(
+        mut self,
+        known_leader: Option<&str>,
+        last_contact: Option<&str>,
+    ) -> Reply {
+        self.known_leader = known_leader.map(str::to_string);
+        self.last_contact = last_contact.map(str::to_string);
+        self
+    }
+
     /// The same reply, after moving the store's index up by one with no
     /// change to the keys (churn elsewhere in the datacenter).
     pub fn bumping(mut self) -> Reply {
@@ -149,6 +168,8 @@ pub struct Record {
     pub index: Option<u64>,
     /// The `wait` query parameter, if present, verbatim.
     pub wait: Option<String>,
+    /// Whether the read asked for `?stale`.
+    pub stale: bool,
     /// The label of the reply it got, set when the reply is chosen (before
     /// any delay); empty while the request is pending.
     pub served: String,
@@ -451,6 +472,9 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
             path: path.clone(),
             index,
             wait,
+            stale: query
+                .split('&')
+                .any(|kv| kv == "stale" || kv.starts_with("stale=")),
             served: String::new(),
             served_index: None,
             answered_at: None,
@@ -535,6 +559,12 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
         .header("Content-Type", "application/json");
     if let Some(h) = header {
         builder = builder.header("X-Consul-Index", h);
+    }
+    if let Some(v) = &reply.known_leader {
+        builder = builder.header("X-Consul-KnownLeader", v);
+    }
+    if let Some(v) = &reply.last_contact {
+        builder = builder.header("X-Consul-LastContact", v);
     }
     builder.body(body).unwrap()
 }

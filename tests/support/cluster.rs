@@ -200,8 +200,7 @@ impl Node {
     /// Writes `PREFIX + key` through this node; false when Consul refused
     /// (no leader) or did not answer.
     pub fn put(&self, key: &str, value: &str) -> bool {
-        self.request("PUT", &format!("/v1/kv/{PREFIX}{key}"), value.as_bytes())
-            .is_some_and(|(s, _, b)| s == 200 && b.trim_ascii() == b"true")
+        put_at(self.http(), key, value)
     }
 
     /// The `X-Consul-Index` of the prefix read through this node with the
@@ -252,6 +251,19 @@ impl Node {
         peers.dedup();
         peers
     }
+}
+
+/// Writes `PREFIX + key` through the Consul HTTP API at `addr`; false when
+/// Consul refused (no leader) or did not answer.
+pub fn put_at(addr: SocketAddr, key: &str, value: &str) -> bool {
+    http_request_as(
+        addr,
+        None,
+        "PUT",
+        &format!("/v1/kv/{PREFIX}{key}"),
+        value.as_bytes(),
+    )
+    .is_some_and(|(s, _, b)| s == 200 && b.trim_ascii() == b"true")
 }
 
 /// `0100007F:1F90` (little-endian address, hex port) from /proc/net/tcp.

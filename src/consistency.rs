@@ -1,0 +1,235 @@
+//! Consul read consistency for the watcher's blocking query, and the rule
+//! that keeps stale reads from ever moving the copy backwards.
+//!
+//! In `default` mode (Consul's default, api-docs/features/consistency)
+//! every read is served by the Raft leader: one server answers the whole
+//! fleet's blocking queries. In `stale` mode (`?stale`) any server answers
+//! from its own state, so reads spread over the cluster, but a follower can
+//! be behind the leader: right after a write, Consul 1.8.7 followers
+//! answered the prefix with an older index and older values for up to
+//! about 100 ms, and a client agent sends each request to whichever server
+//! it uses at the time. So in stale mode an answer is held, not applied,
+//! when:
+//!
+//! - its `X-Consul-Index` is lower than the copy's (a server behind the one
+//!   that gave the copy),
+//! - its `X-Consul-LastContact` (milliseconds since that server last heard
+//!   from the leader; 0 on the leader) is over `--max-stale`, or missing,
+//! - its `X-Consul-KnownLeader` is `false` (the server knows no leader) or
+//!   missing.
+//!
+//! A held answer is counted and followed by a default-consistency read
+//! (from the leader, index 0, answered at once), whose answer is applied as
+//! in default mode; then the watcher goes back to stale reads. The first
+//! read is a default one too, so an agent never starts from a lagging
+//! server's copy.
+
+use std::time::Duration;
+
+use clap::ValueEnum;
+use reqwest::header::HeaderMap;
+
+/// Consistency mode of the watcher's reads (`--consistency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Consistency {
+    /// Consul's default: the leader answers every read. Strongly ordered;
+    /// the leader carries every agent's blocking query.
+    #[default]
+    Default,
+    /// `?stale`: any server answers; held unless fresh and not behind (see
+    /// the module docs).
+    Stale,
+}
+
+impl Consistency {
+    /// The query parameter to add to a read: `""` or `"&stale"`.
+    pub fn query(self) -> &'static str {
+        match self {
+            Consistency::Default => "",
+            Consistency::Stale => "&stale",
+        }
+    }
+}
+
+/// Default `--max-stale`: 5 s. A follower that has not heard from the
+/// leader for that long is cut off (Consul's election timeout is 1 s at
+/// `raft_multiplier = 1`, 5 s at the default of 5).
+pub const DEFAULT_MAX_STALE: Duration = Duration::from_secs(5);
+
+/// The allowed `--max-stale` (inclusive): 100 ms to 10 minutes.
+pub const MAX_STALE_RANGE: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(600));
+
+/// The freshness headers Consul sends with every read
+/// (api-docs/features/consistency): `None` when missing or malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReadMeta {
+    /// `X-Consul-LastContact`: time since the answering server last heard
+    /// from the leader (0 on the leader).
+    pub last_contact: Option<Duration>,
+    /// `X-Consul-KnownLeader`: whether the answering server knows a leader.
+    pub known_leader: Option<bool>,
+}
+
+impl ReadMeta {
+    /// Reads the two headers from an answer.
+    pub fn from_headers(headers: &HeaderMap) -> ReadMeta {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        ReadMeta {
+            last_contact: text("X-Consul-LastContact")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_millis),
+            known_leader: text("X-Consul-KnownLeader").and_then(|v| match v.trim() {
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => None,
+            }),
+        }
+    }
+}
+
+/// Why a stale answer was held (the `reason` label of
+/// `gitlab_haproxy_agent_stale_answers_held_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldReason {
+    /// Its index is lower than the copy's.
+    LowerIndex,
+    /// Its server last heard from the leader more than `--max-stale` ago
+    /// (or did not say).
+    TooOld,
+    /// Its server knows no leader (or did not say).
+    NoLeader,
+}
+
+impl HoldReason {
+    /// Every reason, so each label value exists at 0 from start-up.
+    pub const ALL: [HoldReason; 3] = [
+        HoldReason::LowerIndex,
+        HoldReason::TooOld,
+        HoldReason::NoLeader,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldReason::LowerIndex => "lower_index",
+            HoldReason::TooOld => "too_old",
+            HoldReason::NoLeader => "no_leader",
+        }
+    }
+}
+
+/// Whether a stale answer with index `index` and freshness `meta` must be
+/// held rather than applied over a copy at `held` (`None`: no copy yet, and
+/// then the index alone holds nothing). The first reason that applies, in
+/// the order: no leader, too old, lower index.
+pub fn hold_reason(
+    held: Option<u64>,
+    index: u64,
+    meta: &ReadMeta,
+    max_stale: Duration,
+) -> Option<HoldReason> {
+    if meta.known_leader != Some(true) {
+        return Some(HoldReason::NoLeader);
+    }
+    match meta.last_contact {
+        Some(age) if age <= max_stale => {}
+        _ => return Some(HoldReason::TooOld),
+    }
+    match held {
+        Some(h) if index.max(1) < h => Some(HoldReason::LowerIndex),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use reqwest::header::HeaderValue;
+
+    const FRESH: ReadMeta = ReadMeta {
+        last_contact: Some(Duration::from_millis(3)),
+        known_leader: Some(true),
+    };
+
+    #[test]
+    fn fresh_answers_at_or_above_the_copy_are_applied() {
+        let max = DEFAULT_MAX_STALE;
+        assert_eq!(hold_reason(None, 1, &FRESH, max), None);
+        assert_eq!(hold_reason(Some(12), 12, &FRESH, max), None);
+        assert_eq!(hold_reason(Some(12), 13, &FRESH, max), None);
+        let at_limit = ReadMeta {
+            last_contact: Some(max),
+            ..FRESH
+        };
+        assert_eq!(hold_reason(Some(12), 13, &at_limit, max), None);
+    }
+
+    #[test]
+    fn lower_old_or_leaderless_answers_are_held() {
+        let max = Duration::from_secs(2);
+        // The follower that had not applied index 12 yet: 404, index 1.
+        assert_eq!(
+            hold_reason(Some(12), 1, &FRESH, max),
+            Some(HoldReason::LowerIndex)
+        );
+        // Index 0 counts as 1 (Consul's clamp), still lower.
+        assert_eq!(
+            hold_reason(Some(2), 0, &FRESH, max),
+            Some(HoldReason::LowerIndex)
+        );
+        let old = ReadMeta {
+            last_contact: Some(Duration::from_millis(2001)),
+            ..FRESH
+        };
+        assert_eq!(
+            hold_reason(Some(12), 20, &old, max),
+            Some(HoldReason::TooOld)
+        );
+        let leaderless = ReadMeta {
+            known_leader: Some(false),
+            ..FRESH
+        };
+        assert_eq!(
+            hold_reason(Some(12), 20, &leaderless, max),
+            Some(HoldReason::NoLeader)
+        );
+        // Without the headers nothing says the answer is fresh.
+        assert_eq!(
+            hold_reason(None, 20, &ReadMeta::default(), max),
+            Some(HoldReason::NoLeader)
+        );
+        let no_contact = ReadMeta {
+            last_contact: None,
+            ..FRESH
+        };
+        assert_eq!(
+            hold_reason(None, 20, &no_contact, max),
+            Some(HoldReason::TooOld)
+        );
+    }
+
+    #[test]
+    fn headers_are_read_as_consul_sends_them() {
+        let mut h = HeaderMap::new();
+        h.insert("X-Consul-LastContact", HeaderValue::from_static("47"));
+        h.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
+        assert_eq!(
+            ReadMeta::from_headers(&h),
+            ReadMeta {
+                last_contact: Some(Duration::from_millis(47)),
+                known_leader: Some(true),
+            }
+        );
+        h.insert("X-Consul-LastContact", HeaderValue::from_static("-1"));
+        h.insert("X-Consul-KnownLeader", HeaderValue::from_static("False"));
+        assert_eq!(ReadMeta::from_headers(&h), ReadMeta::default());
+    }
+
+    #[test]
+    fn stale_mode_adds_the_query_parameter() {
+        assert_eq!(Consistency::Default.query(), "");
+        assert_eq!(Consistency::Stale.query(), "&stale");
+        assert_eq!(Consistency::default(), Consistency::Default);
+    }
+}

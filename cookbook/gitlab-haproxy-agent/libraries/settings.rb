@@ -19,6 +19,8 @@ module GitlabHaproxyAgent
       'check_timeout' => 'GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT',
       'max_connections' => 'GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS',
       'min_query_interval' => 'GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL',
+      'consistency' => 'GITLAB_HAPROXY_AGENT_CONSISTENCY',
+      'max_stale' => 'GITLAB_HAPROXY_AGENT_MAX_STALE',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
     }.freeze
     # Values are written unquoted: both systemd and a POSIX shell read them

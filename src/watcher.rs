@@ -42,12 +42,19 @@ pub struct WatcherConfig {
 
 /// Jittered exponential backoff: the n-th consecutive failure waits a random
 /// time in `[d/2, d]` with `d = min(base * 2^(n-1), cap)`. Defaults: 250 ms
-/// doubling to 30 s (consul-template starts at 250 ms too).
+/// (as consul-template) doubling to 10 s.
+///
+/// The cap bounds how long after Consul comes back every agent has read it
+/// again: at most 10 s (plus the request), whatever the outage. It costs
+/// Consul little: each agent has at most one request in flight, so a
+/// fleet of N agents makes at most N requests at once and, at the cap, N /
+/// 7.5 s on average; the jitter spreads them over each 5-10 s window, so
+/// agents that lost Consul together do not come back together.
 #[derive(Debug, Clone, Copy)]
 pub struct Backoff {
     /// The first delay. Default 250 ms.
     pub base: Duration,
-    /// The largest delay. Default 30 s.
+    /// The largest delay. Default 10 s.
     pub cap: Duration,
 }
 
@@ -55,7 +62,7 @@ impl Default for Backoff {
     fn default() -> Self {
         Backoff {
             base: Duration::from_millis(250),
-            cap: Duration::from_secs(30),
+            cap: Duration::from_secs(10),
         }
     }
 }
@@ -586,8 +593,9 @@ mod tests {
         assert_eq!(b.delay(1, 1.0), Duration::from_millis(250));
         assert_eq!(b.delay(1, 0.0), Duration::from_millis(125));
         assert_eq!(b.delay(3, 1.0), Duration::from_millis(1000));
-        assert_eq!(b.delay(100, 1.0), Duration::from_secs(30));
-        assert_eq!(b.delay(100, 0.0), Duration::from_secs(15));
+        assert_eq!(b.delay(6, 1.0), Duration::from_secs(8));
+        assert_eq!(b.delay(100, 1.0), Duration::from_secs(10));
+        assert_eq!(b.delay(100, 0.0), Duration::from_secs(5));
     }
 
     #[tokio::test(start_paused = true)]
@@ -597,8 +605,8 @@ mod tests {
         for failures in 1..=8 {
             tokio::time::sleep(b.delay(failures, 1.0)).await;
         }
-        // 0.25 + 0.5 + 1 + 2 + 4 + 8 + 16 + 30 (capped)
-        assert_eq!(start.elapsed(), Duration::from_millis(61_750));
+        // 0.25 + 0.5 + 1 + 2 + 4 + 8 + 10 + 10 (capped)
+        assert_eq!(start.elapsed(), Duration::from_millis(35_750));
     }
 
     fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {

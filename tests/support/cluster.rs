@@ -68,6 +68,7 @@ pub struct Node {
     data: PathBuf,
     logs: PathBuf,
     join: Vec<Ipv4Addr>,
+    raft_multiplier: u8,
     starts: u32,
     proc: Option<Proc>,
 }
@@ -86,8 +87,10 @@ impl Node {
             cmd.arg(format!("-retry-join={ip}"));
         }
         if self.server {
-            cmd.args(["-server", "-bootstrap-expect=3"])
-                .arg("-hcl=performance { raft_multiplier = 1 }");
+            cmd.args(["-server", "-bootstrap-expect=3"]).arg(format!(
+                "-hcl=performance {{ raft_multiplier = {} }}",
+                self.raft_multiplier
+            ));
         }
         // Every client of a test connects from 127.0.0.1: lift the
         // per-address HTTP connection cap (200 on 1.8.7).
@@ -296,6 +299,15 @@ impl Cluster {
     /// [`FORM_TIMEOUT`]) until a leader is elected, every node sees every
     /// other alive, and a write through the first client agent succeeds.
     pub fn start(clients: u8) -> Cluster {
+        Self::start_with(clients, 1)
+    }
+
+    /// Like [`Cluster::start`] with Consul's `raft_multiplier` (1 to 10):
+    /// Raft's timeouts are scaled by it. 1 is Consul's recommendation for
+    /// production servers; a machine far busier than a Consul server (the
+    /// fleet benchmark runs thousands of agents on two cores) needs the
+    /// default of 5 to keep its leader.
+    pub fn start_with(clients: u8, raft_multiplier: u8) -> Cluster {
         let net = pick_net(clients);
         let dir = TempDir::new("consul-cluster");
         let ip = |h: u8| Ipv4Addr::new(net[0], net[1], net[2], h);
@@ -307,6 +319,7 @@ impl Cluster {
             ip: ip(host),
             server,
             join: seeds.clone(),
+            raft_multiplier,
             starts: 0,
             proc: None,
         };

@@ -268,6 +268,11 @@ fn proc_cost(pid: u32) -> (u64, u64) {
     (ticks, wchar)
 }
 
+/// CPU ticks (utime + stime) of all of `pids`.
+fn cpu_ticks(pids: impl Iterator<Item = u32>) -> u64 {
+    pids.map(|p| proc_cost(p).0).sum()
+}
+
 fn clock_ticks() -> f64 {
     let out = Command::new("getconf").arg("CLK_TCK").output();
     out.ok()
@@ -364,6 +369,8 @@ fn writes(
     let idle_secs = window.min(Duration::from_secs(10)).as_secs_f64();
     let leader = cluster.wait_leader(Duration::from_secs(30));
     let before = servers_cost(cluster);
+    let clients_before = cpu_ticks(cluster.clients.iter().map(Node::pid));
+    let agents_before = cpu_ticks(fleet.agents.iter().map(|a| a.proc.pid()));
     let started = Instant::now();
     let mut all = Vec::new();
     let mut each = Vec::new();
@@ -402,6 +409,8 @@ fn writes(
         std::thread::sleep(Duration::from_millis(1000));
     }
     let secs = started.elapsed().as_secs_f64();
+    let clients_cpu = cpu_ticks(cluster.clients.iter().map(Node::pid)) - clients_before;
+    let agents_cpu = cpu_ticks(fleet.agents.iter().map(|a| a.proc.pid())) - agents_before;
     let cost: Vec<(u64, u64)> = servers_cost(cluster)
         .iter()
         .zip(&before)
@@ -457,6 +466,16 @@ fn writes(
             )
         })
         .collect();
+    report.row(
+        scenario,
+        "CPU per write, idle included: all client agents / all agents",
+        format!(
+            "{:.0} ms / {:.0} ms",
+            clients_cpu as f64 / tck * 1000.0 / writes as f64,
+            agents_cpu as f64 / tck * 1000.0 / writes as f64
+        ),
+        "",
+    );
     report.row(
         scenario,
         "each server per write, idle subtracted: CPU, bytes written",

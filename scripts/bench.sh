@@ -7,9 +7,13 @@
 #
 #   ./scripts/bench.sh           the default run
 #   ./scripts/bench.sh --soak    the 10-minute soak at 2,000 checks/s instead
+#   ./scripts/bench.sh --fleet   instead: 1,000 and 5,000 agents on a
+#                                three-server Consul cluster with client
+#                                agents (benches/fleet.rs; about 20 minutes,
+#                                8 GB of memory, every core busy)
 #
 # Other options are passed to the benchmark: --no-record, --quick,
-# --soak-secs N.
+# --soak-secs N; with --fleet: --agents N,N, --writes N, --outage-secs S.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,4 +25,10 @@ for tool in consul haproxy; do
 done
 
 cargo build --release --locked --bin gitlab-haproxy-agent
+if [ "${1:-}" = "--fleet" ]; then
+  shift
+  # Thousands of agents, each with its own descriptors and threads.
+  ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+  exec cargo bench --locked --bench fleet -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
+fi
 exec cargo bench --locked --bench agent -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"

@@ -6,8 +6,9 @@
 //!
 //! Each cluster takes one /24 of 127.0.0.0/8 (all of it is local on Linux):
 //! servers on `.1`-`.3`, client agents from `.11`. The /24 is chosen per
-//! process and per cluster, and skipped when something already listens
-//! there, so test binaries and tests running at once never meet.
+//! process and per cluster, held by a lock file while in use, and skipped
+//! when something already listens there, so test binaries and tests
+//! running at once never meet.
 //!
 //! Raft runs with `performance { raft_multiplier = 1 }` (Consul's
 //! recommended production timing; the default of 5 is for small machines),
@@ -16,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -36,13 +37,18 @@ pub const FORM_TIMEOUT: Duration = Duration::from_secs(60);
 static NEXT_NET: AtomicU32 = AtomicU32::new(0);
 
 /// A free /24 as its first three octets: `127.(100 + pid % 100).n`, n
-/// counting up per cluster, skipping a /24 where anything listens on a
-/// server's or the first client's Consul ports.
-fn pick_net(clients: u8) -> [u8; 3] {
+/// counting up per cluster, skipping a /24 another process holds (its lock
+/// file `/tmp/gha-cluster-127.b.n.lock` names a live PID) or where anything
+/// listens on a node's Consul ports. The lock is removed when the cluster
+/// is dropped.
+fn pick_net(clients: u8) -> ([u8; 3], PathBuf) {
     let b = 100 + (std::process::id() % 100) as u8;
     for _ in 0..250 {
         let c = (NEXT_NET.fetch_add(1, Ordering::SeqCst) % 250) as u8 + 1;
         let net = [127, b, c];
+        let Some(lock) = lock_net(net) else {
+            continue;
+        };
         let hosts = (1..=3).chain(11..11 + clients.max(1));
         let free = hosts.into_iter().all(|h| {
             let ip = Ipv4Addr::new(net[0], net[1], net[2], h);
@@ -51,10 +57,43 @@ fn pick_net(clients: u8) -> [u8; 3] {
                 .all(|p| TcpListener::bind((ip, *p)).is_ok())
         });
         if free {
-            return net;
+            return (net, lock);
         }
+        let _ = std::fs::remove_file(&lock);
     }
     panic!("no free loopback /24 for a Consul cluster");
+}
+
+/// Takes the lock file of `net` for this process: created anew, or taken
+/// over from a PID that no longer runs. `None` when a live process holds it.
+fn lock_net(net: [u8; 3]) -> Option<PathBuf> {
+    let path =
+        std::env::temp_dir().join(format!("gha-cluster-{}.{}.{}.lock", net[0], net[1], net[2]));
+    let me = std::process::id().to_string();
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)
+        {
+            Ok(mut f) => {
+                use std::io::Write as _;
+                f.write_all(me.as_bytes()).ok()?;
+                return Some(path);
+            }
+            Err(_) => {
+                let owner = std::fs::read_to_string(&path).unwrap_or_default();
+                let alive = owner.trim().parse::<u32>().is_ok_and(|pid| {
+                    pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+                });
+                if alive {
+                    return None;
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    None
 }
 
 /// One Consul agent process (server or client) of a [`Cluster`].
@@ -290,6 +329,7 @@ pub struct Cluster {
     /// `c1`.. on `.11`...
     pub clients: Vec<Node>,
     net: [u8; 3],
+    lock: PathBuf,
     // Last: removed after every node has been stopped.
     dir: TempDir,
 }
@@ -308,7 +348,7 @@ impl Cluster {
     /// fleet benchmark runs thousands of agents on two cores) needs the
     /// default of 5 to keep its leader.
     pub fn start_with(clients: u8, raft_multiplier: u8) -> Cluster {
-        let net = pick_net(clients);
+        let (net, lock) = pick_net(clients);
         let dir = TempDir::new("consul-cluster");
         let ip = |h: u8| Ipv4Addr::new(net[0], net[1], net[2], h);
         let seeds: Vec<Ipv4Addr> = (1..=3).map(ip).collect();
@@ -331,6 +371,7 @@ impl Cluster {
             servers,
             clients,
             net,
+            lock,
             dir,
         };
         for n in cluster.servers.iter_mut().chain(cluster.clients.iter_mut()) {
@@ -461,5 +502,6 @@ impl Drop for Cluster {
         for n in self.clients.iter_mut().chain(self.servers.iter_mut()) {
             n.kill();
         }
+        let _ = std::fs::remove_file(&self.lock);
     }
 }

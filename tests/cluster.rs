@@ -287,11 +287,12 @@ impl RequestMeter {
 }
 
 /// Checks the metrics of an agent that came through a fault and is in
-/// sync: synced, no index reset (a real cluster's index never goes
-/// backwards), no error left in /status.
+/// sync: synced, no invalid key, no index reset (a real cluster's index
+/// never goes backwards), no error left in /status.
 fn assert_recovered(agent: &Agent) {
     let text = agent.metrics();
     assert_eq!(sample(&text, "gitlab_haproxy_agent_synced"), Some(1.0));
+    assert_eq!(sample(&text, "gitlab_haproxy_agent_invalid_keys"), Some(0.0));
     assert_eq!(
         sample(&text, "gitlab_haproxy_agent_consul_index_resets_total"),
         Some(0.0),

@@ -256,6 +256,14 @@ impl Node {
         headers.get("x-consul-index")?.parse().ok()
     }
 
+    /// Joins this node's gossip to the node at `ip` now (`PUT
+    /// /v1/agent/join`), rather than at serf's next reconnect attempt (up
+    /// to 30 s for a member it saw fail); true on success.
+    pub fn join(&self, ip: Ipv4Addr) -> bool {
+        self.request("PUT", &format!("/v1/agent/join/{ip}"), b"")
+            .is_some_and(|(s, _, _)| s == 200)
+    }
+
     /// The members this node sees alive (`/v1/agent/members`, status 1).
     pub fn alive_members(&self) -> usize {
         let Some((200, _, body)) = self.request("GET", "/v1/agent/members", b"") else {
@@ -401,7 +409,13 @@ impl Cluster {
                 .nodes()
                 .filter(|n| n.is_running())
                 .all(|n| n.alive_members() >= running);
-            (all_alive && self.client(0).put("gha-cluster-ping", "1")).then_some(leader)
+            // Outside the agent's prefix: an invalid value there would be
+            // held and counted.
+            let ping = self
+                .client(0)
+                .request("PUT", "/v1/kv/gha-cluster-ping", b"1")
+                .is_some_and(|(s, _, _)| s == 200);
+            (all_alive && ping).then_some(leader)
         });
         if ok.is_none() {
             panic!(

@@ -292,7 +292,10 @@ impl RequestMeter {
 fn assert_recovered(agent: &Agent) {
     let text = agent.metrics();
     assert_eq!(sample(&text, "gitlab_haproxy_agent_synced"), Some(1.0));
-    assert_eq!(sample(&text, "gitlab_haproxy_agent_invalid_keys"), Some(0.0));
+    assert_eq!(
+        sample(&text, "gitlab_haproxy_agent_invalid_keys"),
+        Some(0.0)
+    );
     assert_eq!(
         sample(&text, "gitlab_haproxy_agent_consul_index_resets_total"),
         Some(0.0),

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a Debian bookworm machine:
 # HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
-# taken from that suite), promtool/prometheus, Ruby for the cookbook tests,
+# taken from that suite), promtool/prometheus, Alertmanager/amtool, Ruby for the cookbook tests,
 # socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+want=(haproxy consul prometheus prometheus-alertmanager ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")

@@ -155,9 +155,14 @@ if amtool check-config "$am_config" >/dev/null; then
         *) is=quiet ;;
       esac
       [ "$want" = "$is" ] || fail "$name ($labels) reaches receivers '$got': expected it to be $want"
+      case " $labels " in
+        *" severity=s4 "*) slack=gitlab-haproxy-agent-slack-low ;;
+        *" severity=s"[123]" "*) slack=gitlab-haproxy-agent-slack ;;
+        *) fail "$name: no severity s1 to s4 in: $labels"; continue ;;
+      esac
       case ",$got," in
-        *,gitlab-haproxy-agent-slack*) ;;
-        *) fail "$name ($labels) reaches receivers '$got': no Slack receiver" ;;
+        *",$slack,"*) ;;
+        *) fail "$name ($labels) reaches receivers '$got': expected $slack among them" ;;
       esac
       routed=$((routed + 1))
     done < <(ruby -ryaml -e '

@@ -3,7 +3,6 @@
 //! accepts, always with compare-and-set, and runs drains in the order HAProxy
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 
-pub mod cli;
 pub mod haproxy;
 pub mod output;
 pub mod plan;
@@ -19,17 +18,15 @@ use serde_json::{json, Value};
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
-pub use cli::{CanaryAction, Selector, StateArgs, StateCommand, WriteOpts};
-
-use crate::config::{ConsulArgs, ConsulConfig, Fallbacks};
+use crate::cli::{CanaryAction, ConsulArgs, Selector, StateArgs, StateCommand};
+use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{
     ConsulClient, ConsulError, KvPair, TokenSource, TxnOp, TxnOutcome, MAX_TXN_OPS,
 };
-use crate::responder::parse_line;
-use crate::state::{
-    parse_value, validate_identity, AdminState, Answer, Entry, InvalidValue, Snapshot,
-};
-use crate::watcher::build_snapshot;
+use crate::model::identity::{parse_line, validate_identity};
+use crate::model::marks::drain_mark;
+use crate::model::snapshot::{build_snapshot, Answer, Entry, Snapshot};
+use crate::model::value::{parse_value, AdminState, InvalidValue};
 use haproxy::{glob_match, Enrolment, Server, SourceError};
 use output::table;
 use plan::{
@@ -37,7 +34,7 @@ use plan::{
 };
 
 /// Exit statuses, from sysexits.h; documented in `state --help`
-/// ([`cli::EXIT_CODES_HELP`]).
+/// ([`crate::cli::EXIT_CODES_HELP`]).
 pub mod exit {
     /// Done, or nothing to do.
     pub const OK: u8 = 0;
@@ -83,52 +80,6 @@ const ASSUMED_ROW_KEYS: &str = "row keys are assumed to be <backend>/<server>: t
      key is not decided by the key written (AGENT ANSWERS is the answer for that key alone). \
      `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint, \
      and to MAINT after";
-
-/// The generic drain mark: Consul KV Flags 1. A row key written by `state
-/// drain` carries [`drain_flags`] of its selection id, an odd value; any odd
-/// value is a drain's mark, and 1 (selection id 0) is the mark every `state
-/// undrain` releases, whatever its selection: `consul kv put -flags=1 KEY
-/// maint` writes a key `state undrain` will release.
-///
-/// Even Flags mark a key set by hand, which both leave alone at drain, maint
-/// or `0%`: 0 is what `consul kv put`, `state set` and `state canary
-/// disable` write, and Consul's answer for a key written without Flags.
-pub const DRAIN_FLAGS: u64 = 1;
-
-/// The Consul KV Flags of a row key written by the drain (or undrain) whose
-/// selection id is `id` (see [`selection_id`]): `1 | id << 1`. `state
-/// undrain` with the same selection releases it; another selection's undrain
-/// leaves it alone unless `--any-drain`.
-pub fn drain_flags(id: u32) -> u64 {
-    DRAIN_FLAGS | (u64::from(id) << 1)
-}
-
-/// Reads a drain mark from Consul KV Flags, the inverse of [`drain_flags`]:
-/// the selection id for odd Flags (`Some(0)`: the generic mark, Flags 1),
-/// `None` for even Flags (a key set by hand).
-pub fn drain_mark(flags: u64) -> Option<u64> {
-    (flags & DRAIN_FLAGS != 0).then_some(flags >> 1)
-}
-
-/// The stable id of a drain selection: FNV-1a (32 bits) of `zone=<Z>
-/// backend=<B> server=<GLOB>`, absent parts empty. Where the servers are
-/// read from (configuration or stats socket) is not part of it.
-pub fn selection_id(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u32 {
-    let text = format!(
-        "zone={} backend={} server={}",
-        zone.unwrap_or(""),
-        backend.unwrap_or(""),
-        server.unwrap_or("")
-    );
-    fnv1a_32(text.as_bytes())
-}
-
-/// FNV-1a, 32 bits, with its published offset basis and prime.
-fn fnv1a_32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |hash, b| {
-        (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-    })
-}
 
 /// Why a command did not complete, with its exit status.
 #[derive(Debug, Clone)]
@@ -655,7 +606,7 @@ impl Writer {
             .client
             .list_prefix(&self.prefix, 0, Duration::ZERO)
             .await?;
-        let snapshot = build_snapshot(&self.prefix, &answer);
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
             .iter()
@@ -855,7 +806,7 @@ impl Writer {
             .client
             .list_prefix(&self.prefix, 0, Duration::ZERO)
             .await?;
-        let snapshot = build_snapshot(&self.prefix, &answer);
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
         if target.socket.is_some() {
             err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
@@ -879,7 +830,7 @@ impl Writer {
                     currents(&self.prefix, &after.pairs, &target.keys)
                         .into_iter()
                         .collect(),
-                    build_snapshot(&self.prefix, &after),
+                    build_snapshot(&self.prefix, after.index, &after.pairs),
                 ));
             }
             // The message is written after that read, so that it says what
@@ -1245,7 +1196,7 @@ impl Writer {
             .client
             .list_prefix(&self.prefix, 0, Duration::ZERO)
             .await?;
-        let snapshot = build_snapshot(&self.prefix, &answer);
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let raw: HashMap<&str, &KvPair> = answer
             .pairs
             .iter()
@@ -2144,6 +2095,7 @@ impl Report<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::marks::{drain_flags, DRAIN_FLAGS};
 
     fn selector(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> Selector {
         Selector {
@@ -2282,26 +2234,6 @@ mod tests {
         assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
         assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
         assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
-    }
-
-    #[test]
-    fn selection_ids_are_fnv1a_of_the_normalized_selection() {
-        // Published FNV-1a 32-bit test vectors.
-        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
-        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
-        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
-        assert_eq!(
-            selection_id(Some("b"), None, None),
-            fnv1a_32(b"zone=b backend= server=")
-        );
-        assert_eq!(
-            selection_id(None, Some("web"), Some("web-0*")),
-            fnv1a_32(b"zone= backend=web server=web-0*")
-        );
-        assert_ne!(
-            selection_id(Some("b"), None, None),
-            selection_id(None, Some("b"), None)
-        );
     }
 
     #[test]

@@ -252,12 +252,7 @@ impl Writer {
         let before = Current::from_pair(pair.as_ref());
         if let Some(expected) = cas {
             if before.index() != expected {
-                return Err(Failure::conflict(format!(
-                    "{key} is {} at ModifyIndex {}, not at {expected} as --cas expects; not \
-                     overwritten",
-                    before.describe(),
-                    before.index()
-                )));
+                return Err(Failure::cas_mismatch(key, &before, expected));
             }
         }
         let unchanged = match (&before, change) {
@@ -289,14 +284,7 @@ impl Writer {
             if !written {
                 let now = self.client.get_key(&full).await?;
                 let now = Current::from_pair(now.as_ref());
-                return Err(Failure::conflict(format!(
-                    "{key} changed since it was read (was {} at ModifyIndex {}, now {} at \
-                     ModifyIndex {}); not overwritten. Look with `state get {key}` and re-run",
-                    before.describe(),
-                    before.index(),
-                    now.describe(),
-                    now.index()
-                )));
+                return Err(Failure::changed_since_read(key, &before, &now));
             }
             "written"
         };

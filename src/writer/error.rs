@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use super::haproxy::SourceError;
 use super::output::{err_line, out_line};
+use super::plan::Current;
 use crate::consul::ConsulError;
 use crate::model::identity::validate_identity;
 
@@ -75,6 +76,50 @@ impl Failure {
 
     pub(super) fn conflict(message: impl Into<String>) -> Failure {
         Failure::new(exit::CONFLICT, "conflict", message)
+    }
+
+    /// `permission_denied` (exit 77): an ACL refused an operation of a
+    /// transaction (`what`, Consul's reason), so none of it was written.
+    pub(super) fn write_denied(what: &str) -> Failure {
+        Failure::new(
+            exit::NOPERM,
+            "permission_denied",
+            format!("Consul refused the write: {what}; nothing in this transaction was written"),
+        )
+    }
+
+    /// `conflict` (exit 75): a transaction rolled back because keys changed
+    /// since this run read or wrote them; `lines` says how, one per key.
+    pub(super) fn rolled_back(lines: &[String]) -> Failure {
+        Failure::conflict(format!(
+            "conflict: {}. Not overwritten; this transaction wrote nothing. Look with \
+             `state list`, then re-run",
+            lines.join("; ")
+        ))
+    }
+
+    /// `conflict` (exit 75): `key` is not at the ModifyIndex `--cas`
+    /// expects, so it was not written.
+    pub(super) fn cas_mismatch(key: &str, before: &Current, expected: u64) -> Failure {
+        Failure::conflict(format!(
+            "{key} is {} at ModifyIndex {}, not at {expected} as --cas expects; not \
+             overwritten",
+            before.describe(),
+            before.index()
+        ))
+    }
+
+    /// `conflict` (exit 75): `key` changed from `before` to `now` between the
+    /// read and the compare-and-set write, which Consul refused.
+    pub(super) fn changed_since_read(key: &str, before: &Current, now: &Current) -> Failure {
+        Failure::conflict(format!(
+            "{key} changed since it was read (was {} at ModifyIndex {}, now {} at \
+             ModifyIndex {}); not overwritten. Look with `state get {key}` and re-run",
+            before.describe(),
+            before.index(),
+            now.describe(),
+            now.index()
+        ))
     }
 
     pub(super) fn json(&self) -> Value {

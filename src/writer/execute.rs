@@ -107,6 +107,56 @@ impl Want {
             }
         }
     }
+
+    /// The failure (exit 65) when the servers `missing` are still not in
+    /// this state on HAProxy at `socket` [`DRAIN_CHECK_GRACE`] after the
+    /// drain wait (`not_drained`) or after maint was written
+    /// (`not_in_maint`), saying what probably decides them instead.
+    pub(super) fn not_reached(self, socket: &Path, missing: &[String]) -> Failure {
+        let n = missing.len();
+        let head = format!(
+            "{} {} not in {} on HAProxy at {} {} after {}: {}.",
+            n,
+            if n == 1 { "server is" } else { "servers are" },
+            self.name(),
+            socket.display(),
+            humantime::format_duration(DRAIN_CHECK_GRACE),
+            match self {
+                Want::Drain => "the drain wait",
+                Want::Maint => "maint was written",
+            },
+            missing.join(", "),
+        );
+        let its = if n == 1 { "Its" } else { "Their" };
+        let (kind, message) = match self {
+            Want::Drain => (
+                "not_drained",
+                format!(
+                    "not drained by the agent: {head} {its} agent-send probably \
+                     does not start with <backend>/<server>, the row key assumed \
+                     with --haproxy-socket, so the key written does not decide; \
+                     maint is not written. Find the row key on the server's \
+                     agent-send line in the HAProxy configuration (drain with \
+                     --haproxy-config), and take the drain back with `state \
+                     undrain` and the same selection"
+                ),
+            ),
+            Want::Maint => (
+                "not_in_maint",
+                format!(
+                    "not in maint: {head} maint is written to {} row key, but \
+                     something else decides first: {} agent-send probably starts \
+                     with another key (a group key such as `canary` at drain), \
+                     or the server was set from the HAProxy CLI. Find what \
+                     decides with `state explain` and the server's agent-send \
+                     line (--haproxy-config), and take it out that way",
+                    if n == 1 { "its" } else { "their" },
+                    its.to_lowercase(),
+                ),
+            ),
+        };
+        Failure::new(exit::DATAERR, kind, message)
+    }
 }
 
 /// One `state` command's connection: the Consul client, the prefix (ending
@@ -137,29 +187,7 @@ impl Writer {
         make_plan: impl FnOnce(Vec<(String, Current)>) -> Result<Plan, Failure>,
     ) -> Result<(), Failure> {
         if target.keys.is_empty() {
-            let mut message = format!(
-                "no enrolled server matches {} in {}; nothing written",
-                target.selection,
-                target.source.as_deref().unwrap_or("the configuration")
-            );
-            if !target.not_enrolled.is_empty() {
-                message.push_str(&format!(
-                    " (not enrolled, so not counted: {} server{}: {})",
-                    target.not_enrolled.len(),
-                    if target.not_enrolled.len() == 1 {
-                        ""
-                    } else {
-                        "s"
-                    },
-                    target
-                        .not_enrolled
-                        .iter()
-                        .map(|(s, why)| format!("{} {why}", s.id()))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-            }
-            return Err(Failure::invalid(message));
+            return Err(target.nothing_selected());
         }
         let answer = self
             .client
@@ -377,55 +405,11 @@ impl Writer {
                 return Ok(());
             }
             if tokio::time::Instant::now() >= deadline {
-                let n = missing.len();
-                let head = format!(
-                    "{} {} not in {} on HAProxy at {} {} after {}: {}.",
-                    n,
-                    if n == 1 { "server is" } else { "servers are" },
-                    want.name(),
-                    socket.display(),
-                    humantime::format_duration(DRAIN_CHECK_GRACE),
-                    match want {
-                        Want::Drain => "the drain wait",
-                        Want::Maint => "maint was written",
-                    },
-                    missing.join(", "),
-                );
-                let its = if n == 1 { "Its" } else { "Their" };
-                let (kind, message) = match want {
-                    Want::Drain => {
-                        run.not_drained.clone_from(&missing);
-                        (
-                            "not_drained",
-                            format!(
-                                "not drained by the agent: {head} {its} agent-send probably \
-                                 does not start with <backend>/<server>, the row key assumed \
-                                 with --haproxy-socket, so the key written does not decide; \
-                                 maint is not written. Find the row key on the server's \
-                                 agent-send line in the HAProxy configuration (drain with \
-                                 --haproxy-config), and take the drain back with `state \
-                                 undrain` and the same selection"
-                            ),
-                        )
-                    }
-                    Want::Maint => {
-                        run.not_in_maint.clone_from(&missing);
-                        (
-                            "not_in_maint",
-                            format!(
-                                "not in maint: {head} maint is written to {} row key, but \
-                                 something else decides first: {} agent-send probably starts \
-                                 with another key (a group key such as `canary` at drain), \
-                                 or the server was set from the HAProxy CLI. Find what \
-                                 decides with `state explain` and the server's agent-send \
-                                 line (--haproxy-config), and take it out that way",
-                                if n == 1 { "its" } else { "their" },
-                                its.to_lowercase(),
-                            ),
-                        )
-                    }
-                };
-                return Err(failed(Failure::new(exit::DATAERR, kind, message)));
+                match want {
+                    Want::Drain => run.not_drained.clone_from(&missing),
+                    Want::Maint => run.not_in_maint.clone_from(&missing),
+                }
+                return Err(failed(want.not_reached(socket, &missing)));
             }
             if !interrupt.sleep(DRAIN_CHECK_POLL).await {
                 let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
@@ -488,15 +472,7 @@ impl Writer {
             }
             TxnOutcome::RolledBack(errors) => {
                 if let Some(e) = errors.iter().find(|e| e.is_permission_denied()) {
-                    return Err(Failure::new(
-                        exit::NOPERM,
-                        "permission_denied",
-                        format!(
-                            "Consul refused the write: {}; nothing in this transaction was \
-                             written",
-                            e.what
-                        ),
-                    ));
+                    return Err(Failure::write_denied(&e.what));
                 }
                 let mut lines = Vec::new();
                 for e in &errors {
@@ -517,11 +493,7 @@ impl Writer {
                          ModifyIndex {expected}, {now})"
                     ));
                 }
-                Err(Failure::conflict(format!(
-                    "conflict: {}. Not overwritten; this transaction wrote nothing. Look with \
-                     `state list`, then re-run",
-                    lines.join("; ")
-                )))
+                Err(Failure::rolled_back(&lines))
             }
         }
     }

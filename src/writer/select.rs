@@ -145,6 +145,34 @@ impl Target {
         }
     }
 
+    /// The failure (exit 65, `invalid`) for a selection with no key: no
+    /// enrolled server matches, and those that matched but are not enrolled
+    /// are named with the reason.
+    pub(super) fn nothing_selected(&self) -> Failure {
+        let mut message = format!(
+            "no enrolled server matches {} in {}; nothing written",
+            self.selection,
+            self.source.as_deref().unwrap_or("the configuration")
+        );
+        if !self.not_enrolled.is_empty() {
+            message.push_str(&format!(
+                " (not enrolled, so not counted: {} server{}: {})",
+                self.not_enrolled.len(),
+                if self.not_enrolled.len() == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                self.not_enrolled
+                    .iter()
+                    .map(|(s, why)| format!("{} {why}", s.id()))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ));
+        }
+        Failure::invalid(message)
+    }
+
     /// The servers whose row key is one of `keys`.
     pub(super) fn servers_of(&self, keys: &[String]) -> Vec<&Server> {
         self.servers

@@ -3,7 +3,6 @@
 //! [`Snapshot`] for every answer whose index moved and swapping it in whole.
 //! Failures keep the last copy, back off with jitter, and are counted.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -13,7 +12,7 @@ use tracing::{info, warn};
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::shared::{ReadyStep, Shared};
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
-use crate::model::snapshot::{build_snapshot, Entry, Snapshot};
+use crate::model::snapshot::{build_snapshot, diff, Entry, KeyChange, Snapshot};
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -130,17 +129,10 @@ impl IndexTracker {
 /// and returns how many keys changed. Invalid values are logged once per
 /// change of their key (a new ModifyIndex), not per answer.
 pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
-    let empty = HashMap::new();
-    let old_keys = old.map(|s| &s.keys).unwrap_or(&empty);
-    let mut changed = 0;
-    for (key, state) in &new.keys {
-        match old_keys.get(key) {
-            Some(prev)
-                if prev.entry == state.entry
-                    && (matches!(state.entry, Entry::Valid(_))
-                        || prev.modify_index == state.modify_index) => {}
-            prev => {
-                changed += 1;
+    let changes = diff(old, new);
+    for change in &changes {
+        match *change {
+            KeyChange::Set { key, state, prev } => {
                 let previous = prev.map(|p| describe(&p.entry));
                 match &state.entry {
                     Entry::Valid(s) => info!(
@@ -160,20 +152,15 @@ pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
                     ),
                 }
             }
-        }
-    }
-    for (key, prev) in old_keys {
-        if !new.keys.contains_key(key) {
-            changed += 1;
-            info!(
+            KeyChange::Removed { key, prev } => info!(
                 key = %key,
                 previous = %describe(&prev.entry),
                 consul_index = new.index,
                 "key removed; servers fall back to their next key or ready"
-            );
+            ),
         }
     }
-    changed
+    changes.len()
 }
 
 fn describe(entry: &Entry) -> String {

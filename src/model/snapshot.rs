@@ -1,6 +1,6 @@
 //! The snapshot: an immutable copy of the prefix at one Consul index, built
-//! from the KV pairs of one answer, and the first-match lookup that decides
-//! the answer to one agent-send line.
+//! from the KV pairs of one answer; the first-match lookup that decides the
+//! answer to one agent-send line; and the diff between two copies.
 
 use std::collections::HashMap;
 
@@ -161,6 +161,54 @@ pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
     }
 }
 
+/// One key that differs between two snapshots (see [`diff`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyChange<'a> {
+    /// The key is new, its entry changed, or it holds an invalid value
+    /// written again (a new ModifyIndex).
+    Set {
+        /// The key, relative to the prefix.
+        key: &'a str,
+        /// What it holds now.
+        state: &'a KeyState,
+        /// What it held before; `None` for a new key.
+        prev: Option<&'a KeyState>,
+    },
+    /// The key is gone.
+    Removed {
+        /// The key, relative to the prefix.
+        key: &'a str,
+        /// What it held.
+        prev: &'a KeyState,
+    },
+}
+
+/// The keys that differ from `old` (`None`: no copy yet) to `new`: first
+/// those of `new` that are new or changed, then those removed. A valid value
+/// rewritten as it was is no change (only its ModifyIndex moved); an invalid
+/// one is, so that each write of a bad value is logged once.
+pub fn diff<'a>(old: Option<&'a Snapshot>, new: &'a Snapshot) -> Vec<KeyChange<'a>> {
+    let mut changes = Vec::new();
+    for (key, state) in &new.keys {
+        let prev = old.and_then(|o| o.keys.get(key));
+        match prev {
+            Some(prev)
+                if prev.entry == state.entry
+                    && (matches!(state.entry, Entry::Valid(_))
+                        || prev.modify_index == state.modify_index) => {}
+            prev => changes.push(KeyChange::Set { key, state, prev }),
+        }
+    }
+    if let Some(old) = old {
+        for (key, prev) in &old.keys {
+            if !new.keys.contains_key(key) {
+                changes.push(KeyChange::Removed { key, prev });
+            }
+        }
+    }
+    changes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,5 +306,40 @@ mod tests {
             Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
         ));
         assert_eq!(snap.invalid_count(), 3);
+    }
+
+    #[test]
+    fn diff_names_changed_and_removed_keys_and_each_write_of_an_invalid_value() {
+        let a = build_snapshot(
+            "p/",
+            5,
+            &[
+                pair("p/canary", "drain", 2),
+                pair("p/x", "maint", 3),
+                pair("p/bad", "drian", 4),
+                pair("p/same", "ready", 4),
+            ],
+        );
+        assert_eq!(diff(None, &a).len(), 4);
+        assert_eq!(diff(Some(&a), &a), vec![]);
+        let b = build_snapshot(
+            "p/",
+            6,
+            &[
+                pair("p/canary", "maint", 6),
+                pair("p/bad", "drian", 6),
+                pair("p/same", "ready", 6),
+            ],
+        );
+        let mut keys: Vec<(&str, bool)> = diff(Some(&a), &b)
+            .iter()
+            .map(|c| match c {
+                KeyChange::Set { key, .. } => (*key, true),
+                KeyChange::Removed { key, .. } => (*key, false),
+            })
+            .collect();
+        keys.sort();
+        // `same` was rewritten as it was; `bad` was written again.
+        assert_eq!(keys, [("bad", true), ("canary", true), ("x", false)]);
     }
 }

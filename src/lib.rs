@@ -4,15 +4,17 @@
 //! Data flows one way, and each layer uses only those below it:
 //!
 //! ```text
-//!   main.rs, cli.rs            options (clap), dispatch
-//!   agent/      writer/        the daemon and the `state` CLI, side by side;
-//!      |           |           neither imports the other
+//!   main.rs                  parses the options, runs the daemon or the writer
+//!   agent/      writer/      the daemon and the `state` CLI, side by side;
+//!      |           |         neither imports the other
 //!      +-----+-----+
 //!            |
-//!         consul/              HTTP client, KV and txn types, token
+//!         consul/            HTTP client, KV and txn types, token, config
 //!            |
-//!         model/               value and agent-send grammar, snapshot,
-//!                              drain marks: no I/O
+//!         cli.rs             every option (clap structs)
+//!            |
+//!         model/             value and agent-send grammar, snapshot, drain
+//!                            marks: no I/O
 //! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -174,8 +174,8 @@ fn rig() -> Rig {
         agent_port: agent.listen.port(),
         binds: [
             ("main", free_port()),
-            ("registry", free_port()),
-            ("pages", free_port()),
+            ("registry_http", free_port()),
+            ("pages_tcp", free_port()),
         ],
     };
     let haproxy = Haproxy::start(&render.config(true));

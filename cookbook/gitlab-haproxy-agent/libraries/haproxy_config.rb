@@ -44,10 +44,13 @@ module GitlabHaproxyAgent
       backends_attr = hash_attr(haproxy['backends'], 'haproxy.backends')
       plan = enabled ? agent_plan(agent, backends_attr.keys.map(&:to_s)) : nil
 
+      frontends_attr = hash_attr(haproxy['frontends'], 'haproxy.frontends')
+      check_proxy_names!(frontends_attr.keys.map(&:to_s), backends_attr.keys.map(&:to_s))
+
       Config.new(
         global: global_lines(haproxy),
         defaults: defaults,
-        frontends: hash_attr(haproxy['frontends'], 'haproxy.frontends').map { |name, fe| frontend(name.to_s, fe) },
+        frontends: frontends_attr.map { |name, fe| frontend(name.to_s, fe) },
         backends: backends_attr.map { |name, be| backend(name.to_s, be, plan, defaults) }
       )
     end
@@ -77,6 +80,21 @@ module GitlabHaproxyAgent
         addr: agent['addr'], port: agent['port'], inter: agent['inter'], excluded: excluded,
         groups: AgentCheck.memberships(agent['groups'], backend_names, excluded)
       }
+    end
+
+    # A frontend may not share its name with a backend: HAProxy 3.2 warns
+    # ("backend 'x' has the same name as frontend 'x' ... will not be
+    # supported anymore in version 3.3"), 3.3 refuses it, and `haproxy -c
+    # -dW` fails on it. The frontend is the one to rename: backend names are
+    # half of every row key (<backend>/<server>) written in Consul.
+    def check_proxy_names!(frontend_names, backend_names)
+      frontend_names.each do |name|
+        next unless backend_names.include?(name)
+
+        raise ConfigError, "#{ATTR}.haproxy.frontends.#{name}: a frontend named like backend #{name.inspect} " \
+                           'is refused by HAProxy 3.3 (3.2 warns); rename the frontend, not the backend, ' \
+                           'whose name is part of every row key <backend>/<server> in Consul'
+      end
     end
 
     def global_lines(haproxy)

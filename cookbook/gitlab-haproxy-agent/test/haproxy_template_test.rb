@@ -188,6 +188,15 @@ class HaproxyTemplateTest < Minitest::Test
     assert_refused("#{ATTR}.agent.enable", /true or false/) { render_cfg(node) }
   end
 
+  def test_refuses_a_frontend_named_like_a_backend
+    node = sample_node('haproxy' => { 'frontends' => { 'pages' => { 'bind' => ['127.0.0.1:18083'],
+                                                                     'options' => ['mode tcp'] } } })
+    assert_refused("#{ATTR}.haproxy.frontends.pages", /rename the frontend/) { render_cfg(node) }
+    disabled_node = sample_node('agent' => { 'enable' => false },
+                                'haproxy' => { 'frontends' => { 'web' => { 'bind' => ['127.0.0.1:18083'] } } })
+    assert_refused("#{ATTR}.haproxy.frontends.web", /3\.3/) { render_cfg(disabled_node) }
+  end
+
   def test_rollback_renders_even_when_agent_attributes_are_wrong
     node = sample_node('agent' => { 'enable' => false, 'port' => '', 'groups' => { 'canary' => ['gone'] },
                                     'excluded_backends' => ['gone'] })

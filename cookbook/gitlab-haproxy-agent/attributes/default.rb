@@ -52,36 +52,43 @@ default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil
 default['gitlab-haproxy-agent']['settings']['log_format'] = nil
 
 #
-# haproxy.cfg (recipe haproxy). Sections are lists of config lines; servers
-# are rendered from backends.<name>.servers only, never written by hand in an
-# enrolled backend.
+# haproxy.cfg (recipe haproxy). Every list of config lines (global, defaults,
+# a frontend's or a backend's options) is a hash of name => line, rendered in
+# the order the names were first defined (these defaults first, then the
+# role's). Roles extend a hash: Chef merges hashes key by key but unions arrays
+# given at the same precedence level as these defaults (a role's
+# default_attributes), so a role could neither replace nor drop a line of a
+# list. A role replaces a line by its name and drops it with nil, e.g.
+#   "global": { "maxconn": "maxconn 4096", "daemon": null }
+# Servers are rendered from backends.<name>.servers only, never written by
+# hand in an enrolled backend.
 #
 default['gitlab-haproxy-agent']['haproxy']['config_path'] = '/etc/haproxy/haproxy.cfg'
 # Unix socket only: no admin listener over TCP is rendered.
 default['gitlab-haproxy-agent']['haproxy']['stats_socket'] = '/run/haproxy/admin.sock'
-default['gitlab-haproxy-agent']['haproxy']['global'] = [
-  'log /dev/log local0',
-  'chroot /var/lib/haproxy',
-  'user haproxy',
-  'group haproxy',
-  'daemon',
-  'maxconn 50000',
-  'stats timeout 30s',
-]
-default['gitlab-haproxy-agent']['haproxy']['defaults'] = [
-  'log global',
-  'mode http',
-  'option httplog',
-  'option dontlognull',
-  'option redispatch',
-  'retries 3',
-  'timeout connect 5s',
-  'timeout client 90s',
-  'timeout server 90s',
-  'timeout check 2s',
-]
-# name => { 'bind' => [addresses], 'options' => [lines] }
+default['gitlab-haproxy-agent']['haproxy']['global'] = {
+  'log' => 'log /dev/log local0',
+  'chroot' => 'chroot /var/lib/haproxy',
+  'user' => 'user haproxy',
+  'group' => 'group haproxy',
+  'daemon' => 'daemon',
+  'maxconn' => 'maxconn 50000',
+  'stats_timeout' => 'stats timeout 30s',
+}
+default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
+  'log' => 'log global',
+  'mode' => 'mode http',
+  'httplog' => 'option httplog',
+  'dontlognull' => 'option dontlognull',
+  'redispatch' => 'option redispatch',
+  'retries' => 'retries 3',
+  'timeout_connect' => 'timeout connect 5s',
+  'timeout_client' => 'timeout client 90s',
+  'timeout_server' => 'timeout server 90s',
+  'timeout_check' => 'timeout check 2s',
+}
+# name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}
-# name => { 'options' => [lines], 'servers' => { name => { 'address', 'port',
-#          'weight', 'options' } } }
+# name => { 'options' => { name => line }, 'servers' => { name => { 'address',
+#          'port', 'weight', 'options' } } }
 default['gitlab-haproxy-agent']['haproxy']['backends'] = {}

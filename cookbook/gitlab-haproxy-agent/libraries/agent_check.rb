@@ -5,6 +5,8 @@
 # Plain Ruby (no Chef API) so it is tested with minitest alone. Every refusal
 # raises GitlabHaproxyAgent::ConfigError naming the node attribute to fix: a
 # wrong line here drains the wrong servers, or none.
+require 'ipaddr'
+
 module GitlabHaproxyAgent
   # Top-level attribute key of this cookbook; error messages name attributes
   # as dotted paths under it (gitlab-haproxy-agent.agent.port).
@@ -29,8 +31,10 @@ module GitlabHaproxyAgent
     MAX_LINE = 1024
     # HAProxy time: a positive integer with an optional unit.
     TIME = /\A[1-9][0-9]*(us|ms|s|m|h|d)?\z/.freeze
-    # An IPv4/IPv6 literal or a host name, resolved once by HAProxy at start.
-    ADDR = /\A[A-Za-z0-9.:-]+\z/.freeze
+    # An IPv4 or IPv6 literal, no host name: the agent binds agent.addr (a
+    # socket address, GITLAB_HAPROXY_AGENT_LISTEN) and refuses a host name
+    # such as localhost at every start (exit 64, usage).
+    IP_CHARS = /\A[0-9A-Fa-f.:]+\z/.freeze
 
     module_function
 
@@ -162,9 +166,24 @@ module GitlabHaproxyAgent
     end
 
     def check_addr!(addr)
-      return if addr.match?(ADDR)
+      return if ip_literal?(addr)
 
-      raise ConfigError, "#{ATTR}.agent.addr #{addr.inspect} is not an IP address or host name"
+      raise ConfigError, "#{ATTR}.agent.addr #{addr.inspect} is not an IP address: the agent listens on " \
+                         "agent.addr:agent.port and refuses a host name at every start (HAProxy's agent-addr " \
+                         'is the same address); write 127.0.0.1 or ::1'
+    end
+
+    # IPv4 dotted quad (no leading zeros) or IPv6, without prefix length or
+    # zone: what the agent's socket-address parser (Rust std::net) accepts.
+    def ip_literal?(text)
+      return false unless text.match?(IP_CHARS)
+
+      ip = IPAddr.new(text)
+      return true if ip.ipv6?
+
+      text.split('.').map { |o| o.to_i.to_s } == text.split('.', -1)
+    rescue IPAddr::Error
+      false
     end
 
     def check_port!(port)

@@ -199,17 +199,31 @@ module GitlabHaproxyAgent
       [nil, nil]
     end
 
+    # Config lines from a hash of name => line (nil or false: left out), in
+    # the hash's order. A list is refused: Chef unions the arrays of a role
+    # and of the cookbook's defaults (same precedence level), so a role could
+    # neither replace nor remove a line, and HAProxy would keep the first of
+    # two conflicting ones.
     def lines_attr(value, attr)
       return [] if value.nil?
-      raise ConfigError, "#{ATTR}.#{attr} must be a list of config lines" unless value.is_a?(Array)
+      if value.is_a?(Array)
+        raise ConfigError, "#{ATTR}.#{attr} must be a hash of name => config line, not a list: Chef unions " \
+                           "a role's list with the cookbook's (same precedence level), so no line could be " \
+                           'replaced or removed; name each line, and set a name to null to drop its line'
+      end
+      raise ConfigError, "#{ATTR}.#{attr} must be a hash of name => config line" unless value.is_a?(Hash)
 
-      value.map do |line|
-        line = line.to_s.strip
-        raise ConfigError, "#{ATTR}.#{attr} has a line with a line break: #{line.inspect}" if line.include?("\n")
+      value.each_with_object([]) do |(name, line), lines|
+        next if line.nil? || line == false
+        unless line.is_a?(String)
+          raise ConfigError, "#{ATTR}.#{attr}.#{name} must be a config line (a string) or null, got #{line.inspect}"
+        end
+        raise ConfigError, "#{ATTR}.#{attr}.#{name} has a line break: #{line.inspect}" if line.include?("\n")
 
-        check_line!(line, attr)
-        line
-      end.reject(&:empty?)
+        line = line.strip
+        check_line!(line, "#{attr}.#{name}")
+        lines << line unless line.empty?
+      end
     end
 
     def check_line!(line, attr)

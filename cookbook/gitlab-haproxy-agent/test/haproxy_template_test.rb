@@ -33,7 +33,7 @@ class HaproxyTemplateTest < Minitest::Test
   end
 
   def test_cookbook_default_is_disabled
-    node = ChefStandIn.node(extra: { ATTR => { 'agent' => { 'enable' => nil } } })
+    node = ChefStandIn.node(override: { ATTR => { 'agent' => { 'enable' => nil } } })
     assert_equal false, ChefStandIn.cookbook_defaults[ATTR]['agent']['enable']
     assert_equal disabled, render_cfg(node)
   end
@@ -74,7 +74,7 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_excluded_backend_servers_from_attributes_are_not_enrolled
     node = sample_node('agent' => { 'excluded_backends' => %w[asset_proxy registry] },
-                       'haproxy' => { 'backends' => { 'registry' => { 'options' => ['default-server weight 0'] } } })
+                       'haproxy' => { 'backends' => { 'registry' => { 'options' => { 'default_server' => 'default-server weight 0' } } } })
     lines = server_lines(render_cfg(node))
     assert_equal 'server registry-01 127.0.0.1:18501 check weight 100', lines['registry/registry-01']
     assert_match AGENT_SUFFIX, lines['web/web-01']
@@ -109,17 +109,17 @@ class HaproxyTemplateTest < Minitest::Test
                          'web-01' => { 'options' => 'check agent-check agent-port 9777' }
                        } } } })
     assert_refused("#{ATTR}.haproxy.backends.web.servers.web-01.options", /by hand/) { render_cfg(node) }
-    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => ['default-server agent-check'] } } })
+    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => { 'agent' => 'default-server agent-check' } } } })
     assert_refused("#{ATTR}.haproxy.backends.web.options", /by hand/) { render_cfg(node) }
-    node = sample_node('haproxy' => { 'defaults' => ['default-server agent-port 9777'] })
+    node = sample_node('haproxy' => { 'defaults' => { 'agent' => 'default-server agent-port 9777' } })
     assert_refused("#{ATTR}.haproxy.defaults", /by hand/) { render_cfg(node) }
     disabled_node = sample_node('agent' => { 'enable' => false },
-                                'haproxy' => { 'defaults' => ['default-server agent-port 9777'] })
+                                'haproxy' => { 'defaults' => { 'agent' => 'default-server agent-port 9777' } })
     assert_refused("#{ATTR}.haproxy.defaults", /by hand/) { render_cfg(disabled_node) }
   end
 
   def test_refuses_an_inline_server_in_an_enrolled_backend
-    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => ['server web-09 127.0.0.1:1 check'] } } })
+    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => { 'web09' => 'server web-09 127.0.0.1:1 check' } } } })
     error = assert_refused("#{ATTR}.haproxy.backends.web.options", /excluded_backends/) { render_cfg(node) }
     assert_includes error.message, 'web-09'
   end
@@ -131,10 +131,10 @@ class HaproxyTemplateTest < Minitest::Test
       "#{ATTR}.haproxy.backends.ci.servers.ci-01.options" =>
         { 'backends' => { 'ci' => { 'servers' => { 'ci-01' => { 'weight' => nil, 'options' => 'check weight 0' } } } } },
       "#{ATTR}.haproxy.backends.web.options (default-server)" =>
-        { 'backends' => { 'web' => { 'options' => ['default-server inter 3s weight 0'] } } },
+        { 'backends' => { 'web' => { 'options' => { 'default_server' => 'default-server inter 3s weight 0' } } } },
       "#{ATTR}.haproxy.defaults (default-server)" =>
-        { 'defaults' => ['mode http', 'default-server weight 0'],
-          'backends' => { 'web' => { 'options' => ['default-server inter 3s'] } } },
+        { 'defaults' => { 'default_server' => 'default-server weight 0' },
+          'backends' => { 'web' => { 'options' => { 'default_server' => 'default-server inter 3s' } } } },
     }
     cases.each do |attr, change|
       assert_refused(attr, /share of the configured weight/) { render_cfg(sample_node('haproxy' => change)) }
@@ -156,22 +156,22 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_refuses_state_files_and_admin_tcp_listeners
     [
-      ["#{ATTR}.haproxy.global", { 'global' => ['server-state-file /var/lib/haproxy/state'] }],
-      ["#{ATTR}.haproxy.global", { 'global' => ['server-state-base /var/lib/haproxy'] }],
-      ["#{ATTR}.haproxy.defaults", { 'defaults' => ['load-server-state-from-file global'] }],
-      ["#{ATTR}.haproxy.backends.web.options",
-       { 'backends' => { 'web' => { 'options' => ['load-server-state-from-file local'] } } }],
+      ["#{ATTR}.haproxy.global.state", { 'global' => { 'state' => 'server-state-file /var/lib/haproxy/state' } }],
+      ["#{ATTR}.haproxy.global.state", { 'global' => { 'state' => 'server-state-base /var/lib/haproxy' } }],
+      ["#{ATTR}.haproxy.defaults.state", { 'defaults' => { 'state' => 'load-server-state-from-file global' } }],
+      ["#{ATTR}.haproxy.backends.web.options.state",
+       { 'backends' => { 'web' => { 'options' => { 'state' => 'load-server-state-from-file local' } } } }],
     ].each do |attr, change|
       assert_refused(attr, /server-state file/) { render_cfg(sample_node('haproxy' => change)) }
     end
     assert_refused("#{ATTR}.haproxy.global", /stats_socket/) do
-      render_cfg(sample_node('haproxy' => { 'global' => ['stats socket ipv4@127.0.0.1:9999 level admin'] }))
+      render_cfg(sample_node('haproxy' => { 'global' => { 'socket' => 'stats socket ipv4@127.0.0.1:9999 level admin' } }))
     end
     assert_refused("#{ATTR}.haproxy.stats_socket", /TCP/) do
       render_cfg(sample_node('haproxy' => { 'stats_socket' => 'ipv4@127.0.0.1:9999' }))
     end
-    assert_refused("#{ATTR}.haproxy.frontends.main.options", /admin listener/) do
-      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => ['stats admin if TRUE'] } } }))
+    assert_refused("#{ATTR}.haproxy.frontends.main.options.stats", /admin listener/) do
+      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => { 'stats' => 'stats admin if TRUE' } } } }))
     end
   end
 
@@ -190,7 +190,7 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_refuses_a_frontend_named_like_a_backend
     node = sample_node('haproxy' => { 'frontends' => { 'pages' => { 'bind' => ['127.0.0.1:18083'],
-                                                                     'options' => ['mode tcp'] } } })
+                                                                     'options' => { 'mode' => 'mode tcp' } } } })
     assert_refused("#{ATTR}.haproxy.frontends.pages", /rename the frontend/) { render_cfg(node) }
     disabled_node = sample_node('agent' => { 'enable' => false },
                                 'haproxy' => { 'frontends' => { 'web' => { 'bind' => ['127.0.0.1:18083'] } } })

@@ -78,7 +78,7 @@ class RecipeTest < Minitest::Test
   end
 
   def recorder(changes = {})
-    node = ChefStandIn.node(extra: { ATTR => changes, 'lsb' => { 'codename' => 'bookworm' } })
+    node = ChefStandIn.node(override: { ATTR => changes }, automatic: { 'lsb' => { 'codename' => 'bookworm' } })
     Recorder.new(node)
   end
 

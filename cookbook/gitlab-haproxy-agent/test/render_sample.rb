@@ -105,8 +105,8 @@ haproxy['backends'].each do |backend, attrs|
     server['port'] = port.to_i
   end
   # Inline server lines of excluded backends (server NAME ADDR ...).
-  attrs['options'] = (attrs['options'] || []).map do |line|
-    m = line.match(/\A(\s*server\s+(\S+)\s+)(\S+)(.*)\z/)
+  attrs['options'] = (attrs['options'] || {}).transform_values do |line|
+    m = line.to_s.match(/\A(\s*server\s+(\S+)\s+)(\S+)(.*)\z/)
     next line unless m
 
     known_servers << "#{backend}/#{m[2]}"

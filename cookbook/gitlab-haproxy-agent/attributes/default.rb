@@ -20,6 +20,12 @@ default['gitlab-haproxy-agent']['agent']['prefix'] = 'gitlab-haproxy-agent/state
 # Each enrolled server's agent-send lists its row key, then its groups in the
 # order they are defined here; the first with a key in Consul wins.
 default['gitlab-haproxy-agent']['agent']['groups'] = {}
+# Zones a server may name (haproxy.backends.<b>.servers.<s>.zone): a zone
+# outside the list is refused, so a typo cannot make a group no zonal drain
+# writes. [] accepts any zone. A server's zone renders as the group
+# zone-<zone> on its own agent-send line, after its row key and before its
+# backend's groups: `state drain --zone b` writes the one key zone-b.
+default['gitlab-haproxy-agent']['agent']['zones'] = []
 # Backends never enrolled, such as one that writes its single server inline
 # (an asset proxy to object storage).
 default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
@@ -89,6 +95,9 @@ default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
 }
 # name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}
-# name => { 'options' => { name => line }, 'servers' => { name => { 'address',
-#          'port', 'weight', 'options' } } }
+# name => { 'options' => { name => line },
+#          'servers' => { name => { 'address', 'port', 'weight', 'options', 'zone', 'groups' } },
+#          'server_templates' => { name => { 'count', 'address', 'port', 'weight', 'options', 'zone', 'groups' } },
+#          'zonal' => true | false | nil (nil: zonal when any of its servers has a zone) }
+# Every server (and server-template) of a zonal backend must have a zone.
 default['gitlab-haproxy-agent']['haproxy']['backends'] = {}

@@ -111,7 +111,7 @@ class ChefRulesTest < Minitest::Test
   def test_two_roles_extend_one_backend
     extra = role(default: { ATTR => { 'haproxy' => { 'backends' => { 'web' => {
                    'options' => { 'balance' => 'balance leastconn', 'retry_on' => 'retry-on conn-failure' },
-                   'servers' => { 'web-04' => { 'address' => '127.0.0.1', 'port' => 18104, 'options' => 'check' } }
+                   'servers' => { 'web-04' => { 'address' => '127.0.0.1', 'port' => 18105, 'zone' => 'c', 'options' => 'check' } }
                  } } } } })
     lines = server_lines(render_cfg(ChefStandIn.node(roles: [ChefStandIn::SAMPLE_ROLE, extra])))
     assert_equal %w[web/web-01 web/web-02 web/web-03 web/web-04], lines.keys.grep(%r{\Aweb/})

@@ -54,16 +54,19 @@ class HaproxyTemplateTest < Minitest::Test
     server_lines(enabled).each do |key, line|
       next if key.start_with?('asset_proxy/')
 
-      expected = CANARY.include?(key) ? "\"#{key} canary\\n\"" : "\"#{key}\\n\""
-      assert line.end_with?("agent-send #{expected}"), line
+      if CANARY.include?(key)
+        assert_match(/ agent-send "#{Regexp.escape(key)} zone-[bcd] canary\\n"\z/, line)
+      else
+        refute_includes line, 'canary'
+      end
     end
   end
 
   def test_server_names_alone_never_make_a_group_member
     node = sample_node('agent' => { 'groups' => { 'canary' => ['canary_web'] } })
     lines = server_lines(render_cfg(node))
-    assert lines['canary_web/web-cny-01'].end_with?('"canary_web/web-cny-01 canary\n"')
-    assert lines['canary_api/api-cny-01'].end_with?('"canary_api/api-cny-01\n"'), 'a -cny- name is not a group'
+    assert lines['canary_web/web-cny-01'].end_with?('"canary_web/web-cny-01 zone-b canary\n"')
+    assert lines['canary_api/api-cny-01'].end_with?('"canary_api/api-cny-01 zone-d\n"'), 'a -cny- name is not a group'
   end
 
   def test_excluded_inline_backend_is_rendered_as_written
@@ -81,10 +84,10 @@ class HaproxyTemplateTest < Minitest::Test
   end
 
   def test_groups_from_several_definitions_keep_their_order
-    node = sample_node('agent' => { 'groups' => { 'canary' => %w[canary_web], 'zone-b' => %w[canary_web web] } })
+    node = sample_node('agent' => { 'groups' => { 'canary' => %w[canary_web], 'east' => %w[canary_web web] } })
     lines = server_lines(render_cfg(node))
-    assert lines['canary_web/web-cny-02'].end_with?('agent-send "canary_web/web-cny-02 canary zone-b\n"')
-    assert lines['web/web-03'].end_with?('agent-send "web/web-03 zone-b\n"')
+    assert lines['canary_web/web-cny-02'].end_with?('agent-send "canary_web/web-cny-02 zone-c canary east\n"')
+    assert lines['web/web-03'].end_with?('agent-send "web/web-03 zone-d east\n"')
   end
 
   def test_rendered_config_has_no_state_file_and_no_admin_tcp_listener

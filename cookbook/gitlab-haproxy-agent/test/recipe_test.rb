@@ -90,6 +90,7 @@ class RecipeTest < Minitest::Test
     assert_equal '2s', agent['inter']
     assert_equal 'gitlab-haproxy-agent/state/', agent['prefix']
     assert_equal({}, agent['groups'])
+    assert_equal [], agent['zones']
     assert_equal [], agent['excluded_backends']
   end
 

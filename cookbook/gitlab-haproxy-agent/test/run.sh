@@ -95,10 +95,11 @@ for variant in enabled disabled; do
 done
 if [ -f "$work/haproxy-enabled.cfg" ] && [ -f "$work/haproxy-disabled.cfg" ]; then
   agents=$(grep -c ' agent-check ' "$work/haproxy-enabled.cfg")
-  if [ "$agents" -eq 14 ] && ! grep -q 'agent-' "$work/haproxy-disabled.cfg"; then
+  # 14 server lines and one server-template line.
+  if [ "$agents" -eq 15 ] && ! grep -q 'agent-' "$work/haproxy-disabled.cfg"; then
     pass
   else
-    fail "expected 14 enrolled servers with the agent enabled and none disabled (got $agents)"
+    fail "expected 15 enrolled server lines with the agent enabled and none disabled (got $agents)"
   fi
 fi
 

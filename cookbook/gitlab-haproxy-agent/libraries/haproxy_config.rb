@@ -41,10 +41,13 @@ module GitlabHaproxyAgent
       enabled = enabled?(agent['enable'])
 
       defaults = lines_attr(haproxy['defaults'], 'haproxy.defaults')
-      backends_attr = hash_attr(haproxy['backends'], 'haproxy.backends')
+      # A frontend, backend, server or server-template set to nil (null in a
+      # role) is left out: how a role removes one the cookbook or another
+      # role defined.
+      backends_attr = present(hash_attr(haproxy['backends'], 'haproxy.backends'))
       plan = enabled ? agent_plan(agent, backends_attr.keys.map(&:to_s)) : nil
 
-      frontends_attr = hash_attr(haproxy['frontends'], 'haproxy.frontends')
+      frontends_attr = present(hash_attr(haproxy['frontends'], 'haproxy.frontends'))
       check_proxy_names!(frontends_attr.keys.map(&:to_s), backends_attr.keys.map(&:to_s))
 
       Config.new(
@@ -145,8 +148,9 @@ module GitlabHaproxyAgent
                              "that writes its server inline goes in #{ATTR}.agent.excluded_backends"
         end
       end
-      members = hash_attr(attrs['servers'], "#{attr}.servers").map { |n, a| [n.to_s, a, false] } +
-                hash_attr(attrs['server_templates'], "#{attr}.server_templates").map { |n, a| [n.to_s, a, true] }
+      servers = present(hash_attr(attrs['servers'], "#{attr}.servers"))
+      templates = present(hash_attr(attrs['server_templates'], "#{attr}.server_templates"))
+      members = servers.map { |n, a| [n.to_s, a, false] } + templates.map { |n, a| [n.to_s, a, true] }
       own_groups = enrolled ? server_groups(name, attrs, members, plan) : {}
       servers = members.map do |member_name, member_attrs, template|
         server(name, member_name, member_attrs, enrolled ? plan : nil, lines, defaults,
@@ -317,6 +321,10 @@ module GitlabHaproxyAgent
       FORBIDDEN.each do |pattern, why|
         raise ConfigError, "#{ATTR}.#{attr}: #{line.inspect}: #{why}" if line.match?(pattern)
       end
+    end
+
+    def present(hash)
+      hash.reject { |_, v| v.nil? }
     end
 
     def hash_attr(value, attr)

@@ -111,7 +111,8 @@ class ChefRulesTest < Minitest::Test
   def test_two_roles_extend_one_backend
     extra = role(default: { ATTR => { 'haproxy' => { 'backends' => { 'web' => {
                    'options' => { 'balance' => 'balance leastconn', 'retry_on' => 'retry-on conn-failure' },
-                   'servers' => { 'web-04' => { 'address' => '127.0.0.1', 'port' => 18105, 'zone' => 'c', 'options' => 'check' } }
+                   'servers' => { 'web-04' => { 'address' => '127.0.0.1', 'port' => 18105, 'zone' => 'c',
+                                                'options' => 'check' } }
                  } } } } })
     lines = server_lines(render_cfg(ChefStandIn.node(roles: [ChefStandIn::SAMPLE_ROLE, extra])))
     assert_equal %w[web/web-01 web/web-02 web/web-03 web/web-04], lines.keys.grep(%r{\Aweb/})
@@ -120,6 +121,16 @@ class ChefRulesTest < Minitest::Test
     assert_includes web, "    balance leastconn\n    option httpchk"
     assert_includes web, "    retry-on conn-failure\n    server web-01 "
     refute_includes web, 'roundrobin'
+  end
+
+  def test_a_role_removes_a_server_a_backend_or_a_frontend_with_nil
+    r = role(default: { ATTR => { 'haproxy' => {
+               'frontends' => { 'pages_tcp' => nil },
+               'backends' => { 'pages' => nil, 'web' => { 'servers' => { 'web-03' => nil } } }
+             } } })
+    cfg = render_cfg(ChefStandIn.node(roles: [ChefStandIn::SAMPLE_ROLE, r]))
+    refute_match(/pages/, cfg)
+    assert_equal %w[web/web-01 web/web-02], server_lines(cfg).keys.grep(%r{\Aweb/})
   end
 
   def test_a_list_of_lines_is_refused_naming_the_attribute

@@ -77,7 +77,9 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_excluded_backend_servers_from_attributes_are_not_enrolled
     node = sample_node('agent' => { 'excluded_backends' => %w[asset_proxy registry] },
-                       'haproxy' => { 'backends' => { 'registry' => { 'options' => { 'default_server' => 'default-server weight 0' } } } })
+                       'haproxy' => { 'backends' => { 'registry' => {
+                         'options' => { 'default_server' => 'default-server weight 0' }
+                       } } })
     lines = server_lines(render_cfg(node))
     assert_equal 'server registry-01 127.0.0.1:18501 check weight 100', lines['registry/registry-01']
     assert_match AGENT_SUFFIX, lines['web/web-01']
@@ -122,7 +124,8 @@ class HaproxyTemplateTest < Minitest::Test
   end
 
   def test_refuses_an_inline_server_in_an_enrolled_backend
-    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => { 'web09' => 'server web-09 127.0.0.1:1 check' } } } })
+    inline = { 'web09' => 'server web-09 127.0.0.1:1 check' }
+    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => inline } } })
     error = assert_refused("#{ATTR}.haproxy.backends.web.options", /excluded_backends/) { render_cfg(node) }
     assert_includes error.message, 'web-09'
   end
@@ -174,7 +177,8 @@ class HaproxyTemplateTest < Minitest::Test
       render_cfg(sample_node('haproxy' => { 'stats_socket' => 'ipv4@127.0.0.1:9999' }))
     end
     assert_refused("#{ATTR}.haproxy.frontends.main.options.stats", /admin listener/) do
-      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => { 'stats' => 'stats admin if TRUE' } } } }))
+      options = { 'stats' => 'stats admin if TRUE' }
+      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => options } } }))
     end
   end
 

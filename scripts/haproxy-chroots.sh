@@ -34,10 +34,11 @@ wrapper() {
 # Keeps the caller's PID (every step execs); only /tmp is shared with the host.
 if [ "${GITLAB_HAPROXY_AGENT_CHROOT_NS:-}" != 1 ]; then
   export GITLAB_HAPROXY_AGENT_CHROOT_NS=1
-  exec unshare --mount --propagation private "$0" "$@"
+  exec unshare --mount --propagation private "$(readlink -f "$0")" "$@"
 fi
 unset GITLAB_HAPROXY_AGENT_CHROOT_NS
-root=$(cd "$(dirname "$0")/../root" && pwd) || exit 70
+self=$(readlink -f "$0") || exit 70
+root=$(cd "$(dirname "$self")/../root" && pwd) || exit 70
 case "$PWD" in
   /tmp | /tmp/*) dir=$PWD ;;
   *) dir=/ ;;
@@ -53,9 +54,15 @@ EOF
 build() {
   local version=$1 suite=$2
   local dir=$base/haproxy-$version
-  if [ -x "$dir/bin/haproxy" ] && "$dir/bin/haproxy" -v 2>/dev/null | grep -q "^HAProxy version $version\."; then
-    "$dir/bin/haproxy" -v | sed -n 1p
-    return 0
+  if [ -x "$dir/root/usr/sbin/haproxy" ]; then
+    # Built before: rewrite the wrapper (cheap) and keep the chroot.
+    wrapper "$suite" >"$dir/bin/haproxy.new"
+    chmod 755 "$dir/bin/haproxy.new"
+    mv "$dir/bin/haproxy.new" "$dir/bin/haproxy"
+    if "$dir/bin/haproxy" -v 2>/dev/null | grep -q "^HAProxy version $version\."; then
+      "$dir/bin/haproxy" -v | sed -n 1p
+      return 0
+    fi
   fi
   local tmp=$dir.new
   rm -rf "$tmp"

@@ -147,6 +147,25 @@ class RecipeTest < Minitest::Test
     assert_empty r.resources
   end
 
+  # What the agent cannot use fails the run at compile time, in both
+  # recipes, before any resource is declared.
+  def test_both_recipes_refuse_what_the_agent_cannot_use
+    cases = {
+      { 'agent' => { 'addr' => 'localhost' } } => ["#{ATTR}.agent.addr", /host name/],
+      { 'agent' => { 'port' => 70_000 } } => ["#{ATTR}.agent.port", /1-65535/],
+      { 'agent' => { 'groups' => { '' => %w[web] } } } => ["#{ATTR}.agent.groups", /empty/],
+    }
+    cases.each do |change, (attr, why)|
+      %w[agent haproxy].each do |recipe|
+        next if recipe == 'agent' && attr.end_with?('groups')
+
+        r = recorder(change)
+        assert_refused(attr, why) { r.run(recipe) }
+        assert_empty r.resources, "#{recipe}: #{change}"
+      end
+    end
+  end
+
   def test_default_recipe_includes_the_agent_only_when_enabled
     assert_equal %w[gitlab-haproxy-agent::agent gitlab-haproxy-agent::haproxy], recorder.run('default').included
     assert_equal %w[gitlab-haproxy-agent::haproxy],

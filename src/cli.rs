@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::model::marks::selection_id;
-
 /// Default KV prefix.
 pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
 
@@ -167,10 +165,13 @@ pub(crate) fn bad(
 /// Exit statuses of `state`, shown in `--help` (sysexits.h).
 pub const EXIT_CODES_HELP: &str = "\
 Exit status:
-  0    done, or nothing to do
-  64   bad options or arguments (EX_USAGE)
+  0    done, or nothing to do (`explain`: also when the answer is
+       `unknown` for lack of the server's groups)
+  64   bad options or arguments (EX_USAGE); also a --server glob or a
+       whole --backend with no HAProxy configuration or stats socket to
+       expand it (give --haproxy-config or --haproxy-socket)
   65   invalid key or value, a key holding an invalid value where that is
-       refused, or a selection with no enrolled server; nothing written
+       refused, or a selection with no server to write; nothing written
        (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
        a server in DRAIN (drain was written, maint was not), or not in
        MAINT after maint was written (something else decides it first)
@@ -218,9 +219,10 @@ pub enum StateCommand {
     /// Write one validated value, only if the key has not changed since it
     /// was read (compare-and-set).
     ///
-    /// The key is written with Consul Flags 0: set by hand. A drain, maint or
-    /// 0% set this way is left alone by `drain` and `undrain`, also when it
-    /// replaces the same value `drain` wrote.
+    /// The key is written with Consul Flags 0: set by hand. A row key at
+    /// drain, maint or 0% set this way is left alone by `drain --backend` and
+    /// `undrain --backend`, also when it replaces the same value `drain`
+    /// wrote.
     #[command(after_help = EXIT_CODES_HELP)]
     Set {
         /// Key relative to the prefix.
@@ -258,20 +260,25 @@ pub enum StateCommand {
         #[command(subcommand)]
         action: CanaryAction,
     },
-    /// Drain servers selected from the HAProxy configuration: each one's row
-    /// key goes to drain, then after --drain-wait to maint.
+    /// Drain servers: drain, wait --drain-wait, then maint.
     ///
-    /// Only enrolled servers are written: agent-check on, and an agent-send
-    /// line ending with \n that the agent accepts, with the row key first.
-    /// The others are listed as not enrolled, with the reason. Keys are
-    /// written with the drain mark `undrain` looks for: odd Consul Flags,
-    /// 1 | (selection id << 1), the id a hash of --zone, --backend and
-    /// --server. Keys at maint with any drain's mark are left alone; keys at
-    /// drain with this selection's mark (an interrupted run) wait again;
-    /// keys at drain with another drain's mark are held by that drain: left
-    /// alone and listed. Keys at drain, maint or 0% without a mark (even
-    /// Flags) were set by hand: they are left alone and listed. Keys at a
-    /// weight above 0 are drained; undrain clears them (ready 100%).
+    /// `--zone Z` (or `--group G`) writes one group key, `zone-Z` (`G`),
+    /// which every agent of the datacenter answers for every server whose
+    /// agent-send line names that group, server-template servers included:
+    /// no HAProxy configuration is needed. A server whose row key has a value
+    /// is decided by it, not by the group (a row key overrides its groups).
+    /// The group key is taken over whoever set it.
+    ///
+    /// `--backend B --server NAME` (exact names) writes the row key `B/NAME`.
+    /// A glob or a whole backend is expanded from --haproxy-config (or the
+    /// default configuration, when it exists) or --haproxy-socket. Row keys
+    /// are written with the drain mark, Consul Flags 1; a row key at drain,
+    /// maint or 0% without it (even Flags) was set by hand and is left alone
+    /// and listed. Keys at a weight above 0 are drained; undrain clears them
+    /// (ready 100%).
+    ///
+    /// With a configuration, the report shows what the agents answer for
+    /// each selected server at the end, and which key decides.
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -284,18 +291,17 @@ pub enum StateCommand {
         #[command(flatten)]
         write: WriteOpts,
     },
-    /// Bring servers back: row keys `drain` wrote that are at drain go to
-    /// maint first and are held there for --maint-wait, then they and those
-    /// at maint are removed, so HAProxy's slowstart ramps the servers up.
+    /// Bring servers back: a key at drain goes to maint first and is held
+    /// there for --maint-wait, then it and keys at maint are removed, so
+    /// HAProxy's slowstart ramps the servers up.
     ///
-    /// Only keys `drain` wrote with the same selection (--zone, --backend,
-    /// --server) are taken back, and keys with the generic mark (Consul
-    /// Flags 1, e.g. `consul kv put -flags=1`). Keys at drain or maint marked
-    /// by another drain are held by it: left alone and listed (undrain them
-    /// with that drain's selection, or --any-drain). Keys at drain, maint or
-    /// 0% without a mark were set by hand (a server out for repair): they
-    /// are left alone and listed; `state clear` releases one. Keys that are
-    /// absent or in service (ready, N%) are left alone.
+    /// `--zone Z` (`--group G`) brings back the group key `zone-Z` (`G`)
+    /// whoever set it; servers whose row key is at drain or maint stay out.
+    /// With `--backend`, only row keys with the drain mark (odd Consul Flags,
+    /// written by `state drain` or `consul kv put -flags=1`) are taken
+    /// back; row keys at drain, maint or 0% set by hand (even Flags: a server
+    /// out for repair) are left alone and listed; `state clear` releases
+    /// one. Keys that are absent or in service (ready, N%) are left alone.
     #[command(after_help = EXIT_CODES_HELP)]
     Undrain {
         /// Which servers.
@@ -305,11 +311,6 @@ pub enum StateCommand {
         /// were at drain: at least agent-inter, so every HAProxy applies it.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
-        /// Also take back keys marked by another drain (another selection),
-        /// for when the selection of the drain is not known. Keys set by
-        /// hand are still left alone.
-        #[arg(long)]
-        any_drain: bool,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
@@ -317,15 +318,21 @@ pub enum StateCommand {
     /// What the agent answers for an agent-send line, and which key decides.
     ///
     /// IDENTITY... is the line: the row key, then the groups, in order
-    /// (`web/web-01 canary zone-us-east1-b`). Given one row key and
-    /// --haproxy-config, the server's own agent-send line is used.
+    /// (`web/web-01 zone-us-east1-b canary`). Given one row key, the
+    /// server's own agent-send line is read from --haproxy-config (or the
+    /// default configuration, when it exists). Without it, when the row key
+    /// has no value, the answer is `unknown`: the set group keys that could
+    /// decide are listed (exit 0), and the server's identities or
+    /// --haproxy-config are asked for.
     #[command(after_help = EXIT_CODES_HELP)]
     Explain {
         /// The identities of the agent-send line, in order.
         #[arg(required = true, value_name = "IDENTITY")]
         identities: Vec<String>,
         /// Read the server's agent-send line from this HAProxy
-        /// configuration when one row key is given.
+        /// configuration when one row key is given [default:
+        /// $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else
+        /// /etc/haproxy/haproxy.cfg, when it exists].
         #[arg(long, value_name = "PATH")]
         haproxy_config: Option<PathBuf>,
     },
@@ -369,51 +376,44 @@ pub struct WriteOpts {
     pub dry_run: bool,
 }
 
-/// Which servers `drain` and `undrain` act on: --zone, --backend or both.
+/// Which servers `drain` and `undrain` act on: a group (--zone, --group)
+/// or row keys (--backend, with --server).
 ///
 /// Combinations are checked by the writer, not by clap, so that a bad one is
 /// reported like every other failure (a JSON object with `--json`).
 #[derive(Debug, Args, Clone)]
 pub struct Selector {
-    /// Servers whose agent-send line names the group `zone-ZONE` (--zone,
-    /// --backend or both are required).
+    /// Servers whose agent-send line names the group `zone-ZONE`: writes the
+    /// group key `zone-ZONE`, no HAProxy configuration needed.
     #[arg(long, value_name = "ZONE")]
     pub zone: Option<String>,
-    /// Servers of this backend (or listen section).
+    /// Servers whose agent-send line names the group GROUP (`canary`,
+    /// `rack-7`): writes the group key GROUP. `--group zone-b` is `--zone b`.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Servers of this backend (or listen section), by their row keys
+    /// `BACKEND/SERVER`.
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<String>,
-    /// Only servers whose name matches this glob (`*`, `?`, `[a-c]`);
-    /// quote it. Needs --backend.
-    #[arg(long, value_name = "GLOB")]
+    /// Only servers of --backend named NAME (written as the row key
+    /// BACKEND/NAME, no configuration needed), or matching a glob (`*`, `?`,
+    /// `[a-c]`; quote it), which needs --haproxy-config or --haproxy-socket.
+    #[arg(long, value_name = "NAME|GLOB")]
     pub server: Option<String>,
-    /// HAProxy configuration to read the servers from (used unless
-    /// --haproxy-socket is given).
-    #[arg(
-        long,
-        value_name = "PATH",
-        env = "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
-        default_value = "/etc/haproxy/haproxy.cfg"
-    )]
-    pub haproxy_config: PathBuf,
+    /// HAProxy configuration to read the servers from: expands --backend and
+    /// a --server glob, and previews what each server will be answered
+    /// (with --zone too). Optional [default:
+    /// $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else /etc/haproxy/haproxy.cfg,
+    /// used only when it exists].
+    #[arg(long, value_name = "PATH")]
+    pub haproxy_config: Option<PathBuf>,
     /// Read the servers from the running HAProxy's stats socket instead
     /// (`show servers state`). The socket does not show agent-send lines:
-    /// row keys are assumed to be `<backend>/<server>`, and zones are
-    /// unknown, so --zone needs --haproxy-config. After the drain wait,
-    /// `drain` checks on this socket that every server went to DRAIN, and
-    /// stops before maint (exit 65) when one did not; after maint, that
-    /// every server went to MAINT (exit 65 when one did not).
+    /// row keys are assumed to be `<backend>/<server>` and groups are
+    /// unknown, so not with --zone or --group. After the drain wait, `drain`
+    /// checks on this socket that every server went to DRAIN, and stops
+    /// before maint (exit 65) when one did not; after maint, that every
+    /// server went to MAINT (exit 65 when one did not).
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
-}
-
-impl Selector {
-    /// The selection id written into the drain mark
-    /// ([`selection_id`] of --zone, --backend and --server).
-    pub fn id(&self) -> u32 {
-        selection_id(
-            self.zone.as_deref(),
-            self.backend.as_deref(),
-            self.server.as_deref(),
-        )
-    }
 }

@@ -1,52 +1,21 @@
-//! Drain marks: the Consul KV Flags a row key carries to say which `state
-//! drain` wrote it (odd Flags, with the selection's FNV-1a id) or that it was
-//! set by hand (even Flags). The FNV id is kept, not swapped for another
-//! hash: its values are already in Consul.
+//! Drain marks: the Consul KV Flags of a row key say whether `state drain`
+//! wrote it (odd Flags) or someone set it by hand (even Flags, 0 being what
+//! `consul kv put` and `state set` write). Group keys (`canary`, `zone-b`)
+//! have no mark: whoever undrains the group brings it back.
 
-/// The generic drain mark: Consul KV Flags 1. A row key written by `state
-/// drain` carries [`drain_flags`] of its selection id, an odd value; any odd
-/// value is a drain's mark, and 1 (selection id 0) is the mark every `state
-/// undrain` releases, whatever its selection: `consul kv put -flags=1 KEY
-/// maint` writes a key `state undrain` will release.
+/// The drain mark `state drain` writes on row keys: Consul KV Flags 1.
 ///
-/// Even Flags mark a key set by hand, which both leave alone at drain, maint
-/// or `0%`: 0 is what `consul kv put`, `state set` and `state canary
-/// disable` write, and Consul's answer for a key written without Flags.
+/// Any odd value is read as a drain's mark, so keys written by earlier
+/// versions (`1 | selection id << 1`) are released by any `state undrain`
+/// whose selection includes them. `consul kv put -flags=1 KEY maint` writes a
+/// key `state undrain` will release. Even Flags mark a key set by hand, which
+/// `state drain` and `state undrain` leave alone at drain, maint or `0%`.
 pub const DRAIN_FLAGS: u64 = 1;
 
-/// The Consul KV Flags of a row key written by the drain (or undrain) whose
-/// selection id is `id` (see [`selection_id`]): `1 | id << 1`. `state
-/// undrain` with the same selection releases it; another selection's undrain
-/// leaves it alone unless `--any-drain`.
-pub fn drain_flags(id: u32) -> u64 {
-    DRAIN_FLAGS | (u64::from(id) << 1)
-}
-
-/// Reads a drain mark from Consul KV Flags, the inverse of [`drain_flags`]:
-/// the selection id for odd Flags (`Some(0)`: the generic mark, Flags 1),
-/// `None` for even Flags (a key set by hand).
-pub fn drain_mark(flags: u64) -> Option<u64> {
-    (flags & DRAIN_FLAGS != 0).then_some(flags >> 1)
-}
-
-/// The stable id of a drain selection: FNV-1a (32 bits) of `zone=<Z>
-/// backend=<B> server=<GLOB>`, absent parts empty. Where the servers are
-/// read from (configuration or stats socket) is not part of it.
-pub fn selection_id(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u32 {
-    let text = format!(
-        "zone={} backend={} server={}",
-        zone.unwrap_or(""),
-        backend.unwrap_or(""),
-        server.unwrap_or("")
-    );
-    fnv1a_32(text.as_bytes())
-}
-
-/// FNV-1a, 32 bits, with its published offset basis and prime.
-fn fnv1a_32(bytes: &[u8]) -> u32 {
-    bytes.iter().fold(0x811c_9dc5_u32, |hash, b| {
-        (hash ^ u32::from(*b)).wrapping_mul(0x0100_0193)
-    })
+/// True when Consul KV Flags carry a drain mark (odd), false for a key set
+/// by hand (even).
+pub fn is_drain_mark(flags: u64) -> bool {
+    flags & DRAIN_FLAGS != 0
 }
 
 #[cfg(test)]
@@ -54,22 +23,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn selection_ids_are_fnv1a_of_the_normalized_selection() {
-        // Published FNV-1a 32-bit test vectors.
-        assert_eq!(fnv1a_32(b""), 0x811c_9dc5);
-        assert_eq!(fnv1a_32(b"a"), 0xe40c_292c);
-        assert_eq!(fnv1a_32(b"foobar"), 0xbf9c_f968);
-        assert_eq!(
-            selection_id(Some("b"), None, None),
-            fnv1a_32(b"zone=b backend= server=")
-        );
-        assert_eq!(
-            selection_id(None, Some("web"), Some("web-0*")),
-            fnv1a_32(b"zone= backend=web server=web-0*")
-        );
-        assert_ne!(
-            selection_id(Some("b"), None, None),
-            selection_id(None, Some("b"), None)
-        );
+    fn odd_flags_are_a_drain_mark_even_flags_a_hand() {
+        for flags in [1, 3, 0x1234_5679, u64::MAX] {
+            assert!(is_drain_mark(flags), "{flags}");
+        }
+        for flags in [0, 2, 42, u64::MAX - 1] {
+            assert!(!is_drain_mark(flags), "{flags}");
+        }
     }
 }

@@ -20,7 +20,7 @@ pub struct KvPair {
     /// (`?flags=` on a KV PUT, `"Flags"` in a transaction, `consul kv put
     /// -flags=N`); 0 when the answer does not carry it. The writer CLI
     /// marks the row keys `state drain` writes with odd Flags (see
-    /// [`drain_flags`](super::marks::drain_flags)).
+    /// [`DRAIN_FLAGS`](super::marks::DRAIN_FLAGS)).
     pub flags: u64,
 }
 

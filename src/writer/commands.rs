@@ -10,13 +10,13 @@ use serde_json::json;
 
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::execute::Writer;
-use super::haproxy::{self, Enrolment};
+use super::haproxy;
 use super::output::table;
-use super::plan::{plan_drain, plan_undrain, Change, Claim, Current};
+use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
 use super::report::{
     display_value, entry_json, key_json, key_table, key_table_snapshot, reply_text,
 };
-use super::select::Target;
+use super::select::{config_path, Target, CANARY_KEY};
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
@@ -75,19 +75,23 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         StateCommand::Clear { key, cas, write } => writer.clear(key, *cas, write.dry_run).await,
         StateCommand::Canary { action } => match action {
             CanaryAction::Disable { drain_wait, write } => {
-                let target = Target::canary();
                 writer
-                    .sequence("canary disable", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait, Claim::Any))
-                    })
+                    .sequence(
+                        "canary disable",
+                        Target::group(CANARY_KEY),
+                        write.dry_run,
+                        |t| Ok(plan_drain(t, *drain_wait)),
+                    )
                     .await
             }
             CanaryAction::Enable { maint_wait, write } => {
-                let target = Target::canary();
                 writer
-                    .sequence("canary enable", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait, Claim::Any).map_err(refused_invalid)
-                    })
+                    .sequence(
+                        "canary enable",
+                        Target::group(CANARY_KEY),
+                        write.dry_run,
+                        |t| plan_undrain(t, *maint_wait).map_err(refused_invalid),
+                    )
                     .await
             }
         },
@@ -98,17 +102,9 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         } => match Target::servers(select) {
             Err(f) => Err(f),
             Ok(target) => {
-                let id = select.id();
                 writer
                     .sequence("drain", target, write.dry_run, |t| {
-                        Ok(plan_drain(
-                            t,
-                            *drain_wait,
-                            Claim::Marked {
-                                id,
-                                any_drain: false,
-                            },
-                        ))
+                        Ok(plan_drain(t, *drain_wait))
                     })
                     .await
             }
@@ -116,18 +112,13 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         StateCommand::Undrain {
             select,
             maint_wait,
-            any_drain,
             write,
         } => match Target::servers(select) {
             Err(f) => Err(f),
             Ok(target) => {
-                let claim = Claim::Marked {
-                    id: select.id(),
-                    any_drain: *any_drain,
-                };
                 writer
                     .sequence("undrain", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait, claim).map_err(refused_invalid)
+                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
                     })
                     .await
             }
@@ -321,29 +312,31 @@ impl Writer {
         Ok(())
     }
 
+    /// `state explain`: what the agent answers for the agent-send line
+    /// `identities`, and which key decides. One row key alone is looked up in
+    /// the configuration ([`config_path`]); without one, when that row key
+    /// has no value and group keys are set, the answer is `unknown` (exit
+    /// 0): which groups the server's line names is not known here.
     pub(super) async fn explain(
         &self,
         identities: &[String],
         config: Option<&Path>,
     ) -> Result<(), Failure> {
         let mut line = identities.join(" ");
-        if let Some(path) = config {
-            if identities.len() == 1 && identities[0].contains('/') {
-                let servers = haproxy::servers_from_config(path)?;
-                let found = servers.iter().find_map(|s| match &s.enrolment {
-                    Enrolment::Enrolled {
-                        row_key,
-                        identities: line_ids,
-                    } if *row_key == line => Some(line_ids.join(" ")),
-                    _ => None,
-                });
-                line = found.ok_or_else(|| {
-                    Failure::invalid(format!(
-                        "no enrolled server with row key {line} in {}",
-                        path.display()
-                    ))
-                })?;
-            }
+        let lone_row_key = identities.len() == 1 && is_row_key(&identities[0]);
+        let config = config_path(config).filter(|_| lone_row_key);
+        if let Some(path) = &config {
+            let servers = haproxy::servers_from_config(path)?;
+            let found = servers
+                .iter()
+                .find(|s| s.row_key() == Some(line.as_str()))
+                .map(|s| s.identities().join(" "));
+            line = found.ok_or_else(|| {
+                Failure::invalid(format!(
+                    "no enrolled server with row key {line} in {}",
+                    path.display()
+                ))
+            })?;
         }
         let ids = parse_line(line.as_bytes()).map_err(|e| {
             Failure::invalid(format!(
@@ -365,6 +358,16 @@ impl Writer {
             Answer::State { decided_by, .. } => decided_by,
             Answer::Invalid { decided_by } => Some(decided_by),
         };
+        // The group keys set now, any of which decides the server if its
+        // line names it: asked about when only the row key is known.
+        let mut groups_set: Vec<(String, String)> = raw
+            .iter()
+            .filter(|(k, _)| !is_row_key(k) && snapshot.keys.contains_key(**k))
+            .map(|(k, p)| (k.to_string(), display_value(&p.value)))
+            .collect();
+        groups_set.sort();
+        let unknown =
+            lone_row_key && config.is_none() && deciding.is_none() && !groups_set.is_empty();
         let rows: Vec<(String, Option<String>, &'static str)> = ids
             .iter()
             .enumerate()
@@ -378,8 +381,29 @@ impl Writer {
                 };
                 (id.to_string(), value, role)
             })
+            .chain(groups_set.iter().filter(|_| unknown).map(|(k, v)| {
+                (
+                    k.clone(),
+                    Some(v.clone()),
+                    "decides if the server's line names it",
+                )
+            }))
             .collect();
         let (reply, summary) = match result {
+            _ if unknown => (
+                None,
+                format!(
+                    "unknown: {line} has no key, so the server's groups decide, and which \
+                     groups its agent-send line names is not known here. Group keys set: {}. \
+                     Give the line's identities (`state explain {line} zone-b canary`) or \
+                     --haproxy-config PATH",
+                    groups_set
+                        .iter()
+                        .map(|(k, v)| format!("{k} = {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
             Answer::State {
                 state,
                 decided_by: Some(d),
@@ -417,8 +441,9 @@ impl Writer {
             self.print_json(json!({
                 "ok": true,
                 "line": line,
+                "line_from": config.as_ref().map(|p| p.display().to_string()),
                 "reply": reply,
-                "answer": result.kind().as_str(),
+                "answer": if unknown { "unknown" } else { result.kind().as_str() },
                 "decided_by": deciding.map(|d| ids[d]),
                 "identities": rows.iter().map(|(id, value, role)| json!({
                     "identity": id, "value": value, "role": role,

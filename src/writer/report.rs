@@ -9,11 +9,11 @@ use serde_json::{json, Value};
 use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
-use super::plan::{self, show_raw, Current, Plan, Step, WaitFor};
+use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
 use super::progress::Run;
-use super::select::{Target, ASSUMED_ROW_KEYS};
+use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
-use crate::model::marks::drain_mark;
+use crate::model::marks::is_drain_mark;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
 use crate::model::value::{parse_value, AdminState, InvalidValue};
 
@@ -43,8 +43,7 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "value": String::from_utf8_lossy(&p.value),
                 "modify_index": p.modify_index,
                 "flags": p.flags,
-                "by_drain": is_row_key(key) && drain_mark(p.flags).is_some(),
-                "drain_id": drain_id_json(key, p.flags),
+                "by_drain": is_row_key(key) && is_drain_mark(p.flags),
                 "set_by": set_by(key, p.flags),
             });
             match parse_value(&p.value) {
@@ -106,12 +105,6 @@ pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<St
     ]
 }
 
-/// True for a row key (`<backend>/<server>`), false for a group key such as
-/// `canary`, which has no set-by-hand rule.
-pub(super) fn is_row_key(key: &str) -> bool {
-    key.contains('/')
-}
-
 /// The SET-BY column: `-` for a group key (its Flags mean nothing), else
 /// [`mark_name`].
 pub(super) fn set_by(key: &str, flags: u64) -> String {
@@ -122,24 +115,16 @@ pub(super) fn set_by(key: &str, flags: u64) -> String {
     }
 }
 
-/// What a row key's Flags say: `drain` for the generic mark (Flags 1),
-/// `drain:<id>` (8 hex digits) for a drain with selection id `id`, `hand` for
-/// even Flags (with them when they are not 0).
+/// What a row key's Flags say: `drain` for the drain mark (odd Flags; an
+/// earlier version's larger odd value shown with it), `hand` for even Flags
+/// (with them when they are not 0).
 pub(super) fn mark_name(flags: u64) -> String {
-    match drain_mark(flags) {
-        Some(0) => "drain".to_string(),
-        Some(id) => format!("drain:{id:08x}"),
-        None if flags == 0 => "hand".to_string(),
-        None => format!("hand (flags {flags})"),
+    match (is_drain_mark(flags), flags) {
+        (true, 1) => "drain".to_string(),
+        (true, _) => format!("drain (flags {flags})"),
+        (false, 0) => "hand".to_string(),
+        (false, _) => format!("hand (flags {flags})"),
     }
-}
-
-/// The selection id of a drain mark for `--json`: 8 hex digits, `None` for
-/// the generic mark, a key set by hand, or a group key.
-pub(super) fn drain_id_json(key: &str, flags: u64) -> Option<String> {
-    drain_mark(flags)
-        .filter(|id| is_row_key(key) && *id != 0)
-        .map(|id| format!("{id:08x}"))
 }
 
 pub(super) const KEY_HEADER: [&str; 6] =
@@ -213,7 +198,6 @@ impl Report<'_> {
                 after: *s,
                 note: None,
                 set_by_hand: false,
-                held_by_other_drain: false,
             })
             .collect();
         plan::snapshot_after(self.snapshot, &reached)
@@ -223,12 +207,6 @@ impl Report<'_> {
     /// server it decides (`None` for a group key), in the report's order.
     pub(super) fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
         self.left_alone(|k| k.set_by_hand)
-    }
-
-    /// The keys left alone because another drain's mark holds them, each
-    /// with the server it decides.
-    pub(super) fn held_by_other_drain(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
-        self.left_alone(|k| k.held_by_other_drain)
     }
 
     pub(super) fn left_alone(
@@ -287,25 +265,58 @@ impl Report<'_> {
         out
     }
 
-    /// The lines naming the servers left alone because another drain holds
-    /// their keys; empty when there are none.
-    pub(super) fn held_by_other_drain_text(&self) -> String {
-        let held = self.held_by_other_drain();
-        if held.is_empty() {
+    /// For a group drain without servers to preview: the row keys in
+    /// service now (ready or a weight above 0). A server whose row key has
+    /// a value is decided by it, not by the group, so any of these in the
+    /// group stays in service.
+    pub(super) fn overrides(&self) -> Vec<(String, AdminState)> {
+        let draining = self
+            .plan
+            .keys
+            .iter()
+            .any(|k| k.after == Some(AdminState::Maint));
+        if self.target.group.is_none() || !self.target.servers.is_empty() || !draining {
+            return Vec::new();
+        }
+        let mut keys: Vec<(String, AdminState)> = self
+            .snapshot
+            .keys
+            .iter()
+            .filter_map(|(k, s)| match s.entry {
+                Entry::Valid(state @ (AdminState::Ready | AdminState::Weight(1..)))
+                    if is_row_key(k) =>
+                {
+                    Some((k.to_string(), state))
+                }
+                _ => None,
+            })
+            .collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys
+    }
+
+    /// The lines naming the row keys in service that decide before the
+    /// group ([`Report::overrides`]); empty when there are none.
+    pub(super) fn overrides_text(&self) -> String {
+        const SHOWN: usize = 10;
+        let keys = self.overrides();
+        if keys.is_empty() {
             return String::new();
         }
-        let n = held.len();
-        let mut out = format!(
-            "{n} server{} left alone: held by another drain (drain or maint with another \
-             selection's mark):\n",
-            if n == 1 { "" } else { "s" },
-        );
-        out.push_str(&left_alone_table(&held, "SET-BY", |c| mark_name(c.flags())));
-        out.push_str(
-            "Undrain it with the same selection as its drain (or --any-drain), or `state \
-             clear KEY`.\n",
-        );
-        out
+        let list: Vec<String> = keys
+            .iter()
+            .take(SHOWN)
+            .map(|(k, s)| format!("{k} = {s}"))
+            .collect();
+        format!(
+            "Row keys decide before any group key: a server of {} whose row key is one of \
+             these {} stays in service: {}{}. See which with --haproxy-config (a load \
+             balancer's configuration) or `state explain KEY GROUPS...`.\n",
+            self.target.group.as_deref().unwrap_or("the group"),
+            keys.len(),
+            list.join(", "),
+            if keys.len() > SHOWN { ", ..." } else { "" },
+        )
     }
 
     pub(super) fn outcome(&self) -> &'static str {
@@ -367,6 +378,7 @@ impl Report<'_> {
             "dry_run": self.dry_run,
             "prefix_read_at_index": self.run.read_index,
             "source": self.target.source,
+            "group": self.target.group,
             "row_keys_assumed": self.target.socket.is_some(),
             "not_drained": self.run.not_drained,
             "not_in_maint": self.run.not_in_maint,
@@ -376,10 +388,8 @@ impl Report<'_> {
                 "before": k.before.describe(),
                 "modify_index_before": k.before.index(),
                 "flags": k.before.flags(),
-                "by_drain": k.before.by_drain(),
-                "drain_id": k.before.drain_id().filter(|id| *id != 0).map(|id| format!("{id:08x}")),
+                "by_drain": is_row_key(&k.key) && k.before.by_drain(),
                 "set_by_hand": k.set_by_hand,
-                "held_by_other_drain": k.held_by_other_drain,
                 "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
                 "target": k.after.map_or("absent".into(), |s| s.to_string()),
                 "note": k.note,
@@ -390,25 +400,22 @@ impl Report<'_> {
                 "value": k.before.describe(),
                 "flags": k.before.flags(),
             })).collect::<Vec<_>>(),
-            "held_by_other_drain": self.held_by_other_drain().iter().map(|(server, k)| json!({
-                "server": server,
-                "key": k.key,
-                "value": k.before.describe(),
-                "flags": k.before.flags(),
-                "drain_id": k.before.drain_id().map(|id| format!("{id:08x}")),
+            "row_keys_in_service": self.overrides().iter().map(|(k, v)| json!({
+                "key": k, "value": v.to_string(),
             })).collect::<Vec<_>>(),
             "servers": self.target.servers.iter().map(|s| {
                 let (answer, decided_by) = Self::server_answer(&now, s);
                 json!({
                     "server": s.id(),
-                    "key": s.row_key(),
-                    "zones": s.zones,
+                    "key": self.target.key_of(s),
+                    "groups": s.groups,
+                    "template": s.template,
                     "agent_answer": answer,
                     "decided_by": decided_by,
                 })
             }).collect::<Vec<_>>(),
-            "not_enrolled": self.target.not_enrolled.iter().map(|(s, why)| json!({
-                "server": s.id(), "reason": why, "zones": s.zones,
+            "not_written": self.target.not_written.iter().map(|(s, why)| json!({
+                "server": s.id(), "reason": why, "groups": s.groups,
             })).collect::<Vec<_>>(),
             "error": self.failure.map(Failure::json),
         })
@@ -428,12 +435,7 @@ impl Report<'_> {
             1 => "; 1 server set by hand left alone (see below)".to_string(),
             n => format!("; {n} servers set by hand left alone (see below)"),
         };
-        let held = match self.held_by_other_drain().len() {
-            0 => String::new(),
-            1 => "; 1 server held by another drain left alone (see below)".to_string(),
-            n => format!("; {n} servers held by another drain left alone (see below)"),
-        };
-        out.push_str(&format!("{}: {headline}{hand}{held}\n", self.action));
+        out.push_str(&format!("{}: {headline}{hand}\n", self.action));
         if self.dry_run || self.failure.is_some() {
             for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
                 let what = match step {
@@ -479,8 +481,9 @@ impl Report<'_> {
                 .servers
                 .iter()
                 .map(|s| {
-                    let key = s.row_key().unwrap_or("-");
-                    let (before, after, note) = match by_key.get(key) {
+                    let key = self.target.key_of(s).unwrap_or("-");
+                    let (answer, decided_by) = Self::server_answer(&now, s);
+                    let (before, after, mut note) = match by_key.get(key) {
                         Some(k) => (
                             k.before.describe(),
                             if self.dry_run {
@@ -492,7 +495,9 @@ impl Report<'_> {
                         ),
                         None => ("-".into(), "-".into(), ""),
                     };
-                    let (answer, decided_by) = Self::server_answer(&now, s);
+                    if decided_by.as_deref().is_some_and(|d| d != key) {
+                        note = "another key decides first: not moved by this one";
+                    }
                     vec![
                         s.id(),
                         key.to_string(),
@@ -518,25 +523,41 @@ impl Report<'_> {
                 &rows,
             ));
         }
-        if !self.target.not_enrolled.is_empty() {
-            let n = self.target.not_enrolled.len();
+        if !self.target.not_written.is_empty() {
+            let n = self.target.not_written.len();
             out.push_str(&format!(
-                "{n} server{} not enrolled, so not written (the agent does not decide their \
-                 state; take them out another way if needed):\n",
-                if n == 1 { "" } else { "s" }
+                "{n} server{} of the selection not decided by the key{} written (take them out \
+                 another way if needed):\n",
+                if n == 1 { "" } else { "s" },
+                if self.target.keys.len() == 1 { "" } else { "s" },
             ));
             let rows: Vec<Vec<String>> = self
                 .target
-                .not_enrolled
+                .not_written
                 .iter()
                 .map(|(s, why)| vec![s.id(), why.clone()])
                 .collect();
             out.push_str(&table(&["SERVER", "REASON"], &rows));
         }
         out.push_str(&self.set_by_hand_text());
-        out.push_str(&self.held_by_other_drain_text());
+        out.push_str(&self.overrides_text());
+        if let (Some(group), Some(source), true) = (
+            &self.target.group,
+            &self.target.source,
+            self.target.servers.is_empty() && self.target.not_written.is_empty(),
+        ) {
+            out.push_str(&format!(
+                "No server in {source} names {group}: the key is for the fleet's other load \
+                 balancers, or mistyped.\n"
+            ));
+        }
         if let Some(source) = &self.target.source {
             out.push_str(&format!("Servers read from {source}.\n"));
+        }
+        if self.target.source.is_none() && self.target.group.is_none() {
+            let mut note = NAMED_ROW_KEY.to_string();
+            note[..1].make_ascii_uppercase();
+            out.push_str(&format!("{note}.\n"));
         }
         if self.target.socket.is_some() {
             let mut note = ASSUMED_ROW_KEYS.to_string();
@@ -553,9 +574,10 @@ mod tests {
 
     use super::*;
 
-    use crate::model::marks::{drain_flags, DRAIN_FLAGS};
+    use crate::model::marks::DRAIN_FLAGS;
+    use crate::model::snapshot::build_snapshot;
     use crate::writer::haproxy;
-    use crate::writer::plan::{currents, plan_undrain, Claim};
+    use crate::writer::plan::{currents, plan_drain, plan_undrain};
     use crate::writer::select::tests::{selector, CONFIG};
 
     #[test]
@@ -563,45 +585,32 @@ mod tests {
         assert_eq!(set_by("web/a", DRAIN_FLAGS), "drain");
         assert_eq!(set_by("web/a", 0), "hand");
         assert_eq!(set_by("web/a", 42), "hand (flags 42)");
-        assert_eq!(set_by("web/a", drain_flags(0x1234abcd)), "drain:1234abcd");
-        assert_eq!(
-            drain_id_json("web/a", drain_flags(0xab)).unwrap(),
-            "000000ab"
-        );
-        assert_eq!(drain_id_json("web/a", DRAIN_FLAGS), None);
+        // An earlier version's mark, with its selection id.
+        assert_eq!(set_by("web/a", 0x2469_579b), "drain (flags 610883483)");
         // Group keys have no set-by-hand rule.
-        for flags in [0, DRAIN_FLAGS, drain_flags(7), 42] {
+        for flags in [0, DRAIN_FLAGS, 15, 42] {
             assert_eq!(set_by("canary", flags), "-");
-            assert_eq!(drain_id_json("canary", flags), None);
+        }
+    }
+
+    fn pair(key: &str, value: &[u8], flags: u64) -> KvPair {
+        KvPair {
+            key: format!("p/{key}"),
+            value: value.to_vec(),
+            modify_index: 5,
+            flags,
         }
     }
 
     #[test]
     fn report_names_servers_left_alone_because_set_by_hand() {
-        let target = Target::select(
-            haproxy::parse_config(CONFIG),
-            &selector(Some("b"), None, None),
-            "cfg".into(),
-        );
-        let key = |key: &str, value: &[u8], flags| KvPair {
-            key: format!("p/{key}"),
-            value: value.to_vec(),
-            modify_index: 5,
-            flags,
-        };
+        let select = selector(None, Some("web"), None);
+        let target = Target::select(haproxy::parse_config(CONFIG), &select, None, "cfg".into());
         let pairs = [
-            key("api/api-01", b"maint", 0),
-            key("web/web-02", b"maint", DRAIN_FLAGS),
+            pair("web/web-01", b"maint", 0),
+            pair("web/web-02", b"maint", DRAIN_FLAGS),
         ];
-        let plan = plan_undrain(
-            currents("p/", &pairs, &target.keys),
-            Duration::ZERO,
-            Claim::Marked {
-                id: 0,
-                any_drain: false,
-            },
-        )
-        .unwrap();
+        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
         let run = Run::new(&plan, 9);
         let snapshot = Snapshot::default();
         let report = Report {
@@ -624,22 +633,77 @@ mod tests {
         );
         let row = text
             .lines()
-            .find(|l| l.starts_with("api/api-01") && l.ends_with(" 5"))
+            .find(|l| l.starts_with("web/web-01") && l.ends_with(" 5"))
             .unwrap_or_else(|| panic!("{text}"));
         assert_eq!(
             row.split_whitespace().collect::<Vec<_>>(),
-            ["api/api-01", "api/api-01", "maint", "0", "5"]
+            ["web/web-01", "web/web-01", "maint", "0", "5"]
         );
+        assert!(text.contains("web/web-tpl1  server-template"), "{text}");
         let v = report.json();
         assert_eq!(
             v["set_by_hand"],
-            json!([{"server": "api/api-01", "key": "api/api-01", "value": "maint", "flags": 0}])
+            json!([{"server": "web/web-01", "key": "web/web-01", "value": "maint", "flags": 0}])
         );
         let keys = v["keys"].as_array().unwrap();
-        assert_eq!(keys[0]["key"], "api/api-01");
         assert_eq!(keys[0]["set_by_hand"], true);
-        assert_eq!(keys[1]["flags"], DRAIN_FLAGS);
         assert_eq!(keys[1]["by_drain"], true);
         assert_eq!(keys[1]["set_by_hand"], false);
+    }
+
+    #[test]
+    fn a_group_drain_names_row_keys_that_decide_first() {
+        let pairs = [
+            pair("web/web-02", b"50%", 0),
+            pair("web/web-09", b"maint", 0),
+            pair("canary", b"ready", 0),
+        ];
+        let snapshot = build_snapshot("p/", 9, &pairs);
+        // With the configuration: per server, the row key decides first.
+        let select = selector(Some("b"), None, None);
+        let target = Target::select(
+            haproxy::parse_config(CONFIG),
+            &select,
+            Some("zone-b".into()),
+            "cfg".into(),
+        );
+        let plan = plan_drain(currents("p/", &pairs, &target.keys), Duration::ZERO);
+        let run = Run::new(&plan, 9);
+        let report = Report {
+            action: "drain",
+            dry_run: true,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: None,
+        };
+        let text = report.text();
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("web/web-02"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("ready 50% (web/web-02)"), "{text}");
+        assert!(row.contains("another key decides first"), "{text}");
+        let tpl = text
+            .lines()
+            .find(|l| l.starts_with("web/web-tpl1"))
+            .unwrap();
+        assert!(tpl.contains("maint 100% (zone-b)"), "{text}");
+        // Without it: the row keys in service are listed.
+        let target = Target::group("zone-b");
+        let report = Report {
+            target: &target,
+            ..report
+        };
+        let text = report.text();
+        assert!(
+            text.contains("stays in service: web/web-02 = 50%."),
+            "{text}"
+        );
+        assert_eq!(
+            report.json()["row_keys_in_service"],
+            json!([{"key": "web/web-02", "value": "50%"}])
+        );
     }
 }

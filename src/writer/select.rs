@@ -1,8 +1,11 @@
-//! Which keys a sequence acts on: the canary group key, or the row keys of
-//! the enrolled servers a selector (--zone, --backend, --server glob) picks
-//! from the HAProxy configuration or stats socket.
+//! Which keys a sequence acts on: one group key (`canary`, `zone-b` for
+//! --zone b, --group G), which needs no HAProxy configuration, or the row
+//! keys of servers named exactly (--backend B --server NAME) or expanded
+//! from the HAProxy configuration or stats socket (a glob, a whole backend).
+//! A configuration, when there is one, previews what each server of the
+//! selection will be answered.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::error::Failure;
 use super::haproxy::{self, glob_match, Enrolment, Server};
@@ -12,22 +15,36 @@ use crate::model::identity::validate_identity;
 /// The key of the canary group.
 pub const CANARY_KEY: &str = "canary";
 
+/// Where the HAProxy configuration is when `--haproxy-config` is not given:
+/// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, else this path; used only when
+/// it exists (a console node or CI job has none).
+pub const DEFAULT_HAPROXY_CONFIG: &str = "/etc/haproxy/haproxy.cfg";
+
 /// What a report from `--haproxy-socket` says about its row keys.
 pub(super) const ASSUMED_ROW_KEYS: &str =
     "row keys are assumed to be <backend>/<server>: the stats \
      socket does not show agent-send lines, so a server whose agent-send starts with another \
-     key is not decided by the key written (AGENT ANSWERS is the answer for that key alone). \
-     `drain` checks on this HAProxy that the servers went to DRAIN before it writes maint, \
-     and to MAINT after";
+     key (a server-template server, a group first) is not decided by the key written (AGENT \
+     ANSWERS is the answer for that key alone). `drain` checks on this HAProxy that the \
+     servers went to DRAIN before it writes maint, and to MAINT after";
+
+/// What a report of a row key written from its name alone says.
+pub(super) const NAMED_ROW_KEY: &str =
+    "row key written as named, <backend>/<server> (the cookbook's): no HAProxy \
+     configuration here to check it against the server's agent-send line";
 
 /// What a sequence acts on.
 pub(super) struct Target {
-    /// The keys, relative to the prefix.
+    /// The keys, relative to the prefix: one group key, or row keys.
     pub(super) keys: Vec<String>,
-    /// Enrolled servers selected (empty for a group key).
+    /// The group key, when the selection is a group.
+    pub(super) group: Option<String>,
+    /// Enrolled servers selected, read from a configuration or socket
+    /// (empty without one).
     pub(super) servers: Vec<Server>,
-    /// Servers that matched but the agent cannot drain.
-    pub(super) not_enrolled: Vec<(Server, String)>,
+    /// Servers that matched but that the keys written do not decide, with
+    /// why: not enrolled, or (for row keys) no row key of their own.
+    pub(super) not_written: Vec<(Server, String)>,
     /// Where the servers came from, for the report.
     pub(super) source: Option<String>,
     /// The stats socket the servers were read from: their row keys are
@@ -38,132 +55,214 @@ pub(super) struct Target {
     pub(super) selection: String,
 }
 
+/// The HAProxy configuration to read: `--haproxy-config` when given (it must
+/// be readable), else [`DEFAULT_HAPROXY_CONFIG`] or
+/// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` when that file exists, else none.
+pub(super) fn config_path(given: Option<&Path>) -> Option<PathBuf> {
+    if let Some(path) = given {
+        return Some(path.to_path_buf());
+    }
+    let default = std::env::var_os("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_HAPROXY_CONFIG), PathBuf::from);
+    default.is_file().then_some(default)
+}
+
+/// True when `server` is a glob rather than one server's name.
+fn is_glob(server: &str) -> bool {
+    server.contains(['*', '?', '['])
+}
+
 impl Target {
-    pub(super) fn canary() -> Target {
+    /// The group key `key` (`canary`), without servers.
+    pub(super) fn group(key: &str) -> Target {
         Target {
-            keys: vec![CANARY_KEY.to_string()],
+            keys: vec![key.to_string()],
+            group: Some(key.to_string()),
             servers: Vec::new(),
-            not_enrolled: Vec::new(),
+            not_written: Vec::new(),
             source: None,
             socket: None,
-            selection: format!("key {CANARY_KEY}"),
+            selection: format!("group {key}"),
         }
     }
 
-    /// Checks the combination of selector options (64 when bad).
-    pub(super) fn check_selector(select: &Selector) -> Result<(), Failure> {
-        let problem = if select.server.is_some() && select.backend.is_none() {
-            Some("--server needs --backend (the glob matches server names within one backend)")
-        } else if select.zone.is_none() && select.backend.is_none() {
-            Some("which servers? Give --zone, --backend or both")
-        } else if select.zone.is_some() && select.haproxy_socket.is_some() {
-            Some(
-                "--zone cannot be used with --haproxy-socket: the stats socket does not know \
-                 zones; read them from --haproxy-config",
-            )
-        } else {
-            None
+    /// The group key a selector names: `zone-ZONE` for --zone, GROUP for
+    /// --group; `None` for a selection by backend. Checks the combination of
+    /// options (64 when bad) and the key (65).
+    pub(super) fn check_selector(select: &Selector) -> Result<Option<String>, Failure> {
+        let usage = |p: &str| Err(Failure::usage(format!("{p}; nothing written (see --help)")));
+        let group = match (&select.zone, &select.group) {
+            (Some(_), Some(_)) => return usage("--zone and --group: give one"),
+            (Some(z), None) => Some(format!("{}{z}", haproxy::ZONE_GROUP_PREFIX)),
+            (None, Some(g)) => Some(g.clone()),
+            (None, None) => None,
         };
-        match problem {
-            Some(p) => Err(Failure::usage(format!("{p}; nothing written (see --help)"))),
-            None => Ok(()),
+        if select.server.is_some() && select.backend.is_none() {
+            return usage("--server needs --backend (it names servers within one backend)");
+        }
+        match &group {
+            None if select.backend.is_none() => {
+                usage("which servers? Give --zone, --group or --backend")
+            }
+            Some(_) if select.backend.is_some() => usage(
+                "--zone and --group write one group key for every backend, so not with \
+                 --backend: to drain some servers of one backend, name them with --backend \
+                 and --server",
+            ),
+            Some(_) if select.haproxy_socket.is_some() => usage(
+                "--zone and --group cannot be used with --haproxy-socket: the stats socket \
+                 does not show groups; a group drain needs no HAProxy, and --haproxy-config \
+                 previews it",
+            ),
+            Some(g) => match validate_identity(g) {
+                Err(e) => Err(Failure::invalid(format!("invalid group {g:?}: {e}"))),
+                Ok(()) if g.contains('/') => Err(Failure::invalid(format!(
+                    "invalid group {g:?}: a key with `/` is a row key; use --backend and \
+                     --server"
+                ))),
+                Ok(()) => Ok(group),
+            },
+            None => Ok(None),
         }
     }
 
+    /// The target of a selector: the group key, or the row keys, with the
+    /// servers of the configuration (or socket) when there is one.
+    ///
+    /// # Errors
+    ///
+    /// 64 for a bad combination, or a glob or whole backend with nothing to
+    /// expand it; 65 for an invalid key; 66 when the configuration or socket
+    /// given cannot be read.
     pub(super) fn servers(select: &Selector) -> Result<Target, Failure> {
-        Target::check_selector(select)?;
-        if let Some(zone) = &select.zone {
-            validate_identity(&format!("{}{zone}", haproxy::ZONE_GROUP_PREFIX))
-                .map_err(|e| Failure::invalid(format!("invalid zone {zone:?}: {e}")))?;
-        }
-        let (all, source) = match &select.haproxy_socket {
-            Some(socket) => (
+        let group = Target::check_selector(select)?;
+        let config = config_path(select.haproxy_config.as_deref());
+        let (all, source) = match (&select.haproxy_socket, &config) {
+            (Some(socket), _) => (
                 haproxy::servers_from_socket(socket)?,
                 format!("stats socket {}", socket.display()),
             ),
-            None => (
-                haproxy::servers_from_config(&select.haproxy_config)?,
-                select.haproxy_config.display().to_string(),
+            (None, Some(path)) => (
+                haproxy::servers_from_config(path)?,
+                path.display().to_string(),
             ),
+            (None, None) => {
+                return match (group, &select.backend, &select.server) {
+                    (Some(g), _, _) => Ok(Target {
+                        selection: Target::describe_selection(select),
+                        ..Target::group(&g)
+                    }),
+                    (None, Some(b), Some(name)) if !is_glob(name) => {
+                        let key = format!("{b}/{name}");
+                        super::error::check_key(&key)?;
+                        Ok(Target {
+                            keys: vec![key],
+                            group: None,
+                            servers: Vec::new(),
+                            not_written: Vec::new(),
+                            source: None,
+                            socket: None,
+                            selection: Target::describe_selection(select),
+                        })
+                    }
+                    _ => Err(Failure::usage(format!(
+                        "{} needs the servers of HAProxy: give --haproxy-config PATH (a copy \
+                         of a load balancer's configuration) or --haproxy-socket PATH; {} does \
+                         not exist here. One server by exact name needs neither: --backend B \
+                         --server NAME; nothing written",
+                        if select.server.is_some() {
+                            "a --server glob"
+                        } else {
+                            "a whole --backend"
+                        },
+                        config_path_shown(),
+                    ))),
+                };
+            }
         };
-        let mut target = Target::select(all, select, source);
+        let mut target = Target::select(all, select, group, source);
         target.socket.clone_from(&select.haproxy_socket);
         Ok(target)
     }
 
-    pub(super) fn select(all: Vec<Server>, select: &Selector, source: String) -> Target {
+    /// Picks from `all` the servers of the selection: those whose line
+    /// names `group`, or those of the backend (and glob) by their row keys.
+    pub(super) fn select(
+        all: Vec<Server>,
+        select: &Selector,
+        group: Option<String>,
+        source: String,
+    ) -> Target {
         let mut servers = Vec::new();
-        let mut not_enrolled = Vec::new();
+        let mut not_written = Vec::new();
         for server in all {
-            if select
-                .backend
-                .as_ref()
-                .is_some_and(|b| *b != server.backend)
-            {
-                continue;
-            }
-            if select
-                .server
-                .as_ref()
-                .is_some_and(|g| !glob_match(g, &server.name))
-            {
-                continue;
-            }
-            let in_zone = match &select.zone {
-                None => Some(true),
-                Some(z) if server.zones.iter().any(|s| s == z) => Some(true),
-                Some(_) if server.zones.is_empty() => None,
-                Some(_) => Some(false),
+            let picked = match &group {
+                Some(g) => server.groups.iter().any(|s| s == g),
+                None => {
+                    select.backend.as_ref() == Some(&server.backend)
+                        && select
+                            .server
+                            .as_ref()
+                            .is_none_or(|g| glob_match(g, &server.name))
+                }
             };
-            match (&server.enrolment, in_zone) {
-                (_, Some(false)) => {}
-                (Enrolment::Enrolled { .. }, Some(true)) => servers.push(server),
-                (Enrolment::Enrolled { .. }, None) => {}
-                (Enrolment::NotEnrolled(why), Some(true)) => {
-                    let why = why.to_string();
-                    not_enrolled.push((server, why));
+            if !picked {
+                continue;
+            }
+            match (&server.enrolment, &group) {
+                (Enrolment::NotEnrolled(why), _) => {
+                    let why = why.clone();
+                    not_written.push((server, why));
                 }
-                (Enrolment::NotEnrolled(why), None) => {
-                    let why = format!("{why}; zone unknown (no zone- group)");
-                    not_enrolled.push((server, why));
+                (_, None) if server.row_key().is_none() => {
+                    let why = server.no_row_key();
+                    not_written.push((server, why));
                 }
+                _ => servers.push(server),
             }
         }
-        let mut keys: Vec<String> = servers
-            .iter()
-            .filter_map(|s| s.row_key().map(str::to_string))
-            .collect();
+        let mut keys: Vec<String> = match &group {
+            Some(g) => vec![g.clone()],
+            None => servers
+                .iter()
+                .filter_map(|s| s.row_key().map(str::to_string))
+                .collect(),
+        };
         keys.sort();
         keys.dedup();
         Target {
             keys,
+            group,
             servers,
-            not_enrolled,
+            not_written,
             source: Some(source),
             socket: None,
             selection: Target::describe_selection(select),
         }
     }
 
+    /// The key written that concerns `server`: the group key, or its row
+    /// key.
+    pub(super) fn key_of<'a>(&'a self, server: &'a Server) -> Option<&'a str> {
+        self.group.as_deref().or_else(|| server.row_key())
+    }
+
     /// The failure (exit 65, `invalid`) for a selection with no key: no
-    /// enrolled server matches, and those that matched but are not enrolled
+    /// enrolled server matches, and those that matched but cannot be written
     /// are named with the reason.
     pub(super) fn nothing_selected(&self) -> Failure {
         let mut message = format!(
-            "no enrolled server matches {} in {}; nothing written",
+            "no server to write matches {} in {}; nothing written",
             self.selection,
             self.source.as_deref().unwrap_or("the configuration")
         );
-        if !self.not_enrolled.is_empty() {
+        if !self.not_written.is_empty() {
             message.push_str(&format!(
-                " (not enrolled, so not counted: {} server{}: {})",
-                self.not_enrolled.len(),
-                if self.not_enrolled.len() == 1 {
-                    ""
-                } else {
-                    "s"
-                },
-                self.not_enrolled
+                " (matched, but no row key of theirs decides them: {} server{}: {})",
+                self.not_written.len(),
+                if self.not_written.len() == 1 { "" } else { "s" },
+                self.not_written
                     .iter()
                     .map(|(s, why)| format!("{} {why}", s.id()))
                     .collect::<Vec<_>>()
@@ -186,6 +285,9 @@ impl Target {
         if let Some(z) = &select.zone {
             parts.push(format!("zone {z}"));
         }
+        if let Some(g) = &select.group {
+            parts.push(format!("group {g}"));
+        }
         if let Some(b) = &select.backend {
             parts.push(format!("backend {b}"));
         }
@@ -194,6 +296,14 @@ impl Target {
         }
         parts.join(", ")
     }
+}
+
+/// The default configuration path, for messages.
+fn config_path_shown() -> String {
+    std::env::var("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_HAPROXY_CONFIG.to_string())
 }
 
 #[cfg(test)]
@@ -207,85 +317,80 @@ pub(super) mod tests {
     ) -> Selector {
         Selector {
             zone: zone.map(Into::into),
+            group: None,
             backend: backend.map(Into::into),
             server: server.map(Into::into),
-            haproxy_config: "/dev/null".into(),
+            haproxy_config: None,
             haproxy_socket: None,
         }
     }
 
-    pub(crate) const CONFIG: &str = "defaults\n  default-server agent-check\nbackend web\n  server web-01 1.1.1.1:80 agent-send \"web/web-01 zone-a\\n\"\n  server web-02 1.1.1.2:80 agent-send \"web/web-02 zone-b\\n\"\n  server web-03 1.1.1.3:80 no-agent-check agent-send \"web/web-03 zone-b\\n\"\n  server web-04 1.1.1.4:80 no-agent-check\nbackend api\n  server api-01 1.1.2.1:80 agent-send \"api/api-01 canary zone-b\\n\"\n";
+    pub(crate) const CONFIG: &str = "defaults\n  default-server agent-check\nbackend web\n  server web-01 1.1.1.1:80 agent-send \"web/web-01 zone-a\\n\"\n  server web-02 1.1.1.2:80 agent-send \"web/web-02 zone-b\\n\"\n  server web-03 1.1.1.3:80 no-agent-check agent-send \"web/web-03 zone-b\\n\"\n  server web-04 1.1.1.4:80 no-agent-check\n  server-template web-tpl 2 web.consul:80 agent-send \"zone-b\\n\"\nbackend api\n  server api-01 1.1.2.1:80 agent-send \"api/api-01 zone-b canary\\n\"\n";
+
+    fn pick(select: &Selector) -> Target {
+        let group = Target::check_selector(select).unwrap();
+        Target::select(haproxy::parse_config(CONFIG), select, group, "cfg".into())
+    }
 
     #[test]
-    fn zone_selection_lists_unenrolled_servers() {
-        let t = Target::select(
-            haproxy::parse_config(CONFIG),
-            &selector(Some("b"), None, None),
-            "cfg".into(),
+    fn a_zone_is_one_group_key_and_previews_its_servers_templates_included() {
+        let t = pick(&selector(Some("b"), None, None));
+        assert_eq!(t.keys, vec!["zone-b"]);
+        let ids: Vec<String> = t.servers.iter().map(Server::id).collect();
+        assert_eq!(
+            ids,
+            ["web/web-02", "web/web-tpl1", "web/web-tpl2", "api/api-01"]
         );
-        assert_eq!(t.keys, vec!["api/api-01", "web/web-02"]);
         let ne: Vec<(String, &str)> = t
-            .not_enrolled
+            .not_written
             .iter()
             .map(|(s, w)| (s.id(), w.as_str()))
             .collect();
+        assert_eq!(ne, vec![("web/web-03".to_string(), "no agent-check")]);
+    }
+
+    #[test]
+    fn a_backend_is_its_row_keys_and_template_servers_are_not_written() {
+        let t = pick(&selector(None, Some("web"), None));
+        assert_eq!(t.keys, vec!["web/web-01", "web/web-02"]);
+        let ne: Vec<String> = t.not_written.iter().map(|(s, _)| s.id()).collect();
         assert_eq!(
             ne,
-            vec![
-                ("web/web-03".to_string(), "no agent-check"),
-                (
-                    "web/web-04".to_string(),
-                    "no agent-check; zone unknown (no zone- group)"
-                ),
-            ]
+            ["web/web-03", "web/web-04", "web/web-tpl1", "web/web-tpl2"]
         );
-    }
-
-    #[test]
-    fn servers_the_agent_would_not_answer_from_their_row_key_are_not_enrolled() {
-        let config = "defaults\n  default-server agent-check\nbackend legacy\n  server l-01 1.1.1.1:80 agent-send \"legacy/l-01 zone-c\\n\"\n  server l-02 1.1.1.2:80 agent-send \"canary legacy/l-02 zone-c\\n\"\n  server l-03 1.1.1.3:80 agent-send \"legacy/l-03 zone-c\"\n  server l-04 1.1.1.4:80 agent-send \"legacy/l-04 zone-c a b c d e f g h i j k l m n o\\n\"\n";
-        for select in [
-            selector(Some("c"), None, None),
-            selector(None, Some("legacy"), None),
-        ] {
-            let t = Target::select(haproxy::parse_config(config), &select, "cfg".into());
-            assert_eq!(t.keys, vec!["legacy/l-01"]);
-            let ids: Vec<String> = t.servers.iter().map(Server::id).collect();
-            assert_eq!(ids, vec!["legacy/l-01"]);
-            let ne: Vec<(String, &str)> = t
-                .not_enrolled
-                .iter()
-                .map(|(s, w)| (s.id(), w.as_str()))
-                .collect();
-            assert_eq!(ne.len(), 3, "{ne:?}");
-            assert_eq!(ne[0].0, "legacy/l-02");
-            assert!(
-                ne[0]
-                    .1
-                    .starts_with("first identity on agent-send is `canary`, not a row key"),
-                "{ne:?}"
-            );
-            assert_eq!(ne[1].0, "legacy/l-03");
-            assert!(ne[1].1.contains("does not end with \\n"), "{ne:?}");
-            assert_eq!(ne[2].0, "legacy/l-04");
-            assert!(ne[2].1.contains("more than 16 identities"), "{ne:?}");
-        }
-    }
-
-    #[test]
-    fn backend_and_glob_selection() {
-        let t = Target::select(
-            haproxy::parse_config(CONFIG),
-            &selector(None, Some("web"), Some("web-0[12]")),
-            "cfg".into(),
-        );
+        assert!(t.not_written[2].1.starts_with("server-template"));
+        let t = pick(&selector(None, Some("web"), Some("web-0[12]")));
         assert_eq!(t.keys, vec!["web/web-01", "web/web-02"]);
-        assert!(t.not_enrolled.is_empty());
-        let t = Target::select(
-            haproxy::parse_config(CONFIG),
-            &selector(Some("b"), Some("web"), None),
-            "cfg".into(),
+        assert!(t.not_written.is_empty());
+    }
+
+    #[test]
+    fn bad_combinations_are_usage_errors() {
+        let mut both = selector(Some("b"), Some("web"), None);
+        assert_eq!(Target::check_selector(&both).unwrap_err().code, 64);
+        both.backend = None;
+        both.group = Some("canary".into());
+        assert_eq!(Target::check_selector(&both).unwrap_err().code, 64);
+        assert_eq!(
+            Target::check_selector(&selector(None, None, Some("x")))
+                .unwrap_err()
+                .code,
+            64
         );
-        assert_eq!(t.keys, vec!["web/web-02"]);
+        assert_eq!(
+            Target::check_selector(&selector(None, None, None))
+                .unwrap_err()
+                .code,
+            64
+        );
+        let mut row = selector(None, None, None);
+        row.group = Some("web/web-01".into());
+        assert_eq!(Target::check_selector(&row).unwrap_err().code, 65);
+        row.group = Some("rack-7".into());
+        assert_eq!(
+            Target::check_selector(&row).unwrap(),
+            Some("rack-7".to_string())
+        );
+        assert!(is_glob("web-0[12]") && is_glob("web-*") && !is_glob("web-01"));
     }
 }

@@ -277,7 +277,9 @@ impl Watcher {
                     // is cut short there and reports this error.
                     let delay = self.config.backoff.delay(self.failures, fastrand::f64());
                     last_error = Some(e);
-                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    // Beating: the systemd watchdog runs from the start, and
+                    // backoff sleeps grow past its period.
+                    self.beating_sleep(delay.min(deadline - now)).await;
                 }
                 Err(_) => {
                     return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {

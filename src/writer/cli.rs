@@ -39,6 +39,33 @@ pub struct StateArgs {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
+    /// With --agent-read-delay it sets the shortest --drain-wait and
+    /// --maint-wait accepted: 2 x agent-inter + read delay (5s with the
+    /// defaults); shorter waits exit 64, because agents and HAProxy could
+    /// skip the intermediate state (drain, or the maint that fires
+    /// slowstart).
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_AGENT_INTER",
+        default_value = "2s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_inter: Duration,
+
+    /// The longest an agent takes from a Consul write to serving it (its
+    /// --min-query-interval, default 100ms, plus Consul and a timed-out
+    /// check); see --agent-inter.
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_READ_DELAY",
+        default_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_read_delay: Duration,
+
     /// What to do.
     #[command(subcommand)]
     pub command: StateCommand,
@@ -119,6 +146,8 @@ pub enum StateCommand {
         #[command(flatten)]
         select: Selector,
         /// How long drained servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
         /// Dry run.
@@ -143,7 +172,9 @@ pub enum StateCommand {
         #[command(flatten)]
         select: Selector,
         /// How long maint is held before the key is removed, for keys that
-        /// were at drain: at least agent-inter, so every HAProxy applies it.
+        /// were at drain, so every HAProxy applies it and fires slowstart.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
         /// Also take back keys marked by another drain (another selection),
@@ -182,6 +213,8 @@ pub enum CanaryAction {
     #[command(after_help = EXIT_CODES_HELP)]
     Disable {
         /// How long canary servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
         /// Dry run.
@@ -193,6 +226,8 @@ pub enum CanaryAction {
     #[command(after_help = EXIT_CODES_HELP)]
     Enable {
         /// How long maint is held first when the key is at drain.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
         /// Dry run.

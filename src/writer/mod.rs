@@ -7,6 +7,7 @@ pub mod cli;
 pub mod haproxy;
 pub mod output;
 pub mod plan;
+pub mod waits;
 
 use std::collections::HashMap;
 use std::io::Write as _;
@@ -262,6 +263,9 @@ fn token_source(config: &ConsulConfig, fallbacks: &Fallbacks) -> Result<TokenSou
 }
 
 async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u8 {
+    if let Err(message) = waits::check(args) {
+        return report_failure(args.json, &Failure::usage(message));
+    }
     let token = match token_source(&config, fallbacks) {
         Ok(t) => t,
         Err(e) => return report_failure(args.json, &Failure::from(e)),

@@ -140,7 +140,9 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub check_timeout: Duration,
 
-    /// Agent-check connections served at once; more are closed unanswered.
+    /// Agent-check connections waiting for their line at once; a check whose
+    /// line is there at accept needs no slot and is answered even at the cap;
+    /// one that would have to wait beyond it is closed unanswered.
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",

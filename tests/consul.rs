@@ -78,8 +78,15 @@ fn silent_clients_cannot_hold_slots() {
         .map(|_| TcpStream::connect(agent.listen).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(50));
-    // Both slots are taken: a third client is closed unanswered at once.
-    assert_eq!(agent.ask("web/web-01"), "");
+    // Both slots are taken: a third client that would have to wait for its
+    // line is closed unanswered at once.
+    let mut third = TcpStream::connect(agent.listen).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let start = Instant::now();
+    assert_eq!(third.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    assert!(start.elapsed() < Duration::from_millis(250));
     assert_eq!(
         agent.metric("gitlab_haproxy_agent_connections_refused_total"),
         1.0
@@ -313,4 +320,47 @@ fn version_and_bad_options() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("gitlab-haproxy-agent: "), "{err}");
     }
+}
+
+/// A check whose line is already in the socket when it is accepted needs no
+/// slot: it is answered even while silent clients hold every slot. Only a
+/// connection that would have to wait is refused.
+#[test]
+fn a_check_whose_line_is_there_is_answered_at_the_cap() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    let agent = Agent::start(
+        &consul.url(),
+        &["--check-timeout", "2s", "--max-connections", "2"],
+    );
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(agent.listen).unwrap())
+        .collect();
+    let full = wait_for(Duration::from_secs(2), || {
+        (agent.metric("gitlab_haproxy_agent_connections_in_flight") == 2.0).then_some(())
+    });
+    assert!(full.is_some(), "the silent clients hold no slot");
+    // The agent is stopped while the check connects and sends its line, so
+    // the line is in the socket when the agent accepts it, as it is for
+    // HAProxy's checks almost always.
+    agent.proc_ref().signal("STOP");
+    let mut check = TcpStream::connect(agent.listen).unwrap();
+    check.write_all(b"web/web-cny-01 canary\n").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    agent.proc_ref().signal("CONT");
+    check
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut reply = String::new();
+    let _ = check.read_to_string(&mut reply);
+    assert_eq!(reply, "drain 100%\n", "{}", agent.log());
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_connections_refused_total"),
+        0.0
+    );
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_connections_in_flight"),
+        2.0
+    );
+    drop(silent);
 }

@@ -350,6 +350,11 @@ impl Watcher {
         metrics
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
+        let result = match result {
+            Ok(answer) => self.verify_not_filtered(answer).await,
+            Err(e) => Err(e),
+        };
+        let metrics = &self.shared.metrics;
         match result {
             Ok(answer) => {
                 self.on_answer(answer);
@@ -361,6 +366,28 @@ impl Watcher {
                 Err(e)
             }
         }
+    }
+
+    /// Consul filters a recursive read by the token's ACL rules, so an
+    /// answer that drops keys the copy holds may be a narrowed token's view
+    /// rather than deletes: such an answer is taken only after the same
+    /// read check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
+    /// checked there). A 403 refuses it; the last copy is kept.
+    async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
+        let Some(copy) = self.shared.snapshot.load_full() else {
+            return Ok(answer);
+        };
+        let prefix = &self.config.prefix;
+        let present: std::collections::HashSet<&str> = answer
+            .pairs
+            .iter()
+            .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
+            .collect();
+        if copy.keys.keys().all(|k| present.contains(&**k)) {
+            return Ok(answer);
+        }
+        self.client.check_read_access(prefix).await?;
+        Ok(answer)
     }
 
     fn on_answer(&mut self, answer: PrefixAnswer) {

@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod consul;
+pub mod guard;
 pub mod http;
 pub mod logging;
 pub mod metrics;

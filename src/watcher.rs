@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
+use crate::guard::{release_mark, Guard};
 use crate::metrics::ConsulOutcome;
 use crate::shared::{ReadyStep, Shared};
 use crate::state::{
@@ -138,6 +139,9 @@ pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {
         let Some(rel) = pair.key.strip_prefix(prefix) else {
             continue;
         };
+        if crate::guard::is_control_key(rel) {
+            continue;
+        }
         let entry = if rel.is_empty() || rel.ends_with('/') {
             // A folder key. Empty, it only marks the folder; with a value it
             // is a typo (`consul kv put .../web/web-07/ maint`) that must
@@ -236,6 +240,7 @@ pub struct Watcher {
     tracker: IndexTracker,
     failures: u32,
     last_start: Option<tokio::time::Instant>,
+    guard: Guard,
 }
 
 /// How often the watcher proves it is alive while a blocking query is held.
@@ -251,6 +256,7 @@ impl Watcher {
             tracker: IndexTracker::default(),
             failures: 0,
             last_start: None,
+            guard: Guard::default(),
         }
     }
 
@@ -391,7 +397,9 @@ impl Watcher {
     }
 
     fn on_answer(&mut self, answer: PrefixAnswer) {
-        let metrics = &self.shared.metrics;
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics;
+        let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
         let event = self.tracker.observe(answer.index);
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
@@ -404,7 +412,16 @@ impl Watcher {
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
-                self.apply(build_snapshot(&self.config.prefix, &answer));
+                // Backwards, or a full read after a failure whose index did
+                // not move: Consul may have come back without its data.
+                let rolled_back = event == IndexEvent::WentBackwards
+                    || served_index.is_some_and(|i| answer.index.max(1) <= i);
+                let mark = release_mark(&self.config.prefix, &answer);
+                self.apply(
+                    build_snapshot(&self.config.prefix, &answer),
+                    mark,
+                    rolled_back,
+                );
             }
         }
         self.failures = 0;
@@ -422,19 +439,24 @@ impl Watcher {
         metrics.last_sync_timestamp.set(crate::metrics::unix_now());
     }
 
-    fn apply(&self, snapshot: Snapshot) {
+    fn apply(&mut self, raw: Snapshot, mark: Option<u64>, rolled_back: bool) {
         let metrics = &self.shared.metrics;
         let old = self.shared.snapshot.load_full();
+        let (keys, invalid) = (raw.keys.len(), raw.invalid_count());
+        let snapshot = self.guard.apply(old.as_deref(), raw, mark, rolled_back);
         let changed = log_changes(old.as_deref(), &snapshot);
         metrics.state_changes.inc_by(changed as u64);
         metrics.consul_index.set(snapshot.index as i64);
-        metrics.keys.set(snapshot.keys.len() as i64);
-        metrics.invalid_keys.set(snapshot.invalid_count() as i64);
-        let status = format!(
-            "synced, {} keys, index {}",
-            snapshot.keys.len(),
-            snapshot.index
-        );
+        metrics.keys.set(keys as i64);
+        metrics.invalid_keys.set(invalid as i64);
+        metrics
+            .invalid_held_keys
+            .set(self.guard.invalid_count() as i64);
+        metrics
+            .rollback_held_keys
+            .set(self.guard.rollback_count() as i64);
+        *self.shared.held.lock().unwrap() = Arc::new(self.guard.held().clone());
+        let status = format!("synced, {keys} keys, index {}", snapshot.index);
         let first = old.is_none();
         self.shared.snapshot.store(Some(Arc::new(snapshot)));
         if first {

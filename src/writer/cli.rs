@@ -201,6 +201,23 @@ pub enum StateCommand {
         #[arg(long, value_name = "PATH")]
         haproxy_config: Option<PathBuf>,
     },
+    /// Release, on every agent, the keys held since Consul's data went
+    /// backwards (index reset: a -dev restart, a rebuilt cluster, an old
+    /// snapshot restored).
+    ///
+    /// After such a reset the agents keep answering drain, maint or a
+    /// weight for keys that vanished or went to ready, and page
+    /// (GitLabHAProxyAgentStateRolledBack). Restore the keys that should
+    /// stay (`state set`), then run this: it writes the key
+    /// `~release-rollback` below the prefix, which every agent sees through
+    /// its blocking query, and they all follow Consul again. A new write to
+    /// a held key releases that key alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    ReleaseRollback {
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
 }
 
 /// `state canary` actions.

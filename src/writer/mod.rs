@@ -7,6 +7,7 @@ pub mod cli;
 pub mod haproxy;
 pub mod output;
 pub mod plan;
+mod release;
 pub mod waits;
 
 use std::collections::HashMap;
@@ -357,6 +358,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
             identities,
             haproxy_config,
         } => writer.explain(identities, haproxy_config.as_deref()).await,
+        StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
     };
     match result {
         Ok(()) => exit::OK,

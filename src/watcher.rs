@@ -375,22 +375,30 @@ impl Watcher {
     }
 
     /// Consul filters a recursive read by the token's ACL rules, so an
-    /// answer that drops keys the copy holds may be a narrowed token's view
-    /// rather than deletes: such an answer is taken only after the same
-    /// read check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
-    /// checked there). A 403 refuses it; the last copy is kept.
+    /// answer from a token narrowed while the agent runs looks like deletes,
+    /// or hides new writes. Such an answer is taken only after the same read
+    /// check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
+    /// checked there); a 403 refuses it and the last copy is kept. Checked:
+    /// an answer that drops keys the copy holds, and one whose index moved
+    /// past every ModifyIndex it shows (Consul's index counts the keys it
+    /// filters out; the other cause is a delete's tombstone).
     async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
         let Some(copy) = self.shared.snapshot.load_full() else {
             return Ok(answer);
         };
         let prefix = &self.config.prefix;
-        let present: std::collections::HashSet<&str> = answer
-            .pairs
-            .iter()
-            .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
-            .collect();
-        if copy.keys.keys().all(|k| present.contains(&**k)) {
-            return Ok(answer);
+        let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
+        let unseen_change =
+            answer.index > copy.index && latest_shown.is_some_and(|m| answer.index > m);
+        if !unseen_change {
+            let present: std::collections::HashSet<&str> = answer
+                .pairs
+                .iter()
+                .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
+                .collect();
+            if copy.keys.keys().all(|k| present.contains(&**k)) {
+                return Ok(answer);
+            }
         }
         self.client.check_read_access(prefix).await?;
         Ok(answer)

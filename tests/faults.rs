@@ -459,12 +459,22 @@ fn blocking_queries_follow_the_index_rules_and_stay_rate_limited() {
     });
     assert!(ok.is_some(), "index not followed through churn");
     assert_eq!(replies(&agent), GOOD);
-    // The token's read access was checked once, with the first answer; the
-    // answers with keys since cost no extra request.
-    assert_eq!(
-        fake.key_reads(),
-        vec![format!("/v1/kv/{PREFIX}~read-check")],
-        "plain key reads"
+    // The token's read access was checked with the first answer, and then
+    // at most once per churn answer: an index past every ModifyIndex the
+    // answer shows is what a write hidden by the token's ACL rules looks like
+    // (a real Consul's prefix index counts the keys it filters out).
+    let reads = fake.key_reads();
+    assert!(
+        reads
+            .iter()
+            .all(|p| *p == format!("/v1/kv/{PREFIX}~read-check")),
+        "plain key reads: {reads:?}"
+    );
+    assert!(
+        !reads.is_empty() && reads.len() <= 1 + churn.len(),
+        "{} read checks for {} churn answers",
+        reads.len(),
+        churn.len()
     );
 
     // An index of 0 is clamped to 1 (applied like a backwards index, then

@@ -1,6 +1,7 @@
 //! The watcher: one Consul blocking query at a time on the prefix, following
 //! Consul's index rules (api-docs/features/blocking), building a new
-//! [`Snapshot`] for every answer whose index moved and swapping it in whole.
+//! [`Snapshot`] for every answer whose index moved and swapping it in whole
+//! (after the hold rules of [`crate::guard`]).
 //! Failures keep the last copy, back off with jitter, and are counted.
 
 use std::collections::HashMap;
@@ -130,7 +131,8 @@ impl IndexTracker {
 }
 
 /// Builds a snapshot from a prefix answer. Keys are made relative to
-/// `prefix`; folder keys (ending in `/`) are skipped; a key that is not a
+/// `prefix`; folder keys (ending in `/`) and the agent's control keys
+/// ([`crate::guard::is_control_key`]) are skipped; a key that is not a
 /// valid identity, or whose value is invalid, is held as
 /// [`Entry::Invalid`] so it is counted and shown, never answered.
 pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {

@@ -1,11 +1,12 @@
 //! `state release-rollback`: the one operator action that releases, on every
-//! agent at once, the keys held since Consul's data went backwards (see
-//! [`crate::guard`]).
+//! agent at once, the keys held since Consul's data went backwards (the
+//! agent's guard).
 
 use serde_json::json;
 
-use super::{Failure, Writer};
-use crate::guard::RELEASE_ROLLBACK_KEY;
+use super::error::Failure;
+use super::execute::Writer;
+use crate::model::identity::RELEASE_ROLLBACK_KEY;
 
 impl Writer {
     /// Writes `<prefix>`[`RELEASE_ROLLBACK_KEY`] with the time of the

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use super::cli::{CanaryAction, StateArgs, StateCommand};
+use crate::cli::{CanaryAction, StateArgs, StateCommand};
 
 /// HAProxy's default `agent-inter` (doc configuration.txt "agent-inter"):
 /// 2 s; the default of `--agent-inter`.

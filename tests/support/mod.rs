@@ -516,8 +516,19 @@ impl ServerState {
     }
 }
 
+/// The HAProxy binary the tests run: `$GITLAB_HAPROXY_AGENT_TEST_HAPROXY`,
+/// default `haproxy` from `PATH` (Debian bookworm's 2.6). scripts/test.sh
+/// reruns the HAProxy-facing tests with it set to the 3.0 and 3.2 wrappers
+/// that scripts/haproxy-chroots.sh installs.
+pub fn haproxy_bin() -> String {
+    std::env::var("GITLAB_HAPROXY_AGENT_TEST_HAPROXY")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "haproxy".to_string())
+}
+
 /// A real HAProxy (master-worker, foreground) on a config written to its own
-/// directory, with an admin stats socket there.
+/// directory, with an admin stats socket there. The binary is [`haproxy_bin`].
 pub struct Haproxy {
     proc: Proc,
     dir: TempDir,
@@ -531,7 +542,7 @@ impl Haproxy {
         let socket = dir.path().join("admin.sock");
         let cfg = dir.path().join("haproxy.cfg");
         std::fs::write(&cfg, config.replace("{SOCKET}", socket.to_str().unwrap())).unwrap();
-        let check = Command::new("haproxy")
+        let check = Command::new(haproxy_bin())
             .arg("-c")
             .arg("-f")
             .arg(&cfg)
@@ -543,7 +554,7 @@ impl Haproxy {
             String::from_utf8_lossy(&check.stdout),
             String::from_utf8_lossy(&check.stderr)
         );
-        let mut cmd = Command::new("haproxy");
+        let mut cmd = Command::new(haproxy_bin());
         cmd.args(["-W", "-db", "-f"]).arg(&cfg);
         let proc = Proc::spawn(cmd, dir.path().join("haproxy.log"));
         let h = Haproxy { proc, dir };

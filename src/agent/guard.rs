@@ -23,19 +23,10 @@ use std::time::SystemTime;
 
 use tracing::{info, warn};
 
-use crate::consul::{PrefixAnswer, READ_CHECK_KEY};
-use crate::state::{AdminState, Entry, InvalidValue, KeyState, Snapshot};
-
-/// The key below the prefix whose every write releases all keys held after
-/// a rollback. `~` is not allowed in identities, so no state key has this
-/// name; the agent does not count it as a key or an invalid key.
-pub const RELEASE_ROLLBACK_KEY: &str = "~release-rollback";
-
-/// Whether a key below the prefix (relative) is one of the agent's own
-/// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`]), not state.
-pub fn is_control_key(rel: &str) -> bool {
-    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY
-}
+use crate::consul::PrefixAnswer;
+use crate::model::identity::RELEASE_ROLLBACK_KEY;
+use crate::model::snapshot::{Entry, KeyState, Snapshot};
+use crate::model::value::{AdminState, InvalidValue};
 
 /// Why a key is answered with another value than the one in Consul.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,7 +265,7 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::parse_value;
+    use crate::model::value::parse_value;
 
     fn snap(index: u64, pairs: &[(&str, &str, u64)]) -> Snapshot {
         let keys = pairs

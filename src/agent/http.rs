@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::shared::Shared;
-use crate::state::Entry;
+use crate::agent::guard::{HeldKeys, HoldCause};
+use crate::agent::shared::Shared;
+use crate::model::snapshot::Entry;
 
 /// HTTP connections served at once: 64. Scrapers and humans, not traffic.
 pub const MAX_HTTP_CONNECTIONS: usize = 64;
@@ -129,20 +130,21 @@ fn unix(t: SystemTime) -> f64 {
 }
 
 /// The `held` object of `/status`: each key answered with a held value
-/// (see [`crate::guard`]), with the state answered and why. Keys held for an
-/// invalid value are also added to `invalid`, since that is their value.
-fn held_json(held: &crate::guard::HeldKeys, invalid: &mut serde_json::Map<String, Value>) -> Value {
+/// (see [`crate::agent::guard`]), with the state answered and why. Keys
+/// held for an invalid value are also added to `invalid`, since that is
+/// their value.
+fn held_json(held: &HeldKeys, invalid: &mut serde_json::Map<String, Value>) -> Value {
     let mut out = serde_json::Map::new();
     for (key, h) in held {
         let detail = match &h.cause {
-            crate::guard::HoldCause::InvalidValue(e) => {
+            HoldCause::InvalidValue(e) => {
                 invalid.insert(
                     key.to_string(),
                     json!({"reason": e.to_string(), "modify_index": h.consul_modify_index, "held": h.state.to_string()}),
                 );
                 format!("current value is invalid: {e}")
             }
-            crate::guard::HoldCause::RolledBack => match h.consul_modify_index {
+            HoldCause::RolledBack => match h.consul_modify_index {
                 None => "Consul's data went backwards and the key is gone; release with `state release-rollback` or a new write".to_string(),
                 Some(_) => "Consul's data went backwards and the key is ready; release with `state release-rollback` or a new write".to_string(),
             },

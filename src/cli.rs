@@ -1,9 +1,170 @@
-//! The `state` subcommand's options.
+//! Every command-line option, in one place: the clap structs of the daemon
+//! and of the `state` subcommand (the writer CLI), each also read from its
+//! `GITLAB_HAPROXY_AGENT_*` environment variable. The daemon's
+//! [`crate::agent::config`] and the Consul options' [`crate::consul::config`]
+//! read these and validate them; nothing here does I/O.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::model::marks::selection_id;
+
+/// Default KV prefix.
+pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
+
+/// Exit code for bad options: EX_USAGE from sysexits.h.
+pub const EX_USAGE: i32 = 64;
+
+/// Answers HAProxy agent-checks with the admin state desired in Consul KV.
+///
+/// Holds a Consul blocking query on the prefix, keeps an in-memory copy, and
+/// answers each agent-send line (`<backend>/<server> <group>...`) from the
+/// first identity that has a key: `ready 100%`, `drain 100%`, `maint 100%`
+/// or `ready N%`.
+#[derive(Debug, Parser)]
+#[command(name = "gitlab-haproxy-agent", version, about, long_about)]
+pub struct Cli {
+    /// Consul connection options.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// Daemon options.
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// No subcommand: run the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one the binary runs the daemon.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read and write desired state in Consul KV (the writer CLI): validated
+    /// values, compare-and-set, drain -> wait -> maint sequences.
+    State(StateArgs),
+}
+
+/// How to reach Consul; shared by the daemon and the writer (global, so they
+/// are also accepted after `state ...`).
+#[derive(Debug, Args, Clone)]
+pub struct ConsulArgs {
+    /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
+    /// http://127.0.0.1:8500].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR",
+        value_name = "URL"
+    )]
+    pub consul_addr: Option<String>,
+
+    /// File holding the Consul ACL token, sent as X-Consul-Token and re-read
+    /// on 403 and SIGHUP [default: $CREDENTIALS_DIRECTORY/consul-token if it
+    /// exists, else no token].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub consul_token_file: Option<PathBuf>,
+
+    /// KV prefix holding desired state (always treated as ending in `/`).
+    #[arg(long, global = true, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// journald when stderr is the journal (`$JOURNAL_STREAM`), else text.
+    Auto,
+    /// Human-readable lines on stderr.
+    Text,
+    /// One JSON object per line on stderr.
+    Json,
+    /// Structured entries to the journal socket.
+    Journald,
+}
+
+/// Daemon options.
+#[derive(Debug, Args, Clone)]
+pub struct AgentArgs {
+    /// Agent-check listener (HAProxy's agent-addr:agent-port).
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_LISTEN",
+        default_value = "127.0.0.1:9777"
+    )]
+    pub listen: SocketAddr,
+
+    /// HTTP listener for /metrics, /-/healthy, /-/ready and /status.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
+        default_value = "127.0.0.1:9778"
+    )]
+    pub http_listen: SocketAddr,
+
+    /// Blocking-query wait sent to Consul (1s to 10m; Consul adds up to
+    /// 1/16 of jitter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// How long to retry the first Consul read before exiting 1.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+
+    /// Time an agent-check client has to send its line (10ms to 2s; keep it
+    /// well under agent-inter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub check_timeout: Duration,
+
+    /// Agent-check connections waiting for their line at once; a check whose
+    /// line is there at accept needs no slot and is answered even at the cap;
+    /// one that would have to wait beyond it is closed unanswered.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
+
+    /// Least time between two Consul requests (rate limit under churn),
+    /// 10ms..10s.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub min_query_interval: Duration,
+
+    /// Log format.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+/// A bad option value.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {option} {value:?}: {reason}")]
+pub struct ConfigError {
+    /// The option, e.g. `--prefix`.
+    pub option: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+pub(crate) fn bad(
+    option: &'static str,
+    value: impl ToString,
+    reason: impl ToString,
+) -> ConfigError {
+    ConfigError {
+        option,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
 
 /// Exit statuses of `state`, shown in `--help` (sysexits.h).
 pub const EXIT_CODES_HELP: &str = "\
@@ -301,9 +462,9 @@ pub struct Selector {
 
 impl Selector {
     /// The selection id written into the drain mark
-    /// ([`super::selection_id`] of --zone, --backend and --server).
+    /// ([`selection_id`] of --zone, --backend and --server).
     pub fn id(&self) -> u32 {
-        super::selection_id(
+        selection_id(
             self.zone.as_deref(),
             self.backend.as_deref(),
             self.server.as_deref(),

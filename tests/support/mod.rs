@@ -180,7 +180,10 @@ impl Drop for Proc {
     }
 }
 
-fn http_request(
+/// One HTTP/1.1 request to `addr` with no token, as [`Consul::request`]
+/// makes it: (status, headers by lower-case name, body); `None` if the
+/// connection fails or the answer does not come whole in time.
+pub fn http_request(
     addr: SocketAddr,
     method: &str,
     path: &str,

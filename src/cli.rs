@@ -120,7 +120,9 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub check_timeout: Duration,
 
-    /// Agent-check connections served at once; more are closed unanswered.
+    /// Agent-check connections waiting for their line at once; a check whose
+    /// line is there at accept needs no slot and is answered even at the cap;
+    /// one that would have to wait beyond it is closed unanswered.
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",
@@ -198,6 +200,33 @@ pub struct StateArgs {
     /// errors still go to stderr).
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
+    /// With --agent-read-delay it sets the shortest --drain-wait and
+    /// --maint-wait accepted: 2 x agent-inter + read delay (5s with the
+    /// defaults); shorter waits exit 64, because agents and HAProxy could
+    /// skip the intermediate state (drain, or the maint that fires
+    /// slowstart).
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_AGENT_INTER",
+        default_value = "2s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_inter: Duration,
+
+    /// The longest an agent takes from a Consul write to serving it (its
+    /// --min-query-interval, default 100ms, plus Consul and a timed-out
+    /// check); see --agent-inter.
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_READ_DELAY",
+        default_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_read_delay: Duration,
 
     /// What to do.
     #[command(subcommand)]
@@ -285,6 +314,8 @@ pub enum StateCommand {
         #[command(flatten)]
         select: Selector,
         /// How long drained servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
         /// Dry run.
@@ -308,7 +339,9 @@ pub enum StateCommand {
         #[command(flatten)]
         select: Selector,
         /// How long maint is held before the key is removed, for keys that
-        /// were at drain: at least agent-inter, so every HAProxy applies it.
+        /// were at drain, so every HAProxy applies it and fires slowstart.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
         /// Dry run.
@@ -336,6 +369,23 @@ pub enum StateCommand {
         #[arg(long, value_name = "PATH")]
         haproxy_config: Option<PathBuf>,
     },
+    /// Release, on every agent, the keys held since Consul's data went
+    /// backwards (index reset: a -dev restart, a rebuilt cluster, an old
+    /// snapshot restored).
+    ///
+    /// After such a reset the agents keep answering drain, maint or a
+    /// weight for keys that vanished or went to ready, and page
+    /// (GitLabHAProxyAgentStateRolledBack). Restore the keys that should
+    /// stay (`state set`), then run this: it writes the key
+    /// `~release-rollback` below the prefix, which every agent sees through
+    /// its blocking query, and they all follow Consul again. A new write to
+    /// a held key releases that key alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    ReleaseRollback {
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
 }
 
 /// `state canary` actions.
@@ -348,6 +398,8 @@ pub enum CanaryAction {
     #[command(after_help = EXIT_CODES_HELP)]
     Disable {
         /// How long canary servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
         /// Dry run.
@@ -359,6 +411,8 @@ pub enum CanaryAction {
     #[command(after_help = EXIT_CODES_HELP)]
     Enable {
         /// How long maint is held first when the key is at drain.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
         /// Dry run.

@@ -136,6 +136,9 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 .env("CONSUL_HTTP_ADDR", consul.addr().to_string())
                 .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
                 .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &no_config)
+                // This fleet checks every INTER_MS: the wait floor follows.
+                .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
+                .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
                 .output()
                 .unwrap();
             // The one example that shows a refused compare-and-set.

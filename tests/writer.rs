@@ -65,6 +65,11 @@ impl Run {
 fn command(consul_url: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(AGENT_BIN);
     cmd.env_clear()
+        // The HAProxy configs here check every 100 ms or less and the agents
+        // read at once: a 30 ms wait floor (2 x 10 ms + 10 ms) lets the
+        // tests run short waits. The floor itself is tested with defaults.
+        .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", "10ms")
+        .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "10ms")
         .arg("state")
         .args(args)
         .args(["--consul-addr", consul_url])
@@ -926,7 +931,7 @@ fn zonal_drain_writes_one_group_key_and_a_configuration_previews_its_servers() {
     }
 
     // Undrain with no configuration: the group key goes, every server back.
-    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "0s"]);
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     run.says("undrain: done");
     assert!(all_keys(&consul).is_empty());
@@ -942,7 +947,7 @@ fn zonal_drain_writes_one_group_key_and_a_configuration_previews_its_servers() {
             "drain",
             "web",
             &socket,
-            &["--server", "web-[ab]-0[12]", "--drain-wait", "0s"],
+            &["--server", "web-[ab]-0[12]", "--drain-wait", "30ms"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -1009,7 +1014,7 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
 
     let run = cli(
         &consul,
-        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
+        &socket_args("drain", "web", &socket, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 65, "{run:?}");
     run.warns("row keys are assumed to be <backend>/<server>");
@@ -1048,7 +1053,7 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
             "drain",
             "web",
             &socket,
-            &["--server", "web-01", "--drain-wait", "0s", "--json"],
+            &["--server", "web-01", "--drain-wait", "30ms", "--json"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -1082,7 +1087,7 @@ fn a_drain_from_the_stats_socket_fails_when_haproxy_does_not_put_a_server_in_mai
 
     let run = cli(
         &consul,
-        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
+        &socket_args("drain", "web", &socket, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 65, "{run:?}");
     run.warns("not in maint");
@@ -1123,11 +1128,11 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
         haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
     }
 
-    let run = cli(&consul, &["drain", "--zone", "b", "--drain-wait", "0s"]);
+    let run = cli(&consul, &["drain", "--zone", "b", "--drain-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     let run = cli(
         &consul,
-        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(kv(&consul, "web/web-b-01").as_deref(), Some("maint"));
@@ -1138,7 +1143,7 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
     // zone-b and stays in MAINT.
     let run = cli(
         &consul,
-        &backend_args("undrain", "web", &cfg, &["--maint-wait", "0s", "--json"]),
+        &backend_args("undrain", "web", &cfg, &["--maint-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
@@ -1168,7 +1173,7 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
     assert_eq!(haproxy.server("api", "api-b-01").admin_state, MAINT);
 
     // The zone undrain brings them back.
-    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "0s"]);
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert!(all_keys(&consul).is_empty());
     for (b, s) in haproxy.servers_state().keys() {
@@ -1185,7 +1190,7 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
             "--server",
             "web-b-01",
             "--drain-wait",
-            "0s",
+            "30ms",
         ],
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -1368,7 +1373,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     // Drain again: nothing to do, the two still named.
     let run = cli(
         &consul,
-        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     run.says("drain: nothing to do; 3 servers set by hand left alone");
@@ -1419,7 +1424,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
             "drain",
             "web",
             &cfg,
-            &["--server", "web-01", "--drain-wait", "0s"],
+            &["--server", "web-01", "--drain-wait", "30ms"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -1459,7 +1464,7 @@ fn drains_of_many_servers_use_several_transactions() {
 
     let run = cli(
         &consul,
-        &backend_args("drain", "be0", cfg, &["--drain-wait", "0s", "--json"]),
+        &backend_args("drain", "be0", cfg, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     run.warns("(3 transactions)");
@@ -1478,7 +1483,7 @@ fn drains_of_many_servers_use_several_transactions() {
 
     let run = cli(
         &consul,
-        &backend_args("undrain", "be0", cfg, &["--maint-wait", "0s"]),
+        &backend_args("undrain", "be0", cfg, &["--maint-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(
@@ -1769,7 +1774,7 @@ fn undrain_refuses_to_guess_over_an_invalid_value() {
     run.warns("drian");
     assert_eq!(consul.prefix_index(), index);
     // Disable replaces it: taking servers out is what was asked.
-    let run = cli(&consul, &["canary", "disable", "--drain-wait", "0s"]);
+    let run = cli(&consul, &["canary", "disable", "--drain-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
 }
@@ -1831,4 +1836,78 @@ fn runbook_commands_parse_with_this_cli() {
         }
     }
     assert!(checked >= 25, "only {checked} commands found");
+}
+
+/// Waits shorter than the floor (2 x --agent-inter + --agent-read-delay, 5 s
+/// with the defaults) are refused with exit 64 before anything is written:
+/// `--maint-wait 0s` would write maint and clear it at once, and agents that
+/// read at most every --min-query-interval would merge the two writes, so
+/// servers leave DRAIN without slowstart.
+#[test]
+fn waits_below_the_floor_are_refused_before_anything_is_written() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "drain");
+    let index = consul.prefix_index();
+    let defaults = |args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .env_remove("GITLAB_HAPROXY_AGENT_AGENT_INTER")
+            .env_remove("GITLAB_HAPROXY_AGENT_READ_DELAY")
+            .output()
+            .unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    for args in [
+        &["canary", "enable", "--maint-wait", "30ms"][..],
+        &["canary", "enable", "--maint-wait", "4999ms"],
+        &["canary", "disable", "--drain-wait", "30ms"],
+        &["drain", "--backend", "web", "--drain-wait", "30ms"],
+        &["undrain", "--backend", "web", "--maint-wait", "1s"],
+        // A tiny fleet timing must not switch the floor off either.
+        &[
+            "canary",
+            "enable",
+            "--maint-wait",
+            "0s",
+            "--agent-inter",
+            "0s",
+        ],
+    ] {
+        let run = defaults(args);
+        assert_eq!(run.code, 64, "{args:?}: {run:?}");
+        assert!(run.stderr.contains("is below"), "{args:?}: {run:?}");
+    }
+    let run = defaults(&["canary", "enable", "--maint-wait", "1s", "--json"]);
+    assert_eq!(run.code, 64, "{run:?}");
+    assert_eq!(run.json()["error"]["kind"], "usage");
+    assert!(
+        run.stderr.contains("below 5s"),
+        "the floor is named: {run:?}"
+    );
+    assert_eq!(consul.prefix_index(), index, "nothing written");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+
+    // At the floor it runs; a fleet that checks faster may say so.
+    let run = defaults(&["canary", "enable", "--maint-wait", "5s", "--dry-run"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = defaults(&[
+        "canary",
+        "enable",
+        "--maint-wait",
+        "300ms",
+        "--agent-inter",
+        "100ms",
+        "--agent-read-delay",
+        "100ms",
+    ]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv(&consul, "canary"), None);
+
+    // --help says the floor.
+    let help = defaults(&["canary", "enable", "--help"]);
+    assert!(help.stdout.contains("2 x --agent-inter"), "{help:?}");
 }

@@ -104,6 +104,13 @@ pub struct Metrics {
     pub keys: IntGauge,
     /// `gitlab_haproxy_agent_invalid_keys`: keys held with an invalid value.
     pub invalid_keys: IntGauge,
+    /// `gitlab_haproxy_agent_invalid_held_keys`: keys whose current value is
+    /// invalid, answered with their last valid value.
+    pub invalid_held_keys: IntGauge,
+    /// `gitlab_haproxy_agent_rollback_held_keys`: keys answered with their
+    /// value from before Consul's index went backwards, until written again
+    /// or released (`state release-rollback`).
+    pub rollback_held_keys: IntGauge,
     /// `gitlab_haproxy_agent_state_changes_total`: key changes applied
     /// (added, changed or removed).
     pub state_changes: IntCounter,
@@ -225,6 +232,20 @@ impl Metrics {
         .unwrap();
         reg(Box::new(invalid_keys.clone()));
 
+        let invalid_held_keys = IntGauge::with_opts(opts(
+            "invalid_held_keys",
+            "Keys whose current value is invalid, answered with their last valid value.",
+        ))
+        .unwrap();
+        reg(Box::new(invalid_held_keys.clone()));
+
+        let rollback_held_keys = IntGauge::with_opts(opts(
+            "rollback_held_keys",
+            "Keys answered with their value from before Consul's index went backwards (drain, maint or a weight that vanished or went to ready), until written again or released.",
+        ))
+        .unwrap();
+        reg(Box::new(rollback_held_keys.clone()));
+
         let state_changes = IntCounter::with_opts(opts(
             "state_changes_total",
             "Key changes applied from Consul (added, changed or removed keys).",
@@ -304,6 +325,8 @@ impl Metrics {
             consul_index_resets,
             keys,
             invalid_keys,
+            invalid_held_keys,
+            rollback_held_keys,
             state_changes,
             answers: answer_counters,
             answer_duration,

@@ -6,6 +6,7 @@
 //! [`run`] wires them together with one shutdown path.
 
 pub mod config;
+pub mod guard;
 pub mod http;
 pub mod logging;
 pub mod metrics;

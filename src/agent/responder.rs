@@ -39,7 +39,9 @@ const WAKER: Token = Token(usize::MAX - 1);
 /// Responder settings.
 #[derive(Debug, Clone, Copy)]
 pub struct ResponderConfig {
-    /// Connections served at once; more are closed at once, unanswered.
+    /// Connections waiting for their line at once; a connection whose line
+    /// is there at accept needs no slot and is answered at the cap too, one
+    /// that would have to wait beyond it is closed at once, unanswered.
     /// Default 1024.
     pub max_connections: usize,
     /// Time a client has to send its line. Default 500 ms, well under the
@@ -237,18 +239,20 @@ impl Responder {
         }
     }
 
-    /// Serves a connection just accepted: refused at the cap, answered at
-    /// once if its line is already there, else registered to wait for it.
+    /// Serves a connection just accepted: answered at once if its line is
+    /// already there (it needs no slot, so even at the cap), else registered
+    /// to wait for it, or refused when every slot is taken.
     fn take(&mut self, stream: TcpStream) {
-        if self.open >= self.config.max_connections {
-            self.shared.metrics.connections_refused.inc();
-            return;
-        }
         let started = Instant::now();
         let mut filled = 0;
         match read_line(&mut &stream, &mut self.scratch[..], &mut filled) {
             Progress::Line(len) => answer(&stream, &self.scratch[..len], &self.shared),
             Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+            Progress::Pending if self.open >= self.config.max_connections => {
+                // It would have to wait, and no slot is free.
+                self.shared.metrics.connections_refused.inc();
+                return;
+            }
             Progress::Pending => return self.wait_for_line(stream, started, filled),
         }
         drop(stream);
@@ -708,8 +712,8 @@ mod tests {
         let running = start(listener, &shared, config);
         let mut waiting = Client::connect(addr).await.unwrap();
         assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
-        let mut over = Client::connect(addr).await.unwrap();
-        over.write_all(b"web/web-02\n").await.unwrap();
+        // A connection that would have to wait for its line gets no slot.
+        let over = Client::connect(addr).await.unwrap();
         assert_eq!(reply(over).await, "");
         assert!(eventually(|| shared.metrics.connections_refused.get() == 1).await);
         waiting.write_all(b"web/web-01\n").await.unwrap();

@@ -1,6 +1,7 @@
 //! The watcher: one Consul blocking query at a time on the prefix, following
 //! Consul's index rules (api-docs/features/blocking), building a new
-//! [`Snapshot`] for every answer whose index moved and swapping it in whole.
+//! [`Snapshot`] for every answer whose index moved and swapping it in whole
+//! (after the hold rules of [`crate::agent::guard`]).
 //! Failures keep the last copy, back off with jitter, and are counted.
 
 use std::sync::Arc;
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::guard::{release_mark, Guard};
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::shared::{ReadyStep, Shared};
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
@@ -178,6 +180,7 @@ pub struct Watcher {
     tracker: IndexTracker,
     failures: u32,
     last_start: Option<tokio::time::Instant>,
+    guard: Guard,
 }
 
 /// How often the watcher proves it is alive while a blocking query is held.
@@ -193,6 +196,7 @@ impl Watcher {
             tracker: IndexTracker::default(),
             failures: 0,
             last_start: None,
+            guard: Guard::default(),
         }
     }
 
@@ -219,7 +223,9 @@ impl Watcher {
                     // is cut short there and reports this error.
                     let delay = self.config.backoff.delay(self.failures, fastrand::f64());
                     last_error = Some(e);
-                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    // Beating: the systemd watchdog runs from the start, and
+                    // backoff sleeps grow past its period.
+                    self.beating_sleep(delay.min(deadline - now)).await;
                 }
                 Err(_) => {
                     return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {
@@ -290,6 +296,11 @@ impl Watcher {
         metrics
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
+        let result = match result {
+            Ok(answer) => self.verify_not_filtered(answer).await,
+            Err(e) => Err(e),
+        };
+        let metrics = &self.shared.metrics;
         match result {
             Ok(answer) => {
                 self.on_answer(answer);
@@ -303,8 +314,40 @@ impl Watcher {
         }
     }
 
+    /// Consul filters a recursive read by the token's ACL rules, so an
+    /// answer from a token narrowed while the agent runs looks like deletes,
+    /// or hides new writes. Such an answer is taken only after the same read
+    /// check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
+    /// checked there); a 403 refuses it and the last copy is kept. Checked:
+    /// an answer that drops keys the copy holds, and one whose index moved
+    /// past every ModifyIndex it shows (Consul's index counts the keys it
+    /// filters out; the other cause is a delete's tombstone).
+    async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
+        let Some(copy) = self.shared.snapshot.load_full() else {
+            return Ok(answer);
+        };
+        let prefix = &self.config.prefix;
+        let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
+        let unseen_change =
+            answer.index > copy.index && latest_shown.is_some_and(|m| answer.index > m);
+        if !unseen_change {
+            let present: std::collections::HashSet<&str> = answer
+                .pairs
+                .iter()
+                .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
+                .collect();
+            if copy.keys.keys().all(|k| present.contains(&**k)) {
+                return Ok(answer);
+            }
+        }
+        self.client.check_read_access(prefix).await?;
+        Ok(answer)
+    }
+
     fn on_answer(&mut self, answer: PrefixAnswer) {
-        let metrics = &self.shared.metrics;
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics;
+        let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
         let event = self.tracker.observe(answer.index);
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
@@ -317,11 +360,16 @@ impl Watcher {
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
-                self.apply(build_snapshot(
-                    &self.config.prefix,
-                    answer.index,
-                    &answer.pairs,
-                ));
+                // Backwards, or a full read after a failure whose index did
+                // not move: Consul may have come back without its data.
+                let rolled_back = event == IndexEvent::WentBackwards
+                    || served_index.is_some_and(|i| answer.index.max(1) <= i);
+                let mark = release_mark(&self.config.prefix, &answer);
+                self.apply(
+                    build_snapshot(&self.config.prefix, answer.index, &answer.pairs),
+                    mark,
+                    rolled_back,
+                );
             }
         }
         self.failures = 0;
@@ -341,19 +389,24 @@ impl Watcher {
             .set(crate::agent::metrics::unix_now());
     }
 
-    fn apply(&self, snapshot: Snapshot) {
+    fn apply(&mut self, raw: Snapshot, mark: Option<u64>, rolled_back: bool) {
         let metrics = &self.shared.metrics;
         let old = self.shared.snapshot.load_full();
+        let (keys, invalid) = (raw.keys.len(), raw.invalid_count());
+        let snapshot = self.guard.apply(old.as_deref(), raw, mark, rolled_back);
         let changed = log_changes(old.as_deref(), &snapshot);
         metrics.state_changes.inc_by(changed as u64);
         metrics.consul_index.set(snapshot.index as i64);
-        metrics.keys.set(snapshot.keys.len() as i64);
-        metrics.invalid_keys.set(snapshot.invalid_count() as i64);
-        let status = format!(
-            "synced, {} keys, index {}",
-            snapshot.keys.len(),
-            snapshot.index
-        );
+        metrics.keys.set(keys as i64);
+        metrics.invalid_keys.set(invalid as i64);
+        metrics
+            .invalid_held_keys
+            .set(self.guard.invalid_count() as i64);
+        metrics
+            .rollback_held_keys
+            .set(self.guard.rollback_count() as i64);
+        *self.shared.held.lock().unwrap() = Arc::new(self.guard.held().clone());
+        let status = format!("synced, {keys} keys, index {}", snapshot.index);
         let first = old.is_none();
         self.shared.snapshot.store(Some(Arc::new(snapshot)));
         if first {

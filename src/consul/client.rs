@@ -35,9 +35,9 @@ pub struct ConsulClient {
 }
 
 /// The key below the prefix that [`ConsulClient::list_prefix`] reads to
-/// check the token's read access. `~` is not allowed in identities, so no
-/// state key can have this name.
-pub const READ_CHECK_KEY: &str = "~read-check";
+/// check the token's read access (defined with the identity rules, since
+/// no state key can have its name).
+pub use crate::model::identity::READ_CHECK_KEY;
 
 /// Bytes percent-encoded in a KV key: all but the RFC 3986 unreserved set
 /// (`A-Z a-z 0-9 - _ . ~`) and `/`, which Consul keys use as a path.
@@ -135,8 +135,9 @@ impl ConsulClient {
     /// answer with each token read from its file, this also reads
     /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
     /// whole read. Without that check an agent with the wrong token would
-    /// answer ready for every server. A token that may read the prefix's
-    /// root but not some folder below it still sees only part of it.
+    /// answer ready for every server. A token narrowed while the agent runs
+    /// shows as an answer that drops keys: the watcher checks every such
+    /// answer with [`ConsulClient::check_read_access`] before taking it.
     ///
     /// # Errors
     ///
@@ -205,6 +206,23 @@ impl ConsulClient {
             pairs,
             body_bytes: body.len(),
         })
+    }
+}
+
+impl ConsulClient {
+    /// The read check of [`ConsulClient::list_prefix`]: a plain read of
+    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists), which Consul
+    /// answers 404 for a token that may read the whole prefix and 403 for
+    /// one that may not (agent/consul/kvs_endpoint.go).
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`]: 403 when the token may not read the whole prefix,
+    /// transport failures and other error statuses.
+    pub async fn check_read_access(&self, prefix: &str) -> Result<(), ConsulError> {
+        self.get_key(&format!("{prefix}{READ_CHECK_KEY}"))
+            .await
+            .map(|_| ())
     }
 }
 

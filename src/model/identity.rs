@@ -5,6 +5,23 @@
 /// Longest identity (one KV key below the prefix) accepted, in bytes.
 pub const MAX_IDENTITY_LEN: usize = 255;
 
+/// The key below the prefix that the Consul client reads to check the
+/// token's read access (`ConsulClient::list_prefix`). `~` is not allowed
+/// in identities, so no state key can have this name.
+pub const READ_CHECK_KEY: &str = "~read-check";
+
+/// The key below the prefix whose every write releases all keys the agents
+/// hold after a rollback (`state release-rollback`). `~` is not allowed in
+/// identities, so no state key has this name; the agent does not count it
+/// as a key or an invalid key.
+pub const RELEASE_ROLLBACK_KEY: &str = "~release-rollback";
+
+/// Whether a key below the prefix (relative) is one of the agent's own
+/// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`]), not state.
+pub fn is_control_key(rel: &str) -> bool {
+    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY
+}
+
 /// Why an identity (a key name or an agent-send word) was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InvalidIdentity {

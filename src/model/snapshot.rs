@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::identity::{validate_identity, InvalidIdentity};
+use super::identity::{is_control_key, validate_identity, InvalidIdentity};
 use super::value::{parse_value, AdminState, AnswerKind, InvalidValue};
 
 /// One key as Consul returns it, value decoded from base64.
@@ -119,15 +119,19 @@ impl Snapshot {
 }
 
 /// Builds a snapshot from the `pairs` of one prefix answer at Consul index
-/// `index` (clamped to 1). Keys are made relative to `prefix`; folder keys (ending in `/`) are skipped; a key that is not a
-/// valid identity, or whose value is invalid, is held as
-/// [`Entry::Invalid`] so it is counted and shown, never answered.
+/// `index` (clamped to 1). Keys are made relative to `prefix`; folder keys
+/// (ending in `/`) and the agent's control keys ([`is_control_key`]) are
+/// skipped; a key that is not a valid identity, or whose value is invalid,
+/// is held as [`Entry::Invalid`] so it is counted and shown, never answered.
 pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
     let mut keys = HashMap::with_capacity(pairs.len());
     for pair in pairs {
         let Some(rel) = pair.key.strip_prefix(prefix) else {
             continue;
         };
+        if is_control_key(rel) {
+            continue;
+        }
         let entry = if rel.is_empty() || rel.ends_with('/') {
             // A folder key. Empty, it only marks the folder; with a value it
             // is a typo (`consul kv put .../web/web-07/ maint`) that must

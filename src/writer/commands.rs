@@ -45,6 +45,9 @@ pub(super) fn token_source(
 }
 
 pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u8 {
+    if let Err(message) = super::waits::check(args) {
+        return report_failure(args.json, &Failure::usage(message));
+    }
     let token = match token_source(&config, fallbacks) {
         Ok(t) => t,
         Err(e) => return report_failure(args.json, &Failure::from(e)),
@@ -127,6 +130,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
             identities,
             haproxy_config,
         } => writer.explain(identities, haproxy_config.as_deref()).await,
+        StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
     };
     match result {
         Ok(()) => exit::OK,

@@ -16,8 +16,10 @@ pub mod haproxy;
 pub mod output;
 pub mod plan;
 mod progress;
+mod release;
 mod report;
 mod select;
+pub mod waits;
 
 use std::process::ExitCode;
 

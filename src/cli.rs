@@ -282,7 +282,9 @@ pub enum StateCommand {
         write: WriteOpts,
     },
     /// Take the canary group out (`disable`) or bring it back (`enable`),
-    /// through the `canary` key.
+    /// through the `canary` key: `drain --group canary` and `undrain --group
+    /// canary`. ChatOps' `/chatops run canary --disable` and `--enable` run
+    /// these.
     #[command(after_help = EXIT_CODES_HELP)]
     Canary {
         /// disable or enable.
@@ -351,7 +353,8 @@ pub enum StateCommand {
     /// What the agent answers for an agent-send line, and which key decides.
     ///
     /// IDENTITY... is the line: the row key, then the groups, in order
-    /// (`web/web-01 zone-us-east1-b canary`). Given one row key, the
+    /// (`web/web-01 zone-us-east1-b canary`). Given one row key (or, for a
+    /// server-template server, which has none, `<backend>/<server>`), the
     /// server's own agent-send line is read from --haproxy-config (or the
     /// default configuration, when it exists). Without it, when the row key
     /// has no value, the answer is `unknown`: the set group keys that could

@@ -603,7 +603,7 @@ fn explain_agrees_with_the_running_agent() {
     let cfg = dir.path().join("haproxy.cfg");
     std::fs::write(
         &cfg,
-        "backend web\n    server web-cny-01 127.0.0.1:1 agent-check agent-send \"web/web-cny-01 zone-b canary\\n\"\n",
+        "backend web\n    server web-cny-01 127.0.0.1:1 agent-check agent-send \"web/web-cny-01 zone-b canary\\n\"\n    server-template web-tpl 2 127.0.0.1:1 agent-check agent-send \"zone-b\\n\"\n",
     )
     .unwrap();
     let v = cli(
@@ -622,6 +622,20 @@ fn explain_agrees_with_the_running_agent() {
         (v["reply"].as_str(), v["decided_by"].as_str()),
         (Some("maint 100%"), Some("zone-b"))
     );
+    // A server-template server has no row key: found by its name.
+    let v = cli(
+        &consul,
+        &[
+            "explain",
+            "web/web-tpl2",
+            "--haproxy-config",
+            cfg.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(v["line"], "zone-b", "{v}");
+    assert_eq!(v["reply"], "maint 100%", "{v}");
     let got = wait_for(CONVERGE, || {
         let a = agent.ask("web/web-cny-01 zone-b canary");
         (a == "maint 100%\n").then_some(a)

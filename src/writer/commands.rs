@@ -331,13 +331,17 @@ impl Writer {
         let config = config_path(config).filter(|_| lone_row_key);
         if let Some(path) = &config {
             let servers = haproxy::servers_from_config(path)?;
+            // By row key, else by `<backend>/<server>`: a server-template
+            // server (`web/web-tpl1`) has no row key of its own.
             let found = servers
                 .iter()
                 .find(|s| s.row_key() == Some(line.as_str()))
+                .or_else(|| servers.iter().find(|s| s.id() == line))
+                .filter(|s| !s.identities().is_empty())
                 .map(|s| s.identities().join(" "));
             line = found.ok_or_else(|| {
                 Failure::invalid(format!(
-                    "no enrolled server with row key {line} in {}",
+                    "no enrolled server with row key or name {line} in {}",
                     path.display()
                 ))
             })?;

@@ -464,13 +464,14 @@ pub struct Selector {
     /// used only when it exists].
     #[arg(long, value_name = "PATH")]
     pub haproxy_config: Option<PathBuf>,
-    /// Read the servers from the running HAProxy's stats socket instead
-    /// (`show servers state`). The socket does not show agent-send lines:
-    /// row keys are assumed to be `<backend>/<server>` and groups are
-    /// unknown, so not with --zone or --group. After the drain wait, `drain`
-    /// checks on this socket that every server went to DRAIN, and stops
-    /// before maint (exit 65) when one did not; after maint, that every
-    /// server went to MAINT (exit 65 when one did not).
+    /// The running HAProxy's stats socket: after the drain wait, `drain`
+    /// checks there (`show servers state`) that every selected server went
+    /// to DRAIN, and stops before maint (exit 65) when one did not; after
+    /// maint, that every one went to MAINT (exit 65 when one did not). The
+    /// servers come from the configuration when there is one; without it,
+    /// from this socket, which shows no agent-send line: row keys are then
+    /// assumed to be `<backend>/<server>`, and --zone or --group cannot be
+    /// checked (exit 64).
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
 }

@@ -396,7 +396,7 @@ fn exit_codes_for_usage_and_unreachable_consul() {
                 "/nonexistent",
                 "--json",
             ],
-            "--zone and --group cannot be used with --haproxy-socket",
+            "need the HAProxy configuration too",
         ),
         // Errors clap finds too, before the writer runs.
         (&["set", "canary", "--json"], "<VALUE>"),
@@ -953,8 +953,44 @@ fn zonal_drain_writes_one_group_key_and_a_configuration_previews_its_servers() {
         haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
     }
 
-    // By backend and server glob, servers read from the stats socket.
+    // With the configuration, the stats socket is where HAProxy is checked:
+    // every server of the zone, template servers included, in DRAIN before
+    // maint is written, and in MAINT after.
     let socket = haproxy.socket().to_string_lossy().into_owned();
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            &cfg,
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "300ms",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    run.warns("shows 6 servers in DRAIN");
+    run.warns("shows 6 servers in MAINT");
+    assert_eq!(run.json()["row_keys_assumed"], false);
+    // Without it, the socket cannot say who is in the zone.
+    let run = cli(
+        &consul,
+        &["undrain", "--zone", "b", "--haproxy-socket", &socket],
+    );
+    assert_eq!(run.code, 64, "{run:?}");
+    run.warns("need the HAProxy configuration too");
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(all_keys(&consul).is_empty());
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    // By backend and server glob, servers read from the stats socket.
     let run = cli(
         &consul,
         &socket_args(

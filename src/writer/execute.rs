@@ -132,19 +132,21 @@ impl Want {
             Want::Drain => (
                 "not_drained",
                 format!(
-                    "not drained by the agent: {head} {its} agent-send probably \
-                     does not start with <backend>/<server>, the row key assumed \
-                     with --haproxy-socket, so the key written does not decide; \
-                     maint is not written. Find the row key on the server's \
-                     agent-send line in the HAProxy configuration (drain with \
-                     --haproxy-config), and take the drain back with `state \
-                     undrain` and the same selection"
+                    "not drained by the agent: {head} The key written does not decide \
+                     {} here: {} agent-send line may start with another key (with \
+                     --haproxy-socket alone the row key is only assumed to be \
+                     <backend>/<server>: drain with --haproxy-config, which reads it), or \
+                     this node's agent is not answering or not in sync (`curl -s \
+                     http://127.0.0.1:9778/status`); maint is not written. Take the drain \
+                     back with `state undrain` and the same selection",
+                    if n == 1 { "it" } else { "them" },
+                    its.to_lowercase(),
                 ),
             ),
             Want::Maint => (
                 "not_in_maint",
                 format!(
-                    "not in maint: {head} maint is written to {} row key, but \
+                    "not in maint: {head} maint is written to {} key, but \
                      something else decides first: {} agent-send probably starts \
                      with another key (a group key such as `canary` at drain), \
                      or the server was set from the HAProxy CLI. Find what \
@@ -195,7 +197,7 @@ impl Writer {
             .await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
-        if target.socket.is_some() {
+        if target.assumed {
             err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
         }
         let mut run = Run::new(&plan, answer.index);

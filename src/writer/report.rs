@@ -379,7 +379,7 @@ impl Report<'_> {
             "prefix_read_at_index": self.run.read_index,
             "source": self.target.source,
             "group": self.target.group,
-            "row_keys_assumed": self.target.socket.is_some(),
+            "row_keys_assumed": self.target.assumed,
             "not_drained": self.run.not_drained,
             "not_in_maint": self.run.not_in_maint,
             "steps": self.steps_json(),
@@ -559,7 +559,7 @@ impl Report<'_> {
             note[..1].make_ascii_uppercase();
             out.push_str(&format!("{note}.\n"));
         }
-        if self.target.socket.is_some() {
+        if self.target.assumed {
             let mut note = ASSUMED_ROW_KEYS.to_string();
             note[..1].make_ascii_uppercase();
             out.push_str(&format!("{note}.\n"));

@@ -47,10 +47,13 @@ pub(super) struct Target {
     pub(super) not_written: Vec<(Server, String)>,
     /// Where the servers came from, for the report.
     pub(super) source: Option<String>,
-    /// The stats socket the servers were read from: their row keys are
-    /// assumed to be `<backend>/<server>` (the socket shows no agent-send
-    /// line), and `drain` checks there that HAProxy drained them.
+    /// The stats socket `drain` checks, after each step, that HAProxy
+    /// applied it to the servers.
     pub(super) socket: Option<PathBuf>,
+    /// The servers were read from the stats socket, which shows no
+    /// agent-send line: their row keys are assumed to be
+    /// `<backend>/<server>`.
+    pub(super) assumed: bool,
     /// The selection, in words.
     pub(super) selection: String,
 }
@@ -83,6 +86,7 @@ impl Target {
             not_written: Vec::new(),
             source: None,
             socket: None,
+            assumed: false,
             selection: format!("group {key}"),
         }
     }
@@ -110,11 +114,6 @@ impl Target {
                  --backend: to drain some servers of one backend, name them with --backend \
                  and --server",
             ),
-            Some(_) if select.haproxy_socket.is_some() => usage(
-                "--zone and --group cannot be used with --haproxy-socket: the stats socket \
-                 does not show groups; a group drain needs no HAProxy, and --haproxy-config \
-                 previews it",
-            ),
             Some(g) => match validate_identity(g) {
                 Err(e) => Err(Failure::invalid(format!("invalid group {g:?}: {e}"))),
                 Ok(()) if g.contains('/') => Err(Failure::invalid(format!(
@@ -138,14 +137,25 @@ impl Target {
     pub(super) fn servers(select: &Selector) -> Result<Target, Failure> {
         let group = Target::check_selector(select)?;
         let config = config_path(select.haproxy_config.as_deref());
-        let (all, source) = match (&select.haproxy_socket, &config) {
-            (Some(socket), _) => (
-                haproxy::servers_from_socket(socket)?,
-                format!("stats socket {}", socket.display()),
-            ),
-            (None, Some(path)) => (
+        if let (Some(_), Some(_), None) = (&group, &select.haproxy_socket, &config) {
+            return Err(Failure::usage(
+                "--zone and --group with --haproxy-socket need the HAProxy configuration too \
+                 (--haproxy-config): the stats socket does not show which servers name the \
+                 group. A group drain needs neither; nothing written",
+            ));
+        }
+        // The configuration, when there is one, says which servers and row
+        // keys; the socket is then only where HAProxy is checked.
+        let (all, source, assumed) = match (&config, &select.haproxy_socket) {
+            (Some(path), _) => (
                 haproxy::servers_from_config(path)?,
                 path.display().to_string(),
+                false,
+            ),
+            (None, Some(socket)) => (
+                haproxy::servers_from_socket(socket)?,
+                format!("stats socket {}", socket.display()),
+                true,
             ),
             (None, None) => {
                 return match (group, &select.backend, &select.server) {
@@ -163,6 +173,7 @@ impl Target {
                             not_written: Vec::new(),
                             source: None,
                             socket: None,
+                            assumed: false,
                             selection: Target::describe_selection(select),
                         })
                     }
@@ -183,6 +194,7 @@ impl Target {
         };
         let mut target = Target::select(all, select, group, source);
         target.socket.clone_from(&select.haproxy_socket);
+        target.assumed = assumed;
         Ok(target)
     }
 
@@ -238,6 +250,7 @@ impl Target {
             not_written,
             source: Some(source),
             socket: None,
+            assumed: false,
             selection: Target::describe_selection(select),
         }
     }
@@ -272,11 +285,12 @@ impl Target {
         Failure::invalid(message)
     }
 
-    /// The servers whose row key is one of `keys`.
+    /// The servers `keys` decide: every server of a group, else those whose
+    /// row key is one of `keys`.
     pub(super) fn servers_of(&self, keys: &[String]) -> Vec<&Server> {
         self.servers
             .iter()
-            .filter(|s| s.row_key().is_some_and(|k| keys.iter().any(|w| w == k)))
+            .filter(|s| self.key_of(s).is_some_and(|k| keys.iter().any(|w| w == k)))
             .collect()
     }
 
@@ -371,6 +385,16 @@ pub(super) mod tests {
         both.backend = None;
         both.group = Some("canary".into());
         assert_eq!(Target::check_selector(&both).unwrap_err().code, 64);
+        // With the socket, the configuration is still where the servers
+        // come from: read first (here missing: 66).
+        let mut socket = selector(Some("b"), None, None);
+        socket.haproxy_socket = Some("/nonexistent/admin.sock".into());
+        socket.haproxy_config = Some("/nonexistent/haproxy.cfg".into());
+        assert_eq!(
+            Target::servers(&socket).err().unwrap().code,
+            66,
+            "config read"
+        );
         assert_eq!(
             Target::check_selector(&selector(None, None, Some("x")))
                 .unwrap_err()

@@ -26,7 +26,7 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap python3)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")

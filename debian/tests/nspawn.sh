@@ -14,6 +14,9 @@
 #   - journald gets structured fields; the token is never logged;
 #   - watchdog pings keep it alive; SIGKILL -> restarted; SIGSTOP -> the
 #     watchdog restarts it;
+#   - a start that fails fast (the agent-check port held by another process
+#     for longer than the old start limit allowed) never locks the unit out:
+#     once the port is free it becomes active by itself;
 #   - reinstall and upgrade keep an edited /etc/default file and restart the
 #     unit; remove, install (with Consul unreachable), purge, install again
 #     (settings written first, as the cookbook does) all succeed.
@@ -23,7 +26,7 @@
 #   CACHE_DIR=   where the debootstrap tree is cached as a tarball
 #                (default /var/cache/gitlab-haproxy-agent-test)
 #   DEBOOTSTRAP_MIRROR=url   mirror for debootstrap (default: its own)
-# Needs: systemd-container, debootstrap, consul, curl, jq, iproute2.
+# Needs: systemd-container, debootstrap, consul, curl, jq, iproute2, python3.
 
 # Functions are mostly called through check/wait_for (SC2317); '$' in single
 # quotes is meant for dpkg-query, awk and inner shells (SC2016).
@@ -63,7 +66,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "nspawn.sh: run as root (systemd-nspawn, nsenter)" >&2
 	exit 1
 fi
-for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock; do
+for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock python3; do
 	command -v "$tool" >/dev/null || {
 		fail "tool '$tool' is missing (scripts/install-deps.sh installs it)"
 		finish
@@ -79,11 +82,12 @@ fi
 root=$work/root
 nspawn_pid=
 consul_pid=
+holder_pid=
 ct_pid=
 
 cleanup() {
 	local pid
-	for pid in $nspawn_pid $consul_pid; do
+	for pid in $nspawn_pid $consul_pid $holder_pid; do
 		kill -TERM "$pid" 2>/dev/null || continue
 		for _ in $(seq 1 40); do
 			kill -0 "$pid" 2>/dev/null || break
@@ -246,6 +250,7 @@ as_user() { in_ct setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@" 2>/d
 shell_of() { in_ct getent passwd "$1" | cut -d: -f7; }
 metric_present() { curl -s -m 3 "http://127.0.0.1:$http_port/metrics" | grep "^$1 " >/dev/null; }
 journal_has() { in_ct journalctl -u "$unit" --no-pager | grep -- "$1" >/dev/null; }
+journal_verbose_has() { in_ct journalctl -u "$unit" --no-pager -o verbose | grep -F -- "$1" >/dev/null; }
 sha() { in_ct sha256sum "$1" 2>/dev/null | cut -d' ' -f1; }
 dump_unit() {
 	in_ct systemctl status --no-pager -n 0 "$unit" | sed -n '1,12p'
@@ -427,6 +432,72 @@ else
 	dump_unit
 fi
 check "SIGSTOP: systemd logged the watchdog timeout" journal_has 'Watchdog timeout'
+
+# --- a start that fails fast: no start-limit lockout ----------------------------------------------
+# Another process holds the agent-check port, so every start fails at once
+# and systemd retries every RestartSec (5 s). Under a start limit of 10
+# starts in 60 s the unit gave up at the 11th start, about a minute in
+# ("Start request repeated too quickly"), and stayed failed once the port
+# was free. The port is held until systemd has retried 11 times in a row
+# (about 60 s; at most 90 s), then freed: the unit must become active by
+# itself.
+retries=11
+port_held() { [ -n "$(ss -Hltn "sport = :$agent_port")" ]; }
+# reset-failed also restarts systemd's start-rate window (a fixed window from
+# the first start in it), so a start limit would count from the start below.
+in_ct systemctl stop "$unit"
+in_ct systemctl reset-failed "$unit"
+timeout 120 python3 -c 'import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, as the agent binds
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+time.sleep(float(sys.argv[2]))' "$agent_port" 110 </dev/null >"$work/holder.log" 2>&1 &
+holder_pid=$!
+if wait_for 5 port_held; then
+	# A manual start resets NRestarts: it counts the retries below.
+	in_ct systemctl start --no-block "$unit"
+	seen=" "
+	start=$SECONDS
+	while [ $((SECONDS - start)) -lt 90 ] && [ "$(restarts)" -lt "$retries" ]; do
+		s=$(state)/$(prop SubState)
+		case $seen in *" $s "*) ;; *) seen="$seen$s " ;; esac
+		[ "${s%%/*}" = failed ] && break
+		sleep 0.5
+	done
+	held=$((SECONDS - start))
+	log "states seen with the port held for $held s:$seen (NRestarts=$(restarts)," \
+		"Result=$(prop Result))"
+	check "port held: never active" not grep -q ' active/' <<<"$seen"
+	check "port held: the start fails at once (ERROR=cannot bind the agent-check listener)" \
+		journal_verbose_has 'ERROR=cannot bind the agent-check listener'
+	check "port held: systemd kept retrying ($(restarts) restarts in $held s, $retries wanted)" \
+		test "$(restarts)" -ge "$retries"
+	check "port held: no start-limit lockout (never failed; Result=$(prop Result))" \
+		not grep -q ' failed/' <<<"$seen"
+	kill -TERM "$holder_pid" 2>/dev/null
+	wait "$holder_pid" 2>/dev/null
+	holder_pid=
+	start=$SECONDS
+	if wait_for 20 is_active; then
+		pass "port freed: active by itself $((SECONDS - start)) s later (no systemctl)"
+	else
+		fail "port freed: active by itself within 20 s (no systemctl)"
+		dump_unit
+		# What follows needs a running unit.
+		in_ct systemctl reset-failed "$unit"
+		in_ct systemctl start --no-block "$unit"
+		wait_for 30 is_active
+	fi
+	check "no 'Start request repeated too quickly' in the journal" \
+		not journal_has 'Start request repeated too quickly'
+	check "port freed: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+else
+	fail "a listener holds 127.0.0.1:$agent_port"
+	cat "$work/holder.log"
+	in_ct systemctl start --no-block "$unit"
+	wait_for 30 is_active
+fi
 
 # --- reinstall and upgrade keep /etc/default and restart ------------------------------------------
 for step in "reinstall:/root/package.deb:$version" "upgrade:/root/newer.deb:$newer_version"; do

@@ -2,7 +2,8 @@
 # Installs what the demo and the tests need on a Debian bookworm machine:
 # HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
 # taken from that suite), promtool/prometheus, Ruby for the cookbook tests,
-# socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
+# socat, shellcheck, lintian, aptly and gnupg (the apt mirror test) and
+# cargo-deb. Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -26,7 +27,7 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap python3)
+want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap aptly gnupg python3)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")

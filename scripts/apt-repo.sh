@@ -45,6 +45,13 @@ gpg --batch --list-secret-keys "$key" >/dev/null 2>&1 ||
   die "no secret key '$key' in gpg's keyring (${GNUPGHOME:-~/.gnupg})"
 [[ $suite =~ ^[a-z0-9][a-z0-9.+-]*$ ]] || die "APT_REPO_SUITE '$suite' is not a suite name"
 
+# OUT_DIR is replaced as a whole: refuse a folder that is not a repository
+# this script built (an empty or missing one is fine).
+if [ -d "$out" ] && [ -n "$(ls -A "$out")" ] && { [ ! -d "$out/dists" ] || [ ! -f "$out/release.asc" ]; }; then
+  die "$out is not empty and has no dists/ and release.asc: not a repository built by apt-repo.sh"
+fi
+[ ! -e "$out" ] || [ -d "$out" ] || die "$out is not a folder"
+
 new=()
 [ -d "$debs" ] && mapfile -t new < <(find "$debs" -maxdepth 1 -name '*.deb' -type f | sort)
 [ ${#new[@]} -gt 0 ] || die "no .deb in $debs"

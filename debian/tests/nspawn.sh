@@ -666,6 +666,20 @@ check "install after purge: answering 'drain 100%'" wait_for 10 answer_is web/we
 # A release: the newer version joins the mirror, the current one stays.
 check "publish: scripts/apt-repo.sh adds $newer_version to the signed mirror" \
 	publish "$work/gnupg" "$apt_key" "$work/www/signed" "$work/debs-2"
+# A rebuilt .deb under a version already published is refused, nothing changed.
+dpkg-deb -R "$deb" "$work/rebuilt"
+printf '\n' >>"$work/rebuilt/usr/share/doc/$pkg/copyright"
+mkdir -p "$work/debs-3"
+dpkg-deb -b --root-owner-group "$work/rebuilt" "$work/debs-3/$(basename "$deb")" >/dev/null
+rm -rf "$work/rebuilt"
+in_release=$(sha256sum <"$work/www/signed/dists/bookworm/InRelease")
+GNUPGHOME=$work/gnupg APT_REPO_KEY=$apt_key APT_REPO_DEBS=$work/debs-3 \
+	"$repo/scripts/apt-repo.sh" "$work/www/signed" >"$work/apt-repo-conflict.log" 2>&1
+rc=$?
+check "publish: another .deb as $version is refused (exit $rc, 'conflict in package')" \
+	test "$rc" -ne 0 -a -n "$(grep 'conflict in package' "$work/apt-repo-conflict.log")"
+check "publish: the refused .deb left the mirror unchanged" \
+	test "$(sha256sum <"$work/www/signed/dists/bookworm/InRelease")" = "$in_release"
 check "publish: apt-get update succeeds" apt_update || cat "$work/apt-update.log"
 versions=$(in_ct apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }' | sort | tr '\n' ' ')
 check "publish: the mirror offers both versions ($versions)" \

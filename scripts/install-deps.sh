@@ -2,8 +2,9 @@
 # Installs what the demo and the tests need on a Debian bookworm machine:
 # HAProxy 2.6 (bookworm) and 3.0 and 3.2 (chroots, scripts/haproxy-chroots.sh),
 # Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
-# promtool/prometheus, Alertmanager/amtool, Ruby for the cookbook tests, socat,
-# shellcheck, lintian and cargo-deb. Idempotent; run as root.
+# and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
+# Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, ...),
+# then cargo-deb. Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -27,7 +28,13 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus prometheus-alertmanager ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+want=(
+  haproxy consul prometheus prometheus-alertmanager
+  ruby ruby-erubis ruby-minitest
+  socat shellcheck lintian curl jq
+  systemd-container debootstrap
+  aptly gnupg python3
+)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")

@@ -30,17 +30,7 @@ default['gitlab-haproxy-agent']['agent']['zones'] = []
 # (an asset proxy to object storage).
 default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
 
-#
-# Package source (the internal apt mirror). Both must be set by the role.
-#
-default['gitlab-haproxy-agent']['apt']['uri'] = nil
-# URL or fingerprint of the repository's signing key.
-default['gitlab-haproxy-agent']['apt']['key'] = nil
-# nil: the node's release codename.
-default['gitlab-haproxy-agent']['apt']['distribution'] = nil
-default['gitlab-haproxy-agent']['apt']['components'] = ['main']
-# nil: whatever version the repository has (installed once, not upgraded).
-default['gitlab-haproxy-agent']['package']['version'] = nil
+# Package source and version pin: attributes/apt.rb.
 
 #
 # Agent settings written to /etc/default/gitlab-haproxy-agent (docs/interfaces.md).

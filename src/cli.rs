@@ -453,7 +453,8 @@ pub struct Selector {
     #[arg(long, value_name = "BACKEND")]
     pub backend: Option<String>,
     /// Only servers of --backend named NAME (written as the row key
-    /// BACKEND/NAME, no configuration needed), or matching a glob (`*`, `?`,
+    /// BACKEND/NAME, no configuration needed; a configuration that lists the
+    /// server gives its real row key), or matching a glob (`*`, `?`,
     /// `[a-c]`; quote it), which needs --haproxy-config or --haproxy-socket.
     #[arg(long, value_name = "NAME|GLOB")]
     pub server: Option<String>,

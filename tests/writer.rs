@@ -1245,6 +1245,19 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
     );
     assert_eq!(run.code, 0, "{run:?}");
     run.says("Row key written as named");
+    // A configuration that does not list the server (another load
+    // balancer's) does not stop it either.
+    let run = cli(
+        &consul,
+        &backend_args(
+            "drain",
+            "web",
+            &cfg,
+            &["--server", "web-z-09", "--dry-run", "--json"],
+        ),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(run.json()["keys"][0]["key"], "web/web-z-09");
     let e = kv_entry(&consul, "web/web-b-01").unwrap();
     assert_eq!((e.value.as_str(), e.flags), ("maint", MARK));
     haproxy.wait_server("web", "web-b-01", CONVERGE, |s| s.is_maint());

@@ -31,7 +31,7 @@ pub(super) const ASSUMED_ROW_KEYS: &str =
 /// What a report of a row key written from its name alone says.
 pub(super) const NAMED_ROW_KEY: &str =
     "row key written as named, <backend>/<server> (the cookbook's): no HAProxy \
-     configuration here to check it against the server's agent-send line";
+     configuration here lists the server, to check it against its agent-send line";
 
 /// What a sequence acts on.
 pub(super) struct Target {
@@ -158,25 +158,12 @@ impl Target {
                 true,
             ),
             (None, None) => {
-                return match (group, &select.backend, &select.server) {
-                    (Some(g), _, _) => Ok(Target {
+                return match (group, Target::named(select)) {
+                    (Some(g), _) => Ok(Target {
                         selection: Target::describe_selection(select),
                         ..Target::group(&g)
                     }),
-                    (None, Some(b), Some(name)) if !is_glob(name) => {
-                        let key = format!("{b}/{name}");
-                        super::error::check_key(&key)?;
-                        Ok(Target {
-                            keys: vec![key],
-                            group: None,
-                            servers: Vec::new(),
-                            not_written: Vec::new(),
-                            source: None,
-                            socket: None,
-                            assumed: false,
-                            selection: Target::describe_selection(select),
-                        })
-                    }
+                    (None, Some(named)) => named,
                     _ => Err(Failure::usage(format!(
                         "{} needs the servers of HAProxy: give --haproxy-config PATH (a copy \
                          of a load balancer's configuration) or --haproxy-socket PATH; {} does \
@@ -193,9 +180,38 @@ impl Target {
             }
         };
         let mut target = Target::select(all, select, group, source);
+        // A server named exactly that this configuration does not list is
+        // another load balancer's: its row key is written as named.
+        if target.keys.is_empty() && target.not_written.is_empty() {
+            if let Some(named) = Target::named(select) {
+                target = named?;
+            }
+        }
         target.socket.clone_from(&select.haproxy_socket);
-        target.assumed = assumed;
+        target.assumed = assumed && target.source.is_some();
         Ok(target)
+    }
+
+    /// The row key `BACKEND/NAME` of `--backend BACKEND --server NAME`, an
+    /// exact name (no glob); `None` for any other selection.
+    fn named(select: &Selector) -> Option<Result<Target, Failure>> {
+        let (Some(b), Some(name)) = (&select.backend, &select.server) else {
+            return None;
+        };
+        if is_glob(name) || select.zone.is_some() || select.group.is_some() {
+            return None;
+        }
+        let key = format!("{b}/{name}");
+        Some(super::error::check_key(&key).map(|()| Target {
+            keys: vec![key],
+            group: None,
+            servers: Vec::new(),
+            not_written: Vec::new(),
+            source: None,
+            socket: None,
+            assumed: false,
+            selection: Target::describe_selection(select),
+        }))
     }
 
     /// Picks from `all` the servers of the selection: those whose line
@@ -416,5 +432,12 @@ pub(super) mod tests {
             Some("rack-7".to_string())
         );
         assert!(is_glob("web-0[12]") && is_glob("web-*") && !is_glob("web-01"));
+        // An exact name is its row key; a glob or a group is not a name.
+        let named = Target::named(&selector(None, Some("web"), Some("web-09")));
+        assert_eq!(named.unwrap().unwrap().keys, ["web/web-09"]);
+        assert!(Target::named(&selector(None, Some("web"), Some("web-*"))).is_none());
+        assert!(Target::named(&selector(None, Some("web"), None)).is_none());
+        let bad = Target::named(&selector(None, Some("web"), Some("a b")));
+        assert_eq!(bad.unwrap().err().unwrap().code, 65);
     }
 }

@@ -143,31 +143,6 @@ pub(super) fn key_table_snapshot(rows: &[(String, &KvPair)], snapshot: &Snapshot
     table(&KEY_HEADER, &rows)
 }
 
-/// A table of servers a sequence left alone: server, key, value, `mark`
-/// (under `mark_header`) and ModifyIndex of each key as read.
-pub(super) fn left_alone_table(
-    keys: &[(Option<String>, &plan::KeyPlan)],
-    mark_header: &str,
-    mark: impl Fn(&plan::Current) -> String,
-) -> String {
-    let rows: Vec<Vec<String>> = keys
-        .iter()
-        .map(|(server, k)| {
-            vec![
-                server.clone().unwrap_or_else(|| "-".into()),
-                k.key.clone(),
-                k.before.describe(),
-                mark(&k.before),
-                k.before.index().to_string(),
-            ]
-        })
-        .collect();
-    table(
-        &["SERVER", "KEY", "VALUE", mark_header, "MODIFY-INDEX"],
-        &rows,
-    )
-}
-
 /// The report printed at the end of a sequence.
 pub(super) struct Report<'a> {
     pub(super) action: &'static str,
@@ -204,38 +179,17 @@ impl Report<'_> {
     }
 
     /// The keys left alone because they were set by hand, each with the
-    /// server it decides (`None` for a group key), in the report's order.
+    /// server it decides (`None` without servers), in the report's order.
     pub(super) fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
-        self.left_alone(|k| k.set_by_hand)
-    }
-
-    pub(super) fn left_alone(
-        &self,
-        which: impl Fn(&plan::KeyPlan) -> bool,
-    ) -> Vec<(Option<String>, &plan::KeyPlan)> {
-        let hand: HashMap<&str, &plan::KeyPlan> = self
-            .plan
-            .keys
-            .iter()
-            .filter(|k| which(k))
-            .map(|k| (k.key.as_str(), k))
-            .collect();
+        let hand = self.plan.keys.iter().filter(|k| k.set_by_hand);
         if self.target.servers.is_empty() {
-            return self
-                .plan
-                .keys
-                .iter()
-                .filter(|k| which(k))
-                .map(|k| (None, k))
-                .collect();
+            return hand.map(|k| (None, k)).collect();
         }
+        let hand: HashMap<&str, &plan::KeyPlan> = hand.map(|k| (k.key.as_str(), k)).collect();
         self.target
             .servers
             .iter()
-            .filter_map(|s| {
-                let k = hand.get(s.row_key()?)?;
-                Some((Some(s.id()), *k))
-            })
+            .filter_map(|s| Some((Some(s.id()), *hand.get(s.row_key()?)?)))
             .collect()
     }
 
@@ -257,7 +211,22 @@ impl Report<'_> {
              Flags: no mark of `state drain`), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
-        out.push_str(&left_alone_table(&hand, "FLAGS", |c| c.flags().to_string()));
+        let rows: Vec<Vec<String>> = hand
+            .iter()
+            .map(|(server, k)| {
+                vec![
+                    server.clone().unwrap_or_else(|| "-".into()),
+                    k.key.clone(),
+                    k.before.describe(),
+                    k.before.flags().to_string(),
+                    k.before.index().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
+            &rows,
+        ));
         out.push_str(
             "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
              `state set KEY maint` first, so slowstart ramps).\n",

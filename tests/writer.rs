@@ -1882,14 +1882,19 @@ fn runbook_commands_parse_with_this_cli() {
     for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
         let text = std::fs::read_to_string(&path).unwrap();
-        // Commands in ```shell blocks, as on-call copies them.
+        // Commands in ```shell blocks, as on-call copies them, and in
+        // ```text blocks (those run on a load balancer).
         let mut in_shell = false;
+        let mut in_block = false;
         for line in text.lines().map(str::trim) {
             if let Some(lang) = line.strip_prefix("```") {
-                in_shell = !in_shell && lang == "shell";
+                in_block = !in_block;
+                in_shell = in_block && (lang == "shell" || lang == "text");
                 continue;
             }
-            if !in_shell || !line.starts_with("gitlab-haproxy-agent state") {
+            // `...` marks a placeholder (the diagram), not a command.
+            if !in_shell || !line.starts_with("gitlab-haproxy-agent state") || line.contains("...")
+            {
                 continue;
             }
             let cli = Cli::try_parse_from(shell_words(line))

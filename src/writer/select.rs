@@ -98,6 +98,7 @@ impl Target {
         let usage = |p: &str| Err(Failure::usage(format!("{p}; nothing written (see --help)")));
         let group = match (&select.zone, &select.group) {
             (Some(_), Some(_)) => return usage("--zone and --group: give one"),
+            (Some(z), None) if z.is_empty() => return usage("--zone needs a zone name"),
             (Some(z), None) => Some(format!("{}{z}", haproxy::ZONE_GROUP_PREFIX)),
             (None, Some(g)) => Some(g.clone()),
             (None, None) => None,
@@ -419,6 +420,12 @@ pub(super) mod tests {
         );
         assert_eq!(
             Target::check_selector(&selector(None, None, None))
+                .unwrap_err()
+                .code,
+            64
+        );
+        assert_eq!(
+            Target::check_selector(&selector(Some(""), None, None))
                 .unwrap_err()
                 .code,
             64

@@ -16,6 +16,10 @@ Exit status:
        a server in DRAIN (drain was written, maint was not), or not in
        MAINT after maint was written (something else decides it first)
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
+  68   written, but not confirmed: with --confirm-prometheus, not every
+       agent answered from the write's index within --confirm-timeout (the
+       lagging agents are named; the next step is not written), or
+       Prometheus could not be asked. `status`: an agent lags (EX_NOHOST)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
        (EX_TEMPFAIL)
@@ -155,6 +159,12 @@ pub enum StateCommand {
         #[command(flatten)]
         write: WriteOpts,
     },
+    /// Every agent as the Prometheus that scrapes them sees it, against the
+    /// prefix's X-Consul-Index now: its snapshot's index, the index its
+    /// rows were last answered from, its last Consul sync, its rows by
+    /// answer. Writes nothing; exit 68 when an agent lags.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Status(super::confirm::StatusArgs),
     /// What the agent answers for an agent-send line, and which key decides.
     ///
     /// IDENTITY... is the line: the row key, then the groups, in order
@@ -202,12 +212,15 @@ pub enum CanaryAction {
 }
 
 /// Options of every command that writes.
-#[derive(Debug, Args, Clone, Copy)]
+#[derive(Debug, Args, Clone)]
 pub struct WriteOpts {
     /// Show what would be written, and what the agents would answer then;
     /// write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Confirmation of each write step by the fleet, through Prometheus.
+    #[command(flatten)]
+    pub confirm: super::confirm::ConfirmArgs,
 }
 
 /// Which servers `drain` and `undrain` act on: --zone, --backend or both.

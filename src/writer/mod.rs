@@ -4,6 +4,7 @@
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 
 pub mod cli;
+pub mod confirm;
 pub mod haproxy;
 pub mod output;
 pub mod plan;
@@ -51,6 +52,10 @@ pub mod exit {
     pub const DATAERR: u8 = 65;
     /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
     pub const NOINPUT: u8 = 66;
+    /// EX_NOHOST: written, but not every agent (host) confirmed it within
+    /// `--confirm-timeout`, or Prometheus could not be asked; `state
+    /// status`: an agent lags.
+    pub const NOT_CONFIRMED: u8 = 68;
     /// EX_UNAVAILABLE: Consul unreachable, timed out, or without a leader.
     pub const UNAVAILABLE: u8 = 69;
     /// EX_TEMPFAIL: compare-and-set conflict; nothing overwritten.
@@ -279,6 +284,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
         client,
         prefix: config.prefix,
         json: args.json,
+        confirm: confirm::of_command(&args.command),
     };
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
@@ -353,6 +359,7 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
             identities,
             haproxy_config,
         } => writer.explain(identities, haproxy_config.as_deref()).await,
+        StateCommand::Status(status) => writer.status(status).await,
     };
     match result {
         Ok(()) => exit::OK,
@@ -390,6 +397,15 @@ fn display_value(raw: &[u8]) -> String {
             s.to_string()
         }
         _ => show_raw(raw),
+    }
+}
+
+/// The answer a write makes the servers it decides get: its state, or for a
+/// removal the default (`ready`).
+fn change_answer(change: Change) -> crate::state::AnswerKind {
+    match change {
+        Change::Set(s) => s.kind(),
+        Change::Clear => crate::state::AnswerKind::Ready,
     }
 }
 
@@ -621,6 +637,8 @@ struct Writer {
     client: ConsulClient,
     prefix: String,
     json: bool,
+    /// Set when write steps are to be confirmed through Prometheus.
+    confirm: Option<confirm::ConfirmArgs>,
 }
 
 impl Writer {
@@ -786,9 +804,15 @@ impl Writer {
         if let (Some(n), false) = (note, unchanged) {
             eprintln!("note: {n}");
         }
+        let unconfirmed = if status == "written" {
+            self.confirm_one(key, &full, change).await
+        } else {
+            None
+        };
         if self.json {
             self.print_json(json!({
-                "ok": true,
+                "ok": unconfirmed.is_none(),
+                "error": unconfirmed.as_ref().map(Failure::json),
                 "key": key,
                 "before": before.describe(),
                 "after": after,
@@ -813,7 +837,42 @@ impl Writer {
                 )
             );
         }
-        Ok(())
+        match unconfirmed {
+            None => Ok(()),
+            Some(mut f) => {
+                f.reported = self.json;
+                Err(f)
+            }
+        }
+    }
+
+    /// Confirms one key written by `set` or `clear` at its new ModifyIndex
+    /// (read back; a removal has none: the prefix's index). `None` when
+    /// confirmed or not asked for.
+    async fn confirm_one(&self, key: &str, full: &str, change: Change) -> Option<Failure> {
+        let known = match change {
+            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
+            Change::Clear => None,
+        };
+        let step = format!("{key}: {}", change.describe());
+        let never = CancellationToken::new();
+        match self
+            .confirm_step(
+                &step,
+                known.map(|p| p.modify_index),
+                change_answer(change),
+                &never,
+            )
+            .await
+        {
+            Ok(()) => None,
+            Err(confirm::Unconfirmed::Failed(f)) => Some(f),
+            Err(confirm::Unconfirmed::Interrupted) => Some(Failure::new(
+                exit::SIGINT,
+                "interrupted",
+                format!("{key} written; interrupted while confirming"),
+            )),
+        }
     }
 
     /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
@@ -1000,6 +1059,32 @@ impl Writer {
                         if keys.len() == 1 { "" } else { "s" },
                         if chunks == 1 { "" } else { "s" },
                     ));
+                    // Confirmed at the highest ModifyIndex written; a
+                    // removal has none, so the prefix's index is read.
+                    let written = match change {
+                        Change::Set(_) => keys.iter().filter_map(|k| run.indexes.get(k)).max(),
+                        Change::Clear => None,
+                    };
+                    let expect = change_answer(*change);
+                    let step = format!("{action}: {}", change.describe());
+                    match self
+                        .confirm_step(&step, written.copied(), expect, &interrupt.token)
+                        .await
+                    {
+                        Ok(()) => {}
+                        Err(confirm::Unconfirmed::Failed(failure)) => {
+                            return Err(Stop::Failed { step: i, failure })
+                        }
+                        Err(confirm::Unconfirmed::Interrupted) => {
+                            let (name, code) =
+                                interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                            return Err(Stop::Signal {
+                                step: i,
+                                name,
+                                code,
+                            });
+                        }
+                    }
                     let after_drain_wait = i > 0
                         && matches!(
                             plan.steps[i - 1],

@@ -589,7 +589,7 @@ fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> Stri
 /// Zs ago)`.
 fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
     let why = match lag {
-        Lag::Down => "target down: the last scrape failed".to_string(),
+        Lag::Down => "target down (the last scrape failed)".to_string(),
         Lag::NoMetrics => "scraped without the agent's metrics".to_string(),
         Lag::Behind => format!("snapshot older than {index}"),
         Lag::NotAsked => "HAProxy asked it nothing in the last 60 s".to_string(),
@@ -600,7 +600,7 @@ fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
         .last_sync_age
         .map_or("unknown".to_string(), |a| format!("{a:.0}s ago"));
     format!(
-        "{} ({why}; index {}, answered from {}, last sync {age})",
+        "{}: {why}, index {}, answered from {}, last sync {age}",
         agent.name(),
         known(agent.consul_index),
         known(agent.answered_index),
@@ -615,10 +615,11 @@ pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
         .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
         .collect();
     format!(
-        "not confirmed after {:.0}s: {}; {} behind: {}. The write is in Consul; those load \
-         balancers may still answer the old state. Look with `state status --prometheus`, \
-         fix the agents (runbook: Agent down, Consul sync stale, HAProxy not asking), then \
-         re-run the same command to go on",
+        "not confirmed after {:.0}s: {}; {} behind: {}. The write is in Consul, but those \
+         load balancers may still answer the old state. Follow them with `state status \
+         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
+         HAProxy not asking), re-run the same command to go on (it is \
+         idempotent)",
         waited.as_secs_f64(),
         headline(verdict),
         plural(verdict.lagging.len(), "agent is", "agents are"),
@@ -640,6 +641,23 @@ fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
         "not confirmed after {:.0}s: {error}; the write (index {index}) is in Consul, but \
          whether every agent applied it is unknown",
         waited.as_secs_f64()
+    )
+}
+
+/// The failure of `state status` when agents lag, naming them.
+fn status_lagging_text(verdict: &Verdict<'_>) -> String {
+    let names: Vec<String> = verdict
+        .lagging
+        .iter()
+        .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
+        .collect();
+    format!(
+        "{}/{} agents at index >= {}; {} behind: {}",
+        verdict.confirmed.len(),
+        verdict.confirmed.len() + verdict.lagging.len(),
+        verdict.index,
+        plural(verdict.lagging.len(), "agent is", "agents are"),
+        names.join("; ")
     )
 }
 
@@ -788,11 +806,7 @@ impl Writer {
                     args.prometheus, args.selector
                 )
             } else {
-                format!(
-                    "{}; {} behind",
-                    headline(&verdict),
-                    plural(verdict.lagging.len(), "agent is", "agents are")
-                )
+                status_lagging_text(&verdict)
             },
         );
         failure.reported = self.json;
@@ -911,12 +925,25 @@ mod tests {
         );
         assert!(
             text.contains(
-                "10.0.0.2:9101 (lb-02) (target down: the last scrape failed; index 90, \
-                 answered from 90, last sync 75s ago)"
+                "10.0.0.2:9101 (lb-02): target down (the last scrape failed), index 90, \
+                 answered from 90, last sync 75s ago; "
             ),
             "{text}"
         );
-        assert!(text.contains("10.0.0.3:9101 (lb-03) (rows last answered from a snapshot older than 120; index 120, answered from 100"), "{text}");
+        assert!(
+            text.contains(
+                "10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, \
+                 index 120, answered from 100, last sync 0s ago. "
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            status_lagging_text(&verdict),
+            "1/3 agents at index >= 120; 2 agents are behind: 10.0.0.2:9101 (lb-02): target \
+             down (the last scrape failed), index 90, answered from 90, last sync 75s ago; \
+             10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, index \
+             120, answered from 100, last sync 0s ago"
+        );
         assert!(!text.contains("10.0.0.1"), "{text}");
     }
 

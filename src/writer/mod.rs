@@ -804,7 +804,9 @@ impl Writer {
         if let (Some(n), false) = (note, unchanged) {
             eprintln!("note: {n}");
         }
-        let unconfirmed = if status == "written" {
+        // An unchanged key is confirmed too: re-running a command whose
+        // write was not confirmed confirms it.
+        let unconfirmed = if !dry_run {
             self.confirm_one(key, &full, change).await
         } else {
             None

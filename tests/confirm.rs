@@ -1,0 +1,212 @@
+//! Confirmation of writes through a real Prometheus scraping two real
+//! agents (each asked by its own real HAProxy, as on two load balancers)
+//! that follow a real Consul: `--confirm-prometheus` confirms each step
+//! when both agents answer from the write's index, and names the agent
+//! that lags, exiting 68, when one is stopped. `state status` shows the
+//! same fleet.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::prometheus::Prometheus;
+use support::{haproxy_config, server_line, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+
+/// HAProxy's agent-inter in these tests.
+const INTER_MS: u64 = 200;
+
+/// The exit status of a write not confirmed in time (EX_NOHOST).
+const NOT_CONFIRMED: i32 = 68;
+
+/// A finished CLI run.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn cli(consul: &Consul, args: &[&str]) -> Run {
+    let out = Command::new(AGENT_BIN)
+        .env_clear()
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", &consul.url()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the CLI");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A load balancer: an agent and the HAProxy that asks it about two
+/// servers, a canary and another.
+struct Lb {
+    agent: Agent,
+    _haproxy: Haproxy,
+}
+
+fn lb(consul: &Consul) -> Lb {
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-01", &[], port, INTER_MS));
+    backends.push_str(&server_line(
+        "web",
+        "web-cny-01",
+        &["canary"],
+        port,
+        INTER_MS,
+    ));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    Lb {
+        agent,
+        _haproxy: haproxy,
+    }
+}
+
+/// The ModifyIndex of `PREFIX + key`.
+fn modify_index(consul: &Consul, key: &str) -> u64 {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+    assert_eq!(status, 200, "{key} is absent");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    v[0]["ModifyIndex"].as_u64().unwrap()
+}
+
+#[test]
+fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
+    let consul = Consul::start();
+    let one = lb(&consul);
+    let mut two = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http, two.agent.http]);
+    let prom = prometheus.url();
+    // Both scraped, both asked about their two rows.
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            2,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape both agents asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "disable",
+            "--drain-wait",
+            "1s",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "20s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let maint_index = modify_index(&consul, "canary");
+    // Each step confirmed by both agents, which answered the canary row of
+    // each load balancer from it.
+    assert!(
+        run.stderr
+            .contains("canary disable: drain: confirmed: 2/2 agents at index >= ")
+            && run.stderr.contains(", 2 rows answered drain (after "),
+        "{run:?}"
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "canary disable: maint: confirmed: 2/2 agents at index >= {maint_index}, 2 rows \
+             answered maint"
+        )),
+        "{run:?}"
+    );
+    // The agents do answer maint for the canary.
+    for lb in [&one, &two] {
+        assert_eq!(lb.agent.ask("web/web-cny-01 canary"), "maint 100%\n");
+    }
+
+    // The fleet view, without writing: every agent at the prefix's index.
+    let status = cli(&consul, &["status", "--prometheus", &prom]);
+    assert_eq!(status.code, 0, "{status:?}");
+    let index = consul.prefix_index();
+    assert!(
+        status
+            .stdout
+            .contains(&format!("2/2 agents at index >= {index} ")),
+        "{status:?}"
+    );
+    assert!(status.stdout.contains("1 maint, 1 ready"), "{status:?}");
+
+    // One load balancer's agent stops: the next write is not confirmed,
+    // that agent is named, and the command exits 68.
+    let stopped = two.agent.http.to_string();
+    let running = one.agent.http.to_string();
+    two.agent.proc().kill();
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "drain",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "8s",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let index = modify_index(&consul, "web/web-01");
+    assert!(
+        run.stderr.contains(&format!(
+            "not confirmed after 8s: 1/2 agents at index >= {index}, 1 row answered drain; 1 \
+             agent is behind: {stopped} (lb-2.test): target down (the last scrape failed), \
+             index "
+        )),
+        "{run:?}"
+    );
+    assert!(!run.stderr.contains(&running), "{run:?}");
+    // The write itself was made, and the running agent answers it.
+    assert!(run.stdout.contains("written"), "{run:?}");
+    assert_eq!(one.agent.ask("web/web-01"), "drain 100%\n");
+
+    // In a sequence, the step that is not confirmed is the last written.
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "enable",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "5s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["error"]["kind"], "not_confirmed", "{run:?}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&stopped), "{message}");
+
+    let status = cli(&consul, &["status", "--prometheus", &prom, "--json"]);
+    assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
+    let view: Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(view["agents_total"], 2);
+    assert_eq!(view["agents_at_index"], 1);
+    let lagging: Vec<&Value> = view["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| !a["lag"].is_null())
+        .collect();
+    assert_eq!(lagging.len(), 1, "{view}");
+    assert_eq!(lagging[0]["instance"], stopped.as_str());
+    assert_eq!(lagging[0]["lag"], "target_down");
+}

@@ -210,3 +210,32 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert_eq!(lagging[0]["instance"], stopped.as_str());
     assert_eq!(lagging[0]["lag"], "target_down");
 }
+
+/// The runbook's confirmation commands (in a `text` block: the runbook test
+/// runs every `shell` block, and has no Prometheus) parse with this CLI.
+#[test]
+fn the_runbook_confirmation_commands_parse() {
+    use clap::Parser as _;
+    use gitlab_haproxy_agent::config::Cli;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md");
+    let runbook = std::fs::read_to_string(path).unwrap();
+    let section = runbook
+        .split("### Confirming a drain")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("the runbook has a section Confirming a drain");
+    let commands: Vec<&str> = section
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("gitlab-haproxy-agent state"))
+        .collect();
+    assert_eq!(commands.len(), 2, "{section}");
+    for command in commands {
+        let cli = Cli::try_parse_from(command.split_whitespace())
+            .unwrap_or_else(|e| panic!("{command}\n{e}"));
+        assert!(
+            cli.command.is_some(),
+            "{command} parsed without a subcommand"
+        );
+    }
+}

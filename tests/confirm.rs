@@ -144,6 +144,27 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     );
     assert!(status.stdout.contains("1 maint, 1 ready"), "{status:?}");
 
+    // A removal is confirmed at the prefix's index after it, its rows
+    // answered ready (the default).
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "enable",
+            "--maint-wait",
+            "1s",
+            "--confirm-prometheus",
+            &prom,
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("canary enable: clear: confirmed: 2/2 agents at index >= ")
+            && run.stderr.contains(", 4 rows answered ready (after "),
+        "{run:?}"
+    );
+
     // One load balancer's agent stops: the next write is not confirmed,
     // that agent is named, and the command exits 68.
     let stopped = two.agent.http.to_string();
@@ -176,12 +197,15 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert!(run.stdout.contains("written"), "{run:?}");
     assert_eq!(one.agent.ask("web/web-01"), "drain 100%\n");
 
-    // In a sequence, the step that is not confirmed is the last written.
+    // In a sequence, the step that is not confirmed is the last written:
+    // the canary stays at drain, maint is not written.
     let run = cli(
         &consul,
         &[
             "canary",
-            "enable",
+            "disable",
+            "--drain-wait",
+            "1s",
             "--confirm-prometheus",
             &prom,
             "--confirm-timeout",
@@ -194,6 +218,13 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert_eq!(report["error"]["kind"], "not_confirmed", "{run:?}");
     let message = report["error"]["message"].as_str().unwrap();
     assert!(message.contains(&stopped), "{message}");
+    assert!(message.contains("maint was NOT written"), "{message}");
+    let steps: Vec<&Value> = report["steps"].as_array().unwrap().iter().collect();
+    assert_eq!(steps[0]["status"], "done", "{report}");
+    assert_eq!(steps[2]["status"], "not_run", "{report}");
+    let (_, _, value) = consul.request("GET", &format!("/v1/kv/{PREFIX}canary?raw"), b"");
+    assert_eq!(value, b"drain");
+    assert_eq!(one.agent.ask("web/web-cny-01 canary"), "drain 100%\n");
 
     let status = cli(&consul, &["status", "--prometheus", &prom, "--json"]);
     assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
@@ -209,6 +240,38 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert_eq!(lagging.len(), 1, "{view}");
     assert_eq!(lagging[0]["instance"], stopped.as_str());
     assert_eq!(lagging[0]["lag"], "target_down");
+
+    // A selector Prometheus refuses fails at once; a Prometheus that does
+    // not answer fails at the timeout. Both exit 68, the write made.
+    let status = cli(
+        &consul,
+        &["status", "--prometheus", &prom, "--selector", "job=="],
+    );
+    assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
+    assert!(status.stderr.contains("bad_data"), "{status:?}");
+    let nobody = format!("http://127.0.0.1:{}", support::free_port());
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "maint",
+            "--confirm-prometheus",
+            &nobody,
+            "--confirm-timeout",
+            "2s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["error"]["kind"], "prometheus_unavailable", "{run:?}");
+    assert_eq!(report["after"], "maint", "{run:?}");
+    assert!(
+        run.stderr
+            .contains(&format!("Prometheus at {nobody} did not answer")),
+        "{run:?}"
+    );
 }
 
 /// The runbook's confirmation commands (in a `text` block: the runbook test

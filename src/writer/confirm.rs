@@ -212,13 +212,14 @@ pub struct Fleet {
 pub struct Verdict<'a> {
     /// The index every agent must have reached.
     pub index: u64,
-    /// The answer the write should produce (`drain`, `ready`, ...).
-    pub state: &'static str,
+    /// The answer the write should produce (`drain`, `ready`, ...); `None`
+    /// for `state status`, which wrote nothing.
+    pub state: Option<&'static str>,
     /// Agents at or past it.
     pub confirmed: Vec<&'a AgentView>,
     /// Agents that lag, with why.
     pub lagging: Vec<(&'a AgentView, Lag)>,
-    /// Rows the confirmed agents last answered `state`.
+    /// Rows the confirmed agents last answered `state` (0 without one).
     pub rows: u64,
 }
 
@@ -287,8 +288,8 @@ impl Fleet {
     }
 
     /// How the fleet stands against `index`, counting rows answered `state`.
-    pub fn verdict(&self, index: u64, state: AnswerKind) -> Verdict<'_> {
-        let state = state.as_str();
+    pub fn verdict(&self, index: u64, state: Option<AnswerKind>) -> Verdict<'_> {
+        let state = state.map(AnswerKind::as_str);
         let mut confirmed = Vec::new();
         let mut lagging = Vec::new();
         for agent in &self.agents {
@@ -297,7 +298,7 @@ impl Fleet {
                 Some(lag) => lagging.push((agent, lag)),
             }
         }
-        let rows = confirmed.iter().map(|a| a.rows(state)).sum();
+        let rows = state.map_or(0, |s| confirmed.iter().map(|a| a.rows(s)).sum());
         Verdict {
             index,
             state,
@@ -514,7 +515,7 @@ impl ConfirmArgs {
             let waited = started.elapsed();
             match &last {
                 Ok(fleet) => {
-                    let verdict = fleet.verdict(index, state);
+                    let verdict = fleet.verdict(index, Some(state));
                     if verdict.all_confirmed() {
                         err_line(&confirmed_text(action, &verdict, waited));
                         return Ok(());
@@ -565,16 +566,21 @@ fn waiting_text(action: &str, index: u64, base: &str, timeout: Duration) -> Stri
 }
 
 /// The headline of every outcome: `N/M agents at index >= I, R rows
-/// answered S`.
+/// answered S` (without the rows when there is no state to count).
 pub fn headline(verdict: &Verdict<'_>) -> String {
-    format!(
-        "{}/{} agents at index >= {}, {} answered {}",
+    let mut text = format!(
+        "{}/{} agents at index >= {}",
         verdict.confirmed.len(),
         verdict.confirmed.len() + verdict.lagging.len(),
         verdict.index,
-        plural(verdict.rows as usize, "row", "rows"),
-        verdict.state
-    )
+    );
+    if let Some(state) = verdict.state {
+        text.push_str(&format!(
+            ", {} answered {state}",
+            plural(verdict.rows as usize, "row", "rows")
+        ));
+    }
+    text
 }
 
 fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> String {
@@ -607,23 +613,30 @@ fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
     )
 }
 
-/// The failure when agents still lag at the deadline, naming every one.
-pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
+/// `N agents are behind: <agent>; <agent>`, naming every lagging agent.
+fn behind_text(verdict: &Verdict<'_>) -> String {
     let names: Vec<String> = verdict
         .lagging
         .iter()
         .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
         .collect();
     format!(
-        "not confirmed after {:.0}s: {}; {} behind: {}. The write is in Consul, but those \
-         load balancers may still answer the old state. Follow them with `state status \
-         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
-         HAProxy not asking), re-run the same command to go on (it is \
-         idempotent)",
-        waited.as_secs_f64(),
-        headline(verdict),
+        "{} behind: {}",
         plural(verdict.lagging.len(), "agent is", "agents are"),
         names.join("; ")
+    )
+}
+
+/// The failure when agents still lag at the deadline, naming every one.
+pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
+    format!(
+        "not confirmed after {:.0}s: {}; {}. The write is in Consul, but those load \
+         balancers may still answer the old state. Follow them with `state status \
+         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
+         HAProxy not asking), re-run the same command to go on (it is idempotent)",
+        waited.as_secs_f64(),
+        headline(verdict),
+        behind_text(verdict),
     )
 }
 
@@ -646,25 +659,13 @@ fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
 
 /// The failure of `state status` when agents lag, naming them.
 fn status_lagging_text(verdict: &Verdict<'_>) -> String {
-    let names: Vec<String> = verdict
-        .lagging
-        .iter()
-        .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
-        .collect();
-    format!(
-        "{}/{} agents at index >= {}; {} behind: {}",
-        verdict.confirmed.len(),
-        verdict.confirmed.len() + verdict.lagging.len(),
-        verdict.index,
-        plural(verdict.lagging.len(), "agent is", "agents are"),
-        names.join("; ")
-    )
+    format!("{}; {}", headline(verdict), behind_text(verdict))
 }
 
 /// The fleet view for `state status` against Consul's index `index`, as
 /// text.
 pub fn status_text(fleet: &Fleet, index: u64) -> String {
-    let verdict = fleet.verdict(index, AnswerKind::Drain);
+    let verdict = fleet.verdict(index, None);
     let rows: Vec<Vec<String>> = fleet
         .agents
         .iter()
@@ -732,7 +733,7 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
 
 /// The fleet view for `state status --json`.
 pub fn status_json(fleet: &Fleet, index: u64) -> Value {
-    let verdict = fleet.verdict(index, AnswerKind::Drain);
+    let verdict = fleet.verdict(index, None);
     json!({
         "ok": verdict.all_confirmed(),
         "consul_index": index,
@@ -782,7 +783,7 @@ impl Writer {
         let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
             .await
             .map_err(unavailable)?;
-        let verdict = fleet.verdict(index, AnswerKind::Drain);
+        let verdict = fleet.verdict(index, None);
         if self.json {
             out_line(
                 &serde_json::to_string_pretty(&status_json(&fleet, index)).unwrap_or_default(),
@@ -899,7 +900,7 @@ mod tests {
     #[test]
     fn names_every_agent_that_lags_and_why() {
         let fleet = Fleet::from_answers(&answers()).unwrap();
-        let verdict = fleet.verdict(120, AnswerKind::Drain);
+        let verdict = fleet.verdict(120, Some(AnswerKind::Drain));
         assert!(!verdict.all_confirmed());
         assert_eq!(verdict.confirmed.len(), 1);
         let lags: Vec<(&str, Lag)> = verdict
@@ -938,7 +939,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            status_lagging_text(&verdict),
+            status_lagging_text(&fleet.verdict(120, None)),
             "1/3 agents at index >= 120; 2 agents are behind: 10.0.0.2:9101 (lb-02): target \
              down (the last scrape failed), index 90, answered from 90, last sync 75s ago; \
              10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, index \
@@ -957,13 +958,13 @@ mod tests {
         let fleet = Fleet::from_answers(&answers).unwrap();
         // lb-02's stale values are ignored: it is no longer a target.
         assert_eq!(fleet.agents.len(), 2);
-        let verdict = fleet.verdict(100, AnswerKind::Drain);
+        let verdict = fleet.verdict(100, Some(AnswerKind::Drain));
         assert!(verdict.all_confirmed());
         assert_eq!(
             headline(&verdict),
             "2/2 agents at index >= 100, 3 rows answered drain"
         );
-        assert!(!fleet.verdict(101, AnswerKind::Drain).all_confirmed());
+        assert!(!fleet.verdict(101, None).all_confirmed());
     }
 
     #[test]
@@ -979,7 +980,7 @@ mod tests {
             vector(&[]),
         ];
         let fleet = Fleet::from_answers(&answers).unwrap();
-        let verdict = fleet.verdict(50, AnswerKind::Maint);
+        let verdict = fleet.verdict(50, Some(AnswerKind::Maint));
         let lags: Vec<Lag> = verdict.lagging.iter().map(|(_, l)| *l).collect();
         assert_eq!(lags, [Lag::NotAsked, Lag::NoMetrics]);
     }
@@ -988,7 +989,7 @@ mod tests {
     fn no_target_is_never_confirmed() {
         let empty = vector(&[]);
         let fleet = Fleet::from_answers(&vec![empty; 6]).unwrap();
-        assert!(!fleet.verdict(1, AnswerKind::Drain).all_confirmed());
+        assert!(!fleet.verdict(1, None).all_confirmed());
     }
 
     #[test]

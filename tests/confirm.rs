@@ -249,6 +249,21 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     );
     assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
     assert!(status.stderr.contains("bad_data"), "{status:?}");
+    // A URL that is not one is refused before anything is written.
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-02",
+            "maint",
+            "--confirm-prometheus",
+            "prometheus:9090",
+        ],
+    );
+    assert_eq!(run.code, 64, "{run:?}");
+    let (status, _, _) = consul.request("GET", &format!("/v1/kv/{PREFIX}web/web-02"), b"");
+    assert_eq!(status, 404, "written despite the bad URL");
+
     let nobody = format!("http://127.0.0.1:{}", support::free_port());
     let run = cli(
         &consul,

@@ -40,8 +40,8 @@ const LOOKBACK: &str = "1h";
 /// The options every write command takes to confirm its writes.
 #[derive(Debug, Args, Clone, Default)]
 pub struct ConfirmArgs {
-    /// After each write step, ask the Prometheus at URL (its base, e.g.
-    /// `http://prometheus:9090`) whether every agent holds a snapshot at or
+    /// After each write step, ask the Prometheus at URL (its base, plain
+    /// http, e.g. `http://prometheus:9090`) whether every agent holds a snapshot at or
     /// past the write's ModifyIndex and has answered the rows HAProxy asks
     /// about from it; wait up to --confirm-timeout, else name the agents
     /// that lag and exit 68 (the next step is not written).
@@ -91,8 +91,13 @@ pub enum Unconfirmed {
 }
 
 /// The `--confirm-*` options of the command, when `--confirm-prometheus`
-/// (or its environment variable) is given.
-pub fn of_command(command: &StateCommand) -> Option<ConfirmArgs> {
+/// (or its environment variable) is given and not empty.
+///
+/// # Errors
+///
+/// A usage failure (exit 64) for a URL that is not an `http://` URL, before
+/// anything is written.
+pub fn of_command(command: &StateCommand) -> Result<Option<ConfirmArgs>, Failure> {
     let write = match command {
         StateCommand::Set { write, .. }
         | StateCommand::Clear { write, .. }
@@ -104,13 +109,29 @@ pub fn of_command(command: &StateCommand) -> Option<ConfirmArgs> {
         StateCommand::Get { .. }
         | StateCommand::List
         | StateCommand::Explain { .. }
-        | StateCommand::Status(_) => return None,
+        | StateCommand::Status(_) => return Ok(None),
     };
-    write
-        .confirm
-        .confirm_prometheus
-        .is_some()
-        .then(|| write.confirm.clone())
+    match write.confirm.confirm_prometheus.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(url) => {
+            check_url(url).map_err(|e| {
+                Failure::usage(format!("--confirm-prometheus: {e}; nothing written"))
+            })?;
+            Ok(Some(write.confirm.clone()))
+        }
+    }
+}
+
+/// Checks that `url` is a Prometheus base URL this client can ask: plain
+/// `http://` (the build has no TLS backend, as for Consul).
+fn check_url(url: &str) -> Result<(), String> {
+    let hint = "give Prometheus's base URL, e.g. http://prometheus:9090";
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e}); {hint}"))?;
+    if parsed.scheme() != "http" || parsed.host_str().is_none() {
+        return Err(format!("{url:?} is not an http:// URL; {hint}"));
+    }
+    Ok(())
 }
 
 fn not_confirmed(kind: &'static str, message: String) -> Failure {
@@ -777,6 +798,8 @@ impl Writer {
     /// `state status`: reads the prefix's index from Consul and shows every
     /// agent against it; exit 68 (`not_confirmed`) when one lags.
     pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
+        check_url(args.prometheus.trim())
+            .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
         let index = index_after(&self.client, &self.prefix, None).await?;
         let unavailable = |e| not_confirmed("prometheus_unavailable", e);
         let http = http_client().map_err(unavailable)?;
@@ -1000,6 +1023,16 @@ mod tests {
         assert_eq!(e, "query for answered_index failed: bad_data parse error");
         answers[2] = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
         assert!(Fleet::from_answers(&answers).is_err());
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_taken() {
+        assert!(check_url("http://127.0.0.1:9090").is_ok());
+        assert!(check_url("http://prometheus.gprd:9090/prometheus/").is_ok());
+        // `prometheus:9090` parses as scheme `prometheus`.
+        assert!(check_url("prometheus:9090").is_err());
+        assert!(check_url("https://prometheus:9090").is_err());
+        assert!(check_url("http//prometheus").is_err());
     }
 
     #[test]

@@ -280,11 +280,15 @@ async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u
             )
         }
     };
+    let confirm = match confirm::of_command(&args.command) {
+        Ok(c) => c,
+        Err(f) => return report_failure(args.json, &f),
+    };
     let writer = Writer {
         client,
         prefix: config.prefix,
         json: args.json,
-        confirm: confirm::of_command(&args.command),
+        confirm,
     };
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,

@@ -10,7 +10,7 @@
 //! the last answers to the rows asked about in the last 60 s) and
 //! `gitlab_haproxy_agent_rows_answered{state}`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::time::Duration;
 
@@ -18,6 +18,7 @@ use clap::Args;
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
+use super::plan::Change;
 use super::{exit, CanaryAction, Failure, StateCommand, Writer};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::state::AnswerKind;
@@ -774,12 +775,77 @@ pub fn status_json(fleet: &Fleet, index: u64) -> Value {
     })
 }
 
+/// The answer a write makes the servers it decides get: its state, or for a
+/// removal the default (`ready`).
+fn change_answer(change: Change) -> AnswerKind {
+    match change {
+        Change::Set(s) => s.kind(),
+        Change::Clear => AnswerKind::Ready,
+    }
+}
+
 impl Writer {
+    /// After a sequence's write step of `change` to `keys`: confirms it at
+    /// the highest ModifyIndex the transactions returned (`indexes`), or
+    /// for a removal, which has none, at the prefix's index read now.
+    pub(super) async fn confirm_written(
+        &self,
+        action: &str,
+        change: Change,
+        keys: &[String],
+        indexes: &HashMap<String, u64>,
+        cancel: &CancellationToken,
+    ) -> Result<(), Unconfirmed> {
+        let written = match change {
+            Change::Set(_) => keys.iter().filter_map(|k| indexes.get(k)).max().copied(),
+            Change::Clear => None,
+        };
+        let step = format!("{action}: {}", change.describe());
+        self.confirm_step(&step, written, change_answer(change), cancel)
+            .await
+    }
+
+    /// After `set` or `clear` of `key` (`full`: with the prefix): confirms
+    /// it at the key's ModifyIndex read back (a removal has none: the
+    /// prefix's index). `None` when confirmed or not asked for.
+    pub(super) async fn confirm_one(
+        &self,
+        key: &str,
+        full: &str,
+        change: Change,
+    ) -> Option<Failure> {
+        let known = match change {
+            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
+            Change::Clear => None,
+        };
+        let step = format!("{key}: {}", change.describe());
+        // No signal handler is installed for one write: SIGINT ends the
+        // process as usual, and this token never fires.
+        let never = CancellationToken::new();
+        let confirmed = self
+            .confirm_step(
+                &step,
+                known.map(|p| p.modify_index),
+                change_answer(change),
+                &never,
+            )
+            .await;
+        match confirmed {
+            Ok(()) => None,
+            Err(Unconfirmed::Failed(f)) => Some(f),
+            Err(Unconfirmed::Interrupted) => Some(Failure::new(
+                exit::SIGINT,
+                "interrupted",
+                format!("{key} written; interrupted while confirming"),
+            )),
+        }
+    }
+
     /// After a write step: confirms it (when `--confirm-prometheus` is
     /// given) at `known`, the ModifyIndex the write returned, or else at
     /// the prefix's index read now (see [`index_after`]). `state` is the
     /// answer the write should produce.
-    pub(super) async fn confirm_step(
+    async fn confirm_step(
         &self,
         action: &str,
         known: Option<u64>,

@@ -404,15 +404,6 @@ fn display_value(raw: &[u8]) -> String {
     }
 }
 
-/// The answer a write makes the servers it decides get: its state, or for a
-/// removal the default (`ready`).
-fn change_answer(change: Change) -> crate::state::AnswerKind {
-    match change {
-        Change::Set(s) => s.kind(),
-        Change::Clear => crate::state::AnswerKind::Ready,
-    }
-}
-
 fn reply_text(state: AdminState) -> String {
     String::from_utf8_lossy(state.reply().as_bytes())
         .trim_end()
@@ -852,35 +843,6 @@ impl Writer {
         }
     }
 
-    /// Confirms one key written by `set` or `clear` at its new ModifyIndex
-    /// (read back; a removal has none: the prefix's index). `None` when
-    /// confirmed or not asked for.
-    async fn confirm_one(&self, key: &str, full: &str, change: Change) -> Option<Failure> {
-        let known = match change {
-            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
-            Change::Clear => None,
-        };
-        let step = format!("{key}: {}", change.describe());
-        let never = CancellationToken::new();
-        match self
-            .confirm_step(
-                &step,
-                known.map(|p| p.modify_index),
-                change_answer(change),
-                &never,
-            )
-            .await
-        {
-            Ok(()) => None,
-            Err(confirm::Unconfirmed::Failed(f)) => Some(f),
-            Err(confirm::Unconfirmed::Interrupted) => Some(Failure::new(
-                exit::SIGINT,
-                "interrupted",
-                format!("{key} written; interrupted while confirming"),
-            )),
-        }
-    }
-
     /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
     /// stopping at the first conflict, error or signal. Prints a report of
     /// where every key is now, in every case.
@@ -1065,16 +1027,8 @@ impl Writer {
                         if keys.len() == 1 { "" } else { "s" },
                         if chunks == 1 { "" } else { "s" },
                     ));
-                    // Confirmed at the highest ModifyIndex written; a
-                    // removal has none, so the prefix's index is read.
-                    let written = match change {
-                        Change::Set(_) => keys.iter().filter_map(|k| run.indexes.get(k)).max(),
-                        Change::Clear => None,
-                    };
-                    let expect = change_answer(*change);
-                    let step = format!("{action}: {}", change.describe());
                     match self
-                        .confirm_step(&step, written.copied(), expect, &interrupt.token)
+                        .confirm_written(action, *change, keys, &run.indexes, &interrupt.token)
                         .await
                     {
                         Ok(()) => {}

@@ -249,6 +249,27 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     );
     assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
     assert!(status.stderr.contains("bad_data"), "{status:?}");
+    let started = std::time::Instant::now();
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "ready",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-selector",
+            "job==",
+            "--confirm-timeout",
+            "30s",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    assert!(run.stderr.contains("bad_data"), "{run:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refused selector waited for the timeout"
+    );
     // A URL that is not one is refused before anything is written.
     let run = cli(
         &consul,

@@ -436,33 +436,71 @@ pub async fn fetch_fleet(
     http: &reqwest::Client,
     base: &str,
     selector: &str,
-) -> Result<Fleet, String> {
+) -> Result<Fleet, FetchError> {
     let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
     let mut answers = Vec::with_capacity(6);
     for query in queries(selector) {
-        let mut url = reqwest::Url::parse(&endpoint)
-            .map_err(|e| format!("bad Prometheus URL {base:?}: {e}"))?;
+        let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
+            message: format!("bad Prometheus URL {base:?}: {e}"),
+            lasting: true,
+        })?;
         url.query_pairs_mut().append_pair("query", &query);
+        let passing = |message: String| FetchError {
+            message,
+            lasting: false,
+        };
         let response = http
             .get(url)
             .timeout(QUERY_TIMEOUT)
             .send()
             .await
-            .map_err(|e| format!("Prometheus at {base} did not answer: {}", error_chain(&e)))?;
+            .map_err(|e| {
+                passing(format!(
+                    "Prometheus at {base} did not answer: {}",
+                    error_chain(&e)
+                ))
+            })?;
         let status = response.status();
         let body = response
             .bytes()
             .await
-            .map_err(|e| format!("Prometheus at {base}: {}", error_chain(&e)))?;
-        let value: Value = serde_json::from_slice(&body).map_err(|_| {
-            format!(
+            .map_err(|e| passing(format!("Prometheus at {base}: {}", error_chain(&e))))?;
+        // The HTTP API answers 400 (bad_data) to a query it cannot parse
+        // and 404 to a path that is not the API: asking again cannot help.
+        let lasting = status.is_client_error();
+        let value: Value = serde_json::from_slice(&body).map_err(|_| FetchError {
+            message: format!(
                 "Prometheus at {base} answered {status} without the HTTP API's JSON (is the \
                  URL Prometheus's base?)"
-            )
+            ),
+            lasting,
         })?;
+        if value["status"] != "success" {
+            return Err(FetchError {
+                message: format!(
+                    "Prometheus at {base} refused {query:?}: {} {}",
+                    value["errorType"].as_str().unwrap_or("error"),
+                    value["error"].as_str().unwrap_or("(no message)")
+                ),
+                lasting,
+            });
+        }
         answers.push(value);
     }
-    Fleet::from_answers(&answers).map_err(|e| format!("Prometheus at {base}: {e}"))
+    Fleet::from_answers(&answers).map_err(|e| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    })
+}
+
+/// Why Prometheus could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchError {
+    /// What happened, for people.
+    pub message: String,
+    /// Asking again cannot help (a selector Prometheus refuses, a URL that
+    /// is not the HTTP API's); otherwise it may (unreachable, 5xx).
+    pub lasting: bool,
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -552,20 +590,13 @@ impl ConfirmArgs {
                     }
                 }
                 // A bad selector stays bad: say so at once.
-                Err(e) if e.contains("bad_data") => {
+                Err(e) if e.lasting || tokio::time::Instant::now() >= deadline => {
                     return Err(failed(
                         "prometheus_unavailable",
-                        unavailable_text(index, e, waited),
+                        unavailable_text(index, &e.message, waited),
                     ))
                 }
-                Err(e) => {
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(failed(
-                            "prometheus_unavailable",
-                            unavailable_text(index, e, waited),
-                        ));
-                    }
-                }
+                Err(_) => {}
             }
             tokio::select! {
                 _ = tokio::time::sleep(POLL) => {}
@@ -871,7 +902,7 @@ impl Writer {
         let http = http_client().map_err(unavailable)?;
         let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| unavailable(e.message))?;
         let verdict = fleet.verdict(index, None);
         if self.json {
             out_line(

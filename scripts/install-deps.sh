@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a Debian bookworm machine:
-# HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
-# taken from that suite), promtool/prometheus, Alertmanager/amtool, Ruby for the cookbook tests,
-# socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
+# HAProxy 2.6 (bookworm) and 3.0 and 3.2 (chroots, scripts/haproxy-chroots.sh),
+# Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
+# promtool/prometheus, Alertmanager/amtool, Ruby for the cookbook tests, socat,
+# shellcheck, lintian and cargo-deb. Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -49,6 +50,9 @@ if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked
 fi
 
+# HAProxy 3.0 (trixie) and 3.2 (sid) in chroots, for the tests that also run
+# against them; cached, so a second run is instant.
+"$(dirname "$0")/haproxy-chroots.sh"
 
 haproxy -v | sed -n 1p
 consul version | sed -n 1p

@@ -315,7 +315,7 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
 #[test]
 fn the_runbook_confirmation_commands_parse() {
     use clap::Parser as _;
-    use gitlab_haproxy_agent::config::Cli;
+    use gitlab_haproxy_agent::cli::Cli;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md");
     let runbook = std::fs::read_to_string(path).unwrap();
     let section = runbook

@@ -871,20 +871,8 @@ impl Drop for ConsulServer {
 
 /// One small HTTP/1.1 request (Connection: close): (status, body).
 fn http(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).ok()?;
-    s.write_all(body).ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, body.to_string()))
+    let (status, _, body) = support::http_request(addr, method, path, body)?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
 #[test]

@@ -208,7 +208,7 @@ const MAINT: u32 = 0x01;
 /// The Consul Flags `state drain` writes for the selection `--zone ZONE
 /// --backend BACKEND --server GLOB` (absent parts `None`).
 fn mark(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u64 {
-    use gitlab_haproxy_agent::writer::{drain_flags, selection_id};
+    use gitlab_haproxy_agent::model::marks::{drain_flags, selection_id};
     drain_flags(selection_id(zone, backend, server))
 }
 
@@ -1793,7 +1793,7 @@ fn shell_words(line: &str) -> Vec<String> {
 #[test]
 fn runbook_commands_parse_with_this_cli() {
     use clap::Parser as _;
-    use gitlab_haproxy_agent::config::{Cli, Command as Sub};
+    use gitlab_haproxy_agent::cli::{Cli, Command as Sub};
     let mut checked = 0;
     for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);

@@ -9,7 +9,7 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::responder::{parse_line, MAX_LINE};
+use crate::model::identity::{parse_line, validate_identity, MAX_LINE};
 
 /// Group name prefix that puts a server in a zone: `zone-us-east1-b`.
 pub const ZONE_GROUP_PREFIX: &str = "zone-";
@@ -615,7 +615,7 @@ pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
         let row_key = format!("{backend}/{name}");
         let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
             Enrolment::NotEnrolled("no agent-check".into())
-        } else if crate::state::validate_identity(&row_key).is_err() {
+        } else if validate_identity(&row_key).is_err() {
             Enrolment::NotEnrolled("name is not a valid key".into())
         } else {
             Enrolment::Enrolled {
@@ -633,89 +633,39 @@ pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
     Ok(servers)
 }
 
-/// Shell-style glob match: `*` any run, `?` one character, `[abc]`,
-/// `[a-z]`, `[!a-z]` or `[^a-z]` one character of (not of) a set; anything
-/// else literally.
+/// Shell-style glob match (the `glob` crate's [`glob::Pattern`]): `*` any
+/// run, `?` one character, `[abc]`, `[a-z]`, `[!a-z]` or `[^a-z]` one
+/// character of (not of) a set; anything else literally. `**` is `*` (server
+/// names have no `/`), and a `[` that is not closed is literal.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    // Iterative matcher with one backtrack point for the last `*`.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    star = Some((pi, ti));
-                    pi += 1;
-                    continue;
-                }
-                '?' => {
-                    pi += 1;
-                    ti += 1;
-                    continue;
-                }
-                '[' => {
-                    if let Some((matched, next)) = class_match(&p, pi, t[ti]) {
-                        if matched {
-                            pi = next;
-                            ti += 1;
-                            continue;
-                        }
-                    } else if t[ti] == '[' {
-                        // An unclosed `[` is literal.
-                        pi += 1;
-                        ti += 1;
-                        continue;
-                    }
-                }
-                c if c == t[ti] => {
-                    pi += 1;
-                    ti += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((sp, st)) => {
-                pi = sp + 1;
-                ti = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
+    shell_pattern(pattern).matches(text)
 }
 
-/// Matches `c` against the class starting at `p[start] == '['`: `Some((hit,
-/// index after the class))`, or `None` when the class is not closed.
-fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
-    let mut i = start + 1;
-    let negate = matches!(p.get(i), Some('!' | '^'));
-    if negate {
-        i += 1;
-    }
-    let mut hit = false;
-    let mut first = true;
-    loop {
-        let ch = *p.get(i)?;
-        if ch == ']' && !first {
-            return Some((hit != negate, i + 1));
+/// Compiles a shell glob for [`glob::Pattern`], which reads `**` as a path
+/// wildcard, knows only `[!` as negation, and refuses an unclosed `[`.
+fn shell_pattern(pattern: &str) -> glob::Pattern {
+    let mut glob = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if c == '*' && glob.ends_with('*') {
+            continue;
         }
-        first = false;
-        if p.get(i + 1) == Some(&'-') && p.get(i + 2).is_some_and(|e| *e != ']') {
-            let end = p[i + 2];
-            if ch <= c && c <= end {
-                hit = true;
-            }
-            i += 3;
-        } else {
-            if ch == c {
-                hit = true;
-            }
-            i += 1;
+        if c == '^' && glob.ends_with('[') && !glob.ends_with("[[]") {
+            glob.push('!');
+            continue;
+        }
+        glob.push(c);
+    }
+    loop {
+        match glob::Pattern::new(&glob) {
+            Ok(compiled) => return compiled,
+            // Only an unclosed `[` is left to refuse; `[[]` is a literal `[`.
+            Err(e) => match glob.char_indices().nth(e.pos) {
+                Some((at, '[')) => glob.replace_range(at..at + 1, "[[]"),
+                _ => {
+                    return glob::Pattern::new(&glob::Pattern::escape(pattern))
+                        .expect("an escaped pattern compiles")
+                }
+            },
         }
     }
 }
@@ -723,7 +673,7 @@ fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::responder::MAX_IDENTITIES;
+    use crate::model::identity::MAX_IDENTITIES;
 
     impl Enrolment {
         fn row_key_for_test(&self) -> Option<&str> {
@@ -949,6 +899,10 @@ listen api
             ("web-[^1]*", "web-1x", false),
             ("web-[0-9][0-9]", "web-42", true),
             ("web-[", "web-[", true),
+            ("web-[*", "web-[01", true),
+            ("web-[*", "web-01", false),
+            ("web-**", "web-01", true),
+            ("***", "x", true),
             ("exact", "exact", true),
             ("exact", "exactly", false),
         ] {

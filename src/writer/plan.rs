@@ -4,7 +4,7 @@
 //!
 //! Row keys written by `state drain` carry a drain mark in their Consul Flags
 //! (odd Flags: [`drain_flags`] of the drain's selection id, or the generic
-//! [`DRAIN_FLAGS`](super::DRAIN_FLAGS)); a row key at drain, maint or `0%`
+//! [`DRAIN_FLAGS`](crate::model::marks::DRAIN_FLAGS)); a row key at drain, maint or `0%`
 //! without one was set by hand, and the drain and undrain plans leave it
 //! alone ([`Claim::Marked`]).
 //! A key at drain or maint marked by another drain is held by that drain,
@@ -13,9 +13,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{drain_flags, drain_mark};
 use crate::consul::KvPair;
-use crate::state::{parse_value, AdminState, Entry, KeyState, Snapshot};
+use crate::model::marks::{drain_flags, drain_mark};
+use crate::model::snapshot::{Entry, KeyState, Snapshot};
+use crate::model::value::{parse_value, AdminState};
 
 /// What one key holds now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -559,7 +560,7 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::writer::DRAIN_FLAGS;
+    use crate::model::marks::DRAIN_FLAGS;
 
     /// A key with Flags 0: set by hand (`state set`, `consul kv put`).
     fn valid(state: AdminState, index: u64) -> Current {
@@ -1157,7 +1158,7 @@ mod tests {
         let after = snapshot_after(&snap, &plan.keys);
         assert_eq!(
             after.lookup(["web/x", "canary"]),
-            crate::state::Answer::State {
+            crate::model::snapshot::Answer::State {
                 state: AdminState::Maint,
                 decided_by: Some(1)
             }

@@ -78,7 +78,7 @@ class RecipeTest < Minitest::Test
   end
 
   def recorder(changes = {})
-    node = ChefStandIn.node(extra: { ATTR => changes, 'lsb' => { 'codename' => 'bookworm' } })
+    node = ChefStandIn.node(override: { ATTR => changes }, automatic: { 'lsb' => { 'codename' => 'bookworm' } })
     Recorder.new(node)
   end
 
@@ -90,6 +90,7 @@ class RecipeTest < Minitest::Test
     assert_equal '2s', agent['inter']
     assert_equal 'gitlab-haproxy-agent/state/', agent['prefix']
     assert_equal({}, agent['groups'])
+    assert_equal [], agent['zones']
     assert_equal [], agent['excluded_backends']
   end
 
@@ -144,6 +145,25 @@ class RecipeTest < Minitest::Test
     r = recorder('agent' => { 'groups' => { 'canary' => ['nope'] } })
     assert_refused("#{ATTR}.agent.groups.canary") { r.run('haproxy') }
     assert_empty r.resources
+  end
+
+  # What the agent cannot use fails the run at compile time, in both
+  # recipes, before any resource is declared.
+  def test_both_recipes_refuse_what_the_agent_cannot_use
+    cases = {
+      { 'agent' => { 'addr' => 'localhost' } } => ["#{ATTR}.agent.addr", /host name/],
+      { 'agent' => { 'port' => 70_000 } } => ["#{ATTR}.agent.port", /1-65535/],
+      { 'agent' => { 'groups' => { '' => %w[web] } } } => ["#{ATTR}.agent.groups", /empty/],
+    }
+    cases.each do |change, (attr, why)|
+      %w[agent haproxy].each do |recipe|
+        next if recipe == 'agent' && attr.end_with?('groups')
+
+        r = recorder(change)
+        assert_refused(attr, why) { r.run(recipe) }
+        assert_empty r.resources, "#{recipe}: #{change}"
+      end
+    end
   end
 
   def test_default_recipe_includes_the_agent_only_when_enabled

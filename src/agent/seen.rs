@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::state::AnswerKind;
+use crate::model::value::AnswerKind;
 
 /// A row counts in `gitlab_haproxy_agent_rows_seen` if asked within this
 /// window: 60 s, thirty times the default agent-inter of 2 s.

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::shared::Shared;
-use crate::state::Entry;
+use crate::agent::shared::Shared;
+use crate::model::snapshot::Entry;
 
 /// HTTP connections served at once: 64. Scrapers and humans, not traffic.
 pub const MAX_HTTP_CONNECTIONS: usize = 64;

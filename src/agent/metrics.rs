@@ -9,8 +9,9 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::seen::SeenSummary;
-use crate::state::AnswerKind;
+use crate::agent::seen::SeenSummary;
+use crate::consul::ConsulError;
+use crate::model::value::AnswerKind;
 
 const NAMESPACE: &str = "gitlab_haproxy_agent";
 
@@ -34,6 +35,23 @@ pub enum ConsulOutcome {
     /// An answer that could not be used: no or bad `X-Consul-Index`,
     /// malformed JSON, bad base64, a 200 with no keys.
     DecodeError,
+}
+
+impl From<&ConsulError> for ConsulOutcome {
+    /// The outcome a failed request is counted as: transport and token
+    /// failures as `connect_error`, statuses by class, unusable answers as
+    /// `decode_error`.
+    fn from(e: &ConsulError) -> ConsulOutcome {
+        match e {
+            ConsulError::Connect { .. } | ConsulError::Token { .. } => ConsulOutcome::ConnectError,
+            ConsulError::Timeout { .. } => ConsulOutcome::Timeout,
+            ConsulError::Status { status, .. } if status.is_server_error() => {
+                ConsulOutcome::Http5xx
+            }
+            ConsulError::Status { .. } => ConsulOutcome::Http4xx,
+            ConsulError::Decode(_) => ConsulOutcome::DecodeError,
+        }
+    }
 }
 
 impl ConsulOutcome {
@@ -106,7 +124,7 @@ pub struct Metrics {
     /// the like), after each of which the responder backs off briefly.
     pub accept_errors: IntCounter,
     /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
-    /// seen in the last [`crate::seen::SEEN_WINDOW`].
+    /// seen in the last [`crate::agent::seen::SEEN_WINDOW`].
     pub rows_seen: IntGauge,
     /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
     /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
@@ -392,6 +410,8 @@ pub fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consul::client::status_error;
+    use reqwest::StatusCode;
 
     #[test]
     fn every_label_value_exists_from_start() {
@@ -472,5 +492,18 @@ mod tests {
             .parse()
             .unwrap();
         assert!((29.0..40.0).contains(&age), "age {age}");
+    }
+
+    #[test]
+    fn status_errors_map_to_outcomes() {
+        let e = status_error(StatusCode::INTERNAL_SERVER_ERROR, b"No cluster leader");
+        assert_eq!(ConsulOutcome::from(&e), ConsulOutcome::Http5xx);
+        assert_eq!(
+            e.to_string(),
+            "Consul answered 500 Internal Server Error: No cluster leader"
+        );
+        let e = status_error(StatusCode::FORBIDDEN, b"ACL not found");
+        assert_eq!(ConsulOutcome::from(&e), ConsulOutcome::Http4xx);
+        assert!(e.is_forbidden());
     }
 }

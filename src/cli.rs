@@ -1,9 +1,168 @@
-//! The `state` subcommand's options.
+//! Every command-line option, in one place: the clap structs of the daemon
+//! and of the `state` subcommand (the writer CLI), each also read from its
+//! `GITLAB_HAPROXY_AGENT_*` environment variable. The daemon's
+//! [`crate::agent::config`] and the Consul options' [`crate::consul::config`]
+//! read these and validate them; nothing here does I/O.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::model::marks::selection_id;
+
+/// Default KV prefix.
+pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
+
+/// Exit code for bad options: EX_USAGE from sysexits.h.
+pub const EX_USAGE: i32 = 64;
+
+/// Answers HAProxy agent-checks with the admin state desired in Consul KV.
+///
+/// Holds a Consul blocking query on the prefix, keeps an in-memory copy, and
+/// answers each agent-send line (`<backend>/<server> <group>...`) from the
+/// first identity that has a key: `ready 100%`, `drain 100%`, `maint 100%`
+/// or `ready N%`.
+#[derive(Debug, Parser)]
+#[command(name = "gitlab-haproxy-agent", version, about, long_about)]
+pub struct Cli {
+    /// Consul connection options.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// Daemon options.
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// No subcommand: run the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one the binary runs the daemon.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read and write desired state in Consul KV (the writer CLI): validated
+    /// values, compare-and-set, drain -> wait -> maint sequences.
+    State(StateArgs),
+}
+
+/// How to reach Consul; shared by the daemon and the writer (global, so they
+/// are also accepted after `state ...`).
+#[derive(Debug, Args, Clone)]
+pub struct ConsulArgs {
+    /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
+    /// http://127.0.0.1:8500].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR",
+        value_name = "URL"
+    )]
+    pub consul_addr: Option<String>,
+
+    /// File holding the Consul ACL token, sent as X-Consul-Token and re-read
+    /// on 403 and SIGHUP [default: $CREDENTIALS_DIRECTORY/consul-token if it
+    /// exists, else no token].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub consul_token_file: Option<PathBuf>,
+
+    /// KV prefix holding desired state (always treated as ending in `/`).
+    #[arg(long, global = true, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// journald when stderr is the journal (`$JOURNAL_STREAM`), else text.
+    Auto,
+    /// Human-readable lines on stderr.
+    Text,
+    /// One JSON object per line on stderr.
+    Json,
+    /// Structured entries to the journal socket.
+    Journald,
+}
+
+/// Daemon options.
+#[derive(Debug, Args, Clone)]
+pub struct AgentArgs {
+    /// Agent-check listener (HAProxy's agent-addr:agent-port).
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_LISTEN",
+        default_value = "127.0.0.1:9777"
+    )]
+    pub listen: SocketAddr,
+
+    /// HTTP listener for /metrics, /-/healthy, /-/ready and /status.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
+        default_value = "127.0.0.1:9778"
+    )]
+    pub http_listen: SocketAddr,
+
+    /// Blocking-query wait sent to Consul (1s to 10m; Consul adds up to
+    /// 1/16 of jitter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// How long to retry the first Consul read before exiting 1.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+
+    /// Time an agent-check client has to send its line (10ms to 2s; keep it
+    /// well under agent-inter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub check_timeout: Duration,
+
+    /// Agent-check connections served at once; more are closed unanswered.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
+
+    /// Least time between two Consul requests (rate limit under churn),
+    /// 10ms..10s.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub min_query_interval: Duration,
+
+    /// Log format.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+/// A bad option value.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {option} {value:?}: {reason}")]
+pub struct ConfigError {
+    /// The option, e.g. `--prefix`.
+    pub option: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+pub(crate) fn bad(
+    option: &'static str,
+    value: impl ToString,
+    reason: impl ToString,
+) -> ConfigError {
+    ConfigError {
+        option,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
 
 /// Exit statuses of `state`, shown in `--help` (sysexits.h).
 pub const EXIT_CODES_HELP: &str = "\
@@ -164,7 +323,7 @@ pub enum StateCommand {
     /// rows were last answered from, its last Consul sync, its rows by
     /// answer. Writes nothing; exit 68 when an agent lags.
     #[command(after_help = EXIT_CODES_HELP)]
-    Status(super::confirm::StatusArgs),
+    Status(StatusArgs),
     /// What the agent answers for an agent-send line, and which key decides.
     ///
     /// IDENTITY... is the line: the row key, then the groups, in order
@@ -220,7 +379,54 @@ pub struct WriteOpts {
     pub dry_run: bool,
     /// Confirmation of each write step by the fleet, through Prometheus.
     #[command(flatten)]
-    pub confirm: super::confirm::ConfirmArgs,
+    pub confirm: ConfirmArgs,
+}
+
+/// The default `--confirm-selector` and `state status --selector`: the
+/// scrape job the alerts and the dashboard use.
+pub const DEFAULT_PROMETHEUS_SELECTOR: &str = r#"job="gitlab-haproxy-agent""#;
+
+/// The options every write command takes to confirm its writes through
+/// Prometheus (see [`crate::writer::confirm`]).
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConfirmArgs {
+    /// After each write step, ask the Prometheus at URL (its base, plain
+    /// http, e.g. `http://prometheus:9090`) whether every agent holds a snapshot at or
+    /// past the write's ModifyIndex and has answered the rows HAProxy asks
+    /// about from it; wait up to --confirm-timeout, else name the agents
+    /// that lag and exit 68 (the next step is not written).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub confirm_prometheus: Option<String>,
+    /// How long to wait for every agent to confirm each write step. Make it
+    /// longer than the scrape interval plus agent-inter.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub confirm_timeout: Duration,
+    /// PromQL label matchers that select the agents' scrape targets (every
+    /// agent reading this Consul datacenter, e.g. add
+    /// `environment="gprd"`).
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub confirm_selector: String,
+}
+
+/// Options of `state status`.
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// The Prometheus that scrapes every agent (its base URL).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub prometheus: String,
+    /// PromQL label matchers that select the agents' scrape targets.
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub selector: String,
 }
 
 /// Which servers `drain` and `undrain` act on: --zone, --backend or both.
@@ -262,9 +468,9 @@ pub struct Selector {
 
 impl Selector {
     /// The selection id written into the drain mark
-    /// ([`super::selection_id`] of --zone, --backend and --server).
+    /// ([`selection_id`] of --zone, --backend and --server).
     pub fn id(&self) -> u32 {
-        super::selection_id(
+        selection_id(
             self.zone.as_deref(),
             self.backend.as_deref(),
             self.server.as_deref(),

@@ -108,10 +108,28 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
             &prom,
             "--confirm-timeout",
             "20s",
+            "--json",
         ],
     );
     assert_eq!(run.code, 0, "{run:?}");
     let maint_index = modify_index(&consul, "canary");
+    // The report records each write step's confirmation.
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let steps = report["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3, "{report}");
+    let drain = &steps[0]["confirmed"];
+    assert_eq!(drain["agents_at_index"], 2, "{report}");
+    assert_eq!(drain["state"], "drain", "{report}");
+    assert_eq!(drain["rows_answered"], 2, "{report}");
+    assert!(drain["index"].as_u64().unwrap() < maint_index, "{report}");
+    assert!(
+        steps[1].get("confirmed").is_none(),
+        "a wait is not confirmed"
+    );
+    let maint = &steps[2]["confirmed"];
+    assert_eq!(maint["index"], maint_index, "{report}");
+    assert_eq!(maint["state"], "maint", "{report}");
+    assert!(maint["waited_seconds"].as_f64().unwrap() < 20.0, "{report}");
     // Each step confirmed by both agents, which answered the canary row of
     // each load balancer from it.
     assert!(
@@ -164,6 +182,29 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
             && run.stderr.contains(", 4 rows answered ready (after "),
         "{run:?}"
     );
+
+    // `set --json` reports its confirmation too.
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "ready",
+            "--confirm-prometheus",
+            &prom,
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(
+        report["confirmed"]["index"],
+        modify_index(&consul, "web/web-01"),
+        "{report}"
+    );
+    assert_eq!(report["confirmed"]["agents_at_index"], 2, "{report}");
+    assert_eq!(report["confirmed"]["rows_answered"], 4, "{report}");
 
     // One load balancer's agent stops: the next write is not confirmed,
     // that agent is named, and the command exits 68.
@@ -221,6 +262,7 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert!(message.contains("maint was NOT written"), "{message}");
     let steps: Vec<&Value> = report["steps"].as_array().unwrap().iter().collect();
     assert_eq!(steps[0]["status"], "done", "{report}");
+    assert!(steps[0]["confirmed"].is_null(), "{report}");
     assert_eq!(steps[2]["status"], "not_run", "{report}");
     let (_, _, value) = consul.request("GET", &format!("/v1/kv/{PREFIX}canary?raw"), b"");
     assert_eq!(value, b"drain");
@@ -302,6 +344,7 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
     let report: Value = serde_json::from_str(&run.stdout).unwrap();
     assert_eq!(report["error"]["kind"], "prometheus_unavailable", "{run:?}");
+    assert!(report["confirmed"].is_null(), "{report}");
     assert_eq!(report["after"], "maint", "{run:?}");
     assert!(
         run.stderr

@@ -14,6 +14,7 @@ use super::execute::Writer;
 use super::haproxy::{self, Enrolment};
 use super::output::table;
 use super::plan::{plan_drain, plan_undrain, Change, Claim, Current};
+use super::progress::Confirmation;
 use super::report::{
     display_value, entry_json, key_json, key_table, key_table_snapshot, reply_text,
 };
@@ -300,15 +301,16 @@ impl Writer {
         }
         // An unchanged key is confirmed too: re-running a command whose
         // write was not confirmed confirms it.
-        let unconfirmed = if !dry_run {
+        let confirmed = if !dry_run {
             self.confirm_one(key, &full, change).await
         } else {
-            None
+            Ok(None)
         };
         if self.json {
             self.print_json(json!({
-                "ok": unconfirmed.is_none(),
-                "error": unconfirmed.as_ref().map(Failure::json),
+                "ok": confirmed.is_ok(),
+                "error": confirmed.as_ref().err().map(Failure::json),
+                "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
                 "key": key,
                 "before": before.describe(),
                 "after": after,
@@ -333,9 +335,9 @@ impl Writer {
                 )
             );
         }
-        match unconfirmed {
-            None => Ok(()),
-            Some(mut f) => {
+        match confirmed {
+            Ok(_) => Ok(()),
+            Err(mut f) => {
                 f.reported = self.json;
                 Err(f)
             }

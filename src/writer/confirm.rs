@@ -23,6 +23,7 @@ use super::execute::Writer;
 use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
 use super::output::{err_line, out_line};
 use super::plan::Change;
+use super::progress::Confirmation;
 use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::model::value::AnswerKind;
@@ -108,15 +109,15 @@ impl ConfirmArgs {
     /// Prometheus unreachable), or at once for an answer that retrying
     /// cannot fix (a bad selector); [`Unconfirmed::Interrupted`] when
     /// `cancel` fires during the wait.
-    pub async fn confirm(
+    pub(super) async fn confirm(
         &self,
         action: &str,
         index: u64,
         state: AnswerKind,
         cancel: &CancellationToken,
-    ) -> Result<(), Unconfirmed> {
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
         let Some(base) = &self.confirm_prometheus else {
-            return Ok(());
+            return Ok(None);
         };
         let failed = |kind, message| Unconfirmed::Failed(not_confirmed(kind, message));
         let http = http_client().map_err(|e| failed("prometheus_unavailable", e))?;
@@ -134,7 +135,13 @@ impl ConfirmArgs {
                     let verdict = fleet.verdict(index, Some(state));
                     if verdict.all_confirmed() {
                         err_line(&confirmed_text(action, &verdict, waited));
-                        return Ok(());
+                        return Ok(Some(Confirmation {
+                            index,
+                            agents: verdict.confirmed.len(),
+                            state: state.as_str(),
+                            rows: verdict.rows,
+                            waited,
+                        }));
                     }
                     if tokio::time::Instant::now() >= deadline {
                         let message = if fleet.agents.is_empty() {
@@ -375,6 +382,7 @@ impl Writer {
     /// After a sequence's write step of `change` to `keys`: confirms it at
     /// the highest ModifyIndex the transactions returned (`indexes`), or
     /// for a removal, which has none, at the prefix's index read now.
+    /// `None` when confirmation was not asked for.
     pub(super) async fn confirm_written(
         &self,
         action: &str,
@@ -382,7 +390,7 @@ impl Writer {
         keys: &[String],
         indexes: &HashMap<String, u64>,
         cancel: &CancellationToken,
-    ) -> Result<(), Unconfirmed> {
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
         let written = match change {
             Change::Set(_) => keys.iter().filter_map(|k| indexes.get(k)).max().copied(),
             Change::Clear => None,
@@ -394,13 +402,18 @@ impl Writer {
 
     /// After `set` or `clear` of `key` (`full`: with the prefix): confirms
     /// it at the key's ModifyIndex read back (a removal has none: the
-    /// prefix's index). `None` when confirmed or not asked for.
+    /// prefix's index). `Ok(None)` when confirmation was not asked for.
+    ///
+    /// # Errors
+    ///
+    /// `not_confirmed` or `prometheus_unavailable` (exit 68), Consul's
+    /// failure reading the index, or `interrupted`.
     pub(super) async fn confirm_one(
         &self,
         key: &str,
         full: &str,
         change: Change,
-    ) -> Option<Failure> {
+    ) -> Result<Option<Confirmation>, Failure> {
         let known = match change {
             Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
             Change::Clear => None,
@@ -418,9 +431,9 @@ impl Writer {
             )
             .await;
         match confirmed {
-            Ok(()) => None,
-            Err(Unconfirmed::Failed(f)) => Some(f),
-            Err(Unconfirmed::Interrupted) => Some(Failure::new(
+            Ok(c) => Ok(c),
+            Err(Unconfirmed::Failed(f)) => Err(f),
+            Err(Unconfirmed::Interrupted) => Err(Failure::new(
                 exit::SIGINT,
                 "interrupted",
                 format!("{key} written; interrupted while confirming"),
@@ -438,9 +451,9 @@ impl Writer {
         known: Option<u64>,
         state: AnswerKind,
         cancel: &CancellationToken,
-    ) -> Result<(), Unconfirmed> {
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
         let Some(confirm) = &self.confirm else {
-            return Ok(());
+            return Ok(None);
         };
         let index = index_after(&self.client, &self.prefix, known)
             .await

@@ -346,7 +346,7 @@ impl Writer {
                         .confirm_written(action, *change, keys, &run.indexes, &interrupt.token)
                         .await
                     {
-                        Ok(()) => {}
+                        Ok(confirmed) => run.confirmations[i] = confirmed,
                         Err(confirm::Unconfirmed::Failed(failure)) => {
                             return Err(Stop::Failed { step: i, failure })
                         }

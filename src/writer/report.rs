@@ -10,7 +10,7 @@ use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
 use super::plan::{self, show_raw, Current, Plan, Step, WaitFor};
-use super::progress::Run;
+use super::progress::{Confirmation, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS};
 use crate::consul::KvPair;
 use crate::model::marks::drain_mark;
@@ -340,7 +340,8 @@ impl Report<'_> {
             .steps
             .iter()
             .zip(&self.run.statuses)
-            .map(|(step, status)| match step {
+            .zip(&self.run.confirmations)
+            .map(|((step, status), confirmed)| match step {
                 Step::Write {
                     change,
                     flags,
@@ -348,6 +349,7 @@ impl Report<'_> {
                 } => json!({
                     "write": change.describe(), "flags": flags, "keys": keys,
                     "status": status.as_str(),
+                    "confirmed": confirmed.as_ref().map(Confirmation::json),
                 }),
                 Step::Wait { duration, purpose } => json!({
                     "wait_seconds": duration.as_secs_f64(),

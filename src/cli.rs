@@ -178,6 +178,10 @@ Exit status:
        a server in DRAIN (drain was written, maint was not), or not in
        MAINT after maint was written (something else decides it first)
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
+  68   written, but not confirmed: with --confirm-prometheus, not every
+       agent answered from the write's index within --confirm-timeout (the
+       lagging agents are named; the next step is not written), or
+       Prometheus could not be asked. `status`: an agent lags (EX_NOHOST)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
        (EX_TEMPFAIL)
@@ -350,6 +354,12 @@ pub enum StateCommand {
         #[command(flatten)]
         write: WriteOpts,
     },
+    /// Every agent as the Prometheus that scrapes them sees it, against the
+    /// prefix's X-Consul-Index now: its snapshot's index, the index its
+    /// rows were last answered from, its last Consul sync, its rows by
+    /// answer. Writes nothing; exit 68 when an agent lags.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Status(StatusArgs),
     /// What the agent answers for an agent-send line, and which key decides.
     ///
     /// IDENTITY... is the line: the row key, then the groups, in order
@@ -425,12 +435,62 @@ pub enum CanaryAction {
 }
 
 /// Options of every command that writes.
-#[derive(Debug, Args, Clone, Copy)]
+#[derive(Debug, Args, Clone)]
 pub struct WriteOpts {
     /// Show what would be written, and what the agents would answer then;
     /// write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Confirmation of each write step by the fleet, through Prometheus.
+    #[command(flatten)]
+    pub confirm: ConfirmArgs,
+}
+
+/// The default `--confirm-selector` and `state status --selector`: the
+/// scrape job the alerts and the dashboard use.
+pub const DEFAULT_PROMETHEUS_SELECTOR: &str = r#"job="gitlab-haproxy-agent""#;
+
+/// The options every write command takes to confirm its writes through
+/// Prometheus (see [`crate::writer::confirm`]).
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConfirmArgs {
+    /// After each write step, ask the Prometheus at URL (its base, plain
+    /// http, e.g. `http://prometheus:9090`) whether every agent holds a snapshot at or
+    /// past the write's ModifyIndex and has answered the rows HAProxy asks
+    /// about from it; wait up to --confirm-timeout, else name the agents
+    /// that lag and exit 68 (the next step is not written).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub confirm_prometheus: Option<String>,
+    /// How long to wait for every agent to confirm each write step. Make it
+    /// longer than the scrape interval plus agent-inter.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub confirm_timeout: Duration,
+    /// PromQL label matchers that select the agents' scrape targets (every
+    /// agent reading this Consul datacenter, e.g. add
+    /// `environment="gprd"`).
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub confirm_selector: String,
+}
+
+/// Options of `state status`.
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// The Prometheus that scrapes every agent (its base URL).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub prometheus: String,
+    /// PromQL label matchers that select the agents' scrape targets.
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub selector: String,
 }
 
 /// Which servers `drain` and `undrain` act on: a group (--zone, --group)

@@ -91,10 +91,7 @@ fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     }
     match req.uri().path() {
         "/metrics" => {
-            shared
-                .metrics
-                .rows_seen
-                .set(shared.seen.count_recent() as i64);
+            shared.metrics.observe_seen(&shared.seen.summary());
             text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",

@@ -9,6 +9,7 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
+use crate::agent::seen::SeenSummary;
 use crate::consul::ConsulError;
 use crate::model::value::AnswerKind;
 
@@ -132,10 +133,27 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
     /// seen in the last [`crate::agent::seen::SEEN_WINDOW`].
     pub rows_seen: IntGauge,
+    /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
+    /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
+    rows_answered: [IntGauge; ROWS_ANSWERED_STATES.len()],
+    /// `gitlab_haproxy_agent_answered_index`: the lowest snapshot index
+    /// among the last answers to those rows (0 when there are none).
+    answered_index: IntGauge,
     /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
     /// last agent-check received.
     pub last_check_timestamp: Gauge,
 }
+
+/// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
+/// answer kind a seen row can have (a bad request is never a row).
+pub const ROWS_ANSWERED_STATES: [AnswerKind; 6] = [
+    AnswerKind::Ready,
+    AnswerKind::Drain,
+    AnswerKind::Maint,
+    AnswerKind::Weight,
+    AnswerKind::Invalid,
+    AnswerKind::Unsynced,
+];
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
@@ -302,6 +320,26 @@ impl Metrics {
         .unwrap();
         reg(Box::new(rows_seen.clone()));
 
+        let rows_answered_vec = IntGaugeVec::new(
+            opts(
+                "rows_answered",
+                "Rows received in the last 60 seconds, by the state of their last answer.",
+            ),
+            &["state"],
+        )
+        .unwrap();
+        let rows_answered =
+            ROWS_ANSWERED_STATES.map(|k| rows_answered_vec.with_label_values(&[k.as_str()]));
+        reg(Box::new(rows_answered_vec));
+
+        let answered_index = IntGauge::with_opts(opts(
+            "answered_index",
+            "Lowest snapshot X-Consul-Index among the last answers to the rows received in the \
+             last 60 seconds; 0 when there are none.",
+        ))
+        .unwrap();
+        reg(Box::new(answered_index.clone()));
+
         let last_check_timestamp = Gauge::with_opts(opts(
             "last_check_timestamp_seconds",
             "Unix time of the last agent-check received.",
@@ -334,6 +372,8 @@ impl Metrics {
             connections_refused,
             accept_errors,
             rows_seen,
+            rows_answered,
+            answered_index,
             last_check_timestamp,
         }
     }
@@ -343,6 +383,18 @@ impl Metrics {
         self.consul_requests
             .with_label_values(&[outcome.as_str()])
             .inc();
+    }
+
+    /// Sets `rows_seen`, `rows_answered` and `answered_index` from the rows
+    /// seen (at scrape time).
+    pub fn observe_seen(&self, summary: &SeenSummary) {
+        self.rows_seen.set(summary.rows as i64);
+        for (gauge, kind) in self.rows_answered.iter().zip(ROWS_ANSWERED_STATES) {
+            gauge.set(summary.by_kind[kind as usize] as i64);
+        }
+        let lowest = summary.lowest_index.unwrap_or(0);
+        self.answered_index
+            .set(i64::try_from(lowest).unwrap_or(i64::MAX));
     }
 
     /// The counter for one answer kind.
@@ -422,6 +474,34 @@ mod tests {
             );
             assert!(text.contains(&line), "missing {line}");
         }
+    }
+
+    #[test]
+    fn rows_answered_and_answered_index_follow_the_summary() {
+        let m = Metrics::new();
+        let text = m.render(unix_now());
+        for k in ROWS_ANSWERED_STATES {
+            let line = format!(
+                "gitlab_haproxy_agent_rows_answered{{state=\"{}\"}} 0",
+                k.as_str()
+            );
+            assert!(text.contains(&line), "missing {line}");
+        }
+        assert!(text.contains("gitlab_haproxy_agent_answered_index 0\n"));
+        let mut summary = SeenSummary {
+            rows: 3,
+            lowest_index: Some(42),
+            ..SeenSummary::default()
+        };
+        summary.by_kind[AnswerKind::Drain as usize] = 2;
+        summary.by_kind[AnswerKind::Unsynced as usize] = 1;
+        m.observe_seen(&summary);
+        let text = m.render(unix_now());
+        assert!(text.contains("gitlab_haproxy_agent_rows_seen 3\n"));
+        assert!(text.contains("gitlab_haproxy_agent_answered_index 42\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"drain\"} 2\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"unsynced\"} 1\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"ready\"} 0\n"));
     }
 
     #[test]

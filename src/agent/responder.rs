@@ -439,7 +439,7 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     let snapshot = shared.snapshot.load();
     let Some(snapshot) = snapshot.as_ref() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
-        shared.seen.record(row, AnswerKind::Unsynced, None);
+        shared.seen.record(row, AnswerKind::Unsynced, None, 0);
         return None;
     };
     let answer = snapshot.lookup(identities(text));
@@ -447,13 +447,15 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     shared.metrics.answers(kind).inc();
     match answer {
         Answer::Invalid { .. } => {
-            shared.seen.record(row, kind, None);
+            shared.seen.record(row, kind, None, snapshot.index);
             None
         }
         Answer::State { state, .. } => {
             let reply = state.reply();
             let text = std::str::from_utf8(reply.as_bytes()).unwrap_or_default();
-            shared.seen.record(row, kind, Some(text.trim_end()));
+            shared
+                .seen
+                .record(row, kind, Some(text.trim_end()), snapshot.index);
             Some(reply)
         }
     }
@@ -628,6 +630,8 @@ mod tests {
         assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 1);
         assert!(eventually(|| shared.metrics.answer_duration.get_sample_count() == 2).await);
         assert_eq!(shared.seen.rows()[0].0, "web/web-01 canary");
+        // Answered from the snapshot at index 1.
+        assert_eq!(shared.seen.rows()[0].1.index, 1);
         assert!(shared.metrics.last_check_timestamp.get() > 0.0);
         running.stop().await;
     }

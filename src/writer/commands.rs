@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::confirm;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::execute::Writer;
 use super::haproxy;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
+use super::progress::Confirmation;
 use super::report::{
     display_value, entry_json, key_json, key_table, key_table_snapshot, reply_text,
 };
@@ -61,10 +63,15 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
             )
         }
     };
+    let confirm = match confirm::of_command(&args.command) {
+        Ok(c) => c,
+        Err(f) => return report_failure(args.json, &f),
+    };
     let writer = Writer {
         client,
         prefix: config.prefix,
         json: args.json,
+        confirm,
     };
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
@@ -131,6 +138,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
             haproxy_config,
         } => writer.explain(identities, haproxy_config.as_deref()).await,
         StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
+        StateCommand::Status(status) => writer.status(status).await,
     };
     match result {
         Ok(()) => exit::OK,
@@ -286,9 +294,18 @@ impl Writer {
         if let (Some(n), false) = (note, unchanged) {
             eprintln!("note: {n}");
         }
+        // An unchanged key is confirmed too: re-running a command whose
+        // write was not confirmed confirms it.
+        let confirmed = if !dry_run {
+            self.confirm_one(key, &full, change).await
+        } else {
+            Ok(None)
+        };
         if self.json {
             self.print_json(json!({
-                "ok": true,
+                "ok": confirmed.is_ok(),
+                "error": confirmed.as_ref().err().map(Failure::json),
+                "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
                 "key": key,
                 "before": before.describe(),
                 "after": after,
@@ -313,7 +330,13 @@ impl Writer {
                 )
             );
         }
-        Ok(())
+        match confirmed {
+            Ok(_) => Ok(()),
+            Err(mut f) => {
+                f.reported = self.json;
+                Err(f)
+            }
+        }
     }
 
     /// `state explain`: what the agent answers for the agent-send line

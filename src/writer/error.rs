@@ -25,6 +25,10 @@ pub mod exit {
     pub const DATAERR: u8 = 65;
     /// EX_NOINPUT: the HAProxy configuration or socket cannot be read.
     pub const NOINPUT: u8 = 66;
+    /// EX_NOHOST: written, but not every agent (host) confirmed it within
+    /// `--confirm-timeout`, or Prometheus could not be asked; `state
+    /// status`: an agent lags.
+    pub const NOT_CONFIRMED: u8 = 68;
     /// EX_UNAVAILABLE: Consul unreachable, timed out, or without a leader.
     pub const UNAVAILABLE: u8 = 69;
     /// EX_TEMPFAIL: compare-and-set conflict; nothing overwritten.
@@ -48,7 +52,8 @@ pub struct Failure {
     pub code: u8,
     /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
     /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
-    /// `interrupted`, `not_drained`, `not_in_maint`.
+    /// `interrupted`, `not_drained`, `not_in_maint`, `not_confirmed`,
+    /// `prometheus_unavailable`.
     pub kind: &'static str,
     /// What happened, and what was and was not written.
     pub message: String,

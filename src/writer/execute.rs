@@ -11,6 +11,7 @@ use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
+use super::confirm;
 use super::error::{exit, Failure};
 use super::haproxy::{self, Server};
 use super::output::{err_line, out_line};
@@ -18,6 +19,7 @@ use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
+use crate::cli::ConfirmArgs;
 use crate::consul::{ConsulClient, TxnOp, TxnOutcome, MAX_TXN_OPS};
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
@@ -167,6 +169,8 @@ pub(super) struct Writer {
     pub(super) client: ConsulClient,
     pub(super) prefix: String,
     pub(super) json: bool,
+    /// Set when write steps are to be confirmed through Prometheus.
+    pub(super) confirm: Option<ConfirmArgs>,
 }
 
 impl Writer {
@@ -340,6 +344,24 @@ impl Writer {
                         if keys.len() == 1 { "" } else { "s" },
                         if chunks == 1 { "" } else { "s" },
                     ));
+                    match self
+                        .confirm_written(action, *change, keys, &run.indexes, &interrupt.token)
+                        .await
+                    {
+                        Ok(confirmed) => run.confirmations[i] = confirmed,
+                        Err(confirm::Unconfirmed::Failed(failure)) => {
+                            return Err(Stop::Failed { step: i, failure })
+                        }
+                        Err(confirm::Unconfirmed::Interrupted) => {
+                            let (name, code) =
+                                interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                            return Err(Stop::Signal {
+                                step: i,
+                                name,
+                                code,
+                            });
+                        }
+                    }
                     let after_drain_wait = i > 0
                         && matches!(
                             plan.steps[i - 1],

@@ -5,13 +5,17 @@
 //!
 //! `commands` dispatches; `select` picks the keys from the servers that
 //! [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
-//! `progress` records how far it got, `report` prints the result; [`error`]
-//! names each failure and its exit status. The writer stands on the model
+//! `progress` records how far it got, `report` prints the result; with
+//! `--confirm-prometheus`, [`confirm`] waits after each write step until
+//! every agent answers from it, asking Prometheus for the [`fleet`];
+//! [`error`] names each failure and its exit status. The writer stands on the model
 //! and the Consul client and imports nothing from the daemon.
 
 mod commands;
+pub mod confirm;
 pub mod error;
 mod execute;
+pub mod fleet;
 pub mod haproxy;
 pub mod output;
 pub mod plan;

@@ -4,6 +4,9 @@
 //! was not written).
 
 use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::{json, Value};
 
 use super::error::Failure;
 use super::plan::{Change, Current, Plan, Step};
@@ -59,6 +62,37 @@ impl Stop {
     }
 }
 
+/// A write step every agent confirmed, through Prometheus
+/// (`--confirm-prometheus`).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Confirmation {
+    /// The index every agent reached: the write's ModifyIndex, or for a
+    /// removal the prefix's X-Consul-Index read after it.
+    pub(super) index: u64,
+    /// How many agents confirmed it (all the selector matched).
+    pub(super) agents: usize,
+    /// The answer the write produces (`drain`, `maint`, `ready`, ...).
+    pub(super) state: &'static str,
+    /// Rows those agents last answered `state`.
+    pub(super) rows: u64,
+    /// From the start of the wait to the confirmation.
+    pub(super) waited: Duration,
+}
+
+impl Confirmation {
+    /// `{index, agents_at_index, rows_answered, state, waited_seconds}`
+    /// for `--json`.
+    pub(super) fn json(&self) -> Value {
+        json!({
+            "index": self.index,
+            "agents_at_index": self.agents,
+            "state": self.state,
+            "rows_answered": self.rows,
+            "waited_seconds": (self.waited.as_secs_f64() * 1000.0).round() / 1000.0,
+        })
+    }
+}
+
 /// Where a sequence got to.
 pub(super) struct Run {
     /// Consul index of the read the plan was made from.
@@ -69,6 +103,8 @@ pub(super) struct Run {
     pub(super) now: HashMap<String, Option<AdminState>>,
     /// One per plan step.
     pub(super) statuses: Vec<StepStatus>,
+    /// One per plan step: set for a write step every agent confirmed.
+    pub(super) confirmations: Vec<Option<Confirmation>>,
     /// The keys and the snapshot as read again at the end, when that read
     /// worked.
     pub(super) observed: Option<(HashMap<String, Current>, Snapshot)>,
@@ -91,6 +127,7 @@ impl Run {
                 .collect(),
             now: HashMap::new(),
             statuses: vec![StepStatus::NotRun; plan.steps.len()],
+            confirmations: vec![None; plan.steps.len()],
             observed: None,
             not_drained: Vec::new(),
             not_in_maint: Vec::new(),

@@ -10,7 +10,7 @@ use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
-use super::progress::Run;
+use super::progress::{Confirmation, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
 use crate::model::marks::is_drain_mark;
@@ -320,7 +320,8 @@ impl Report<'_> {
             .steps
             .iter()
             .zip(&self.run.statuses)
-            .map(|(step, status)| match step {
+            .zip(&self.run.confirmations)
+            .map(|((step, status), confirmed)| match step {
                 Step::Write {
                     change,
                     flags,
@@ -328,6 +329,7 @@ impl Report<'_> {
                 } => json!({
                     "write": change.describe(), "flags": flags, "keys": keys,
                     "status": status.as_str(),
+                    "confirmed": confirmed.as_ref().map(Confirmation::json),
                 }),
                 Step::Wait { duration, purpose } => json!({
                     "wait_seconds": duration.as_secs_f64(),

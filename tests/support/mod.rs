@@ -13,6 +13,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod prometheus;
+
 /// The agent binary built by cargo for these tests.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 

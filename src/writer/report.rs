@@ -277,14 +277,16 @@ impl Report<'_> {
             .take(SHOWN)
             .map(|(k, s)| format!("{k} = {s}"))
             .collect();
+        let n = keys.len();
         format!(
-            "Row keys decide before any group key: a server of {} whose row key is one of \
-             these {} stays in service: {}{}. See which with --haproxy-config (a load \
-             balancer's configuration) or `state explain KEY GROUPS...`.\n",
-            self.target.group.as_deref().unwrap_or("the group"),
-            keys.len(),
+            "Row keys decide before any group key, and {n} row key{} in service: {}{}. A \
+             server of {} whose row key is one of them stays in service. See which with \
+             --haproxy-config (a load balancer's configuration) or `state explain KEY \
+             GROUPS...`.\n",
+            if n == 1 { " is" } else { "s are" },
             list.join(", "),
-            if keys.len() > SHOWN { ", ..." } else { "" },
+            if n > SHOWN { ", ..." } else { "" },
+            self.target.group.as_deref().unwrap_or("the group"),
         )
     }
 
@@ -669,7 +671,7 @@ mod tests {
         };
         let text = report.text();
         assert!(
-            text.contains("stays in service: web/web-02 = 50%."),
+            text.contains("1 row key is in service: web/web-02 = 50%. A server of zone-b"),
             "{text}"
         );
         assert_eq!(

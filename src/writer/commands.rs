@@ -15,9 +15,7 @@ use super::haproxy;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
 use super::progress::Confirmation;
-use super::report::{
-    display_value, entry_json, key_json, key_table, key_table_snapshot, reply_text,
-};
+use super::report::{display_value, entry_json, key_json, key_table, reply_text};
 use super::select::{config_path, Target, CANARY_KEY};
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
@@ -160,7 +158,7 @@ impl Writer {
             None => println!(
                 "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
             ),
-            Some(p) => print!("{}", key_table(&[(key.to_string(), p)])),
+            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None)),
         }
         Ok(())
     }
@@ -202,7 +200,7 @@ impl Writer {
             );
             return Ok(());
         }
-        print!("{}", key_table_snapshot(&rows, &snapshot));
+        print!("{}", key_table(&rows, Some(&snapshot)));
         println!(
             "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),

@@ -130,15 +130,17 @@ pub(super) fn mark_name(flags: u64) -> String {
 pub(super) const KEY_HEADER: [&str; 6] =
     ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
 
-pub(super) fn key_table(rows: &[(String, &KvPair)]) -> String {
-    let rows: Vec<Vec<String>> = rows.iter().map(|(k, p)| key_row(k, p, None)).collect();
-    table(&KEY_HEADER, &rows)
-}
-
-pub(super) fn key_table_snapshot(rows: &[(String, &KvPair)], snapshot: &Snapshot) -> String {
+/// The key table of `get` and `list`: with the snapshot, the agent's
+/// verdict on each key (key validity included).
+pub(super) fn key_table(rows: &[(String, &KvPair)], snapshot: Option<&Snapshot>) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
-        .map(|(k, p)| key_row(k, p, snapshot.keys.get(k.as_str()).map(|s| &s.entry)))
+        .map(|(k, p)| {
+            let entry = snapshot
+                .and_then(|s| s.keys.get(k.as_str()))
+                .map(|s| &s.entry);
+            key_row(k, p, entry)
+        })
         .collect();
     table(&KEY_HEADER, &rows)
 }

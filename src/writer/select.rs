@@ -62,13 +62,17 @@ pub(super) struct Target {
 /// be readable), else [`DEFAULT_HAPROXY_CONFIG`] or
 /// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` when that file exists, else none.
 pub(super) fn config_path(given: Option<&Path>) -> Option<PathBuf> {
-    if let Some(path) = given {
-        return Some(path.to_path_buf());
+    match given {
+        Some(path) => Some(path.to_path_buf()),
+        None => Some(default_config()).filter(|p| p.is_file()),
     }
-    let default = std::env::var_os("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG")
+}
+
+/// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, else [`DEFAULT_HAPROXY_CONFIG`].
+fn default_config() -> PathBuf {
+    std::env::var_os("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG")
         .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_HAPROXY_CONFIG), PathBuf::from);
-    default.is_file().then_some(default)
+        .map_or_else(|| PathBuf::from(DEFAULT_HAPROXY_CONFIG), PathBuf::from)
 }
 
 /// True when `server` is a glob rather than one server's name.
@@ -175,7 +179,7 @@ impl Target {
                         } else {
                             "a whole --backend"
                         },
-                        config_path_shown(),
+                        default_config().display(),
                     ))),
                 };
             }
@@ -327,14 +331,6 @@ impl Target {
         }
         parts.join(", ")
     }
-}
-
-/// The default configuration path, for messages.
-fn config_path_shown() -> String {
-    std::env::var("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| DEFAULT_HAPROXY_CONFIG.to_string())
 }
 
 #[cfg(test)]

@@ -622,6 +622,20 @@ fn explain_agrees_with_the_running_agent() {
         (v["reply"].as_str(), v["decided_by"].as_str()),
         (Some("maint 100%"), Some("zone-b"))
     );
+    // The default configuration (this load balancer's) found it too; a
+    // server it does not list is another's: answered as with none.
+    let with_default = |args: &[&str]| -> Value {
+        let out = command(&consul.url(), args)
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &cfg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = with_default(&["explain", "web/web-cny-01", "--json"]);
+    assert_eq!(v["reply"], "maint 100%", "{v}");
+    let v = with_default(&["explain", "web/web-elsewhere", "--json"]);
+    assert_eq!(v["answer"], "unknown", "{v}");
     // A server-template server has no row key: found by its name.
     let v = cli(
         &consul,

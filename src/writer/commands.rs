@@ -349,9 +349,10 @@ impl Writer {
     ) -> Result<(), Failure> {
         let mut line = identities.join(" ");
         let lone_row_key = identities.len() == 1 && is_row_key(&identities[0]);
-        let config = config_path(config).filter(|_| lone_row_key);
-        if let Some(path) = &config {
-            let servers = haproxy::servers_from_config(path)?;
+        let explicit = config.is_some();
+        let mut config = config_path(config).filter(|_| lone_row_key);
+        if let Some(path) = config.clone() {
+            let servers = haproxy::servers_from_config(&path)?;
             // By row key, else by `<backend>/<server>`: a server-template
             // server (`web/web-tpl1`) has no row key of its own.
             let found = servers
@@ -360,12 +361,18 @@ impl Writer {
                 .or_else(|| servers.iter().find(|s| s.id() == line))
                 .filter(|s| !s.identities().is_empty())
                 .map(|s| s.identities().join(" "));
-            line = found.ok_or_else(|| {
-                Failure::invalid(format!(
-                    "no enrolled server with row key or name {line} in {}",
-                    path.display()
-                ))
-            })?;
+            match found {
+                Some(found) => line = found,
+                // The default configuration is this load balancer's; the
+                // server may be another's: answered as with none.
+                None if !explicit => config = None,
+                None => {
+                    return Err(Failure::invalid(format!(
+                        "no enrolled server with row key or name {line} in {}",
+                        path.display()
+                    )))
+                }
+            }
         }
         let ids = parse_line(line.as_bytes()).map_err(|e| {
             Failure::invalid(format!(

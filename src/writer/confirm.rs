@@ -206,7 +206,7 @@ fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> Stri
     format!(
         "{action}: confirmed: {} (after {:.1}s)",
         headline(verdict),
-        waited.as_secs_f64()
+        waited.as_secs()
     )
 }
 
@@ -249,11 +249,11 @@ fn behind_text(verdict: &Verdict<'_>) -> String {
 /// The failure when agents still lag at the deadline, naming every one.
 pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
     format!(
-        "not confirmed after {:.0}s: {}; {}. The write is in Consul, but those load \
+        "not confirmed after {}s: {}; {}. The write is in Consul, but those load \
          balancers may still answer the old state. Follow them with `state status \
          --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
          HAProxy not asking), re-run the same command to go on (it is idempotent)",
-        waited.as_secs_f64(),
+        waited.as_secs(),
         headline(verdict),
         behind_text(verdict),
     )
@@ -261,18 +261,18 @@ pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
 
 fn no_agents_text(base: &str, selector: &str, waited: Duration) -> String {
     format!(
-        "not confirmed after {:.0}s: Prometheus at {base} has no target matching \
+        "not confirmed after {}s: Prometheus at {base} has no target matching \
          {{{selector}}}; nothing tells whether the fleet applied the write (set \
          --confirm-selector to the agents' scrape job)",
-        waited.as_secs_f64()
+        waited.as_secs()
     )
 }
 
 fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
     format!(
-        "not confirmed after {:.0}s: {error}; the write (index {index}) is in Consul, but \
+        "not confirmed after {}s: {error}; the write (index {index}) is in Consul, but \
          whether every agent applied it is unknown",
-        waited.as_secs_f64()
+        waited.as_secs()
     )
 }
 

@@ -67,9 +67,14 @@ fn sample_config(agent_port: u16) -> String {
 
 /// `gitlab-haproxy-agent state ARGS` as on a console node: from an empty
 /// directory, no `GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, and /etc/haproxy (if
-/// any) hidden under a tmpfs in a mount namespace of its own.
+/// any) hidden under a tmpfs in a mount namespace of its own (as root; else
+/// the default configuration is named as a file that does not exist).
 fn console_cli(consul: &Consul, cwd: &Path, args: &[&str]) -> Child {
-    let hidden = Path::new("/etc/haproxy").is_dir();
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0");
+    let hidden = root && Path::new("/etc/haproxy").is_dir();
     let mut cmd = if hidden {
         let mut c = Command::new("unshare");
         c.args([
@@ -85,8 +90,16 @@ fn console_cli(consul: &Consul, cwd: &Path, args: &[&str]) -> Child {
     } else {
         Command::new(AGENT_BIN)
     };
-    cmd.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    cmd.env_clear();
+    if !hidden {
+        // Not root: a mount namespace is out of reach; name a file that
+        // does not exist as the default configuration instead.
+        cmd.env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            cwd.join("no-haproxy.cfg"),
+        );
+    }
+    cmd.env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .current_dir(cwd)
         .arg("state")
         .args(args)

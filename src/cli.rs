@@ -286,9 +286,10 @@ pub enum StateCommand {
         write: WriteOpts,
     },
     /// Take the canary group out (`disable`) or bring it back (`enable`),
-    /// through the `canary` key: `drain --group canary` and `undrain --group
-    /// canary`. ChatOps' `/chatops run canary --disable` and `--enable` run
-    /// these.
+    /// through the `canary` key.
+    ///
+    /// The same as `drain --group canary` and `undrain --group canary`.
+    /// ChatOps' `/chatops run canary --disable` and `--enable` run these.
     #[command(after_help = EXIT_CODES_HELP)]
     Canary {
         /// disable or enable.

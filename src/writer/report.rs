@@ -145,6 +145,12 @@ pub(super) fn key_table(rows: &[(String, &KvPair)], snapshot: Option<&Snapshot>)
     table(&KEY_HEADER, &rows)
 }
 
+/// True for a state that keeps a server in rotation: ready, or a weight
+/// above 0.
+fn in_service(state: AdminState) -> bool {
+    matches!(state, AdminState::Ready | AdminState::Weight(1..))
+}
+
 /// The report printed at the end of a sequence.
 pub(super) struct Report<'a> {
     pub(super) action: &'static str,
@@ -236,27 +242,31 @@ impl Report<'_> {
         out
     }
 
-    /// For a group drain without servers to preview: the row keys in
-    /// service now (ready or a weight above 0). A server whose row key has
-    /// a value is decided by it, not by the group, so any of these in the
-    /// group stays in service.
-    pub(super) fn overrides(&self) -> Vec<(String, AdminState)> {
-        let draining = self
-            .plan
+    /// True when the plan takes its keys out (a drain), false when it
+    /// brings them back.
+    fn draining(&self) -> bool {
+        self.plan
             .keys
             .iter()
-            .any(|k| k.after == Some(AdminState::Maint));
-        if self.target.group.is_none() || !self.target.servers.is_empty() || !draining {
+            .any(|k| k.after == Some(AdminState::Maint))
+    }
+
+    /// For a group sequence without servers to preview: the row keys that
+    /// keep a server of the group where the group key does not put it, since
+    /// a row key with a value decides first. After a drain, those in service
+    /// (ready or a weight above 0); after an undrain, those out (drain,
+    /// maint or `0%`).
+    pub(super) fn overrides(&self) -> Vec<(String, AdminState)> {
+        if self.target.group.is_none() || !self.target.servers.is_empty() {
             return Vec::new();
         }
+        let draining = self.draining();
         let mut keys: Vec<(String, AdminState)> = self
             .snapshot
             .keys
             .iter()
             .filter_map(|(k, s)| match s.entry {
-                Entry::Valid(state @ (AdminState::Ready | AdminState::Weight(1..)))
-                    if is_row_key(k) =>
-                {
+                Entry::Valid(state) if is_row_key(k) && in_service(state) == draining => {
                     Some((k.to_string(), state))
                 }
                 _ => None,
@@ -266,8 +276,8 @@ impl Report<'_> {
         keys
     }
 
-    /// The lines naming the row keys in service that decide before the
-    /// group ([`Report::overrides`]); empty when there are none.
+    /// The lines naming the row keys that decide before the group
+    /// ([`Report::overrides`]); empty when there are none.
     pub(super) fn overrides_text(&self) -> String {
         const SHOWN: usize = 10;
         let keys = self.overrides();
@@ -280,11 +290,15 @@ impl Report<'_> {
             .map(|(k, s)| format!("{k} = {s}"))
             .collect();
         let n = keys.len();
+        let (are, stays) = if self.draining() {
+            ("in service", "stays in service")
+        } else {
+            ("at drain, maint or 0%", "stays out")
+        };
         format!(
-            "Row keys decide before any group key, and {n} row key{} in service: {}{}. A \
-             server of {} whose row key is one of them stays in service. See which with \
-             --haproxy-config (a load balancer's configuration) or `state explain KEY \
-             GROUPS...`.\n",
+            "Row keys decide before any group key, and {n} row key{} {are}: {}{}. A server of \
+             {} whose row key is one of them {stays}. See which with --haproxy-config (a load \
+             balancer's configuration) or `state explain KEY GROUPS...`.\n",
             if n == 1 { " is" } else { "s are" },
             list.join(", "),
             if n > SHOWN { ", ..." } else { "" },
@@ -375,7 +389,7 @@ impl Report<'_> {
                 "value": k.before.describe(),
                 "flags": k.before.flags(),
             })).collect::<Vec<_>>(),
-            "row_keys_in_service": self.overrides().iter().map(|(k, v)| json!({
+            "row_keys_deciding_first": self.overrides().iter().map(|(k, v)| json!({
                 "key": k, "value": v.to_string(),
             })).collect::<Vec<_>>(),
             "servers": self.target.servers.iter().map(|s| {
@@ -677,8 +691,21 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            report.json()["row_keys_in_service"],
+            report.json()["row_keys_deciding_first"],
             json!([{"key": "web/web-02", "value": "50%"}])
+        );
+        // After an undrain, the row keys that keep servers out.
+        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let report = Report {
+            plan: &plan,
+            ..report
+        };
+        assert!(
+            report
+                .text()
+                .contains("1 row key is at drain, maint or 0%: web/web-09 = maint. A server of zone-b whose row key is one of them stays out."),
+            "{}",
+            report.text()
         );
     }
 }

@@ -855,7 +855,7 @@ listen api
     }
 
     #[test]
-    fn enrolled_only_when_the_agent_answers_from_the_row_key() {
+    fn enrolled_only_when_the_agent_answers_the_line() {
         assert_eq!(
             enrolment_of(r"web/web-01 canary zone-b\n"),
             Enrolment::Enrolled {

@@ -215,8 +215,8 @@ impl Report<'_> {
             ("their keys were", "they stay")
         };
         let mut out = format!(
-            "{n} server{} left alone: {them} set by hand (drain, maint or 0% without Consul \
-             Flags: no mark of `state drain`), so {verb} as set:\n",
+            "{n} server{} left alone: {them} set by hand (drain, maint or 0% with even Consul \
+             Flags, not the mark of `state drain`), so {verb} as set:\n",
             if n == 1 { "" } else { "s" },
         );
         let rows: Vec<Vec<String>> = hand

@@ -517,8 +517,9 @@ pub struct Selector {
     /// BACKEND/NAME, no configuration needed; a configuration that lists the
     /// server gives its real row key), or matching a glob (`*`, `?`,
     /// `[a-c]`; quote it), which needs --haproxy-config or --haproxy-socket.
+    /// Repeat it for several.
     #[arg(long, value_name = "NAME|GLOB")]
-    pub server: Option<String>,
+    pub server: Vec<String>,
     /// HAProxy configuration to read the servers from: expands --backend and
     /// a --server glob, and previews what each server will be answered
     /// (with --zone too). Optional [default:

@@ -1272,6 +1272,30 @@ fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.json()["keys"][0]["key"], "web/web-z-09");
+    // Several names at once, no configuration.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-a-01",
+            "--server",
+            "web-b-01",
+            "--dry-run",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    let keys: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["web/web-a-01", "web/web-b-01"]);
     let e = kv_entry(&consul, "web/web-b-01").unwrap();
     assert_eq!((e.value.as_str(), e.flags), ("maint", MARK));
     haproxy.wait_server("web", "web-b-01", CONVERGE, |s| s.is_maint());

@@ -107,7 +107,7 @@ impl Target {
             (None, Some(g)) => Some(g.clone()),
             (None, None) => None,
         };
-        if select.server.is_some() && select.backend.is_none() {
+        if !select.server.is_empty() && select.backend.is_none() {
             return usage("--server needs --backend (it names servers within one backend)");
         }
         match &group {
@@ -174,7 +174,7 @@ impl Target {
                          of a load balancer's configuration) or --haproxy-socket PATH; {} does \
                          not exist here. One server by exact name needs neither: --backend B \
                          --server NAME; nothing written",
-                        if select.server.is_some() {
+                        if !select.server.is_empty() {
                             "a --server glob"
                         } else {
                             "a whole --backend"
@@ -186,9 +186,16 @@ impl Target {
         };
         let mut target = Target::select(all, select, group, source);
         // A server named exactly that this configuration does not list is
-        // another load balancer's: its row key is written as named.
-        if target.keys.is_empty() && target.not_written.is_empty() {
-            if let Some(named) = Target::named(select) {
+        // another load balancer's: the row keys are written as named.
+        if let Some(named) = Target::named(select) {
+            let listed = |name: &String| {
+                let mut all = target
+                    .servers
+                    .iter()
+                    .chain(target.not_written.iter().map(|(s, _)| s));
+                all.any(|s| &s.name == name)
+            };
+            if !select.server.iter().all(listed) {
                 target = named?;
             }
         }
@@ -197,18 +204,23 @@ impl Target {
         Ok(target)
     }
 
-    /// The row key `BACKEND/NAME` of `--backend BACKEND --server NAME`, an
-    /// exact name (no glob); `None` for any other selection.
+    /// The row keys `BACKEND/NAME` of `--backend BACKEND --server NAME...`,
+    /// exact names (no glob); `None` for any other selection.
     fn named(select: &Selector) -> Option<Result<Target, Failure>> {
-        let (Some(b), Some(name)) = (&select.backend, &select.server) else {
-            return None;
-        };
-        if is_glob(name) || select.zone.is_some() || select.group.is_some() {
+        let b = select.backend.as_ref()?;
+        if select.server.is_empty()
+            || select.server.iter().any(|n| is_glob(n))
+            || select.zone.is_some()
+            || select.group.is_some()
+        {
             return None;
         }
-        let key = format!("{b}/{name}");
-        Some(super::error::check_key(&key).map(|()| Target {
-            keys: vec![key],
+        let mut keys: Vec<String> = select.server.iter().map(|n| format!("{b}/{n}")).collect();
+        keys.sort();
+        keys.dedup();
+        let checked: Result<(), Failure> = keys.iter().try_for_each(|k| super::error::check_key(k));
+        Some(checked.map(|()| Target {
+            keys,
             group: None,
             servers: Vec::new(),
             not_written: Vec::new(),
@@ -234,10 +246,8 @@ impl Target {
                 Some(g) => server.groups.iter().any(|s| s == g),
                 None => {
                     select.backend.as_ref() == Some(&server.backend)
-                        && select
-                            .server
-                            .as_ref()
-                            .is_none_or(|g| glob_match(g, &server.name))
+                        && (select.server.is_empty()
+                            || select.server.iter().any(|g| glob_match(g, &server.name)))
                 }
             };
             if !picked {
@@ -326,8 +336,8 @@ impl Target {
         if let Some(b) = &select.backend {
             parts.push(format!("backend {b}"));
         }
-        if let Some(g) = &select.server {
-            parts.push(format!("servers {g}"));
+        if !select.server.is_empty() {
+            parts.push(format!("servers {}", select.server.join(" ")));
         }
         parts.join(", ")
     }
@@ -346,7 +356,7 @@ pub(super) mod tests {
             zone: zone.map(Into::into),
             group: None,
             backend: backend.map(Into::into),
-            server: server.map(Into::into),
+            server: server.map(Into::into).into_iter().collect(),
             haproxy_config: None,
             haproxy_socket: None,
         }
@@ -438,6 +448,14 @@ pub(super) mod tests {
         // An exact name is its row key; a glob or a group is not a name.
         let named = Target::named(&selector(None, Some("web"), Some("web-09")));
         assert_eq!(named.unwrap().unwrap().keys, ["web/web-09"]);
+        let mut two = selector(None, Some("web"), Some("web-09"));
+        two.server.push("web-01".into());
+        assert_eq!(
+            Target::named(&two).unwrap().unwrap().keys,
+            ["web/web-01", "web/web-09"]
+        );
+        two.server.push("web-0*".into());
+        assert!(Target::named(&two).is_none(), "a glob among them");
         assert!(Target::named(&selector(None, Some("web"), Some("web-*"))).is_none());
         assert!(Target::named(&selector(None, Some("web"), None)).is_none());
         let bad = Target::named(&selector(None, Some("web"), Some("a b")));

@@ -3,8 +3,9 @@
 //! accepts, always with compare-and-set, and runs drains in the order HAProxy
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 //!
-//! `commands` dispatches; `select` picks the keys from the servers that
-//! [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
+//! `commands` dispatches; `select` picks the keys: one group key (a zone,
+//! `canary`) that needs no HAProxy configuration, or row keys, named or
+//! expanded from the servers that [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
 //! `progress` records how far it got, `report` prints the result; with
 //! `--confirm-prometheus`, [`confirm`] waits after each write step until
 //! every agent answers from it, asking Prometheus for the [`fleet`];

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a Debian bookworm machine:
-# HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
-# taken from that suite), promtool/prometheus, Ruby for the cookbook tests,
-# socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
+# HAProxy 2.6 (bookworm) and 3.0 and 3.2 (chroots, scripts/haproxy-chroots.sh),
+# Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
+# and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
+# Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, ...),
+# then cargo-deb. Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -26,7 +28,13 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+want=(
+  haproxy consul prometheus prometheus-alertmanager
+  ruby ruby-erubis ruby-minitest
+  socat shellcheck lintian curl jq
+  systemd-container debootstrap
+  aptly gnupg python3
+)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
@@ -49,6 +57,9 @@ if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked
 fi
 
+# HAProxy 3.0 (trixie) and 3.2 (sid) in chroots, for the tests that also run
+# against them; cached, so a second run is instant.
+"$(dirname "$0")/haproxy-chroots.sh"
 
 haproxy -v | sed -n 1p
 consul version | sed -n 1p

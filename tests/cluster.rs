@@ -599,6 +599,7 @@ fn stale_answers_behind_old_or_leaderless_are_held_until_a_default_read_confirms
         for (reason, reply) in cases {
             let label = reply.label.clone();
             let before = held(&agent, reason);
+            let key_reads = fake.key_reads().len();
             fake.wait_pending(APPLY);
             fake.script(reply);
             let n = fake.wait_served(&label, APPLY);
@@ -619,6 +620,15 @@ fn stale_answers_behind_old_or_leaderless_are_held_until_a_default_read_confirms
             let next = fake.wait_request(n + 2, APPLY);
             assert!(next.stale, "{label}: {next:?}");
             assert_eq!(next.index, Some(index), "{label}: {next:?}");
+            // Held before the read check: an answer that is not applied
+            // (this one drops web/web-01) costs no plain read of the
+            // read-check key; the confirming read drops nothing.
+            assert_eq!(
+                fake.key_reads().len(),
+                key_reads,
+                "{label}: a held answer was read-checked: {:?}",
+                fake.key_reads()
+            );
             p.assert_right();
         }
         // A fresh stale answer that moves forward is applied at once.

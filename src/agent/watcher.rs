@@ -1,22 +1,22 @@
 //! The watcher: one Consul blocking query at a time on the prefix, following
 //! Consul's index rules (api-docs/features/blocking), building a new
-//! [`Snapshot`] for every answer whose index moved and swapping it in whole.
+//! [`Snapshot`] for every answer whose index moved and swapping it in whole
+//! (after the hold rules of [`crate::agent::guard`]).
 //! Failures keep the last copy, back off with jitter, and are counted.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::consistency::{hold_reason, Consistency, ReadMeta};
-use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
-use crate::metrics::ConsulOutcome;
-use crate::shared::{ReadyStep, Shared};
-use crate::state::{
-    parse_value, validate_identity, Entry, InvalidIdentity, InvalidValue, KeyState, Snapshot,
-};
+use crate::agent::consistency::hold_reason;
+use crate::agent::guard::{release_mark, Guard};
+use crate::agent::metrics::ConsulOutcome;
+use crate::agent::shared::{ReadyStep, Shared};
+use crate::cli::Consistency;
+use crate::consul::{ConsulClient, ConsulError, PrefixAnswer, ReadMeta};
+use crate::model::snapshot::{build_snapshot, diff, Entry, KeyChange, Snapshot};
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -36,7 +36,7 @@ pub struct WatcherConfig {
     pub consistency: Consistency,
     /// In stale mode, the oldest `X-Consul-LastContact` an answer may have
     /// to be applied without a default read (`--max-stale`). Default
-    /// [`crate::consistency::DEFAULT_MAX_STALE`] (5 s).
+    /// [`crate::agent::consistency::DEFAULT_MAX_STALE`] (5 s).
     pub max_stale: Duration,
 }
 
@@ -147,64 +147,14 @@ impl IndexTracker {
     }
 }
 
-/// Builds a snapshot from a prefix answer. Keys are made relative to
-/// `prefix`; folder keys (ending in `/`) are skipped; a key that is not a
-/// valid identity, or whose value is invalid, is held as
-/// [`Entry::Invalid`] so it is counted and shown, never answered.
-pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {
-    let mut keys = HashMap::with_capacity(answer.pairs.len());
-    for pair in &answer.pairs {
-        let Some(rel) = pair.key.strip_prefix(prefix) else {
-            continue;
-        };
-        let entry = if rel.is_empty() || rel.ends_with('/') {
-            // A folder key. Empty, it only marks the folder; with a value it
-            // is a typo (`consul kv put .../web/web-07/ maint`) that must
-            // show, not vanish.
-            if pair.value.is_empty() {
-                continue;
-            }
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(
-                rel.to_string(),
-            )))
-        } else {
-            match validate_identity(rel) {
-                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
-                Ok(()) => match parse_value(&pair.value) {
-                    Ok(state) => Entry::Valid(state),
-                    Err(e) => Entry::Invalid(e),
-                },
-            }
-        };
-        keys.insert(
-            rel.into(),
-            KeyState {
-                entry,
-                modify_index: pair.modify_index,
-            },
-        );
-    }
-    Snapshot {
-        index: answer.index.max(1),
-        keys,
-    }
-}
-
 /// Logs the differences between two snapshots, one line per key changed,
 /// and returns how many keys changed. Invalid values are logged once per
 /// change of their key (a new ModifyIndex), not per answer.
 pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
-    let empty = HashMap::new();
-    let old_keys = old.map(|s| &s.keys).unwrap_or(&empty);
-    let mut changed = 0;
-    for (key, state) in &new.keys {
-        match old_keys.get(key) {
-            Some(prev)
-                if prev.entry == state.entry
-                    && (matches!(state.entry, Entry::Valid(_))
-                        || prev.modify_index == state.modify_index) => {}
-            prev => {
-                changed += 1;
+    let changes = diff(old, new);
+    for change in &changes {
+        match *change {
+            KeyChange::Set { key, state, prev } => {
                 let previous = prev.map(|p| describe(&p.entry));
                 match &state.entry {
                     Entry::Valid(s) => info!(
@@ -224,20 +174,15 @@ pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
                     ),
                 }
             }
-        }
-    }
-    for (key, prev) in old_keys {
-        if !new.keys.contains_key(key) {
-            changed += 1;
-            info!(
+            KeyChange::Removed { key, prev } => info!(
                 key = %key,
                 previous = %describe(&prev.entry),
                 consul_index = new.index,
                 "key removed; servers fall back to their next key or ready"
-            );
+            ),
         }
     }
-    changed
+    changes.len()
 }
 
 fn describe(entry: &Entry) -> String {
@@ -255,6 +200,7 @@ pub struct Watcher {
     tracker: IndexTracker,
     failures: u32,
     last_start: Option<tokio::time::Instant>,
+    guard: Guard,
     /// Stale mode: the next read is a default-consistency one (the first
     /// read, and after a held answer).
     confirm: bool,
@@ -273,6 +219,7 @@ impl Watcher {
             tracker: IndexTracker::default(),
             failures: 0,
             last_start: None,
+            guard: Guard::default(),
             confirm: true,
         }
     }
@@ -300,7 +247,9 @@ impl Watcher {
                     // is cut short there and reports this error.
                     let delay = self.config.backoff.delay(self.failures, fastrand::f64());
                     last_error = Some(e);
-                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    // Beating: the systemd watchdog runs from the start, and
+                    // backoff sleeps grow past its period.
+                    self.beating_sleep(delay.min(deadline - now)).await;
                 }
                 Err(_) => {
                     return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {
@@ -375,15 +324,44 @@ impl Watcher {
         metrics
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
-        match result {
+        if let Ok((_, meta)) = &result {
+            if let Some(age) = meta.last_contact {
+                metrics.consul_last_contact.set(age.as_secs_f64());
+            }
+        }
+        // Three gates stand between an answer and the copy served, in this
+        // order. 1. The stale hold (stale mode only): an answer that could
+        // move the copy backwards is not applied at all, so it is neither
+        // read-checked nor shown to the guard; the default-consistency full
+        // read that replaces it goes through the gates below like any
+        // answer. 2. The read check: an answer that drops keys or hides
+        // writes is taken only once the token may still read the whole
+        // prefix (a 403 fails the step and the copy is kept). 3. The guard
+        // (in `apply`): invalid values and data gone backwards keep the
+        // values served before. Holding first means the read check and the
+        // guard judge only answers that are at least as new as the copy, or
+        // came from the leader.
+        let result = match result {
             Ok((answer, meta)) => {
-                if !self.hold_stale(consistency, &answer, &meta) {
-                    self.on_answer(answer);
+                if self.hold_stale(consistency, &answer, &meta) {
+                    return Ok(());
+                }
+                self.verify_not_filtered(answer).await
+            }
+            Err(e) => Err(e),
+        };
+        let metrics = &self.shared.metrics;
+        match result {
+            Ok(answer) => {
+                self.on_answer(answer);
+                if consistency == Consistency::Default {
+                    // Confirmed: stale reads may resume.
+                    self.confirm = false;
                 }
                 Ok(())
             }
             Err(e) => {
-                metrics.consul_request(e.outcome());
+                metrics.consul_request(ConsulOutcome::from(&e));
                 self.on_failure(&e);
                 Err(e)
             }
@@ -400,23 +378,19 @@ impl Watcher {
     }
 
     /// Holds a stale answer that could move the copy backwards (see
-    /// [`crate::consistency`]): counts it, and makes the next read a
-    /// default-consistency full read. True when held; a default answer
-    /// clears the need to confirm.
+    /// [`crate::agent::consistency`]): counts it, and makes the next read a
+    /// default-consistency full read. True when held. A default answer is
+    /// never held; once applied it clears the need to confirm (in `step`).
     fn hold_stale(
         &mut self,
         consistency: Consistency,
         answer: &PrefixAnswer,
         meta: &ReadMeta,
     ) -> bool {
-        let metrics = &self.shared.metrics;
-        if let Some(age) = meta.last_contact {
-            metrics.consul_last_contact.set(age.as_secs_f64());
-        }
         if consistency == Consistency::Default {
-            self.confirm = false;
             return false;
         }
+        let metrics = &self.shared.metrics;
         let held = self.tracker.held();
         let Some(reason) = hold_reason(held, answer.index, meta, self.config.max_stale) else {
             return false;
@@ -436,8 +410,40 @@ impl Watcher {
         true
     }
 
+    /// Consul filters a recursive read by the token's ACL rules, so an
+    /// answer from a token narrowed while the agent runs looks like deletes,
+    /// or hides new writes. Such an answer is taken only after the same read
+    /// check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
+    /// checked there); a 403 refuses it and the last copy is kept. Checked:
+    /// an answer that drops keys the copy holds, and one whose index moved
+    /// past every ModifyIndex it shows (Consul's index counts the keys it
+    /// filters out; the other cause is a delete's tombstone).
+    async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
+        let Some(copy) = self.shared.snapshot.load_full() else {
+            return Ok(answer);
+        };
+        let prefix = &self.config.prefix;
+        let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
+        let unseen_change =
+            answer.index > copy.index && latest_shown.is_some_and(|m| answer.index > m);
+        if !unseen_change {
+            let present: std::collections::HashSet<&str> = answer
+                .pairs
+                .iter()
+                .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
+                .collect();
+            if copy.keys.keys().all(|k| present.contains(&**k)) {
+                return Ok(answer);
+            }
+        }
+        self.client.check_read_access(prefix).await?;
+        Ok(answer)
+    }
+
     fn on_answer(&mut self, answer: PrefixAnswer) {
-        let metrics = &self.shared.metrics;
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics;
+        let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
         let event = self.tracker.observe(answer.index);
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
@@ -450,7 +456,16 @@ impl Watcher {
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
-                self.apply(build_snapshot(&self.config.prefix, &answer));
+                // Backwards, or a full read after a failure whose index did
+                // not move: Consul may have come back without its data.
+                let rolled_back = event == IndexEvent::WentBackwards
+                    || served_index.is_some_and(|i| answer.index.max(1) <= i);
+                let mark = release_mark(&self.config.prefix, &answer);
+                self.apply(
+                    build_snapshot(&self.config.prefix, answer.index, &answer.pairs),
+                    mark,
+                    rolled_back,
+                );
             }
         }
         self.failures = 0;
@@ -465,22 +480,29 @@ impl Watcher {
         sync.last_error = None;
         sync.last_sync = Some(SystemTime::now());
         drop(sync);
-        metrics.last_sync_timestamp.set(crate::metrics::unix_now());
+        metrics
+            .last_sync_timestamp
+            .set(crate::agent::metrics::unix_now());
     }
 
-    fn apply(&self, snapshot: Snapshot) {
+    fn apply(&mut self, raw: Snapshot, mark: Option<u64>, rolled_back: bool) {
         let metrics = &self.shared.metrics;
         let old = self.shared.snapshot.load_full();
+        let (keys, invalid) = (raw.keys.len(), raw.invalid_count());
+        let snapshot = self.guard.apply(old.as_deref(), raw, mark, rolled_back);
         let changed = log_changes(old.as_deref(), &snapshot);
         metrics.state_changes.inc_by(changed as u64);
         metrics.consul_index.set(snapshot.index as i64);
-        metrics.keys.set(snapshot.keys.len() as i64);
-        metrics.invalid_keys.set(snapshot.invalid_count() as i64);
-        let status = format!(
-            "synced, {} keys, index {}",
-            snapshot.keys.len(),
-            snapshot.index
-        );
+        metrics.keys.set(keys as i64);
+        metrics.invalid_keys.set(invalid as i64);
+        metrics
+            .invalid_held_keys
+            .set(self.guard.invalid_count() as i64);
+        metrics
+            .rollback_held_keys
+            .set(self.guard.rollback_count() as i64);
+        *self.shared.held.lock().unwrap() = Arc::new(self.guard.held().clone());
+        let status = format!("synced, {keys} keys, index {}", snapshot.index);
         let first = old.is_none();
         self.shared.snapshot.store(Some(Arc::new(snapshot)));
         if first {
@@ -488,7 +510,7 @@ impl Watcher {
             self.shared.readiness.set(ReadyStep::Synced);
             info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
         }
-        crate::notify::status(&status);
+        crate::agent::notify::status(&status);
     }
 
     fn on_failure(&mut self, error: &ConsulError) {
@@ -512,7 +534,7 @@ impl Watcher {
         } else {
             "not synced yet, not answering"
         };
-        crate::notify::status(&format!(
+        crate::agent::notify::status(&format!(
             "Consul reads failing for {}s, {copy}: {error}",
             since.elapsed().as_secs()
         ));
@@ -534,7 +556,6 @@ fn outage_note(synced: bool) -> &'static str {
 mod tests {
     use super::*;
     use crate::consul::KvPair;
-    use crate::state::AdminState;
 
     #[test]
     fn index_rules_follow_consul_docs() {
@@ -619,56 +640,16 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_strips_prefix_skips_folders_and_flags_bad_keys() {
-        let answer = PrefixAnswer {
-            index: 0,
-            pairs: vec![
-                pair("p/", "", 1),
-                pair("p/canary", "DRAIN", 2),
-                pair("p/web/web-01", "50%", 3),
-                pair("p/web/", "", 4),
-                pair("p/a/b/c", "drain", 5),
-                pair("p/web/web-02", "drian", 6),
-                pair("p/web/web-07/", "maint", 7),
-            ],
-            body_bytes: 0,
-        };
-        let snap = build_snapshot("p/", &answer);
-        assert_eq!(snap.index, 1);
-        assert_eq!(snap.keys.len(), 5);
-        assert_eq!(snap.keys["canary"].entry, Entry::Valid(AdminState::Drain));
-        assert_eq!(
-            snap.keys["web/web-01"].entry,
-            Entry::Valid(AdminState::Weight(50))
-        );
-        assert!(matches!(
-            snap.keys["a/b/c"].entry,
-            Entry::Invalid(InvalidValue::Key(_))
-        ));
-        assert!(matches!(
-            snap.keys["web/web-07/"].entry,
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
-        ));
-        assert_eq!(snap.invalid_count(), 3);
-    }
-
-    #[test]
     fn changes_are_counted_per_key() {
         let a = build_snapshot(
             "p/",
-            &PrefixAnswer {
-                index: 5,
-                pairs: vec![pair("p/canary", "drain", 2), pair("p/x", "maint", 3)],
-                body_bytes: 0,
-            },
+            5,
+            &[pair("p/canary", "drain", 2), pair("p/x", "maint", 3)],
         );
         let b = build_snapshot(
             "p/",
-            &PrefixAnswer {
-                index: 6,
-                pairs: vec![pair("p/canary", "maint", 6), pair("p/y", "bad", 6)],
-                body_bytes: 0,
-            },
+            6,
+            &[pair("p/canary", "maint", 6), pair("p/y", "bad", 6)],
         );
         assert_eq!(log_changes(None, &a), 2);
         assert_eq!(log_changes(Some(&a), &a), 0);

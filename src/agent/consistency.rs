@@ -22,34 +22,13 @@
 //! (from the leader, index 0, answered at once), whose answer is applied as
 //! in default mode; then the watcher goes back to stale reads. The first
 //! read is a default one too, so an agent never starts from a lagging
-//! server's copy.
+//! server's copy. The hold comes before the watcher's read check and the
+//! [`crate::agent::guard`]: a held answer reaches neither, and the
+//! confirming read passes both like any answer.
 
 use std::time::Duration;
 
-use clap::ValueEnum;
-use reqwest::header::HeaderMap;
-
-/// Consistency mode of the watcher's reads (`--consistency`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
-pub enum Consistency {
-    /// Consul's default: the leader answers every read. Strongly ordered;
-    /// the leader carries every agent's blocking query.
-    #[default]
-    Default,
-    /// `?stale`: any server answers; held unless fresh and not behind (see
-    /// the module docs).
-    Stale,
-}
-
-impl Consistency {
-    /// The query parameter to add to a read: `""` or `"&stale"`.
-    pub fn query(self) -> &'static str {
-        match self {
-            Consistency::Default => "",
-            Consistency::Stale => "&stale",
-        }
-    }
-}
+use crate::consul::ReadMeta;
 
 /// Default `--max-stale`: 5 s. A follower that has not heard from the
 /// leader for that long is cut off (Consul's election timeout is 1 s at
@@ -59,34 +38,6 @@ pub const DEFAULT_MAX_STALE: Duration = Duration::from_secs(5);
 /// The allowed `--max-stale` (inclusive): 100 ms to 10 minutes.
 pub const MAX_STALE_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(600));
-
-/// The freshness headers Consul sends with every read
-/// (api-docs/features/consistency): `None` when missing or malformed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReadMeta {
-    /// `X-Consul-LastContact`: time since the answering server last heard
-    /// from the leader (0 on the leader).
-    pub last_contact: Option<Duration>,
-    /// `X-Consul-KnownLeader`: whether the answering server knows a leader.
-    pub known_leader: Option<bool>,
-}
-
-impl ReadMeta {
-    /// Reads the two headers from an answer.
-    pub fn from_headers(headers: &HeaderMap) -> ReadMeta {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        ReadMeta {
-            last_contact: text("X-Consul-LastContact")
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_millis),
-            known_leader: text("X-Consul-KnownLeader").and_then(|v| match v.trim() {
-                "true" => Some(true),
-                "false" => Some(false),
-                _ => None,
-            }),
-        }
-    }
-}
 
 /// Why a stale answer was held (the `reason` label of
 /// `gitlab_haproxy_agent_stale_answers_held_total`).
@@ -145,7 +96,6 @@ pub fn hold_reason(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::header::HeaderValue;
 
     const FRESH: ReadMeta = ReadMeta {
         last_contact: Some(Duration::from_millis(3)),
@@ -207,29 +157,5 @@ mod tests {
             hold_reason(None, 20, &no_contact, max),
             Some(HoldReason::TooOld)
         );
-    }
-
-    #[test]
-    fn headers_are_read_as_consul_sends_them() {
-        let mut h = HeaderMap::new();
-        h.insert("X-Consul-LastContact", HeaderValue::from_static("47"));
-        h.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
-        assert_eq!(
-            ReadMeta::from_headers(&h),
-            ReadMeta {
-                last_contact: Some(Duration::from_millis(47)),
-                known_leader: Some(true),
-            }
-        );
-        h.insert("X-Consul-LastContact", HeaderValue::from_static("-1"));
-        h.insert("X-Consul-KnownLeader", HeaderValue::from_static("False"));
-        assert_eq!(ReadMeta::from_headers(&h), ReadMeta::default());
-    }
-
-    #[test]
-    fn stale_mode_adds_the_query_parameter() {
-        assert_eq!(Consistency::Default.query(), "");
-        assert_eq!(Consistency::Stale.query(), "&stale");
-        assert_eq!(Consistency::default(), Consistency::Default);
     }
 }

@@ -53,3 +53,38 @@ fi
 haproxy -v | sed -n 1p
 consul version | sed -n 1p
 promtool --version 2>&1 | sed -n 1p
+
+# The Kubernetes sidecar suite (deploy/kubernetes/test.sh): podman to run the
+# shipped manifest as a pod, the musl target for the static image, Go's
+# pprof for the profile test, and kubernetes-validate (PyPI) in a venv.
+pod_want=(podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc golang-go python3-venv python3-yaml)
+pod_missing=()
+for p in "${pod_want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || pod_missing+=("$p")
+done
+if [ ${#pod_missing[@]} -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${pod_missing[@]}" >/dev/null
+fi
+# podman 4.3 on a hybrid cgroup layout: crun refuses it, runc works; the
+# default ulimits exceed what may be set in a container here.
+if [ ! -f /etc/containers/containers.conf ] || ! grep -q '^runtime = "runc"' /etc/containers/containers.conf; then
+  mkdir -p /etc/containers
+  cat >/etc/containers/containers.conf <<'CONF'
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+CONF
+fi
+# The static image's target (build-image.sh adds it too when run as a user
+# whose toolchain lacks it).
+if command -v rustup >/dev/null; then
+  rustup target add x86_64-unknown-linux-musl >/dev/null
+fi
+kv_venv=/opt/kubernetes-validate
+if [ ! -x "$kv_venv/bin/kubernetes-validate" ]; then
+  python3 -m venv "$kv_venv"
+  "$kv_venv/bin/pip" install -q kubernetes-validate==1.37.0
+fi

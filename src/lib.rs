@@ -14,6 +14,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod profile;
 pub mod responder;
 pub mod seen;
 pub mod shared;

@@ -110,6 +110,14 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
     /// last agent-check received.
     pub last_check_timestamp: Gauge,
+    /// `gitlab_haproxy_agent_profiles_total{outcome}`: requests for a CPU
+    /// profile or flame graph on `/debug/pprof/`, by outcome: `ok`, `busy`
+    /// (another profile was running), `bad_request` (bad `seconds`),
+    /// `failed` (the profiler could not start or report).
+    pub profiles: IntCounterVec,
+    /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
+    /// because no complete request came within the header timeout.
+    pub http_idle_closed: IntCounter,
 }
 
 fn opts(name: &str, help: &str) -> Opts {
@@ -270,6 +278,26 @@ impl Metrics {
         .unwrap();
         reg(Box::new(last_check_timestamp.clone()));
 
+        let profiles = IntCounterVec::new(
+            opts(
+                "profiles_total",
+                "CPU profile and flame graph requests on /debug/pprof/, by outcome.",
+            ),
+            &["outcome"],
+        )
+        .unwrap();
+        for outcome in ["ok", "busy", "bad_request", "failed"] {
+            profiles.with_label_values(&[outcome]);
+        }
+        reg(Box::new(profiles.clone()));
+
+        let http_idle_closed = IntCounter::with_opts(opts(
+            "http_idle_closed_total",
+            "HTTP connections closed because no complete request came within the header timeout.",
+        ))
+        .unwrap();
+        reg(Box::new(http_idle_closed.clone()));
+
         #[cfg(target_os = "linux")]
         reg(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -294,6 +322,8 @@ impl Metrics {
             accept_errors,
             rows_seen,
             last_check_timestamp,
+            profiles,
+            http_idle_closed,
         }
     }
 

@@ -8,8 +8,11 @@
 //! warn (tikv/pprof-rs#36) that libgcc's unwinder is not async-signal-safe,
 //! so the profiler is never on by itself: it runs only on request, for a
 //! bounded time ([`MAX_SECONDS`]), one profile at a time, and does not unwind
-//! through libc, libgcc, pthread or the vDSO (its blocklist; a static musl
-//! build has no such shared libraries to skip).
+//! through libc, libgcc, pthread or the vDSO (its blocklist). The static
+//! musl build of the container image is built with the `frame-pointer`
+//! feature and `-C force-frame-pointers=yes` instead: libunwind cannot step
+//! through musl's signal trampoline, and walking frame pointers from the
+//! interrupted context needs no unwinder at all.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -152,7 +155,10 @@ pub async fn serve(
             warn!(error = %e, "cannot start the CPU profiler");
             return plain(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                format!("cannot start the profiler: {e}\n"),
+                format!(
+                    "cannot start the profiler: {e} (it needs a writable temporary \
+                     directory, $TMPDIR or /tmp, when first used)\n"
+                ),
             );
         }
     };

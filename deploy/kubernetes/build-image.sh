@@ -12,7 +12,11 @@ image=${1:-localhost/gitlab-haproxy-agent:$version}
 max_bytes=$((15 * 1000 * 1000))
 
 rustup target list --installed 2>/dev/null | grep -qx "$target" || rustup target add "$target"
-cargo build --release --locked --target "$target" --bin gitlab-haproxy-agent
+# Frame pointers: /debug/pprof/ unwinds samples by them. libunwind cannot
+# step through musl's signal trampoline (it has no unwind info), so without
+# them every sample of a static build is empty.
+RUSTFLAGS="-C force-frame-pointers=yes" \
+  cargo build --release --locked --target "$target" --features frame-pointer --bin gitlab-haproxy-agent
 
 context=$(mktemp -d)
 trap 'rm -rf "$context"' EXIT

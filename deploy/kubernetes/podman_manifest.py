@@ -18,14 +18,15 @@ changed, each for the reason given:
 - containerPort entries are dropped: podman 4.3 turns them into host port
   mappings, which a `--network none` pod cannot have (the probes still
   resolve named ports from the shipped manifest);
-- emptyDir volumes become a hostPath to RUNDIR (mode 1777): podman's
-  emptyDir is root-owned 0755 where the kubelet's is 0777, and the test
-  reads HAProxy's stats socket there;
+- emptyDir volumes become hostPaths RUNDIR/<volume name> (mode 1777):
+  podman's emptyDir is root-owned 0755 where the kubelet's is 0777, and the
+  test reads HAProxy's stats socket there;
 - Secret stringData becomes data (podman 4.3 reads only data), and secret
   volumes say `optional: false` (podman 4.3 dereferences it unset).
 """
 
 import base64
+import os
 import re
 import sys
 
@@ -59,7 +60,10 @@ def main():
             v["secret"]["optional"] = False
         if "emptyDir" in v:
             del v["emptyDir"]
-            v["hostPath"] = {"path": rundir, "type": "Directory"}
+            path = os.path.join(rundir, v["name"])
+            os.makedirs(path, exist_ok=True)
+            os.chmod(path, 0o1777)
+            v["hostPath"] = {"path": path, "type": "Directory"}
         old = v["name"]
         v["name"] += suffix
         for c in pod["containers"]:

@@ -11,7 +11,8 @@
 #  5. a drain written to KV reaches HAProxy in the pod within agent-inter;
 #  6. the agent container is restarted: HAProxy keeps running with its
 #     state, no drained or maintained server flips to ready, and the pod is
-#     ready again.
+#     ready again;
+#  7. the static image serves a CPU profile that `go tool pprof` reads.
 #
 # podman 4.3 runs no readiness or startup probes, so kubelet_probes.py runs
 # the manifest's probes (period, thresholds, startup before readiness) from
@@ -100,7 +101,6 @@ say "HAProxy image: $(haproxy -v | sed -n 1p | cut -d' ' -f1-3) from the host, a
 
 # --- 3. The pod, with Consul away.
 mkdir -p "$rundir"
-chmod 1777 "$rundir"
 python3 "$here/podman_manifest.py" "$manifest" "$work" "$suffix" "$agent_image" "$haproxy_image" "$rundir"
 pm kube play --network none "$work/secret.yaml" >/dev/null
 pm kube play --network none --configmap "$work/configmap.yaml" "$work/deployment.yaml" >/dev/null
@@ -117,7 +117,7 @@ probe_pid=$!
 http_code() { in_pod curl -s -o /dev/null -m 2 -w '%{http_code}' "http://127.0.0.1:9778$1" || true; }
 # `show servers state` of backend web: "server admin_state" per line.
 admin_states() {
-  echo "show servers state web" | socat -t 2 - "UNIX-CONNECT:$rundir/admin.sock" 2>/dev/null \
+  echo "show servers state web" | socat -t 2 - "UNIX-CONNECT:$rundir/haproxy-run/admin.sock" 2>/dev/null \
     | awk 'NF >= 7 && $1 !~ /^#/ { print $4, $7 }'
 }
 admin_of() { admin_states | awk -v s="$1" '$1 == s { print $2 }'; }
@@ -199,4 +199,23 @@ samples=$(grep -c web-01 "$work/states.log" || true)
 bad=$(grep web-01 "$work/states.log" | grep -v "web-01 8 web-02 1 web-cny-01 0" | head -3 || true)
 [ -z "$bad" ] || fail "a server changed state while the agent restarted: $bad"
 say "agent restarted (PID $agent_pid -> $new_agent_pid), pod ready again $(( $(now_ms) - restart_ms - agent_inter_ms * 2 )) ms after the restart; HAProxy (PID $haproxy_pid) kept web-01 drained and web-02 in maint in all $samples samples"
+# --- 7. The static image profiles itself (frame pointers, see
+# build-image.sh), under agent-checks sent as fast as one client can.
+in_pod python3 -c '
+import socket, time
+end = time.monotonic() + 3
+while time.monotonic() < end:
+    s = socket.create_connection(("127.0.0.1", 9777))
+    s.sendall(b"web/web-01\n")
+    s.recv(64)
+    s.close()
+' &
+load_pid=$!
+in_pod curl -sf -m 20 -o "$work/cpu.pb" "http://127.0.0.1:9778/debug/pprof/profile?seconds=2" \
+  || fail "no CPU profile from /debug/pprof/profile in the pod"
+wait "$load_pid"
+HOME=$work go tool pprof -top "$work/cpu.pb" >"$work/top.txt" 2>&1 || fail "go tool pprof cannot read the pod's profile: $(cat "$work/top.txt")"
+grep -q "gitlab_haproxy_agent::responder" "$work/top.txt" \
+  || fail "the pod's profile does not name the responder: $(head -20 "$work/top.txt")"
+say "a 2 s CPU profile from the pod, read by go tool pprof, names the responder ($(grep -c gitlab_haproxy_agent "$work/top.txt") of the agent's functions)"
 say "ok"

@@ -27,6 +27,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+if [ "$(id -u)" -ne 0 ]; then
+  echo "k8s: run as root (rootful podman, nsenter into the pod)" >&2
+  exit 1
+fi
+
 here=deploy/kubernetes
 manifest=$here/haproxy-agent.yaml
 validate=${KUBERNETES_VALIDATE:-/opt/kubernetes-validate/bin/kubernetes-validate}

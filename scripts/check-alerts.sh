@@ -3,8 +3,11 @@
 # their unit tests (promtool test rules), the Grafana dashboard (valid JSON,
 # fixed uid, template variables, every panel query parses), and that every
 # runbook annotation points at a section of runbook/README.md and every metric
-# used is one docs/interfaces.md lists. Exits non-zero on any failure.
-# Needs promtool (scripts/install-deps.sh installs it) and python3.
+# used is one docs/interfaces.md lists; that the example Alertmanager
+# configuration routes every alert by its labels (amtool), and that a real
+# Prometheus and Alertmanager deliver a page (scripts/alertmanager-e2e.sh).
+# Exits non-zero on any failure. Needs promtool, amtool, alertmanager,
+# python3 and ruby (scripts/install-deps.sh installs them).
 set -uo pipefail
 
 top=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -16,7 +19,7 @@ fail() {
   failures=$((failures + 1))
 }
 
-for tool in promtool python3; do
+for tool in promtool python3 amtool ruby; do
   if ! command -v "$tool" >/dev/null 2>&1; then
     echo "check-alerts: $tool not found (run scripts/install-deps.sh)" >&2
     exit 2
@@ -24,7 +27,10 @@ for tool in promtool python3; do
 done
 
 shopt -s nullglob
-rule_files=(alerts/*.yml alerts/*.yaml)
+rule_files=()
+for f in alerts/*.yml alerts/*.yaml; do
+  case "$f" in alerts/alertmanager.*) ;; *) rule_files+=("$f") ;; esac
+done
 test_files=(alerts/tests/*.yml alerts/tests/*.yaml)
 dashboards=(dashboards/*.json)
 shopt -u nullglob
@@ -124,6 +130,56 @@ if [ -f docs/interfaces.md ]; then
     grep -oE '(^|[^:a-z_])(gitlab_haproxy_agent_[a-z_]+|process_[a-z_]+)' |
     sed -E 's/^[^a-z]//' | sort -u)
 fi
+
+# Alertmanager: the example configuration loads, and every alert of the rule
+# files, with the labels its rule sets, is routed to the pager receiver if and
+# only if it carries pager="pagerduty" (ruby's YAML parser reads the labels;
+# Ruby is installed for the cookbook tests). Then a real Prometheus and
+# Alertmanager deliver a page end to end.
+am_config=alerts/alertmanager.example.yml
+pager_receiver=gitlab-haproxy-agent-pagerduty
+if amtool check-config "$am_config" >/dev/null; then
+  routed=0
+  for f in "${rule_files[@]}"; do
+    while read -r name labels; do
+      # shellcheck disable=SC2086 # one word per label=value pair
+      got=$(amtool config routes test --config.file="$am_config" "alertname=$name" $labels 2>/dev/null) ||
+        { fail "amtool config routes test failed for $name"; continue; }
+      case " $labels " in
+        *" pager=pagerduty "*) want=pages ;;
+        *" pager="*) fail "$name: unknown pager label in: $labels"; continue ;;
+        *) want=quiet ;;
+      esac
+      case ",$got," in
+        *",$pager_receiver,"*) is=pages ;;
+        *) is=quiet ;;
+      esac
+      [ "$want" = "$is" ] || fail "$name ($labels) reaches receivers '$got': expected it to be $want"
+      case " $labels " in
+        *" severity=s4 "*) slack=gitlab-haproxy-agent-slack-low ;;
+        *" severity=s"[123]" "*) slack=gitlab-haproxy-agent-slack ;;
+        *) fail "$name: no severity s1 to s4 in: $labels"; continue ;;
+      esac
+      case ",$got," in
+        *",$slack,"*) ;;
+        *) fail "$name ($labels) reaches receivers '$got': expected $slack among them" ;;
+      esac
+      routed=$((routed + 1))
+    done < <(ruby -ryaml -e '
+      (YAML.load_file(ARGV[0])["groups"] || []).each do |g|
+        g["rules"].each do |r|
+          next unless r["alert"]
+          puts ([r["alert"]] + (r["labels"] || {}).map { |k, v| "#{k}=#{v}" }).join(" ")
+        end
+      end' "$f")
+  done
+  [ "$routed" -gt 0 ] || fail "no alert was routed through $am_config"
+  echo "check-alerts: $routed alerts routed through $am_config"
+else
+  amtool check-config "$am_config" >&2
+  fail "amtool check-config $am_config"
+fi
+scripts/alertmanager-e2e.sh || fail "Prometheus and Alertmanager did not deliver the page"
 
 if [ "$failures" -gt 0 ]; then
   echo "check-alerts: $failures check(s) failed" >&2

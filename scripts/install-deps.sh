@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the demo and the tests need on a Debian bookworm machine:
-# HAProxy 2.6 (bookworm), Consul 1.8.7 (bullseye, pinned so nothing else is
-# taken from that suite), promtool/prometheus, Ruby for the cookbook tests,
-# socat, shellcheck, lintian and cargo-deb. Idempotent; run as root.
+# HAProxy 2.6 (bookworm) and 3.0 and 3.2 (chroots, scripts/haproxy-chroots.sh),
+# Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
+# and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
+# Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, podman
+# and golang-go for the Kubernetes sidecar suite, ...), then cargo-deb, the
+# musl target and kubernetes-validate (PyPI, in a venv). Idempotent; run as
+# root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -26,7 +30,15 @@ Pin-Priority: 100
 PREF
 fi
 
-want=(haproxy consul prometheus ruby ruby-erubis ruby-minitest socat shellcheck lintian curl jq systemd-container debootstrap)
+want=(
+  haproxy consul prometheus prometheus-alertmanager
+  ruby ruby-erubis ruby-minitest
+  socat shellcheck lintian curl jq
+  systemd-container debootstrap
+  aptly gnupg python3
+  podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc
+  golang-go python3-venv python3-yaml
+)
 missing=()
 for p in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || missing+=("$p")
@@ -49,23 +61,16 @@ if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked
 fi
 
+# HAProxy 3.0 (trixie) and 3.2 (sid) in chroots, for the tests that also run
+# against them; cached, so a second run is instant.
+"$(dirname "$0")/haproxy-chroots.sh"
 
 haproxy -v | sed -n 1p
 consul version | sed -n 1p
 promtool --version 2>&1 | sed -n 1p
 
-# The Kubernetes sidecar suite (deploy/kubernetes/test.sh): podman to run the
-# shipped manifest as a pod, the musl target for the static image, Go's
-# pprof for the profile test, and kubernetes-validate (PyPI) in a venv.
-pod_want=(podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc golang-go python3-venv python3-yaml)
-pod_missing=()
-for p in "${pod_want[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep 'install ok installed' >/dev/null || pod_missing+=("$p")
-done
-if [ ${#pod_missing[@]} -gt 0 ]; then
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${pod_missing[@]}" >/dev/null
-fi
+# The Kubernetes sidecar suite (deploy/kubernetes/test.sh): podman (in `want`)
+# runs the shipped manifest as a pod, golang-go's pprof reads the profiles.
 # podman 4.3 on a hybrid cgroup layout: crun refuses it, runc works; the
 # default ulimits exceed what may be set in a container here.
 if [ ! -f /etc/containers/containers.conf ] || ! grep -q '^runtime = "runc"' /etc/containers/containers.conf; then

@@ -38,6 +38,13 @@ suite() {
 suite "cargo fmt" cargo fmt --check
 suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
 suite "cargo test" cargo test --all-targets --locked --no-fail-fast
+# The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
+# between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh.
+for v in 3.0 3.2; do
+  suite "HAProxy $v (tests haproxy, cookbook_e2e)" env \
+    GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$v/bin/haproxy" \
+    cargo test --locked --test haproxy --test cookbook_e2e
+done
 [ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh
 suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck'

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use clap::Parser;
-use gitlab_haproxy_agent::config::{
-    AgentConfig, Cli, Command, Fallbacks, EX_USAGE, TOKEN_CREDENTIAL,
-};
+use gitlab_haproxy_agent::agent::config::AgentConfig;
+use gitlab_haproxy_agent::cli::{Cli, Command, EX_USAGE};
+use gitlab_haproxy_agent::consul::config::{Fallbacks, TOKEN_CREDENTIAL};
 
 fn fallbacks() -> Fallbacks {
     let credential_token_file = std::env::var_os("CREDENTIALS_DIRECTORY")
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),
     };
-    gitlab_haproxy_agent::logging::init(config.log_format);
+    gitlab_haproxy_agent::agent::logging::init(config.log_format);
     // A panic in any task or thread ends the process (systemd restarts it)
     // rather than leaving it half-alive, e.g. healthy with no responder.
     let report = std::panic::take_hook();

@@ -67,9 +67,13 @@ fn token_is_reread_on_403_and_on_sighup() {
     delete_token(&consul, &first_accessor);
     consul.put("canary", "maint");
     wait_answer(&agent, "web/web-cny-01 canary", "maint 100%\n");
-    assert!(
-        agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}") >= 1.0
-    );
+    // A blocking query keeps the token it started with: the 403 can come
+    // with the request after the one that brought maint.
+    let refused = wait_for(Duration::from_secs(5), || {
+        (agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}") >= 1.0)
+            .then_some(())
+    });
+    assert!(refused.is_some(), "{}", agent.log());
 
     // Rotation with SIGHUP: the token is read again before the old one goes,
     // so no request is refused.
@@ -181,4 +185,104 @@ fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix(
         status["last_error"].as_str().unwrap_or("").contains("403"),
         "{status}"
     );
+}
+
+/// The policy on the agent's own token is narrowed while it runs (to the
+/// `web/` folder), then a key under `web/` is written: Consul's answer to
+/// the blocking query drops `canary`, as a delete would. The answer is
+/// verified with the read check, refused on 403, and the last copy kept:
+/// `canary` stays drained; the refusal is counted and shown.
+#[test]
+fn a_policy_narrowed_while_running_is_refused_not_taken_for_deletes() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "maint");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    let (_, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    let refused =
+        || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}");
+    assert_eq!(refused(), 0.0);
+
+    // Narrow the policy of the very token the agent holds.
+    narrow_agent_read(&consul);
+    consul.put("web/web-02", "drain");
+
+    let seen = wait_for(Duration::from_secs(20), || (refused() >= 1.0).then_some(()));
+    assert!(seen.is_some(), "no refusal counted:\n{}", agent.log());
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(
+            agent.ask("web/web-cny-01 canary"),
+            "drain 100%\n",
+            "{}",
+            agent.log()
+        );
+        assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = agent.http_get("/status").expect("/status").1;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        status["last_error"].as_str().unwrap_or("").contains("403"),
+        "{status}"
+    );
+    assert!(!agent.log().contains("key removed"), "{}", agent.log());
+}
+
+/// The copy holds only keys the narrowed policy still shows, and a key
+/// outside it is written: Consul's answer hides it, but its index moves
+/// past every ModifyIndex shown. That answer is checked too, and refused.
+#[test]
+fn a_write_hidden_by_a_narrowed_policy_is_noticed_and_refused() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("web/web-01", "maint");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    let (_, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+    narrow_agent_read(&consul);
+    consul.put("canary", "drain");
+    let refused =
+        || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}");
+    let seen = wait_for(Duration::from_secs(20), || (refused() >= 1.0).then_some(()));
+    assert!(seen.is_some(), "hidden write not noticed:\n{}", agent.log());
+    assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+    let status = agent.http_get("/status").expect("/status").1;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        status["last_error"].as_str().unwrap_or("").contains("403"),
+        "{status}"
+    );
+}
+
+/// Narrows the `agent-read` policy, in place, to the `web/` folder below
+/// the prefix.
+fn narrow_agent_read(consul: &Consul) {
+    let (status, _, body) = consul.request("GET", "/v1/acl/policy/name/agent-read", b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let policy: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let id = policy["ID"].as_str().unwrap();
+    let (status, _, body) = consul.request(
+        "PUT",
+        &format!("/v1/acl/policy/{id}"),
+        format!(
+            r#"{{"ID":"{id}","Name":"agent-read","Rules":"key_prefix \"gitlab-haproxy-agent/state/web/\" {{ policy = \"read\" }}"}}"#
+        )
+        .as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }

@@ -78,8 +78,15 @@ fn silent_clients_cannot_hold_slots() {
         .map(|_| TcpStream::connect(agent.listen).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(50));
-    // Both slots are taken: a third client is closed unanswered at once.
-    assert_eq!(agent.ask("web/web-01"), "");
+    // Both slots are taken: a third client that would have to wait for its
+    // line is closed unanswered at once.
+    let mut third = TcpStream::connect(agent.listen).unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let start = Instant::now();
+    assert_eq!(third.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    assert!(start.elapsed() < Duration::from_millis(250));
     assert_eq!(
         agent.metric("gitlab_haproxy_agent_connections_refused_total"),
         1.0
@@ -313,4 +320,146 @@ fn version_and_bad_options() {
         assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("gitlab-haproxy-agent: "), "{err}");
     }
+}
+
+/// A check whose line is already in the socket when it is accepted needs no
+/// slot: it is answered even while silent clients hold every slot. Only a
+/// connection that would have to wait is refused.
+#[test]
+fn a_check_whose_line_is_there_is_answered_at_the_cap() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    let agent = Agent::start(
+        &consul.url(),
+        &["--check-timeout", "2s", "--max-connections", "2"],
+    );
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(agent.listen).unwrap())
+        .collect();
+    let full = wait_for(Duration::from_secs(2), || {
+        (agent.metric("gitlab_haproxy_agent_connections_in_flight") == 2.0).then_some(())
+    });
+    assert!(full.is_some(), "the silent clients hold no slot");
+    // The agent is stopped while the check connects and sends its line, so
+    // the line is in the socket when the agent accepts it, as it is for
+    // HAProxy's checks almost always.
+    agent.proc_ref().signal("STOP");
+    let mut check = TcpStream::connect(agent.listen).unwrap();
+    check.write_all(b"web/web-cny-01 canary\n").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    agent.proc_ref().signal("CONT");
+    check
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let mut reply = String::new();
+    let _ = check.read_to_string(&mut reply);
+    assert_eq!(reply, "drain 100%\n", "{}", agent.log());
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_connections_refused_total"),
+        0.0
+    );
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_connections_in_flight"),
+        2.0
+    );
+    drop(silent);
+}
+
+/// Runs `gitlab-haproxy-agent state ARGS --consul-addr URL`; returns the
+/// exit code and stdout.
+fn writer(consul: &Consul, args: &[&str]) -> (i32, String) {
+    let out = Command::new(support::AGENT_BIN)
+        .env_clear()
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", &consul.url()])
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A dev Consul restarted comes back without its data, index starting over:
+/// every drain, maint and weight vanishes. The agent keeps answering them
+/// (held), pages through `rollback_held_keys`, lists them on /status, and
+/// releases a key on a new write to it and all of them on `state
+/// release-rollback`. Deletes with a forward index apply at once.
+#[test]
+fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
+    let mut consul = Consul::start();
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "maint");
+    consul.put("web/web-02", "50%");
+    consul.put("web/web-03", "ready");
+    // Move the index well past where a restarted dev Consul starts.
+    for i in 0..10 {
+        consul.put("web/web-04", if i % 2 == 0 { "drain" } else { "ready" });
+    }
+    let agent = Agent::start(&consul.url(), &[]);
+    let held = || agent.metric("gitlab_haproxy_agent_rollback_held_keys");
+
+    consul.restart();
+    // The blocking query in flight may be carried over to the new Consul
+    // and end only with its wait (5 s) plus jitter.
+    let resets = wait_for(Duration::from_secs(15), || {
+        (agent.metric("gitlab_haproxy_agent_consul_index_resets_total") >= 1.0).then_some(())
+    });
+    assert!(resets.is_some(), "no reset seen:\n{}", agent.log());
+    // Give the agent a moment to apply the empty store, then: still out.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..5 {
+        assert_eq!(
+            agent.ask("web/web-cny-01 canary"),
+            "drain 100%\n",
+            "{}",
+            agent.log()
+        );
+        assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+        assert_eq!(agent.ask("web/web-02"), "ready 50%\n");
+        assert_eq!(agent.ask("web/web-03"), "ready 100%\n");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(held(), 3.0);
+    assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 0.0);
+    let status: serde_json::Value =
+        serde_json::from_str(&agent.http_get("/status").unwrap().1).unwrap();
+    for (key, state) in [
+        ("canary", "drain"),
+        ("web/web-01", "maint"),
+        ("web/web-02", "50%"),
+    ] {
+        assert_eq!(status["held"][key]["state"], state, "{status}");
+        assert_eq!(status["held"][key]["cause"], "rolled_back", "{status}");
+    }
+    assert!(agent.log().contains("Consul's data went backwards"));
+
+    // A write elsewhere moves the index forward: still held.
+    consul.put("web/web-05", "ready");
+    wait_answer(&agent, "web/web-05", "ready 100%\n");
+    assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+    // A new write to a held key releases that key.
+    consul.put("web/web-01", "ready");
+    wait_answer(&agent, "web/web-01", "ready 100%\n");
+    assert_eq!(held(), 2.0);
+
+    // One operator action releases the rest on every agent.
+    let (code, out) = writer(&consul, &["release-rollback", "--dry-run"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    let (code, out) = writer(&consul, &["release-rollback"]);
+    assert_eq!(code, 0, "{out}");
+    wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");
+    assert_eq!(agent.ask("web/web-02"), "ready 100%\n");
+    assert_eq!(held(), 0.0);
+    // The release key is the agent's own: not a key, not an invalid key.
+    assert_eq!(agent.metric("gitlab_haproxy_agent_invalid_keys"), 0.0);
+    assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 2.0);
+
+    // Deletes with a forward-moving index apply at once, as before.
+    consul.put("canary", "drain");
+    wait_answer(&agent, "web/web-cny-01 canary", "drain 100%\n");
+    consul.delete("canary");
+    wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");
 }

@@ -3,7 +3,10 @@
 //! the cookbook's template, a real HAProxy on it, the agent and a real Consul.
 //! One write of the `canary` key drains every canary server and nothing else,
 //! a row key overrides the group for one server, deleting the keys restores
-//! all, and setting `agent.enable` false (then reloading) is a rollback.
+//! all; one write of `zone-b` drains (then maints) exactly the servers the
+//! role puts in zone b, server-template servers included, and a server's zone
+//! comes before its backend's groups; setting `agent.enable` false (then
+//! reloading) is a rollback.
 
 mod support;
 
@@ -37,20 +40,29 @@ const CANARY: [(&str, &str); 3] = [
     ("canary_web", "web-cny-02"),
     ("canary_api", "api-cny-01"),
 ];
-/// Enrolled servers in no group.
-const OTHERS: [(&str, &str); 11] = [
-    ("web", "web-01"),
-    ("web", "web-02"),
-    ("web", "web-03"),
-    ("api", "api-01"),
-    ("api", "api-02"),
-    ("ci", "ci-01"),
-    ("ci", "ci-02"),
-    ("pages", "pages-01"),
-    ("pages", "pages-02"),
-    ("registry", "registry-01"),
-    ("registry", "registry-02"),
+/// Every enrolled server of the sample role (the 14 `server` lines and the
+/// two servers of `server-template web-tpl 2`) with the groups on its
+/// agent-send line: its zone as `zone-<zone>`, then its backend's groups.
+const ENROLLED: [(&str, &str, &[&str]); 16] = [
+    ("web", "web-01", &["zone-b"]),
+    ("web", "web-02", &["zone-c"]),
+    ("web", "web-03", &["zone-d"]),
+    ("web", "web-tpl1", &["zone-b"]),
+    ("web", "web-tpl2", &["zone-b"]),
+    ("canary_web", "web-cny-01", &["zone-b", "canary"]),
+    ("canary_web", "web-cny-02", &["zone-c", "canary"]),
+    ("canary_api", "api-cny-01", &["zone-d", "canary"]),
+    ("api", "api-01", &[]),
+    ("api", "api-02", &[]),
+    ("ci", "ci-01", &[]),
+    ("ci", "ci-02", &[]),
+    ("pages", "pages-01", &[]),
+    ("pages", "pages-02", &[]),
+    ("registry", "registry-01", &[]),
+    ("registry", "registry-02", &[]),
 ];
+/// Distinct agent-send lines: one per `server` line, one for the template.
+const SEND_LINES: usize = 15;
 /// The excluded backend's inline server: never enrolled.
 const EXCLUDED: (&str, &str) = ("asset_proxy", "asset_proxy");
 
@@ -151,7 +163,7 @@ impl Render {
         );
         assert_eq!(
             cfg.matches(" agent-check ").count(),
-            if agent_enabled { 14 } else { 0 }
+            if agent_enabled { SEND_LINES } else { 0 }
         );
         cfg.replace(SOCKET_SENTINEL, "{SOCKET}")
     }
@@ -174,8 +186,8 @@ fn rig() -> Rig {
         agent_port: agent.listen.port(),
         binds: [
             ("main", free_port()),
-            ("registry", free_port()),
-            ("pages", free_port()),
+            ("registry_http", free_port()),
+            ("pages_tcp", free_port()),
         ],
     };
     let haproxy = Haproxy::start(&render.config(true));
@@ -187,13 +199,13 @@ fn rig() -> Rig {
         _health: health,
     };
     // Every enrolled server's agent-send line reaches the agent and is read
-    // as a known row (the agent counts the rows it was asked about).
+    // (the agent counts the distinct lines it was asked about).
     let seen = wait_for(CONVERGE, || {
-        (rows_seen(&rig.agent) == Some(14.0)).then_some(())
+        (rows_seen(&rig.agent) == Some(SEND_LINES as f64)).then_some(())
     });
     assert!(
         seen.is_some(),
-        "agent did not see the 14 enrolled rows (saw {:?}):\n{}",
+        "agent did not see the {SEND_LINES} agent-send lines (saw {:?}):\n{}",
         rows_seen(&rig.agent),
         rig.agent.log()
     );
@@ -212,6 +224,15 @@ type Key = (String, String);
 
 fn key((backend, server): (&str, &str)) -> Key {
     (backend.to_string(), server.to_string())
+}
+
+/// The enrolled servers whose agent-send line carries `group`.
+fn members(group: &str) -> Vec<Key> {
+    ENROLLED
+        .iter()
+        .filter(|(_, _, groups)| groups.contains(&group))
+        .map(|(b, s, _)| key((b, s)))
+        .collect()
 }
 
 /// (admin_state, uweight, iweight) of every server.
@@ -255,20 +276,18 @@ fn sample_role_layout_is_what_the_role_defines() {
     let state = rig.haproxy.servers_state();
     let mut names: Vec<&Key> = state.keys().collect();
     names.sort();
-    let mut expected: Vec<Key> = CANARY
-        .iter()
-        .chain(OTHERS.iter())
-        .map(|s| key(*s))
-        .collect();
+    let mut expected: Vec<Key> = ENROLLED.iter().map(|(b, s, _)| key((b, s))).collect();
     expected.push(key(EXCLUDED));
     expected.sort();
     assert_eq!(names, expected.iter().collect::<Vec<_>>());
-    for s in CANARY.iter().chain(OTHERS.iter()) {
-        let row = &state[&key(*s)];
+    let canary: Vec<Key> = CANARY.iter().map(|s| key(*s)).collect();
+    assert_eq!(members("canary"), canary);
+    for (b, s, _) in ENROLLED {
+        let row = &state[&key((b, s))];
         assert_eq!(
             (row.admin_state, row.uweight, row.iweight),
             (0, 100, 100),
-            "{s:?}"
+            "{b}/{s}"
         );
     }
     // The health checks pass (servers UP) alongside the agent checks.
@@ -335,6 +354,57 @@ fn canary_write_drains_canary_only_row_key_overrides_delete_restores() {
     wait_view(h, &ready, "keys deleted");
     std::thread::sleep(SETTLE);
     assert_eq!(admin_view(h), ready, "all servers ready at full weight");
+}
+
+#[test]
+fn zone_write_drains_then_maints_that_zone_only_template_servers_included() {
+    let rig = rig();
+    let h = &rig.haproxy;
+    let ready = ready_view(h);
+    wait_view(h, &ready, "start");
+    let zone_b = members("zone-b");
+    assert_eq!(zone_b.len(), 4, "web-01, web-tpl1, web-tpl2, web-cny-01");
+
+    // One write drains every server of zone b, the template's two included.
+    rig.consul.put("zone-b", "drain");
+    let mut want = ready.clone();
+    for k in &zone_b {
+        want.insert(k.clone(), (8, 100, 100));
+    }
+    wait_view(h, &want, "zone-b=drain");
+    std::thread::sleep(SETTLE);
+    assert_eq!(admin_view(h), want, "zone-b=drain moves zone b only");
+
+    // Then maint; a row key still overrides the zone for its server.
+    rig.consul.put("zone-b", "maint");
+    rig.consul.put("web/web-01", "ready");
+    for k in &zone_b {
+        want.insert(k.clone(), (1, 100, 100));
+    }
+    want.insert(key(("web", "web-01")), (0, 100, 100));
+    wait_view(h, &want, "zone-b=maint, web/web-01=ready");
+
+    // A server's zone comes before its backend's groups on its agent-send
+    // line: with canary drained and zone c in maint, web-cny-02 (zone c)
+    // follows its zone.
+    rig.consul.put("canary", "drain");
+    rig.consul.put("zone-c", "maint");
+    for k in members("canary") {
+        want.insert(k, (8, 100, 100));
+    }
+    for k in members("zone-c") {
+        want.insert(k, (1, 100, 100));
+    }
+    want.insert(key(("canary_web", "web-cny-01")), (1, 100, 100));
+    assert_eq!(want[&key(("canary_web", "web-cny-02"))], (1, 100, 100));
+    wait_view(h, &want, "canary=drain, zone-c=maint");
+    std::thread::sleep(SETTLE);
+    assert_eq!(admin_view(h), want, "each server answered by its first key");
+
+    for k in ["zone-b", "zone-c", "canary", "web/web-01"] {
+        rig.consul.delete(k);
+    }
+    wait_view(h, &ready, "keys deleted");
 }
 
 #[test]

@@ -186,20 +186,20 @@ fn invalid_value_keeps_haproxy_state_and_never_injects_words() {
     rig.consul.put("web/web-01", "drain");
     rig.haproxy
         .wait_server("web", "web-01", CONVERGE, ServerState::is_drain);
-    // A typo is refused: no answer, so the server stays drained (not ready).
+    // A typo is refused: the last valid value is answered (held), so the
+    // server stays drained (not ready).
     rig.consul.put("web/web-01", "drian");
     support::wait_for(CONVERGE, || {
         (rig.agent.metric("gitlab_haproxy_agent_invalid_keys") == 1.0).then_some(())
     })
     .expect("invalid key counted");
-    assert_eq!(rig.agent.ask("web/web-01"), "");
+    assert_eq!(rig.agent.ask("web/web-01"), "drain 100%\n");
+    assert_eq!(
+        rig.agent.metric("gitlab_haproxy_agent_invalid_held_keys"),
+        1.0
+    );
     std::thread::sleep(Duration::from_millis(INTER_MS * 5));
     assert!(rig.haproxy.server("web", "web-01").is_drain());
-    assert!(
-        rig.agent
-            .metric("gitlab_haproxy_agent_answers_total{kind=\"invalid\"}")
-            >= 1.0
-    );
 
     // Values that would inject reply words are refused too.
     for value in ["ready maxconn:0", "ready\ndown", "down", "maint, up"] {
@@ -221,6 +221,12 @@ fn invalid_value_keeps_haproxy_state_and_never_injects_words() {
         })
         .unwrap();
     }
+    // Keys with no valid value before get no answer.
+    assert!(
+        rig.agent
+            .metric("gitlab_haproxy_agent_answers_total{kind=\"invalid\"}")
+            >= 1.0
+    );
     // The log names the key once per change, not once per check.
     let log = rig.agent.log();
     assert_eq!(log.matches("key=web/web-01 error=").count(), 1, "{log}");
@@ -293,4 +299,62 @@ fn agent_away_freezes_state_and_a_restarted_agent_says_nothing_before_sync() {
     rig.haproxy
         .wait_server("web", "web-02", CONVERGE, ServerState::is_ready_full_weight);
     assert!(rig.haproxy.server("web", "web-01").is_drain());
+}
+
+/// `web/web-01`=maint, then a typo, then HAProxy reloads: the new worker
+/// starts from the config (ready), so only an answer keeps the server out.
+/// While the agent runs it answers the key's last valid value (held), shows
+/// it on /status and counts it; an agent restarted with no valid value known
+/// answers nothing for it, as before.
+#[test]
+fn an_invalid_value_after_a_valid_one_keeps_the_server_out_through_a_reload() {
+    let mut rig = rig();
+    rig.consul.put("web/web-01", "maint");
+    rig.haproxy
+        .wait_server("web", "web-01", CONVERGE, ServerState::is_maint);
+    rig.consul.put("web/web-01", "mantenance");
+    support::wait_for(CONVERGE, || {
+        (rig.agent.metric("gitlab_haproxy_agent_invalid_keys") == 1.0).then_some(())
+    })
+    .expect("invalid key counted");
+    rig.haproxy.reload();
+    std::thread::sleep(Duration::from_millis(INTER_MS * 2));
+    rig.haproxy
+        .wait_server("web", "web-01", CONVERGE, ServerState::is_maint);
+    // And it stays there.
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(INTER_MS));
+        let s = rig.haproxy.server("web", "web-01");
+        assert!(s.is_maint(), "{s:?}\n{}", rig.agent.log());
+    }
+    assert_eq!(rig.agent.ask("web/web-01"), "maint 100%\n");
+    assert_eq!(
+        rig.agent.metric("gitlab_haproxy_agent_invalid_held_keys"),
+        1.0
+    );
+    let status: serde_json::Value =
+        serde_json::from_str(&rig.agent.http_get("/status").unwrap().1).unwrap();
+    let held = &status["held"]["web/web-01"];
+    assert_eq!(held["state"], "maint", "{status}");
+    assert_eq!(held["cause"], "invalid_value", "{status}");
+    assert!(
+        status["invalid"]["web/web-01"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("mantenance"),
+        "{status}"
+    );
+    let log = rig.agent.log();
+    assert!(log.contains("last valid value (held)"), "{log}");
+
+    // A restarted agent knows no valid value: no answer, as before.
+    let (port, http_port) = (rig.agent.listen.port(), rig.agent.http.port());
+    assert!(rig.agent.terminate().expect("exits").success());
+    rig.agent = Agent::spawn_on(&rig.consul.url(), port, http_port, &[]);
+    rig.agent.wait_ready();
+    assert_eq!(rig.agent.ask("web/web-01"), "");
+    // A valid value ends it.
+    rig.consul.put("web/web-01", "ready");
+    rig.haproxy
+        .wait_server("web", "web-01", CONVERGE, ServerState::is_ready_full_weight);
 }

@@ -102,7 +102,7 @@ fn a_profile_under_agent_check_load_names_the_agents_functions() {
     let top = go_tool_pprof_top(&file);
     assert!(top.contains("Type: cpu"), "{top}");
     assert!(
-        top.contains("gitlab_haproxy_agent::responder"),
+        top.contains("gitlab_haproxy_agent::agent::responder"),
         "the agent-check path is not in the profile:\n{top}"
     );
     assert!(
@@ -165,7 +165,10 @@ fn one_profile_at_a_time_for_a_bounded_time_and_a_flame_graph() {
     assert!(head.contains("image/svg+xml"), "{head}");
     let svg = String::from_utf8_lossy(&svg);
     assert!(svg.contains("<svg"), "{svg}");
-    assert!(svg.contains("gitlab_haproxy_agent::responder"), "{svg}");
+    assert!(
+        svg.contains("gitlab_haproxy_agent::agent::responder"),
+        "{svg}"
+    );
 
     let metrics = agent.metrics();
     for (outcome, n) in [("ok", 1), ("busy", 1), ("bad_request", 3)] {

@@ -103,3 +103,55 @@ fn notifies_ready_only_after_first_sync_then_watchdog_then_stopping() {
         .expect("exits");
     assert!(status.success());
 }
+
+/// While the first read is retried (Consul down, backoff growing past the
+/// watchdog's half period), the agent keeps pinging: a start-up timeout
+/// longer than `WatchdogSec=` must end in exit 1, not in SIGABRT.
+#[test]
+fn watchdog_keeps_beating_while_the_first_read_is_retried() {
+    let dir = TempDir::new("notify-retry");
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    // Nothing listens on this port: every try is refused at once, and the
+    // backoff reaches 4-8 s sleeps within the window watched.
+    let consul_port = free_port();
+    let mut agent = Agent::spawn_env(
+        &format!("http://127.0.0.1:{consul_port}"),
+        free_port(),
+        free_port(),
+        &[
+            ("NOTIFY_SOCKET", path.to_str().unwrap()),
+            ("WATCHDOG_USEC", "4000000"),
+        ],
+        &["--startup-timeout", "30s"],
+    );
+    let start = Instant::now();
+    let mut last_ping = start;
+    let mut longest = Duration::ZERO;
+    let mut buf = [0u8; 4096];
+    socket
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    while start.elapsed() < Duration::from_secs(18) {
+        if let Ok(n) = socket.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]);
+            if msg.lines().any(|l| l == "WATCHDOG=1") {
+                longest = longest.max(last_ping.elapsed());
+                last_ping = Instant::now();
+            }
+        }
+    }
+    longest = longest.max(last_ping.elapsed());
+    // Pings every 2 s (half of 4 s); systemd would kill after 4 s of
+    // silence. Allow one late ping.
+    assert!(
+        longest < Duration::from_millis(3500),
+        "watchdog silent for {longest:?} while retrying:\n{}",
+        agent.log()
+    );
+    agent.proc().signal("TERM");
+    agent
+        .proc()
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits");
+}

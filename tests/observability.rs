@@ -24,7 +24,10 @@ fn rule_files() -> Vec<String> {
         .unwrap()
         .filter_map(|e| {
             let p = e.unwrap().path();
-            (p.extension()? == "yml").then(|| p.to_str().unwrap().to_string())
+            // alertmanager.example.yml is Alertmanager's config, not rules.
+            let rules =
+                p.extension()? == "yml" && !p.file_name()?.to_str()?.starts_with("alertmanager.");
+            rules.then(|| p.to_str().unwrap().to_string())
         })
         .collect();
     files.sort();

@@ -65,9 +65,20 @@ impl Run {
 fn command(consul_url: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(AGENT_BIN);
     cmd.env_clear()
+        // The HAProxy configs here check every 100 ms or less and the agents
+        // read at once: a 30 ms wait floor (2 x 10 ms + 10 ms) lets the
+        // tests run short waits. The floor itself is tested with defaults.
+        .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", "10ms")
+        .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "10ms")
         .arg("state")
         .args(args)
         .args(["--consul-addr", consul_url])
+        // No HAProxy configuration here unless a test names one, as on a
+        // console node (this machine may have /etc/haproxy/haproxy.cfg).
+        .env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            "/nonexistent/haproxy.cfg",
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -205,12 +216,8 @@ fn config_path(haproxy: &Haproxy) -> String {
 const DRAIN: u32 = 0x08;
 const MAINT: u32 = 0x01;
 
-/// The Consul Flags `state drain` writes for the selection `--zone ZONE
-/// --backend BACKEND --server GLOB` (absent parts `None`).
-fn mark(zone: Option<&str>, backend: Option<&str>, server: Option<&str>) -> u64 {
-    use gitlab_haproxy_agent::writer::{drain_flags, selection_id};
-    drain_flags(selection_id(zone, backend, server))
-}
+/// The Consul Flags `state drain` writes on row keys: the drain mark.
+const MARK: u64 = 1;
 
 #[test]
 fn reads_show_parsed_state_and_flag_invalid_values() {
@@ -371,7 +378,11 @@ fn exit_codes_for_usage_and_unreachable_consul() {
     // Bad selector combinations are the writer's own checks: with --json
     // they print the error object like every other failure.
     for (args, says) in [
-        (&["drain", "--json"][..], "--zone, --backend"),
+        (&["drain", "--json"][..], "--zone, --group or --backend"),
+        (
+            &["drain", "--zone", "b", "--backend", "web", "--json"],
+            "not with --backend",
+        ),
         (
             &["drain", "--server", "web-*", "--json"],
             "--server needs --backend",
@@ -385,7 +396,7 @@ fn exit_codes_for_usage_and_unreachable_consul() {
                 "/nonexistent",
                 "--json",
             ],
-            "--zone cannot be used with --haproxy-socket",
+            "need the HAProxy configuration too",
         ),
         // Errors clap finds too, before the writer runs.
         (&["set", "canary", "--json"], "<VALUE>"),
@@ -545,7 +556,7 @@ fn explain_agrees_with_the_running_agent() {
         "web/web-cny-01 canary zone-b",
         "web/web-cny-02 canary",
         "web/web-01 zone-b",
-        "web/web-02",
+        "web/web-02 zone-c",
         "web/web-03 canary",
     ] {
         let ids: Vec<&str> = line.split(' ').collect();
@@ -572,6 +583,78 @@ fn explain_agrees_with_the_running_agent() {
     run.says("invalid value");
     let run = cli(&consul, &["explain", "web/web-01/x"]);
     assert_eq!(run.code, 65, "{run:?}");
+
+    // One row key alone, with no value and no configuration: its groups
+    // decide and are not known here, so no answer is stated.
+    let run = cli(&consul, &["explain", "web/web-cny-01", "--json"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    assert_eq!(v["answer"], "unknown", "{v}");
+    assert_eq!(v["reply"], Value::Null, "{v}");
+    let text = cli(&consul, &["explain", "web/web-cny-01"]);
+    text.says("answer: unknown");
+    text.says("Group keys set: canary = drain, zone-b = maint");
+    text.says("--haproxy-config");
+    // A row key with a value decides: that is known.
+    let v = cli(&consul, &["explain", "web/web-cny-02", "--json"]).json();
+    assert_eq!(v["reply"], "ready 25%", "{v}");
+    // With the configuration, the server's own line is read from it.
+    let dir = TempDir::new("writer-explain");
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &cfg,
+        "backend web\n    server web-cny-01 127.0.0.1:1 agent-check agent-send \"web/web-cny-01 zone-b canary\\n\"\n    server-template web-tpl 2 127.0.0.1:1 agent-check agent-send \"zone-b\\n\"\n",
+    )
+    .unwrap();
+    let v = cli(
+        &consul,
+        &[
+            "explain",
+            "web/web-cny-01",
+            "--haproxy-config",
+            cfg.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(v["line"], "web/web-cny-01 zone-b canary", "{v}");
+    assert_eq!(
+        (v["reply"].as_str(), v["decided_by"].as_str()),
+        (Some("maint 100%"), Some("zone-b"))
+    );
+    // The default configuration (this load balancer's) found it too; a
+    // server it does not list is another's: answered as with none.
+    let with_default = |args: &[&str]| -> Value {
+        let out = command(&consul.url(), args)
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &cfg)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = with_default(&["explain", "web/web-cny-01", "--json"]);
+    assert_eq!(v["reply"], "maint 100%", "{v}");
+    let v = with_default(&["explain", "web/web-elsewhere", "--json"]);
+    assert_eq!(v["answer"], "unknown", "{v}");
+    // A server-template server has no row key: found by its name.
+    let v = cli(
+        &consul,
+        &[
+            "explain",
+            "web/web-tpl2",
+            "--haproxy-config",
+            cfg.to_str().unwrap(),
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(v["line"], "zone-b", "{v}");
+    assert_eq!(v["reply"], "maint 100%", "{v}");
+    let got = wait_for(CONVERGE, || {
+        let a = agent.ask("web/web-cny-01 zone-b canary");
+        (a == "maint 100%\n").then_some(a)
+    });
+    assert!(got.is_some());
 }
 
 /// Polls HAProxy every 25 ms while `child` runs and afterwards until every
@@ -725,7 +808,7 @@ fn canary_disable_drains_then_maints_only_the_canaries_and_enable_ramps_them() {
 }
 
 #[test]
-fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
+fn zonal_drain_writes_one_group_key_and_a_configuration_previews_its_servers() {
     let consul = Consul::start();
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();
@@ -737,19 +820,22 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         "    server web-b-03 127.0.0.1:1 weight 100 agent-send \"web/web-b-03 zone-b\\n\"\n",
     );
     backends.push_str("    server web-x-04 127.0.0.1:1 weight 100\n");
-    // Enrolled in name only: the agent never answers these lines, or answers
-    // them from a group key first.
     let agent_opts =
         format!("agent-check agent-addr 127.0.0.1 agent-port {port} agent-inter {INTER_MS}ms");
+    // The agent never answers these two lines.
     backends.push_str(&format!(
         "    server web-b-04 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-04 zone-b\"\n"
     ));
     backends.push_str(&format!(
+        "    server web-b-06 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-06 zone-b {}\\n\"\n",
+        ["g"; 16].join(" ")
+    ));
+    // Answered from a group first, and a template: both through zone-b.
+    backends.push_str(&format!(
         "    server web-b-05 127.0.0.1:1 weight 100 {agent_opts} agent-send \"canary web/web-b-05 zone-b\\n\"\n"
     ));
     backends.push_str(&format!(
-        "    server web-b-06 127.0.0.1:1 weight 100 {agent_opts} agent-send \"web/web-b-06 zone-b {}\\n\"\n",
-        ["g"; 16].join(" ")
+        "    server-template web-t 2 127.0.0.1:1 weight 100 {agent_opts} agent-send \"zone-b\\n\"\n"
     ));
     backends.push_str("\nbackend api\n");
     backends.push_str(&server_line(
@@ -774,6 +860,9 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     let zone_b = [
         id("web", "web-b-01"),
         id("web", "web-b-02"),
+        id("web", "web-b-05"),
+        id("web", "web-t1"),
+        id("web", "web-t2"),
         id("api", "api-b-01"),
     ];
 
@@ -812,7 +901,7 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
     assert_eq!(v["outcome"], "done");
-    assert_eq!(v["row_keys_assumed"], false);
+    assert_eq!(v["group"], "zone-b");
     let servers: Vec<&str> = v["servers"]
         .as_array()
         .unwrap()
@@ -821,42 +910,42 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         .collect();
     assert_eq!(
         servers,
-        vec!["web/web-b-01", "web/web-b-02", "api/api-b-01"]
+        vec![
+            "web/web-b-01",
+            "web/web-b-02",
+            "web/web-b-05",
+            "web/web-t1",
+            "web/web-t2",
+            "api/api-b-01"
+        ]
     );
     for s in v["servers"].as_array().unwrap() {
         assert_eq!(s["agent_answer"], "maint 100%", "{s}");
+        assert_eq!(s["decided_by"], "zone-b", "{s}");
     }
-    let not_enrolled: HashMap<&str, &str> = v["not_enrolled"]
+    let not_written: HashMap<&str, &str> = v["not_written"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| (s["server"].as_str().unwrap(), s["reason"].as_str().unwrap()))
         .collect();
-    assert_eq!(not_enrolled.len(), 5, "{not_enrolled:?}");
-    assert_eq!(not_enrolled["web/web-b-03"], "no agent-check");
-    assert!(not_enrolled["web/web-x-04"].contains("zone unknown"));
+    assert_eq!(not_written.len(), 3, "{not_written:?}");
+    assert_eq!(not_written["web/web-b-03"], "no agent-check");
     assert_eq!(
-        not_enrolled["web/web-b-04"],
+        not_written["web/web-b-04"],
         "agent-send does not end with \\n: the agent never answers it"
     );
     assert!(
-        not_enrolled["web/web-b-05"]
-            .starts_with("first identity on agent-send is `canary`, not a row key"),
-        "{not_enrolled:?}"
-    );
-    assert!(
-        not_enrolled["web/web-b-06"].contains("more than 16 identities"),
-        "{not_enrolled:?}"
+        not_written["web/web-b-06"].contains("more than 16 identities"),
+        "{not_written:?}"
     );
     assert_eq!(
         all_keys(&consul),
-        HashMap::from([
-            ("web/web-b-01".to_string(), "maint".to_string()),
-            ("web/web-b-02".to_string(), "maint".to_string()),
-            ("api/api-b-01".to_string(), "maint".to_string()),
-        ]),
-        "row keys only, only for zone b"
+        HashMap::from([("zone-b".to_string(), "maint".to_string())]),
+        "one group key"
     );
+    let e = kv_entry(&consul, "zone-b").unwrap();
+    assert_eq!(e.flags, 0, "a group key has no drain mark");
     for (server, states) in &seen {
         if zone_b.contains(server) {
             assert_eq!(
@@ -869,31 +958,60 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
         }
     }
 
-    // Undrain: keys removed, servers back, other zones still untouched.
+    // Undrain with no configuration: the group key goes, every server back.
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    run.says("undrain: done");
+    assert!(all_keys(&consul).is_empty());
+    for (b, s) in haproxy.servers_state().keys() {
+        haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
+    }
+
+    // With the configuration, the stats socket is where HAProxy is checked:
+    // every server of the zone, template servers included, in DRAIN before
+    // maint is written, and in MAINT after.
+    let socket = haproxy.socket().to_string_lossy().into_owned();
     let run = cli(
         &consul,
-        &["undrain", "--zone", "b", "--haproxy-config", &cfg],
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            &cfg,
+            "--haproxy-socket",
+            &socket,
+            "--drain-wait",
+            "300ms",
+            "--json",
+        ],
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(
-        run.stdout.contains("web/web-b-03"),
-        "unenrolled listed: {}",
-        run.stdout
+    run.warns("shows 6 servers in DRAIN");
+    run.warns("shows 6 servers in MAINT");
+    assert_eq!(run.json()["row_keys_assumed"], false);
+    // Without it, the socket cannot say who is in the zone.
+    let run = cli(
+        &consul,
+        &["undrain", "--zone", "b", "--haproxy-socket", &socket],
     );
+    assert_eq!(run.code, 64, "{run:?}");
+    run.warns("need the HAProxy configuration too");
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
+    assert_eq!(run.code, 0, "{run:?}");
     assert!(all_keys(&consul).is_empty());
     for (b, s) in haproxy.servers_state().keys() {
         haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
     }
 
     // By backend and server glob, servers read from the stats socket.
-    let socket = haproxy.socket().to_string_lossy().into_owned();
     let run = cli(
         &consul,
         &socket_args(
             "drain",
             "web",
             &socket,
-            &["--server", "web-[ab]-0[12]", "--drain-wait", "0s"],
+            &["--server", "web-[ab]-0[12]", "--drain-wait", "30ms"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -904,12 +1022,42 @@ fn zonal_drain_writes_row_keys_in_one_zone_and_reports_unenrolled_servers() {
     haproxy.wait_server("web", "web-a-01", CONVERGE, |s| s.is_maint());
     assert!(haproxy.server("api", "api-a-01").is_ready_full_weight());
 
-    // A selection with no enrolled server is refused, nothing written.
+    // A glob or a whole backend with nothing to expand it: 64, named.
+    for args in [
+        &["drain", "--backend", "web"][..],
+        &["undrain", "--backend", "web", "--server", "web-*"][..],
+    ] {
+        let run = cli(&consul, args);
+        assert_eq!(run.code, 64, "{run:?}");
+        run.warns("give --haproxy-config PATH");
+    }
+    // A configuration named but missing: 66.
     let run = cli(
         &consul,
-        &["drain", "--zone", "nowhere", "--haproxy-config", &cfg],
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--haproxy-config",
+            "/nonexistent/x.cfg",
+        ],
     );
-    assert_eq!(run.code, 65, "{run:?}");
+    assert_eq!(run.code, 66, "{run:?}");
+    // A zone no server of this configuration names: written for the fleet,
+    // and said.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--zone",
+            "nowhere",
+            "--haproxy-config",
+            &cfg,
+            "--dry-run",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    run.says("No server in");
     assert_eq!(all_keys(&consul).len(), 3);
 }
 
@@ -930,7 +1078,7 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
 
     let run = cli(
         &consul,
-        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
+        &socket_args("drain", "web", &socket, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 65, "{run:?}");
     run.warns("row keys are assumed to be <backend>/<server>");
@@ -950,8 +1098,7 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
     // Drain written to both, maint to neither.
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
-        let flags = mark(None, Some("web"), None);
-        assert_eq!((e.value.as_str(), e.flags), ("drain", flags), "{key}");
+        assert_eq!((e.value.as_str(), e.flags), ("drain", MARK), "{key}");
     }
     assert!(haproxy.server("web", "web-01").is_drain());
     assert!(haproxy.server("web", "web-02").is_ready_full_weight());
@@ -970,7 +1117,7 @@ fn a_drain_from_the_stats_socket_stops_before_maint_when_haproxy_does_not_drain_
             "drain",
             "web",
             &socket,
-            &["--server", "web-01", "--drain-wait", "0s", "--json"],
+            &["--server", "web-01", "--drain-wait", "30ms", "--json"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
@@ -1004,7 +1151,7 @@ fn a_drain_from_the_stats_socket_fails_when_haproxy_does_not_put_a_server_in_mai
 
     let run = cli(
         &consul,
-        &socket_args("drain", "web", &socket, &["--drain-wait", "0s", "--json"]),
+        &socket_args("drain", "web", &socket, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 65, "{run:?}");
     run.warns("not in maint");
@@ -1028,7 +1175,9 @@ fn a_drain_from_the_stats_socket_fails_when_haproxy_does_not_put_a_server_in_mai
 }
 
 #[test]
-fn an_undrain_leaves_servers_another_drain_holds_in_maint() {
+fn a_backend_undrain_leaves_the_servers_a_zone_drain_holds_in_maint() {
+    // Overlapping drains write different keys: the zone its group key, the
+    // backend its row keys. Undoing one leaves the other's servers out.
     let consul = Consul::start();
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();
@@ -1042,94 +1191,121 @@ fn an_undrain_leaves_servers_another_drain_holds_in_maint() {
     for (b, s) in haproxy.servers_state().keys() {
         haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
     }
-    let zone_b = |verb: &'static str, extra: &[&'static str]| -> Run {
-        let args = [&[verb, "--zone", "b", "--haproxy-config", &cfg][..], extra].concat();
-        cli(&consul, &args)
-    };
-    let zone_mark = mark(Some("b"), None, None);
-    let web_mark = mark(None, Some("web"), None);
-    assert_ne!(zone_mark, web_mark);
 
-    // The zone drain, then the backend drain: web-b-01 is already maint.
-    let run = zone_b("drain", &["--drain-wait", "0s"]);
+    let run = cli(&consul, &["drain", "--zone", "b", "--drain-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
-    let held = kv_entry(&consul, "web/web-b-01").unwrap();
-    assert_eq!((held.value.as_str(), held.flags), ("maint", zone_mark));
     let run = cli(
         &consul,
-        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert!(run.row("web/web-b-01").contains("already maint"), "{run:?}");
-    assert_eq!(kv_entry(&consul, "web/web-b-01").unwrap(), held);
-    assert_eq!(kv_entry(&consul, "web/web-a-01").unwrap().flags, web_mark);
-    let list = cli(&consul, &["list"]);
-    let zone_id = format!(" drain:{:08x}", zone_mark >> 1);
-    assert!(list.row("web/web-b-01").ends_with(&zone_id), "{list:?}");
-    let v = cli(&consul, &["get", "web/web-b-01", "--json"]).json();
-    assert_eq!(v["drain_id"], format!("{:08x}", zone_mark >> 1));
+    assert_eq!(kv(&consul, "web/web-b-01").as_deref(), Some("maint"));
+    assert_eq!(kv(&consul, "zone-b").as_deref(), Some("maint"));
+    haproxy.wait_server("web", "web-a-01", CONVERGE, |s| s.is_maint());
 
-    // The backend undrain brings back only its own server.
+    // The backend undrain clears its row keys; web-b-01 falls back to
+    // zone-b and stays in MAINT.
     let run = cli(
         &consul,
-        &backend_args("undrain", "web", &cfg, &["--maint-wait", "0s", "--json"]),
+        &backend_args("undrain", "web", &cfg, &["--maint-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     let v = run.json();
-    let held_list: Vec<&str> = v["held_by_other_drain"]
+    let answers: HashMap<&str, (&str, &str)> = v["servers"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|k| k["server"].as_str().unwrap())
+        .map(|s| {
+            (
+                s["server"].as_str().unwrap(),
+                (
+                    s["agent_answer"].as_str().unwrap(),
+                    s["decided_by"].as_str().unwrap_or("-"),
+                ),
+            )
+        })
         .collect();
-    assert_eq!(held_list, ["web/web-b-01"], "{v}");
+    assert_eq!(answers["web/web-b-01"], ("maint 100%", "zone-b"), "{v}");
+    assert_eq!(answers["web/web-a-01"], ("ready 100%", "-"), "{v}");
     assert_eq!(
-        v["held_by_other_drain"][0]["drain_id"],
-        format!("{:08x}", zone_mark >> 1)
-    );
-    assert_eq!(kv_entry(&consul, "web/web-a-01"), None);
-    assert_eq!(
-        kv_entry(&consul, "web/web-b-01").unwrap(),
-        held,
-        "untouched"
+        all_keys(&consul),
+        HashMap::from([("zone-b".to_string(), "maint".to_string())])
     );
     haproxy.wait_server("web", "web-a-01", CONVERGE, |s| s.is_ready_full_weight());
     std::thread::sleep(Duration::from_millis(5 * INTER_MS));
     assert_eq!(haproxy.server("web", "web-b-01").admin_state, MAINT);
-    let run = cli(&consul, &backend_args("undrain", "web", &cfg, &[]));
-    run.says("held by another drain");
-    run.says("same selection");
+    assert_eq!(haproxy.server("api", "api-b-01").admin_state, MAINT);
 
-    // The zone undrain brings it back.
-    let run = zone_b("undrain", &["--maint-wait", "0s"]);
+    // The zone undrain brings them back.
+    let run = cli(&consul, &["undrain", "--zone", "b", "--maint-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert!(all_keys(&consul).is_empty());
     for (b, s) in haproxy.servers_state().keys() {
         haproxy.wait_server(b, s, CONVERGE, |s| s.is_ready_full_weight());
     }
 
-    // --any-drain takes back another drain's keys in its selection.
-    let run = zone_b("drain", &["--drain-wait", "0s"]);
+    // One server by exact name needs no configuration: its row key.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-b-01",
+            "--drain-wait",
+            "30ms",
+        ],
+    );
     assert_eq!(run.code, 0, "{run:?}");
+    run.says("Row key written as named");
+    // A configuration that does not list the server (another load
+    // balancer's) does not stop it either.
     let run = cli(
         &consul,
         &backend_args(
-            "undrain",
+            "drain",
             "web",
             &cfg,
-            &["--maint-wait", "0s", "--any-drain", "--json"],
+            &["--server", "web-z-09", "--dry-run", "--json"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(run.json()["held_by_other_drain"], serde_json::json!([]));
-    assert_eq!(kv_entry(&consul, "web/web-b-01"), None);
-    assert_eq!(
-        kv_entry(&consul, "api/api-b-01").unwrap().flags,
-        zone_mark,
-        "outside the selection"
+    assert_eq!(run.json()["keys"][0]["key"], "web/web-z-09");
+    // Several names at once, no configuration.
+    let run = cli(
+        &consul,
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-a-01",
+            "--server",
+            "web-b-01",
+            "--dry-run",
+            "--json",
+        ],
     );
+    assert_eq!(run.code, 0, "{run:?}");
+    let v = run.json();
+    let keys: Vec<&str> = v["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["web/web-a-01", "web/web-b-01"]);
+    let e = kv_entry(&consul, "web/web-b-01").unwrap();
+    assert_eq!((e.value.as_str(), e.flags), ("maint", MARK));
+    haproxy.wait_server("web", "web-b-01", CONVERGE, |s| s.is_maint());
+    let run = cli(
+        &consul,
+        &["undrain", "--backend", "web", "--server", "web-b-01"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(all_keys(&consul).is_empty());
     haproxy.wait_server("web", "web-b-01", CONVERGE, |s| s.is_ready_full_weight());
-    haproxy.wait_server("api", "api-b-01", CONVERGE, |s| s.is_maint());
 }
 
 /// `VERB --backend BACKEND --haproxy-config CFG EXTRA...`.
@@ -1238,7 +1414,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     }
     for step in v["steps"].as_array().unwrap() {
         if step.get("write").is_some() {
-            assert_eq!(step["flags"], mark(None, Some("web"), None), "{step}");
+            assert_eq!(step["flags"], MARK, "{step}");
             assert_eq!(
                 step["keys"],
                 serde_json::json!(["web/web-01", "web/web-02"])
@@ -1259,8 +1435,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert_eq!(seen[&id("api", "api-01")], vec![(0, 100)]);
     for key in ["web/web-01", "web/web-02"] {
         let e = kv_entry(&consul, key).unwrap();
-        let flags = mark(None, Some("web"), None);
-        assert_eq!((e.value.as_str(), e.flags), ("maint", flags), "{key}");
+        assert_eq!((e.value.as_str(), e.flags), ("maint", MARK), "{key}");
     }
     assert_eq!(kv_entry(&consul, "web/web-03").unwrap(), web03, "untouched");
     assert_eq!(kv_entry(&consul, "web/web-04").unwrap(), web04, "untouched");
@@ -1282,10 +1457,7 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
             )
         })
         .collect();
-    assert_eq!(
-        by_drain["web/web-01"],
-        (mark(None, Some("web"), None), true)
-    );
+    assert_eq!(by_drain["web/web-01"], (MARK, true));
     assert_eq!(by_drain["web/web-03"], (0, false));
     let v = cli(&consul, &["get", "web/web-04", "--json"]).json();
     assert_eq!(
@@ -1296,14 +1468,13 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     assert!(
         run.stdout.starts_with("KEY ") && run.stdout.lines().next().unwrap().ends_with("SET-BY")
     );
-    let id = format!(" drain:{:08x}", mark(None, Some("web"), None) >> 1);
-    assert!(run.row("web/web-01").ends_with(&id), "{}", run.stdout);
+    assert!(run.row("web/web-01").ends_with(" drain"), "{}", run.stdout);
     assert!(run.row("web/web-03").ends_with(" hand"), "{}", run.stdout);
 
     // Drain again: nothing to do, the two still named.
     let run = cli(
         &consul,
-        &backend_args("drain", "web", &cfg, &["--drain-wait", "0s"]),
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     run.says("drain: nothing to do; 3 servers set by hand left alone");
@@ -1354,14 +1525,11 @@ fn drain_and_undrain_leave_keys_set_by_hand_alone() {
             "drain",
             "web",
             &cfg,
-            &["--server", "web-01", "--drain-wait", "0s"],
+            &["--server", "web-01", "--drain-wait", "30ms"],
         ),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(
-        kv_entry(&consul, "web/web-01").unwrap().flags,
-        mark(None, Some("web"), Some("web-01"))
-    );
+    assert_eq!(kv_entry(&consul, "web/web-01").unwrap().flags, MARK);
     let run = cli(&consul, &["set", "web/web-01", "maint", "--json"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(run.json()["written"], true, "{run:?}");
@@ -1383,32 +1551,21 @@ fn drains_of_many_servers_use_several_transactions() {
     let dir = TempDir::new("writer-many");
     let cfg = dir.path().join("haproxy.cfg");
     let mut text = String::from("defaults\n    default-server agent-check agent-port 9777\n");
-    for b in 0..3 {
-        text.push_str(&format!("backend be{b}\n"));
-        for s in 0..60 {
-            let zone = if s % 10 == 0 { "d" } else { "c" };
-            text.push_str(&format!(
-                "    server s{s} 127.0.0.1:1 agent-send \"be{b}/s{s} zone-{zone}\\n\"\n"
-            ));
-        }
+    text.push_str("backend be0\n");
+    for s in 0..150 {
+        text.push_str(&format!(
+            "    server s{s} 127.0.0.1:1 agent-send \"be0/s{s} zone-c\\n\"\n"
+        ));
     }
+    text.push_str("backend be1\n    server s0 127.0.0.1:1 agent-send \"be1/s0 zone-c\\n\"\n");
     std::fs::write(&cfg, text).unwrap();
     let cfg = cfg.to_str().unwrap();
     consul.put("be0/s1", "50%");
-    consul.put("be1/s1", "maint");
+    consul.put("be0/s2", "maint");
 
     let run = cli(
         &consul,
-        &[
-            "drain",
-            "--zone",
-            "c",
-            "--haproxy-config",
-            cfg,
-            "--drain-wait",
-            "0s",
-            "--json",
-        ],
+        &backend_args("drain", "be0", cfg, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     run.warns("(3 transactions)");
@@ -1419,28 +1576,20 @@ fn drains_of_many_servers_use_several_transactions() {
         .iter()
         .map(|k| k["key"].as_str().unwrap())
         .collect();
-    assert_eq!(hand, vec!["be1/s1"], "the maint put by hand is reported");
+    assert_eq!(hand, vec!["be0/s2"], "the maint put by hand is reported");
     let keys = all_keys(&consul);
-    assert_eq!(keys.len(), 162);
+    assert_eq!(keys.len(), 150);
     assert!(keys.values().all(|v| v == "maint"));
-    assert!(!keys.contains_key("be0/s0"), "zone d untouched");
+    assert!(!keys.contains_key("be1/s0"), "other backend untouched");
 
     let run = cli(
         &consul,
-        &[
-            "undrain",
-            "--zone",
-            "c",
-            "--haproxy-config",
-            cfg,
-            "--maint-wait",
-            "0s",
-        ],
+        &backend_args("undrain", "be0", cfg, &["--maint-wait", "30ms"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(
         all_keys(&consul),
-        HashMap::from([("be1/s1".to_string(), "maint".to_string())]),
+        HashMap::from([("be0/s2".to_string(), "maint".to_string())]),
         "only the maint put by hand is left"
     );
 }
@@ -1523,56 +1672,33 @@ fn sigint_during_the_drain_wait_leaves_drain_and_rerunning_finishes() {
 
 #[test]
 fn an_interrupted_zonal_drain_or_undrain_is_finished_by_running_it_again() {
-    // The keys an interrupted run left carry the drain mark, so re-running
-    // takes them over; a key set by hand next to them stays.
+    // The group key an interrupted run left is taken over by re-running; a
+    // row key set by hand next to it stays.
     let consul = Consul::start();
-    let dir = TempDir::new("writer-rerun");
-    let cfg = dir.path().join("haproxy.cfg");
-    std::fs::write(
-        &cfg,
-        "backend web\n    server a 127.0.0.1:1 agent-check agent-send \"web/a zone-b\\n\"\n    server b 127.0.0.1:1 agent-check agent-send \"web/b zone-b\\n\"\n",
-    )
-    .unwrap();
-    let cfg = cfg.to_str().unwrap();
     consul.put("web/b", "maint");
     let by_hand = kv_entry(&consul, "web/b").unwrap();
-
-    // `drain|undrain --zone b` with `wait_flag` (--drain-wait or
-    // --maint-wait) set to `wait`.
     let zone_b = |verb: &'static str, wait_flag: &'static str, wait: &'static str| {
-        vec![
-            verb,
-            "--zone",
-            "b",
-            "--haproxy-config",
-            cfg,
-            wait_flag,
-            wait,
-        ]
+        vec![verb, "--zone", "b", wait_flag, wait]
     };
     let drain = |wait| zone_b("drain", "--drain-wait", wait);
     let undrain = |wait| zone_b("undrain", "--maint-wait", wait);
-    let (run, _) = interrupt_once_written_at(&consul, &drain("30s"), "web/a", "drain", "INT");
+    let (run, _) = interrupt_once_written_at(&consul, &drain("30s"), "zone-b", "drain", "INT");
     assert_eq!(run.code, 130, "{run:?}");
-    let zone_mark = mark(Some("b"), None, None);
-    let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("drain", zone_mark));
+    assert_eq!(kv(&consul, "zone-b").as_deref(), Some("drain"));
     let run = cli(&consul, &drain("1s"));
     assert_eq!(run.code, 0, "{run:?}");
     run.says("already drain: waits again");
-    let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("maint", zone_mark));
+    assert_eq!(kv(&consul, "zone-b").as_deref(), Some("maint"));
     assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
 
-    // Undrain interrupted while maint is held: maint stays, still marked.
-    put_flags(&consul, "web/a", "drain", 1);
-    let (run, _) = interrupt_once_written_at(&consul, &undrain("30s"), "web/a", "maint", "INT");
+    // Undrain interrupted while maint is held: maint stays.
+    consul.put("zone-b", "drain");
+    let (run, _) = interrupt_once_written_at(&consul, &undrain("30s"), "zone-b", "maint", "INT");
     assert_eq!(run.code, 130, "{run:?}");
-    let a = kv_entry(&consul, "web/a").unwrap();
-    assert_eq!((a.value.as_str(), a.flags), ("maint", zone_mark));
+    assert_eq!(kv(&consul, "zone-b").as_deref(), Some("maint"));
     let run = cli(&consul, &undrain("1s"));
     assert_eq!(run.code, 0, "{run:?}");
-    assert_eq!(kv_entry(&consul, "web/a"), None);
+    assert_eq!(kv_entry(&consul, "zone-b"), None);
     assert_eq!(kv_entry(&consul, "web/b").unwrap(), by_hand);
 }
 
@@ -1692,7 +1818,7 @@ fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
         ],
     );
 
-    // Zonal: one key changes during the wait; the maint transaction is
+    // Row keys: one key changes during the wait; the maint transaction is
     // rolled back whole, so no key is overwritten and none goes to maint.
     let dir = TempDir::new("writer-cas");
     let cfg = dir.path().join("haproxy.cfg");
@@ -1703,16 +1829,12 @@ fn a_concurrent_change_makes_the_sequence_stop_without_overwriting() {
     .unwrap();
     let child = spawn_cli(
         &consul,
-        &[
+        &backend_args(
             "drain",
-            "--zone",
-            "b",
-            "--haproxy-config",
+            "web",
             cfg.to_str().unwrap(),
-            "--drain-wait",
-            "5s",
-            "--json",
-        ],
+            &["--drain-wait", "5s", "--json"],
+        ),
     );
     wait_for(CONVERGE, || {
         (kv(&consul, "web/b").as_deref() == Some("drain")).then_some(())
@@ -1753,7 +1875,7 @@ fn undrain_refuses_to_guess_over_an_invalid_value() {
     run.warns("drian");
     assert_eq!(consul.prefix_index(), index);
     // Disable replaces it: taking servers out is what was asked.
-    let run = cli(&consul, &["canary", "disable", "--drain-wait", "0s"]);
+    let run = cli(&consul, &["canary", "disable", "--drain-wait", "30ms"]);
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(kv(&consul, "canary").as_deref(), Some("maint"));
 }
@@ -1793,19 +1915,24 @@ fn shell_words(line: &str) -> Vec<String> {
 #[test]
 fn runbook_commands_parse_with_this_cli() {
     use clap::Parser as _;
-    use gitlab_haproxy_agent::config::{Cli, Command as Sub};
+    use gitlab_haproxy_agent::cli::{Cli, Command as Sub};
     let mut checked = 0;
     for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
         let text = std::fs::read_to_string(&path).unwrap();
-        // Commands in ```shell blocks, as on-call copies them.
+        // Commands in ```shell blocks, as on-call copies them, and in
+        // ```text blocks (those run on a load balancer).
         let mut in_shell = false;
+        let mut in_block = false;
         for line in text.lines().map(str::trim) {
             if let Some(lang) = line.strip_prefix("```") {
-                in_shell = !in_shell && lang == "shell";
+                in_block = !in_block;
+                in_shell = in_block && (lang == "shell" || lang == "text");
                 continue;
             }
-            if !in_shell || !line.starts_with("gitlab-haproxy-agent state") {
+            // `...` marks a placeholder (the diagram), not a command.
+            if !in_shell || !line.starts_with("gitlab-haproxy-agent state") || line.contains("...")
+            {
                 continue;
             }
             let cli = Cli::try_parse_from(shell_words(line))
@@ -1815,4 +1942,78 @@ fn runbook_commands_parse_with_this_cli() {
         }
     }
     assert!(checked >= 25, "only {checked} commands found");
+}
+
+/// Waits shorter than the floor (2 x --agent-inter + --agent-read-delay, 5 s
+/// with the defaults) are refused with exit 64 before anything is written:
+/// `--maint-wait 0s` would write maint and clear it at once, and agents that
+/// read at most every --min-query-interval would merge the two writes, so
+/// servers leave DRAIN without slowstart.
+#[test]
+fn waits_below_the_floor_are_refused_before_anything_is_written() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "drain");
+    let index = consul.prefix_index();
+    let defaults = |args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .env_remove("GITLAB_HAPROXY_AGENT_AGENT_INTER")
+            .env_remove("GITLAB_HAPROXY_AGENT_READ_DELAY")
+            .output()
+            .unwrap();
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    for args in [
+        &["canary", "enable", "--maint-wait", "30ms"][..],
+        &["canary", "enable", "--maint-wait", "4999ms"],
+        &["canary", "disable", "--drain-wait", "30ms"],
+        &["drain", "--backend", "web", "--drain-wait", "30ms"],
+        &["undrain", "--backend", "web", "--maint-wait", "1s"],
+        // A tiny fleet timing must not switch the floor off either.
+        &[
+            "canary",
+            "enable",
+            "--maint-wait",
+            "0s",
+            "--agent-inter",
+            "0s",
+        ],
+    ] {
+        let run = defaults(args);
+        assert_eq!(run.code, 64, "{args:?}: {run:?}");
+        assert!(run.stderr.contains("is below"), "{args:?}: {run:?}");
+    }
+    let run = defaults(&["canary", "enable", "--maint-wait", "1s", "--json"]);
+    assert_eq!(run.code, 64, "{run:?}");
+    assert_eq!(run.json()["error"]["kind"], "usage");
+    assert!(
+        run.stderr.contains("below 5s"),
+        "the floor is named: {run:?}"
+    );
+    assert_eq!(consul.prefix_index(), index, "nothing written");
+    assert_eq!(kv(&consul, "canary").as_deref(), Some("drain"));
+
+    // At the floor it runs; a fleet that checks faster may say so.
+    let run = defaults(&["canary", "enable", "--maint-wait", "5s", "--dry-run"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = defaults(&[
+        "canary",
+        "enable",
+        "--maint-wait",
+        "300ms",
+        "--agent-inter",
+        "100ms",
+        "--agent-read-delay",
+        "100ms",
+    ]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(kv(&consul, "canary"), None);
+
+    // --help says the floor.
+    let help = defaults(&["canary", "enable", "--help"]);
+    assert!(help.stdout.contains("2 x --agent-inter"), "{help:?}");
 }

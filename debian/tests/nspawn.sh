@@ -14,16 +14,25 @@
 #   - journald gets structured fields; the token is never logged;
 #   - watchdog pings keep it alive; SIGKILL -> restarted; SIGSTOP -> the
 #     watchdog restarts it;
+#   - a start that fails fast (the agent-check port held by another process
+#     for longer than the old start limit allowed) never locks the unit out:
+#     once the port is free it becomes active by itself;
 #   - reinstall and upgrade keep an edited /etc/default file and restart the
 #     unit; remove, install (with Consul unreachable), purge, install again
-#     (settings written first, as the cookbook does) all succeed.
+#     (settings written first, as the cookbook does) all succeed;
+#   - the apt mirror (scripts/apt-repo.sh, served on loopback HTTP): a
+#     repository signed with another key, or unsigned, is refused by
+#     apt-get update; from the signed one apt-get installs the package with
+#     signed-by, a version pin holds it, and apt-get upgrade takes the newer
+#     version once it is published.
 #
 # Usage: debian/tests/nspawn.sh        (as root)
 #   DEB=path     test this .deb instead of building one with `cargo deb`
 #   CACHE_DIR=   where the debootstrap tree is cached as a tarball
 #                (default /var/cache/gitlab-haproxy-agent-test)
 #   DEBOOTSTRAP_MIRROR=url   mirror for debootstrap (default: its own)
-# Needs: systemd-container, debootstrap, consul, curl, jq, iproute2.
+# Needs: systemd-container, debootstrap, consul, curl, jq, iproute2, aptly,
+# gnupg, python3.
 
 # Functions are mostly called through check/wait_for (SC2317); '$' in single
 # quotes is meant for dpkg-query, awk and inner shells (SC2016).
@@ -63,7 +72,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "nspawn.sh: run as root (systemd-nspawn, nsenter)" >&2
 	exit 1
 fi
-for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock; do
+for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock aptly gpg gpgconf python3; do
 	command -v "$tool" >/dev/null || {
 		fail "tool '$tool' is missing (scripts/install-deps.sh installs it)"
 		finish
@@ -79,11 +88,13 @@ fi
 root=$work/root
 nspawn_pid=
 consul_pid=
+http_pid=
+holder_pid=
 ct_pid=
 
 cleanup() {
 	local pid
-	for pid in $nspawn_pid $consul_pid; do
+	for pid in $nspawn_pid $consul_pid $http_pid $holder_pid; do
 		kill -TERM "$pid" 2>/dev/null || continue
 		for _ in $(seq 1 40); do
 			kill -0 "$pid" 2>/dev/null || break
@@ -91,6 +102,10 @@ cleanup() {
 		done
 		kill -KILL "$pid" 2>/dev/null
 		wait "$pid" 2>/dev/null
+	done
+	# gpg started an agent for each throwaway keyring; stop it by its socket.
+	for home in "$work/gnupg" "$work/gnupg-other"; do
+		[ -d "$home" ] && GNUPGHOME=$home gpgconf --kill gpg-agent 2>/dev/null
 	done
 	rm -rf "$work"
 }
@@ -169,12 +184,48 @@ pick_port() {
 	return 1
 }
 consul_http='' consul_dns='' consul_serf_lan='' consul_serf_wan='' consul_server=''
-consul_grpc='' agent_port='' http_port='' dead_port=''
+consul_grpc='' agent_port='' http_port='' dead_port='' apt_port=''
 for var in consul_http consul_dns consul_serf_lan consul_serf_wan consul_server consul_grpc \
-	agent_port http_port dead_port; do
+	agent_port http_port dead_port apt_port; do
 	pick_port "$var" || { echo "no free port" >&2; exit 1; }
 done
-log "ports: consul http $consul_http, agent $agent_port, agent http $http_port"
+log "ports: consul http $consul_http, agent $agent_port, agent http $http_port, apt mirror $apt_port"
+
+# --- the apt mirror: signed, signed with another key, unsigned ----------------------
+# Throwaway keys; the repositories are served from $work/www on loopback.
+# Each starts with the current version only; the newer one is published
+# later, as a release would be.
+new_key() { # new_key GNUPGHOME: prints the fingerprint of a new signing key
+	install -d -m 0700 "$1"
+	GNUPGHOME=$1 gpg --batch --passphrase '' --quick-gen-key \
+		"gitlab-haproxy-agent test <apt@example.invalid>" ed25519 sign never 2>/dev/null &&
+		GNUPGHOME=$1 gpg --batch --with-colons --list-secret-keys | awk -F: '$1 == "fpr" { print $10; exit }'
+}
+publish() { # publish GNUPGHOME KEY OUT_DIR DEB_DIR: scripts/apt-repo.sh, output in the log
+	GNUPGHOME=$1 APT_REPO_KEY=$2 APT_REPO_DEBS=$4 "$repo/scripts/apt-repo.sh" "$3" >>"$work/apt-repo.log" 2>&1 || {
+		tail -n 20 "$work/apt-repo.log"
+		return 1
+	}
+}
+mkdir -p "$work/debs-1" "$work/debs-2" "$work/www"
+cp "$deb" "$work/debs-1/"
+cp "$work/newer.deb" "$work/debs-2/${pkg}_${newer_version}_$(dpkg-deb -f "$deb" Architecture).deb"
+apt_key=$(new_key "$work/gnupg")
+other_key=$(new_key "$work/gnupg-other")
+if [ -n "$apt_key" ] && [ -n "$other_key" ] &&
+	publish "$work/gnupg" "$apt_key" "$work/www/signed" "$work/debs-1" &&
+	publish "$work/gnupg-other" "$other_key" "$work/www/other-key" "$work/debs-1" &&
+	cp -a "$work/www/signed" "$work/www/unsigned" &&
+	rm "$work/www/unsigned/dists/bookworm/InRelease" "$work/www/unsigned/dists/bookworm/Release.gpg"; then
+	log "apt repositories built, signed by $apt_key (and $other_key)"
+else
+	fail "scripts/apt-repo.sh builds the test repositories"
+	finish
+fi
+python3 -m http.server --bind 127.0.0.1 --directory "$work/www" "$apt_port" \
+	</dev/null >"$work/http.log" 2>&1 &
+http_pid=$!
+mirror=http://127.0.0.1:$apt_port
 
 # --- boot the container -------------------------------------------------------------
 # The package must not start the unit on the first install: the test writes
@@ -183,6 +234,9 @@ printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
 chmod 755 "$root/usr/sbin/policy-rc.d"
 cp "$deb" "$root/root/package.deb"
 cp "$work/newer.deb" "$root/root/newer.deb"
+# The mirror's public key where a node keeps it (`signed-by=`; readable by _apt).
+install -d -m 0755 "$root/etc/apt/keyrings"
+install -m 0644 "$work/www/signed/release.asc" "$root/etc/apt/keyrings/$pkg.asc"
 
 systemd-nspawn --register=no --keep-unit -q --console=read-only -D "$root" -b \
 	</dev/null >"$work/console.log" 2>&1 &
@@ -246,6 +300,7 @@ as_user() { in_ct setpriv --reuid="$uid" --regid="$uid" --clear-groups "$@" 2>/d
 shell_of() { in_ct getent passwd "$1" | cut -d: -f7; }
 metric_present() { curl -s -m 3 "http://127.0.0.1:$http_port/metrics" | grep "^$1 " >/dev/null; }
 journal_has() { in_ct journalctl -u "$unit" --no-pager | grep -- "$1" >/dev/null; }
+journal_verbose_has() { in_ct journalctl -u "$unit" --no-pager -o verbose | grep -F -- "$1" >/dev/null; }
 sha() { in_ct sha256sum "$1" 2>/dev/null | cut -d' ' -f1; }
 dump_unit() {
 	in_ct systemctl status --no-pager -n 0 "$unit" | sed -n '1,12p'
@@ -428,6 +483,72 @@ else
 fi
 check "SIGSTOP: systemd logged the watchdog timeout" journal_has 'Watchdog timeout'
 
+# --- a start that fails fast: no start-limit lockout ----------------------------------------------
+# Another process holds the agent-check port, so every start fails at once
+# and systemd retries every RestartSec (5 s). Under a start limit of 10
+# starts in 60 s the unit gave up at the 11th start, about a minute in
+# ("Start request repeated too quickly"), and stayed failed once the port
+# was free. The port is held until systemd has retried 11 times in a row
+# (about 60 s; at most 90 s), then freed: the unit must become active by
+# itself.
+retries=11
+port_held() { [ -n "$(ss -Hltn "sport = :$agent_port")" ]; }
+# reset-failed also restarts systemd's start-rate window (a fixed window from
+# the first start in it), so a start limit would count from the start below.
+in_ct systemctl stop "$unit"
+in_ct systemctl reset-failed "$unit"
+timeout 120 python3 -c 'import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past TIME_WAIT, as the agent binds
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+time.sleep(float(sys.argv[2]))' "$agent_port" 110 </dev/null >"$work/holder.log" 2>&1 &
+holder_pid=$!
+if wait_for 5 port_held; then
+	# A manual start resets NRestarts: it counts the retries below.
+	in_ct systemctl start --no-block "$unit"
+	seen=" "
+	start=$SECONDS
+	while [ $((SECONDS - start)) -lt 90 ] && [ "$(restarts)" -lt "$retries" ]; do
+		s=$(state)/$(prop SubState)
+		case $seen in *" $s "*) ;; *) seen="$seen$s " ;; esac
+		[ "${s%%/*}" = failed ] && break
+		sleep 0.5
+	done
+	held=$((SECONDS - start))
+	log "states seen with the port held for $held s:$seen (NRestarts=$(restarts)," \
+		"Result=$(prop Result))"
+	check "port held: never active" not grep -q ' active/' <<<"$seen"
+	check "port held: the start fails at once (ERROR=cannot bind the agent-check listener)" \
+		journal_verbose_has 'ERROR=cannot bind the agent-check listener'
+	check "port held: systemd kept retrying ($(restarts) restarts in $held s, $retries wanted)" \
+		test "$(restarts)" -ge "$retries"
+	check "port held: no start-limit lockout (never failed; Result=$(prop Result))" \
+		not grep -q ' failed/' <<<"$seen"
+	kill -TERM "$holder_pid" 2>/dev/null
+	wait "$holder_pid" 2>/dev/null
+	holder_pid=
+	start=$SECONDS
+	if wait_for 20 is_active; then
+		pass "port freed: active by itself $((SECONDS - start)) s later (no systemctl)"
+	else
+		fail "port freed: active by itself within 20 s (no systemctl)"
+		dump_unit
+		# What follows needs a running unit.
+		in_ct systemctl reset-failed "$unit"
+		in_ct systemctl start --no-block "$unit"
+		wait_for 30 is_active
+	fi
+	check "no 'Start request repeated too quickly' in the journal" \
+		not journal_has 'Start request repeated too quickly'
+	check "port freed: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+else
+	fail "a listener holds 127.0.0.1:$agent_port"
+	cat "$work/holder.log"
+	in_ct systemctl start --no-block "$unit"
+	wait_for 30 is_active
+fi
+
 # --- reinstall and upgrade keep /etc/default and restart ------------------------------------------
 for step in "reinstall:/root/package.deb:$version" "upgrade:/root/newer.deb:$newer_version"; do
 	IFS=: read -r what file want <<<"$step"
@@ -469,10 +590,58 @@ check "purge: /etc/$pkg removed" test ! -e "$root/etc/$pkg"
 check "purge: unit file gone" test ! -e "$root/usr/lib/systemd/system/$unit"
 check "purge: no enablement symlink left" \
 	test -z "$(find "$root/etc/systemd/system" -name "$unit")"
+# --- the apt mirror ---------------------------------------------------------------------------------
+# The source line the cookbook's apt_repository renders; only this source is
+# read by apt-get update (the container has no other mirror to reach).
+sources=/etc/apt/sources.list.d/$pkg.list
+use_repo() { # use_repo NAME: the node's source points at $mirror/NAME
+	printf 'deb [signed-by=/etc/apt/keyrings/%s.asc] %s/%s bookworm main\n' "$pkg" "$mirror" "$1" \
+		>"$root$sources"
+}
+apt_update() { # output in $work/apt-update.log
+	in_ct apt-get update -o Dir::Etc::SourceList="$sources" -o Dir::Etc::SourceParts=/dev/null \
+		-o APT::Get::List-Cleanup=0 >"$work/apt-update.log" 2>&1
+}
+update_log_has() { grep -F -- "$1" "$work/apt-update.log" >/dev/null; }
+update_errors() { grep -E '^(E|W): ' "$work/apt-update.log" | tr '\n' ' '; }
+candidate() { in_ct apt-cache policy "$pkg" 2>/dev/null | awk '$1 == "Candidate:" { print $2 }'; }
+no_candidate() { local c; c=$(candidate); [ -z "$c" ] || [ "$c" = "(none)" ]; }
+apt_get() { # apt_get ARGS...: keeps a conffile already on disk, as Chef's apt_package does
+	in_ct apt-get -y -q -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold \
+		"$@" >"$work/apt.log" 2>&1 || {
+		tail -n 20 "$work/apt.log"
+		return 1
+	}
+}
+check "mirror: served on $mirror" \
+	test "$(curl -s -o /dev/null -m 3 -w '%{http_code}' "$mirror/signed/dists/bookworm/InRelease")" = 200
+use_repo other-key
+if apt_update; then
+	fail "mirror signed with another key: apt-get update refuses it"
+	cat "$work/apt-update.log"
+else
+	log "apt-get update: $(update_errors)"
+	check "mirror signed with another key: apt-get update fails with NO_PUBKEY ${other_key: -16}" \
+		update_log_has "NO_PUBKEY ${other_key: -16}"
+	check "mirror signed with another key: 'is not signed'" update_log_has "is not signed"
+	check "mirror signed with another key: nothing to install" no_candidate
+fi
+use_repo unsigned
+if apt_update; then
+	fail "unsigned mirror: apt-get update refuses it"
+	cat "$work/apt-update.log"
+else
+	log "apt-get update: $(update_errors)"
+	check "unsigned mirror: apt-get update fails ('is not signed')" update_log_has "is not signed"
+	check "unsigned mirror: nothing to install" no_candidate
+fi
+use_repo signed
+check "signed mirror: apt-get update succeeds" apt_update || cat "$work/apt-update.log"
+check "signed mirror: candidate $version" test "$(candidate)" = "$version"
+
 # Install again the way the cookbook does it: settings and token written
-# first, then the package installed by apt-get, told to keep a conffile
-# already on disk (--force-confdef --force-confold, as Chef's apt_package
-# does); the first start uses them.
+# first, then the package installed by apt-get from the mirror, told to keep
+# a conffile already on disk; the first start uses them.
 cat >"$root/etc/default/$pkg" <<EOF
 # Written before the package, by configuration management.
 GITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:$consul_http
@@ -483,15 +652,9 @@ install -d -m 0700 "$root/etc/$pkg"
 install -m 0600 /dev/null "$root/etc/$pkg/consul-token"
 printf '%s\n' "$token" >"$root/etc/$pkg/consul-token"
 preset_sha=$(sha /etc/default/$pkg)
-apt_install() {
-	in_ct apt-get install -y -q -o Dpkg::Options::=--force-confdef \
-		-o Dpkg::Options::=--force-confold "$1" >"$work/apt.log" 2>&1 || {
-		tail -n 20 "$work/apt.log"
-		return 1
-	}
-}
-check "install after purge, settings written first: apt-get install succeeds" \
-	apt_install /root/package.deb
+check "install after purge, settings written first: apt-get install $pkg from the mirror" \
+	apt_get install "$pkg"
+check "install after purge: version $version installed" installed_is "$version"
 check "install after purge: user reused (uid $uid)" test "$(in_ct id -u "$pkg")" = "$uid"
 check "install after purge: the settings written first are kept" \
 	test "$(sha /etc/default/$pkg)" = "$preset_sha"
@@ -499,5 +662,39 @@ check "install after purge: the token written first is kept" \
 	test "$(cat "$root/etc/$pkg/consul-token")" = "$token"
 check "install after purge: active on its first start" wait_for 60 is_active
 check "install after purge: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+
+# A release: the newer version joins the mirror, the current one stays.
+check "publish: scripts/apt-repo.sh adds $newer_version to the signed mirror" \
+	publish "$work/gnupg" "$apt_key" "$work/www/signed" "$work/debs-2"
+# A rebuilt .deb under a version already published is refused, nothing changed.
+dpkg-deb -R "$deb" "$work/rebuilt"
+printf '\n' >>"$work/rebuilt/usr/share/doc/$pkg/copyright"
+mkdir -p "$work/debs-3"
+dpkg-deb -b --root-owner-group "$work/rebuilt" "$work/debs-3/$(basename "$deb")" >/dev/null
+rm -rf "$work/rebuilt"
+in_release=$(sha256sum <"$work/www/signed/dists/bookworm/InRelease")
+GNUPGHOME=$work/gnupg APT_REPO_KEY=$apt_key APT_REPO_DEBS=$work/debs-3 \
+	"$repo/scripts/apt-repo.sh" "$work/www/signed" >"$work/apt-repo-conflict.log" 2>&1
+rc=$?
+check "publish: another .deb as $version is refused (exit $rc, 'conflict in package')" \
+	test "$rc" -ne 0 -a -n "$(grep 'conflict in package' "$work/apt-repo-conflict.log")"
+check "publish: the refused .deb left the mirror unchanged" \
+	test "$(sha256sum <"$work/www/signed/dists/bookworm/InRelease")" = "$in_release"
+check "publish: apt-get update succeeds" apt_update || cat "$work/apt-update.log"
+versions=$(in_ct apt-cache madison "$pkg" | awk -F'|' '{ gsub(/ /, "", $2); print $2 }' | sort | tr '\n' ' ')
+check "publish: the mirror offers both versions ($versions)" \
+	test "$versions" = "$(printf '%s\n' "$version" "$newer_version" | sort | tr '\n' ' ')"
+# The cookbook's version pin (apt_preference): apt-get upgrade keeps it.
+printf 'Package: %s\nPin: version %s\nPin-Priority: 1001\n' "$pkg" "$version" \
+	>"$root/etc/apt/preferences.d/$pkg.pref"
+check "pinned to $version: apt-get upgrade succeeds" apt_get upgrade
+check "pinned to $version: still $version" installed_is "$version"
+rm "$root/etc/apt/preferences.d/$pkg.pref"
+pid=$(main_pid)
+check "upgrade: apt-get upgrade succeeds" apt_get upgrade
+check "upgrade: version $newer_version installed" installed_is "$newer_version"
+check "upgrade: the settings written first are kept" test "$(sha /etc/default/$pkg)" = "$preset_sha"
+check "upgrade: unit restarted and active" wait_for 60 restarted_since "$pid"
+check "upgrade: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
 
 finish

@@ -99,7 +99,8 @@ check "unit: Type=notify" directive Type notify
 check "unit: runs the binary directly" directive ExecStart "/usr/bin/$pkg"
 check "unit: settings from EnvironmentFile" directive EnvironmentFile "-/etc/default/$pkg"
 check "unit: Restart=on-failure" directive Restart on-failure
-check "unit: start limit burst set" grep -Eq '^StartLimitBurst=[0-9]+$' "$unit_file"
+check "unit: no start limit (a failing start is retried until it succeeds)" \
+	directive StartLimitIntervalSec 0
 check "unit: WatchdogSec set" grep -Eq '^WatchdogSec=[0-9]+s?$' "$unit_file"
 check "unit: token as a credential" directive LoadCredential "consul-token:/etc/$pkg/consul-token"
 check "unit: unprivileged user" directive User "$pkg"

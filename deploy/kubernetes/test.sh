@@ -223,7 +223,7 @@ in_pod curl -sf -m 20 -o "$work/cpu.pb" "http://127.0.0.1:9778/debug/pprof/profi
   || fail "no CPU profile from /debug/pprof/profile in the pod"
 wait "$load_pid"
 HOME=$work go tool pprof -top "$work/cpu.pb" >"$work/top.txt" 2>&1 || fail "go tool pprof cannot read the pod's profile: $(cat "$work/top.txt")"
-grep -q "gitlab_haproxy_agent::responder" "$work/top.txt" \
+grep -q "gitlab_haproxy_agent::agent::responder" "$work/top.txt" \
   || fail "the pod's profile does not name the responder: $(head -20 "$work/top.txt")"
 say "a 2 s CPU profile from the pod, read by go tool pprof, names the responder ($(grep -c gitlab_haproxy_agent "$work/top.txt") of the agent's functions)"
 say "ok"

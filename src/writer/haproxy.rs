@@ -9,10 +9,14 @@ use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
-use crate::responder::{parse_line, MAX_LINE};
+use crate::model::identity::{parse_line, validate_identity, MAX_LINE};
 
 /// Group name prefix that puts a server in a zone: `zone-us-east1-b`.
 pub const ZONE_GROUP_PREFIX: &str = "zone-";
+
+/// Most servers one `server-template` line may declare here (the cookbook
+/// allows 1000); a larger count is read as a line that declares none.
+pub const MAX_TEMPLATE_SERVERS: u32 = 10_000;
 
 /// How long the stats socket may take to answer.
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(5);
@@ -34,30 +38,30 @@ pub const ADMIN_FORCED_MAINT: u32 = 0x01;
 pub struct Server {
     /// Backend (or listen) section name.
     pub backend: String,
-    /// Server name.
+    /// Server name; for a `server-template` line, `<prefix><N>` as HAProxy
+    /// names them.
     pub name: String,
     /// What the agent is asked about this server, when it is enrolled.
     pub enrolment: Enrolment,
-    /// Zones from `zone-<ZONE>` groups of the agent-send line (also for a
-    /// server whose agent-check is off but which has an agent-send line).
-    pub zones: Vec<String>,
+    /// The group identities (no `/`) of the agent-send line, in order, also
+    /// of a server whose agent-check is off or whose line the agent refuses.
+    pub groups: Vec<String>,
+    /// Declared by a `server-template` line: all its servers send the same
+    /// line, so none has a row key of its own.
+    pub template: bool,
 }
 
 /// Whether the agent decides a server's admin state, and through which keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Enrolment {
-    /// agent-check is on and the agent answers the agent-send line from its
-    /// first identity, a row key.
+    /// agent-check is on and the agent answers the agent-send line.
     Enrolled {
-        /// The row key (`<backend>/<server>`) the agent reads for it.
-        row_key: String,
         /// Every identity of the agent-send line, in order (row key first
         /// by convention), as the agent reads them.
         identities: Vec<String>,
     },
-    /// The agent is not asked about this server, never answers its
-    /// agent-send line, or answers it from another key than the row key:
-    /// why, in words.
+    /// The agent is not asked about this server or never answers its
+    /// agent-send line: why, in words.
     NotEnrolled(String),
 }
 
@@ -67,11 +71,36 @@ impl Server {
         format!("{}/{}", self.backend, self.name)
     }
 
-    /// The row key, when enrolled.
-    pub fn row_key(&self) -> Option<&str> {
+    /// The identities the agent reads for it, in order; empty when not
+    /// enrolled.
+    pub fn identities(&self) -> &[String] {
         match &self.enrolment {
-            Enrolment::Enrolled { row_key, .. } => Some(row_key),
-            Enrolment::NotEnrolled(_) => None,
+            Enrolment::Enrolled { identities } => identities,
+            Enrolment::NotEnrolled(_) => &[],
+        }
+    }
+
+    /// The row key a write for this server alone must use: the first
+    /// identity of its line when that is a row key (`<backend>/<server>`),
+    /// the one the agent reads first. `None` when not enrolled, for a
+    /// server-template server, and for a line that starts with a group.
+    pub fn row_key(&self) -> Option<&str> {
+        let first = self.identities().first()?;
+        (!self.template && first.contains('/')).then_some(first.as_str())
+    }
+
+    /// Why no row key of its own decides it, for a report.
+    pub fn no_row_key(&self) -> String {
+        match &self.enrolment {
+            Enrolment::NotEnrolled(why) => why.clone(),
+            _ if self.template => format!(
+                "server-template: no row key of its own; its groups decide ({})",
+                self.groups.join(" ")
+            ),
+            Enrolment::Enrolled { identities } => format!(
+                "its agent-send line starts with the group `{}`, which the agent reads first",
+                identities[0]
+            ),
         }
     }
 }
@@ -245,9 +274,12 @@ struct Proxy {
 /// Parses HAProxy configuration text into its servers, in file order.
 ///
 /// Reads `backend` and `listen` sections' `server` and `default-server`
-/// lines, with `default-server` of the `defaults` section in force (named
-/// defaults and `from` included). `server-template` lines and environment
-/// variables in values are not expanded.
+/// and `server-template` lines (HAProxy configuration.txt 5.2
+/// "server-template": `server-template <prefix> <num | range> <fqdn>[:port]
+/// [params*]` declares `<prefix>1..<prefix><num>`, or `<prefix><N>..<M>`
+/// for a range `N-M`), with `default-server` of the `defaults` section in
+/// force (named defaults and `from` included). Environment variables in
+/// values are not expanded.
 pub fn parse_config(text: &str) -> Vec<Server> {
     let mut servers = Vec::new();
     let mut named: HashMap<String, AgentOptions> = HashMap::new();
@@ -312,7 +344,15 @@ pub fn parse_config(text: &str) -> Vec<Server> {
             Section::Proxy(proxy) if first == "server" && words.len() >= 3 => {
                 let mut options = proxy.defaults.clone();
                 options.apply(&words[3..]);
-                servers.push(server(&proxy.name, &words[1], &options));
+                servers.push(server(&proxy.name, &words[1], &options, false));
+            }
+            Section::Proxy(proxy) if first == "server-template" && words.len() >= 4 => {
+                let mut options = proxy.defaults.clone();
+                options.apply(&words[4..]);
+                for n in template_numbers(&words[2]) {
+                    let name = format!("{}{n}", words[1]);
+                    servers.push(server(&proxy.name, &name, &options, true));
+                }
             }
             _ => {}
         }
@@ -320,7 +360,21 @@ pub fn parse_config(text: &str) -> Vec<Server> {
     servers
 }
 
-fn server(backend: &str, name: &str, options: &AgentOptions) -> Server {
+/// The server numbers of a `server-template` `<num | range>`: `3` is 1..=3,
+/// `5-7` is 5..=7; empty when it is neither, or declares more than
+/// [`MAX_TEMPLATE_SERVERS`].
+fn template_numbers(spec: &str) -> std::ops::RangeInclusive<u32> {
+    let (low, high) = match spec.split_once('-') {
+        Some((l, h)) => (l.parse().ok(), h.parse().ok()),
+        None => (Some(1), spec.parse().ok()),
+    };
+    match (low, high) {
+        (Some(l), Some(h)) if l >= 1 && l <= h && h - l < MAX_TEMPLATE_SERVERS => l..=h,
+        _ => std::ops::RangeInclusive::new(1, 0),
+    }
+}
+
+fn server(backend: &str, name: &str, options: &AgentOptions, template: bool) -> Server {
     let enrolment = match &options.send {
         _ if !options.check => Enrolment::NotEnrolled("no agent-check".into()),
         None => Enrolment::NotEnrolled("agent-check without agent-send".into()),
@@ -330,14 +384,14 @@ fn server(backend: &str, name: &str, options: &AgentOptions) -> Server {
         backend: backend.to_string(),
         name: name.to_string(),
         enrolment,
-        zones: options.send.as_deref().map(zones).unwrap_or_default(),
+        groups: options.send.as_deref().map(groups).unwrap_or_default(),
+        template,
     }
 }
 
 /// Whether the agent answers the agent-send line `send` (as HAProxy sends
-/// it, LF included) with a row key of its own: the line ends with LF, fits
-/// the agent's 1 KiB, the agent's parser accepts it, and its first identity
-/// is a row key (`<backend>/<server>`), the one the agent reads first.
+/// it, LF included): the line ends with LF, fits the agent's 1 KiB, and the
+/// agent's parser accepts it.
 fn enrolment(send: &str) -> Enrolment {
     // The agent reads up to the first LF; without one it waits, times out
     // and answers nothing.
@@ -351,35 +405,23 @@ fn enrolment(send: &str) -> Enrolment {
             "agent-send is longer than {MAX_LINE} bytes: the agent never answers it"
         ));
     }
-    let ids = match parse_line(line.as_bytes()) {
-        Ok(ids) => ids,
-        Err(e) => {
-            return Enrolment::NotEnrolled(format!(
-                "the agent refuses its agent-send ({e}) and never answers it"
-            ))
-        }
-    };
-    if !ids[0].contains('/') {
-        return Enrolment::NotEnrolled(format!(
-            "first identity on agent-send is `{}`, not a row key: the agent answers from it \
-             first, so a row key would not decide",
-            ids[0]
-        ));
-    }
-    Enrolment::Enrolled {
-        row_key: ids[0].to_string(),
-        identities: ids.into_iter().map(str::to_string).collect(),
+    match parse_line(line.as_bytes()) {
+        Ok(ids) => Enrolment::Enrolled {
+            identities: ids.into_iter().map(str::to_string).collect(),
+        },
+        Err(e) => Enrolment::NotEnrolled(format!(
+            "the agent refuses its agent-send ({e}) and never answers it"
+        )),
     }
 }
 
-/// Zones from the `zone-<ZONE>` words of an agent-send line, also of a line
-/// the agent refuses, so that a zonal drain lists that server as not
-/// enrolled rather than as of unknown zone.
-fn zones(send: &str) -> Vec<String> {
+/// The group words (no `/`) of an agent-send line, also of a line the agent
+/// refuses, so that a zone's preview lists that server as not decided by the
+/// agent rather than leave it out.
+fn groups(send: &str) -> Vec<String> {
     let line = send.split('\n').next().unwrap_or_default();
     line.split([' ', '\t', '\r'])
-        .filter_map(|id| id.strip_prefix(ZONE_GROUP_PREFIX))
-        .filter(|z| !z.is_empty())
+        .filter(|id| !id.is_empty() && !id.contains('/'))
         .map(str::to_string)
         .collect()
 }
@@ -449,7 +491,9 @@ pub fn tokenize(line: &str) -> Vec<String> {
 
 /// Reads the servers of the running HAProxy from its stats socket (`show
 /// servers state`). The socket has no agent-send line: the row key is taken
-/// to be `<backend>/<server>`, and no server has a zone.
+/// to be `<backend>/<server>`, and no server has a group. It does not tell
+/// server-template servers apart either: their assumed row keys are never
+/// read, which the DRAIN check of `state drain` finds.
 ///
 /// # Errors
 ///
@@ -615,107 +659,57 @@ pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
         let row_key = format!("{backend}/{name}");
         let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
             Enrolment::NotEnrolled("no agent-check".into())
-        } else if crate::state::validate_identity(&row_key).is_err() {
+        } else if validate_identity(&row_key).is_err() {
             Enrolment::NotEnrolled("name is not a valid key".into())
         } else {
             Enrolment::Enrolled {
-                identities: vec![row_key.clone()],
-                row_key,
+                identities: vec![row_key],
             }
         };
         servers.push(Server {
             backend: backend.to_string(),
             name: name.to_string(),
             enrolment,
-            zones: Vec::new(),
+            groups: Vec::new(),
+            template: false,
         });
     }
     Ok(servers)
 }
 
-/// Shell-style glob match: `*` any run, `?` one character, `[abc]`,
-/// `[a-z]`, `[!a-z]` or `[^a-z]` one character of (not of) a set; anything
-/// else literally.
+/// Shell-style glob match (the `glob` crate's [`glob::Pattern`]): `*` any
+/// run, `?` one character, `[abc]`, `[a-z]`, `[!a-z]` or `[^a-z]` one
+/// character of (not of) a set; anything else literally. `**` is `*` (server
+/// names have no `/`), and a `[` that is not closed is literal.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.chars().collect();
-    let t: Vec<char> = text.chars().collect();
-    // Iterative matcher with one backtrack point for the last `*`.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() {
-            match p[pi] {
-                '*' => {
-                    star = Some((pi, ti));
-                    pi += 1;
-                    continue;
-                }
-                '?' => {
-                    pi += 1;
-                    ti += 1;
-                    continue;
-                }
-                '[' => {
-                    if let Some((matched, next)) = class_match(&p, pi, t[ti]) {
-                        if matched {
-                            pi = next;
-                            ti += 1;
-                            continue;
-                        }
-                    } else if t[ti] == '[' {
-                        // An unclosed `[` is literal.
-                        pi += 1;
-                        ti += 1;
-                        continue;
-                    }
-                }
-                c if c == t[ti] => {
-                    pi += 1;
-                    ti += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((sp, st)) => {
-                pi = sp + 1;
-                ti = st + 1;
-                star = Some((sp, st + 1));
-            }
-            None => return false,
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
+    shell_pattern(pattern).matches(text)
 }
 
-/// Matches `c` against the class starting at `p[start] == '['`: `Some((hit,
-/// index after the class))`, or `None` when the class is not closed.
-fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
-    let mut i = start + 1;
-    let negate = matches!(p.get(i), Some('!' | '^'));
-    if negate {
-        i += 1;
-    }
-    let mut hit = false;
-    let mut first = true;
-    loop {
-        let ch = *p.get(i)?;
-        if ch == ']' && !first {
-            return Some((hit != negate, i + 1));
+/// Compiles a shell glob for [`glob::Pattern`], which reads `**` as a path
+/// wildcard, knows only `[!` as negation, and refuses an unclosed `[`.
+fn shell_pattern(pattern: &str) -> glob::Pattern {
+    let mut glob = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if c == '*' && glob.ends_with('*') {
+            continue;
         }
-        first = false;
-        if p.get(i + 1) == Some(&'-') && p.get(i + 2).is_some_and(|e| *e != ']') {
-            let end = p[i + 2];
-            if ch <= c && c <= end {
-                hit = true;
-            }
-            i += 3;
-        } else {
-            if ch == c {
-                hit = true;
-            }
-            i += 1;
+        if c == '^' && glob.ends_with('[') && !glob.ends_with("[[]") {
+            glob.push('!');
+            continue;
+        }
+        glob.push(c);
+    }
+    loop {
+        match glob::Pattern::new(&glob) {
+            Ok(compiled) => return compiled,
+            // Only an unclosed `[` is left to refuse; `[[]` is a literal `[`.
+            Err(e) => match glob.char_indices().nth(e.pos) {
+                Some((at, '[')) => glob.replace_range(at..at + 1, "[[]"),
+                _ => {
+                    return glob::Pattern::new(&glob::Pattern::escape(pattern))
+                        .expect("an escaped pattern compiles")
+                }
+            },
         }
     }
 }
@@ -723,12 +717,12 @@ fn class_match(p: &[char], start: usize, c: char) -> Option<(bool, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::responder::MAX_IDENTITIES;
+    use crate::model::identity::MAX_IDENTITIES;
 
     impl Enrolment {
         fn row_key_for_test(&self) -> Option<&str> {
             match self {
-                Enrolment::Enrolled { row_key, .. } => Some(row_key),
+                Enrolment::Enrolled { identities } => Some(identities[0].as_str()),
                 Enrolment::NotEnrolled(_) => None,
             }
         }
@@ -796,11 +790,10 @@ listen api
         assert_eq!(
             by["web/web-01"].enrolment,
             Enrolment::Enrolled {
-                row_key: "web/web-01".into(),
                 identities: vec!["web/web-01".into(), "zone-us-east1-b".into()],
             }
         );
-        assert_eq!(by["web/web-01"].zones, vec!["us-east1-b"]);
+        assert_eq!(by["web/web-01"].groups, vec!["zone-us-east1-b"]);
         // Single quotes keep `\n` literal: no LF, the agent never answers.
         assert_eq!(
             by["web/web-02"].enrolment,
@@ -808,28 +801,32 @@ listen api
                 "agent-send does not end with \\n: the agent never answers it".into()
             )
         );
-        assert_eq!(by["web/web-02"].zones, vec!["us-east1-c"]);
+        assert_eq!(by["web/web-02"].groups, vec!["zone-us-east1-c"]);
         assert_eq!(
             by["web/web-03"].enrolment,
             Enrolment::NotEnrolled("no agent-check".into())
         );
-        assert_eq!(by["web/web-03"].zones, vec!["us-east1-b"]);
+        assert_eq!(by["web/web-03"].groups, vec!["zone-us-east1-b"]);
         assert_eq!(
             by["web/web-04"].enrolment,
             Enrolment::NotEnrolled("agent-check without agent-send".into())
         );
-        assert!(matches!(
-            &by["web/web-05"].enrolment,
-            Enrolment::NotEnrolled(r) if r.starts_with("first identity on agent-send is `canary`, not a row key")
-        ));
-        assert_eq!(by["web/web-05"].zones, vec!["us-east1-b"]);
+        // Enrolled through its groups, with no row key of its own.
+        assert_eq!(
+            by["web/web-05"].identities(),
+            ["canary".to_string(), "zone-us-east1-b".to_string()]
+        );
+        assert_eq!(by["web/web-05"].row_key(), None);
+        assert!(by["web/web-05"]
+            .no_row_key()
+            .contains("starts with the group `canary`"));
         assert!(matches!(
             &by["web/web-06"].enrolment,
             Enrolment::NotEnrolled(r) if r.contains("refuses")
         ));
         // The second, plain defaults section has no default-server.
         assert_eq!(by["api/api-01"].row_key(), Some("api/api-01"));
-        assert_eq!(by["api/api-01"].zones, vec!["us-east1-b"]);
+        assert_eq!(by["api/api-01"].groups, vec!["canary", "zone-us-east1-b"]);
         // `cookie` takes a value: the `agent-check` after it is the cookie.
         assert_eq!(
             by["api/api-02"].enrolment,
@@ -858,11 +855,10 @@ listen api
     }
 
     #[test]
-    fn enrolled_only_when_the_agent_answers_from_the_row_key() {
+    fn enrolled_only_when_the_agent_answers_the_line() {
         assert_eq!(
             enrolment_of(r"web/web-01 canary zone-b\n"),
             Enrolment::Enrolled {
-                row_key: "web/web-01".into(),
                 identities: vec!["web/web-01".into(), "canary".into(), "zone-b".into()],
             }
         );
@@ -872,10 +868,10 @@ listen api
             Some("web/web-01")
         );
         assert!(reason("web/web-01 zone-b").contains("does not end with \\n"));
+        // A line that starts with a group is answered too (from the group).
         assert_eq!(
-            reason(r"canary legacy/l-02 zone-c\n"),
-            "first identity on agent-send is `canary`, not a row key: the agent answers from \
-             it first, so a row key would not decide"
+            enrolment_of(r"canary legacy/l-02 zone-c\n").row_key_for_test(),
+            Some("canary")
         );
         let many = format!("web/web-01 {}\\n", vec!["g"; MAX_IDENTITIES].join(" "));
         assert!(
@@ -904,8 +900,39 @@ listen api
         let servers = parse_config(
             "backend b\n  server s 1.2.3.4:80 agent-check agent-send \"b/s zone-z $HOME\\n\"\n",
         );
-        assert_eq!(servers[0].zones, vec!["z"]);
+        assert!(servers[0].groups.contains(&"zone-z".to_string()));
         assert_eq!(servers[0].row_key(), None);
+    }
+
+    #[test]
+    fn server_templates_declare_numbered_servers_without_row_keys() {
+        let servers = parse_config(
+            "defaults\n  default-server agent-check\nbackend web\n  server web-01 1.1.1.1:80 agent-send \"web/web-01 zone-b\\n\"\n  server-template web-tpl 3 web.service.consul:8181 check agent-send \"zone-b\\n\"\n  server-template r 5-6 r.service.consul agent-send \"web/r zone-c\\n\"\n  server-template bad 0 x.consul agent-send \"zone-b\\n\"\n  server-template huge 20000 x.consul agent-send \"zone-b\\n\"\n",
+        );
+        let ids: Vec<String> = servers.iter().map(Server::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "web/web-01",
+                "web/web-tpl1",
+                "web/web-tpl2",
+                "web/web-tpl3",
+                "web/r5",
+                "web/r6"
+            ]
+        );
+        for s in &servers[1..] {
+            assert!(s.template, "{s:?}");
+            assert_eq!(s.row_key(), None, "one line for all: no row key of its own");
+            assert!(matches!(s.enrolment, Enrolment::Enrolled { .. }), "{s:?}");
+        }
+        assert_eq!(servers[1].groups, ["zone-b"]);
+        assert!(servers[1].no_row_key().starts_with("server-template"));
+        assert_eq!(template_numbers("3"), 1..=3);
+        assert_eq!(template_numbers("5-7"), 5..=7);
+        for bad in ["0", "x", "7-5", "-3", "1-", "0-2"] {
+            assert!(template_numbers(bad).is_empty(), "{bad}");
+        }
     }
 
     #[test]
@@ -949,6 +976,10 @@ listen api
             ("web-[^1]*", "web-1x", false),
             ("web-[0-9][0-9]", "web-42", true),
             ("web-[", "web-[", true),
+            ("web-[*", "web-[01", true),
+            ("web-[*", "web-01", false),
+            ("web-**", "web-01", true),
+            ("***", "x", true),
             ("exact", "exact", true),
             ("exact", "exactly", false),
         ] {

@@ -1,4 +1,7 @@
-//! Plain-text tables for people; `--json` callers get serde_json values.
+//! Plain-text tables for people (`--json` callers get serde_json values),
+//! and the line printers every command writes through.
+
+use std::io::Write as _;
 
 /// Renders rows under a header, columns padded to their widest cell, two
 /// spaces apart, no trailing blanks.
@@ -28,6 +31,20 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         line(row.iter().map(String::as_str).collect());
     }
     out
+}
+
+/// Prints a line on stdout, ignoring write errors: after SIGHUP the terminal
+/// may be gone, and the exit status must still say what happened (`println!`
+/// would panic instead).
+pub fn out_line(text: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{text}");
+    let _ = stdout.flush();
+}
+
+/// Like [`out_line`], on stderr.
+pub fn err_line(text: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
 }
 
 #[cfg(test)]

@@ -2,20 +2,19 @@
 //! an ordered list of writes and waits, each write a set of compare-and-set
 //! operations that leaves every key with a valid value.
 //!
-//! Row keys written by `state drain` carry a drain mark in their Consul Flags
-//! (odd Flags: [`drain_flags`] of the drain's selection id, or the generic
-//! [`DRAIN_FLAGS`](super::DRAIN_FLAGS)); a row key at drain, maint or `0%`
-//! without one was set by hand, and the drain and undrain plans leave it
-//! alone ([`Claim::Marked`]).
-//! A key at drain or maint marked by another drain is held by that drain,
-//! and `state undrain` leaves it alone too.
+//! Row keys written by `state drain` carry the drain mark in their Consul
+//! Flags (odd Flags, [`DRAIN_FLAGS`]); a row key at drain, maint or `0%`
+//! without it was set by hand, and the drain and undrain plans leave it
+//! alone. A group key (`canary`, `zone-b`) is one fleet-wide switch with no
+//! mark: the plans take it over whoever set it, and write it with Flags 0.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::{drain_flags, drain_mark};
 use crate::consul::KvPair;
-use crate::state::{parse_value, AdminState, Entry, KeyState, Snapshot};
+use crate::model::marks::{is_drain_mark, DRAIN_FLAGS};
+use crate::model::snapshot::{Entry, KeyState, Snapshot};
+use crate::model::value::{parse_value, AdminState};
 
 /// What one key holds now.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,16 +81,10 @@ impl Current {
     }
 
     /// True when the key carries a drain mark (odd Flags): `state drain`
-    /// wrote it, whichever selection. False for an absent key and for even
-    /// Flags (a key set by hand).
+    /// wrote it. False for an absent key and for even Flags (a key set by
+    /// hand).
     pub fn by_drain(&self) -> bool {
-        self.drain_id().is_some()
-    }
-
-    /// The selection id of the drain that wrote the key (`Some(0)`: the
-    /// generic mark, Flags 1); `None` when no drain wrote it.
-    pub fn drain_id(&self) -> Option<u64> {
-        drain_mark(self.flags())
+        is_drain_mark(self.flags())
     }
 
     /// True for a key at drain, maint or `0%` that `state drain` did not
@@ -157,68 +150,29 @@ pub enum WaitFor {
     Maint,
 }
 
-/// Which keys at drain, maint or `0%` a plan takes over, and the Flags its
-/// writes carry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    /// The row keys of `state drain` and `state undrain`: a key at drain,
-    /// maint or `0%` is taken over only when it carries a drain mark;
-    /// without one the key was set by hand and is left alone. A key at drain
-    /// or maint marked by another drain than `id` (and not with the generic
-    /// mark) is held by that drain: `state drain` leaves it at drain alone
-    /// (at maint it is already out), `state undrain` leaves it alone unless
-    /// `any_drain`. Every value written carries [`drain_flags`]`(id)`.
-    Marked {
-        /// The selection id of this drain or undrain.
-        id: u32,
-        /// Undrain: release keys of any drain's mark.
-        any_drain: bool,
-    },
-    /// The `canary` group key of `state canary`: taken over whatever its
-    /// Flags (`canary enable` brings the canaries back, whoever took them
-    /// out). Every value written carries Flags 0.
-    Any,
+/// True for a row key (`<backend>/<server>`), false for a group key such as
+/// `canary` or `zone-b`.
+pub fn is_row_key(key: &str) -> bool {
+    key.contains('/')
 }
 
-impl Claim {
-    /// The Flags each value written under this claim carries.
-    pub fn flags(self) -> u64 {
-        match self {
-            Claim::Marked { id, .. } => drain_flags(id),
-            Claim::Any => 0,
-        }
+/// The Flags a plan writes with a value on `key`: the drain mark on a row
+/// key, 0 on a group key.
+pub fn flags_for(key: &str) -> u64 {
+    if is_row_key(key) {
+        DRAIN_FLAGS
+    } else {
+        0
     }
+}
 
-    /// The state of a key this claim leaves alone because it was set by
-    /// hand; `None` for a key the plan may take over.
-    fn left_alone(self, current: &Current) -> Option<AdminState> {
-        match current {
-            Current::Valid { state, .. }
-                if matches!(self, Claim::Marked { .. }) && current.set_by_hand() =>
-            {
-                Some(*state)
-            }
-            _ => None,
-        }
-    }
-
-    /// True for a key at drain or maint that another drain marked: not this
-    /// claim's id, not the generic mark, and not released by `any_drain`.
-    fn held_by_other(self, current: &Current) -> bool {
-        let Claim::Marked { id, any_drain } = self else {
-            return false;
-        };
-        let out = matches!(
-            current,
-            Current::Valid {
-                state: AdminState::Drain | AdminState::Maint,
-                ..
-            }
-        );
-        out && !any_drain
-            && current
-                .drain_id()
-                .is_some_and(|d| d != 0 && d != u64::from(id))
+/// The state of a key a plan leaves alone because it was set by hand: a row
+/// key at drain, maint or `0%` without the drain mark. `None` for a key the
+/// plan may take over, and for every group key.
+fn left_alone(key: &str, current: &Current) -> Option<AdminState> {
+    match current {
+        Current::Valid { state, .. } if is_row_key(key) && current.set_by_hand() => Some(*state),
+        _ => None,
     }
 }
 
@@ -229,7 +183,8 @@ pub enum Step {
     Write {
         /// What is written.
         change: Change,
-        /// The Flags each key gets with a [`Change::Set`]; 0 with
+        /// The Flags each key gets with a [`Change::Set`] ([`flags_for`]:
+        /// the drain mark on row keys, 0 on a group key); 0 with
         /// [`Change::Clear`].
         flags: u64,
         /// The keys, sorted.
@@ -255,12 +210,9 @@ pub struct KeyPlan {
     pub after: Option<AdminState>,
     /// Why it is left alone, or what to know about it.
     pub note: Option<&'static str>,
-    /// True when it is left alone because it is at drain, maint or `0%`
-    /// without a drain mark: set by hand, not by `state drain`.
+    /// True when it is left alone because it is a row key at drain, maint
+    /// or `0%` without a drain mark: set by hand, not by `state drain`.
     pub set_by_hand: bool,
-    /// True when it is left alone because another drain's mark holds it
-    /// (see [`Claim::Marked`]).
-    pub held_by_other_drain: bool,
 }
 
 impl KeyPlan {
@@ -294,104 +246,84 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
-/// With [`Claim::Marked`], a key at drain, maint or `0%` without a drain
-/// mark was set by hand: it is in no step and keeps its value. A key at
-/// maint with any drain's mark is already out; a key at drain with another
-/// drain's mark is held by that drain and left alone. A key at a weight
-/// above 0 is drained, and undrain clears it. Values are written with
-/// `claim`'s Flags.
-pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: Claim) -> Plan {
+/// A row key at drain, maint or `0%` without the drain mark was set by hand:
+/// it is in no step and keeps its value. A key at a weight above 0 is
+/// drained, and undrain clears it. A group key is taken over whatever its
+/// Flags.
+pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in sorted(targets) {
-        if let Some(state) = claim.left_alone(&before) {
+        if let Some(state) = left_alone(&key, &before) {
             keys.push(KeyPlan {
                 key,
                 before,
                 after: Some(state),
                 note: Some("set by hand: left alone"),
                 set_by_hand: true,
-                held_by_other_drain: false,
             });
             continue;
         }
-        let held = matches!(
-            before,
-            Current::Valid {
-                state: AdminState::Drain,
-                ..
-            }
-        ) && claim.held_by_other(&before);
-        if held {
-            keys.push(KeyPlan {
-                key,
-                before,
-                after: Some(AdminState::Drain),
-                note: Some("held by another drain: left alone"),
-                set_by_hand: false,
-                held_by_other_drain: true,
-            });
-            continue;
-        }
-        let (after, note) = match &before {
+        let note = match &before {
             Current::Valid {
                 state: AdminState::Maint,
                 ..
-            } => (AdminState::Maint, Some("already maint")),
+            } => Some("already maint"),
             Current::Valid {
                 state: AdminState::Drain,
                 ..
             } => {
                 to_maint.push(key.clone());
-                (
-                    AdminState::Maint,
-                    Some("already drain: waits again, then maint"),
-                )
+                Some("already drain: waits again, then maint")
             }
             other => {
                 to_drain.push(key.clone());
                 to_maint.push(key.clone());
-                let note = match other {
+                match other {
                     Current::Valid {
                         state: AdminState::Weight(_),
                         ..
                     } => Some("its weight is replaced: undrain clears the key (ready 100%)"),
                     Current::Invalid { .. } => Some("its invalid value is replaced"),
                     _ => None,
-                };
-                (AdminState::Maint, note)
+                }
             }
         };
         keys.push(KeyPlan {
             key,
             before,
-            after: Some(after),
+            after: Some(AdminState::Maint),
             note,
             set_by_hand: false,
-            held_by_other_drain: false,
         });
     }
     let mut steps = Vec::new();
     if !to_drain.is_empty() {
-        steps.push(Step::Write {
-            change: Change::Set(AdminState::Drain),
-            flags: claim.flags(),
-            keys: to_drain,
-        });
+        steps.push(write_step(Change::Set(AdminState::Drain), to_drain));
     }
     if !to_maint.is_empty() {
         steps.push(Step::Wait {
             duration: drain_wait,
             purpose: WaitFor::Drain,
         });
-        steps.push(Step::Write {
-            change: Change::Set(AdminState::Maint),
-            flags: claim.flags(),
-            keys: to_maint,
-        });
+        steps.push(write_step(Change::Set(AdminState::Maint), to_maint));
     }
     Plan { keys, steps }
+}
+
+/// A write of `change` to `keys` (all row keys or all group keys), with
+/// their [`flags_for`].
+fn write_step(change: Change, keys: Vec<String>) -> Step {
+    let flags = match change {
+        Change::Set(_) => keys.first().map_or(0, |k| flags_for(k)),
+        Change::Clear => 0,
+    };
+    Step::Write {
+        change,
+        flags,
+        keys,
+    }
 }
 
 /// Undrain: keys at drain go to maint first and are held there for
@@ -399,13 +331,11 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
 /// then every key at maint is cleared. Keys that are absent or in service
 /// (`ready`, `N%`) are left alone.
 ///
-/// With [`Claim::Marked`], only keys carrying a drain mark are taken back: a
-/// key at drain, maint or `0%` without one was set by hand (a server out for
-/// repair) and is in no step; `state clear` releases it. A key at drain or
-/// maint with another drain's mark (not this selection's, not the generic
-/// one) is held by that drain and in no step, unless `any_drain`. The maint
-/// written on the way carries `claim`'s Flags, so an interrupted undrain can
-/// be re-run.
+/// Only row keys carrying the drain mark are taken back: a row key at drain,
+/// maint or `0%` without it was set by hand (a server out for repair) and is
+/// in no step; `state clear` releases it. A group key is taken back whoever
+/// set it. The maint written on the way carries the key's [`flags_for`], so
+/// an interrupted undrain can be re-run.
 ///
 /// # Errors
 ///
@@ -415,7 +345,6 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, claim: 
 pub fn plan_undrain(
     targets: Vec<(String, Current)>,
     maint_wait: Duration,
-    claim: Claim,
 ) -> Result<Plan, Vec<(String, String)>> {
     let targets = sorted(targets);
     let invalid: Vec<(String, String)> = targets
@@ -432,32 +361,13 @@ pub fn plan_undrain(
     let mut to_clear = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in targets {
-        if let Some(state) = claim.left_alone(&before) {
+        if let Some(state) = left_alone(&key, &before) {
             keys.push(KeyPlan {
                 key,
                 before,
                 after: Some(state),
                 note: Some("set by hand: left alone (`state clear` releases it)"),
                 set_by_hand: true,
-                held_by_other_drain: false,
-            });
-            continue;
-        }
-        if claim.held_by_other(&before) {
-            let state = match before {
-                Current::Valid { state, .. } => state,
-                _ => unreachable!("held keys are valid"),
-            };
-            keys.push(KeyPlan {
-                key,
-                before,
-                after: Some(state),
-                note: Some(
-                    "held by another drain: left alone (undrain it with the same selection, \
-                     or `state clear KEY`)",
-                ),
-                set_by_hand: false,
-                held_by_other_drain: true,
             });
             continue;
         }
@@ -487,27 +397,18 @@ pub fn plan_undrain(
             after,
             note,
             set_by_hand: false,
-            held_by_other_drain: false,
         });
     }
     let mut steps = Vec::new();
     if !to_maint.is_empty() {
-        steps.push(Step::Write {
-            change: Change::Set(AdminState::Maint),
-            flags: claim.flags(),
-            keys: to_maint,
-        });
+        steps.push(write_step(Change::Set(AdminState::Maint), to_maint));
         steps.push(Step::Wait {
             duration: maint_wait,
             purpose: WaitFor::Maint,
         });
     }
     if !to_clear.is_empty() {
-        steps.push(Step::Write {
-            change: Change::Clear,
-            flags: 0,
-            keys: to_clear,
-        });
+        steps.push(write_step(Change::Clear, to_clear));
     }
     Ok(Plan { keys, steps })
 }
@@ -559,7 +460,7 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::writer::DRAIN_FLAGS;
+    use crate::model::marks::DRAIN_FLAGS;
 
     /// A key with Flags 0: set by hand (`state set`, `consul kv put`).
     fn valid(state: AdminState, index: u64) -> Current {
@@ -591,12 +492,6 @@ mod tests {
         plan.keys.iter().find(|k| k.key == key).unwrap()
     }
 
-    /// The claim of a drain or undrain with selection id 0: writes the
-    /// generic mark, [`DRAIN_FLAGS`].
-    const MARKED: Claim = Claim::Marked {
-        id: 0,
-        any_drain: false,
-    };
     const W: Duration = Duration::from_secs(60);
     const M: Duration = Duration::from_secs(5);
     const DRAIN_WAIT: Step = Step::Wait {
@@ -619,7 +514,6 @@ mod tests {
                 ("web/e".into(), valid(AdminState::Ready, 6)),
             ],
             W,
-            MARKED,
         );
         assert_eq!(
             plan.steps,
@@ -663,7 +557,6 @@ mod tests {
                 ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
             ],
             W,
-            MARKED,
         );
         let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
         assert_eq!(
@@ -694,7 +587,6 @@ mod tests {
                 ("web/d".into(), Current::Absent),
             ],
             W,
-            MARKED,
         );
         assert_eq!(
             plan.steps,
@@ -733,7 +625,7 @@ mod tests {
             ),
             ("web/c".into(), valid(AdminState::Weight(50), 5)),
         ];
-        let plan = plan_drain(targets.clone(), W, MARKED);
+        let plan = plan_drain(targets.clone(), W);
         assert_eq!(
             plan.steps,
             vec![
@@ -751,7 +643,7 @@ mod tests {
             assert_eq!(k.note, Some("set by hand: left alone"));
         }
         assert!(key(&plan, "web/c").note.unwrap().contains("weight"));
-        let plan = plan_undrain(targets, M, MARKED).unwrap();
+        let plan = plan_undrain(targets, M).unwrap();
         assert!(plan.steps.is_empty());
         for k in ["web/a", "web/b"] {
             let k = key(&plan, k);
@@ -760,11 +652,7 @@ mod tests {
         }
         assert!(!key(&plan, "web/c").set_by_hand);
         // `canary disable` takes the canary key over whatever it holds.
-        let plan = plan_drain(
-            vec![("canary".into(), valid(AdminState::Weight(0), 3))],
-            W,
-            Claim::Any,
-        );
+        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Weight(0), 3))], W);
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -779,35 +667,22 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             W,
-            MARKED,
         );
         assert!(plan.steps.is_empty());
     }
 
     #[test]
     fn drain_of_maint_only_is_nothing() {
-        let plan = plan_drain(
-            vec![("web/a".into(), by_drain(AdminState::Maint, 9))],
-            W,
-            MARKED,
-        );
+        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Maint, 9))], W);
         assert!(plan.steps.is_empty());
-        let plan = plan_drain(
-            vec![("canary".into(), valid(AdminState::Maint, 9))],
-            W,
-            Claim::Any,
-        );
+        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Maint, 9))], W);
         assert!(plan.steps.is_empty());
         assert_eq!(plan.keys[0].note, Some("already maint"));
     }
 
     #[test]
     fn interrupted_drain_waits_again() {
-        let plan = plan_drain(
-            vec![("web/a".into(), by_drain(AdminState::Drain, 9))],
-            W,
-            MARKED,
-        );
+        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Drain, 9))], W);
         assert_eq!(
             plan.steps,
             vec![
@@ -822,11 +697,7 @@ mod tests {
     fn canary_takes_over_its_key_whatever_its_flags_and_writes_flags_0() {
         // `canary disable` left drain (Flags 0) when interrupted, or someone
         // put drain by hand: either way the canary key is taken to maint.
-        let plan = plan_drain(
-            vec![("canary".into(), valid(AdminState::Drain, 9))],
-            W,
-            Claim::Any,
-        );
+        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Drain, 9))], W);
         assert_eq!(
             plan.steps,
             vec![
@@ -834,7 +705,7 @@ mod tests {
                 write(Change::Set(AdminState::Maint), 0, &["canary"])
             ]
         );
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, Claim::Any);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -851,7 +722,6 @@ mod tests {
                     },
                 )],
                 M,
-                Claim::Any,
             )
             .unwrap();
             assert_eq!(
@@ -877,7 +747,6 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Ready, 6)),
             ],
             M,
-            MARKED,
         )
         .unwrap();
         assert_eq!(
@@ -913,7 +782,6 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Drain, 7)),
             ],
             M,
-            MARKED,
         )
         .unwrap();
         assert_eq!(
@@ -948,7 +816,6 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             M,
-            MARKED,
         )
         .unwrap();
         assert!(plan.steps.is_empty());
@@ -957,19 +824,9 @@ mod tests {
 
     #[test]
     fn undrain_from_maint_needs_no_wait() {
-        let plan = plan_undrain(
-            vec![("canary".into(), valid(AdminState::Maint, 3))],
-            M,
-            Claim::Any,
-        )
-        .unwrap();
+        let plan = plan_undrain(vec![("canary".into(), valid(AdminState::Maint, 3))], M).unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["canary"])]);
-        let plan = plan_undrain(
-            vec![("web/a".into(), by_drain(AdminState::Maint, 3))],
-            M,
-            MARKED,
-        )
-        .unwrap();
+        let plan = plan_undrain(vec![("web/a".into(), by_drain(AdminState::Maint, 3))], M).unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
     }
 
@@ -982,10 +839,9 @@ mod tests {
                 modify_index: 7,
                 flags,
             }));
-            for claim in [MARKED, Claim::Any] {
-                let err =
-                    plan_undrain(vec![("web/a".into(), invalid.clone())], M, claim).unwrap_err();
-                assert_eq!(err[0].0, "web/a");
+            for key in ["web/a", "canary"] {
+                let err = plan_undrain(vec![(key.into(), invalid.clone())], M).unwrap_err();
+                assert_eq!(err[0].0, key);
                 assert!(err[0].1.contains("drian"));
             }
         }
@@ -1006,14 +862,11 @@ mod tests {
         assert!(current(b"maint", DRAIN_FLAGS).by_drain());
         assert!(!current(b"maint", DRAIN_FLAGS).set_by_hand());
         assert!(!current(b"0%", DRAIN_FLAGS).set_by_hand());
-        for flags in [3, drain_flags(u32::MAX), u64::MAX] {
+        for flags in [3, (u64::from(u32::MAX) << 1) | 1, u64::MAX] {
             assert!(current(b"maint", flags).by_drain(), "{flags}");
             assert!(!current(b"maint", flags).set_by_hand(), "{flags}");
             assert!(!current(b"drain", flags).set_by_hand(), "{flags}");
         }
-        assert_eq!(current(b"maint", 3).drain_id(), Some(1));
-        assert_eq!(current(b"maint", 1).drain_id(), Some(0));
-        assert_eq!(current(b"maint", 2).drain_id(), None);
         for flags in [0, 2, 4, u64::MAX - 1] {
             assert!(!current(b"maint", flags).by_drain(), "{flags}");
             assert!(current(b"maint", flags).set_by_hand(), "{flags}");
@@ -1032,132 +885,43 @@ mod tests {
         assert_eq!(Current::Absent.flags(), 0);
     }
 
-    /// A key written by the drain with selection id `id`.
-    fn by_drain_id(state: AdminState, index: u64, id: u32) -> Current {
-        Current::Valid {
-            state,
-            index,
-            flags: drain_flags(id),
-        }
-    }
-
     #[test]
-    fn drain_flags_carry_the_selection_id() {
-        assert_eq!(drain_flags(0), DRAIN_FLAGS);
-        assert_eq!(drain_flags(5), 11);
-        assert_eq!(drain_flags(u32::MAX), (u64::from(u32::MAX) << 1) | 1);
-        let zone = Claim::Marked {
-            id: 7,
-            any_drain: false,
-        };
-        assert_eq!(zone.flags(), 15);
-        assert_eq!(Claim::Any.flags(), 0);
-    }
-
-    #[test]
-    fn drain_leaves_a_key_at_drain_held_by_another_drain_and_takes_its_own() {
-        let this = Claim::Marked {
-            id: 7,
-            any_drain: false,
-        };
-        let plan = plan_drain(
-            vec![
-                ("web/a".into(), by_drain_id(AdminState::Drain, 3, 9)),
-                ("web/b".into(), by_drain_id(AdminState::Maint, 4, 9)),
-                ("web/c".into(), by_drain_id(AdminState::Drain, 5, 7)),
-                ("web/d".into(), by_drain(AdminState::Drain, 6)),
-                ("web/e".into(), by_drain_id(AdminState::Maint, 7, 7)),
-                ("web/f".into(), Current::Absent),
-            ],
-            W,
-            this,
-        );
-        assert_eq!(
-            plan.steps,
-            vec![
-                write(Change::Set(AdminState::Drain), 15, &["web/f"]),
-                DRAIN_WAIT,
-                write(
-                    Change::Set(AdminState::Maint),
-                    15,
-                    &["web/c", "web/d", "web/f"]
-                ),
-            ]
-        );
-        let a = key(&plan, "web/a");
-        assert!(a.held_by_other_drain && !a.set_by_hand, "{a:?}");
-        assert!(!a.changes());
-        assert_eq!(a.note, Some("held by another drain: left alone"));
-        for k in ["web/b", "web/e"] {
-            let k = key(&plan, k);
-            assert_eq!(k.note, Some("already maint"), "{k:?}");
-            assert!(!k.held_by_other_drain && !k.changes(), "{k:?}");
+    fn group_keys_are_taken_over_whoever_set_them_and_row_keys_only_with_the_mark() {
+        // An earlier version's mark (a larger odd value) is a drain's mark.
+        for flags in [DRAIN_FLAGS, 15] {
+            let plan = plan_undrain(
+                vec![(
+                    "web/a".into(),
+                    Current::Valid {
+                        state: AdminState::Maint,
+                        index: 3,
+                        flags,
+                    },
+                )],
+                M,
+            )
+            .unwrap();
+            assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
         }
+        let plan = plan_undrain(vec![("zone-b".into(), valid(AdminState::Maint, 3))], M).unwrap();
+        assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["zone-b"])]);
+        let plan = plan_drain(vec![("zone-b".into(), valid(AdminState::Weight(0), 3))], W);
         assert_eq!(
-            key(&plan, "web/c").note,
-            Some("already drain: waits again, then maint")
+            plan.steps[0],
+            write(Change::Set(AdminState::Drain), 0, &["zone-b"])
         );
-    }
-
-    #[test]
-    fn undrain_takes_back_its_own_and_generic_marks_only_unless_any_drain() {
-        let targets = vec![
-            ("web/a".into(), by_drain_id(AdminState::Maint, 3, 9)),
-            ("web/b".into(), by_drain_id(AdminState::Drain, 4, 9)),
-            ("web/c".into(), by_drain_id(AdminState::Maint, 5, 7)),
-            ("web/d".into(), by_drain(AdminState::Maint, 6)),
-            ("web/e".into(), valid(AdminState::Maint, 7)),
-        ];
-        let plan = plan_undrain(
-            targets.clone(),
-            M,
-            Claim::Marked {
-                id: 7,
-                any_drain: false,
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            plan.steps,
-            vec![write(Change::Clear, 0, &["web/c", "web/d"])]
-        );
-        for (k, state) in [("web/a", AdminState::Maint), ("web/b", AdminState::Drain)] {
-            let k = key(&plan, k);
-            assert!(k.held_by_other_drain && !k.set_by_hand, "{k:?}");
-            assert_eq!(k.after, Some(state), "{k:?}");
-            assert!(!k.changes(), "{k:?}");
-            assert!(k.note.unwrap().contains("same selection"), "{k:?}");
-        }
-        assert!(key(&plan, "web/e").set_by_hand);
-        let plan = plan_undrain(
-            targets,
-            M,
-            Claim::Marked {
-                id: 7,
-                any_drain: true,
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            plan.steps,
-            vec![
-                write(Change::Set(AdminState::Maint), 15, &["web/b"]),
-                MAINT_WAIT,
-                write(Change::Clear, 0, &["web/a", "web/b", "web/c", "web/d"]),
-            ]
-        );
-        assert!(plan.keys.iter().all(|k| !k.held_by_other_drain));
-        assert!(key(&plan, "web/e").set_by_hand, "set by hand stays");
+        assert_eq!(flags_for("zone-b"), 0);
+        assert_eq!(flags_for("web/a"), DRAIN_FLAGS);
     }
 
     #[test]
     fn snapshot_after_applies_final_values() {
         let snap = Snapshot::default();
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, Claim::Any);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
         let after = snapshot_after(&snap, &plan.keys);
         assert_eq!(
             after.lookup(["web/x", "canary"]),
-            crate::state::Answer::State {
+            crate::model::snapshot::Answer::State {
                 state: AdminState::Maint,
                 decided_by: Some(1)
             }

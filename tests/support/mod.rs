@@ -10,7 +10,10 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+pub mod prometheus;
 
 /// The agent binary built by cargo for these tests.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
@@ -65,32 +68,22 @@ pub fn free_port() -> u16 {
     panic!("no free loopback port found");
 }
 
-/// A fresh temporary directory, removed on drop.
-pub struct TempDir(PathBuf);
+/// A fresh temporary directory (the `tempfile` crate's), removed on drop.
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
-    /// Creates `/tmp/gha-test-<name>-<pid>-<n>`.
+    /// Creates `$TMPDIR/gha-test-<name>-<random>` (default `/tmp`).
     pub fn new(name: &str) -> Self {
-        static N: AtomicU16 = AtomicU16::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "gha-test-{name}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("gha-test-{name}-"))
+            .tempdir()
+            .unwrap_or_else(|e| panic!("cannot create a temporary directory for {name}: {e}"));
         TempDir(dir)
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        self.0.path()
     }
 }
 
@@ -189,7 +182,10 @@ impl Drop for Proc {
     }
 }
 
-fn http_request(
+/// One HTTP/1.1 request to `addr` with no token, as [`Consul::request`]
+/// makes it: (status, headers by lower-case name, body); `None` if the
+/// connection fails or the answer does not come whole in time.
+pub fn http_request(
     addr: SocketAddr,
     method: &str,
     path: &str,
@@ -198,7 +194,31 @@ fn http_request(
     http_request_as(addr, None, method, path, body)
 }
 
-/// One HTTP/1.1 request with an optional `X-Consul-Token`.
+/// The HTTP client every harness request goes through (`ureq`, blocking):
+/// 2 s to connect, 15 s for each read (a Consul blocking query of up to
+/// `wait=10s` plus its jitter answers within it), no proxy from the
+/// environment (tests talk only to loopback), no redirects followed, no
+/// pooled connections, and every status returned as a response, not an
+/// error.
+fn http_client() -> &'static ureq::Agent {
+    static CLIENT: OnceLock<ureq::Agent> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        ureq::Agent::config_builder()
+            .proxy(None)
+            .http_status_as_error(false)
+            .max_redirects(0)
+            .max_idle_connections(0)
+            .timeout_connect(Some(Duration::from_secs(2)))
+            .timeout_per_read(Some(Duration::from_secs(15)))
+            .build()
+            .new_agent()
+    })
+}
+
+/// One HTTP/1.1 request (`Connection: close`, `Content-Length` always
+/// sent, even for an empty body) with an optional `X-Consul-Token`:
+/// (status, headers by lower-case name, body). `None` if the connection
+/// fails or the answer does not come whole in time.
 fn http_request_as(
     addr: SocketAddr,
     token: Option<&str>,
@@ -206,55 +226,29 @@ fn http_request_as(
     path: &str,
     body: &[u8],
 ) -> Option<(u16, HashMap<String, String>, Vec<u8>)> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(15)))
+    let mut request = ureq::http::Request::builder()
+        .method(method)
+        .uri(format!("http://{addr}{path}"))
+        .header("Connection", "close");
+    if let Some(token) = token {
+        request = request.header("X-Consul-Token", token);
+    }
+    let mut response = http_client().run(request.body(body).ok()?).ok()?;
+    let headers = response
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            let v = String::from_utf8_lossy(v.as_bytes()).trim().to_string();
+            (k.as_str().to_string(), v)
+        })
+        .collect();
+    let body = response
+        .body_mut()
+        .with_config()
+        .limit(u64::MAX)
+        .read_to_vec()
         .ok()?;
-    let token = token
-        .map(|t| format!("X-Consul-Token: {t}\r\n"))
-        .unwrap_or_default();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{token}Content-Length: {}\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).ok()?;
-    stream.write_all(body).ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).ok()?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let mut lines = head.lines();
-    let status: u16 = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
-    let mut headers = HashMap::new();
-    let mut chunked = false;
-    for line in lines {
-        if let Some((k, v)) = line.split_once(':') {
-            let k = k.trim().to_ascii_lowercase();
-            if k == "transfer-encoding" && v.trim().eq_ignore_ascii_case("chunked") {
-                chunked = true;
-            }
-            headers.insert(k, v.trim().to_string());
-        }
-    }
-    let mut body = raw[split + 4..].to_vec();
-    if chunked {
-        body = dechunk(&body);
-    }
-    Some((status, headers, body))
-}
-
-fn dechunk(mut data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(pos) = data.windows(2).position(|w| w == b"\r\n") {
-        let size =
-            usize::from_str_radix(String::from_utf8_lossy(&data[..pos]).trim(), 16).unwrap_or(0);
-        if size == 0 {
-            break;
-        }
-        out.extend_from_slice(&data[pos + 2..pos + 2 + size]);
-        data = &data[pos + 2 + size + 2..];
-    }
-    out
+    Some((response.status().as_u16(), headers, body))
 }
 
 /// A real Consul agent in dev mode (in-memory, single server) on loopback.
@@ -516,8 +510,19 @@ impl ServerState {
     }
 }
 
+/// The HAProxy binary the tests run: `$GITLAB_HAPROXY_AGENT_TEST_HAPROXY`,
+/// default `haproxy` from `PATH` (Debian bookworm's 2.6). scripts/test.sh
+/// reruns the HAProxy-facing tests with it set to the 3.0 and 3.2 wrappers
+/// that scripts/haproxy-chroots.sh installs.
+pub fn haproxy_bin() -> String {
+    std::env::var("GITLAB_HAPROXY_AGENT_TEST_HAPROXY")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "haproxy".to_string())
+}
+
 /// A real HAProxy (master-worker, foreground) on a config written to its own
-/// directory, with an admin stats socket there.
+/// directory, with an admin stats socket there. The binary is [`haproxy_bin`].
 pub struct Haproxy {
     proc: Proc,
     dir: TempDir,
@@ -531,7 +536,7 @@ impl Haproxy {
         let socket = dir.path().join("admin.sock");
         let cfg = dir.path().join("haproxy.cfg");
         std::fs::write(&cfg, config.replace("{SOCKET}", socket.to_str().unwrap())).unwrap();
-        let check = Command::new("haproxy")
+        let check = Command::new(haproxy_bin())
             .arg("-c")
             .arg("-f")
             .arg(&cfg)
@@ -543,7 +548,7 @@ impl Haproxy {
             String::from_utf8_lossy(&check.stdout),
             String::from_utf8_lossy(&check.stderr)
         );
-        let mut cmd = Command::new("haproxy");
+        let mut cmd = Command::new(haproxy_bin());
         cmd.args(["-W", "-db", "-f"]).arg(&cfg);
         let proc = Proc::spawn(cmd, dir.path().join("haproxy.log"));
         let h = Haproxy { proc, dir };

@@ -20,21 +20,17 @@ default['gitlab-haproxy-agent']['agent']['prefix'] = 'gitlab-haproxy-agent/state
 # Each enrolled server's agent-send lists its row key, then its groups in the
 # order they are defined here; the first with a key in Consul wins.
 default['gitlab-haproxy-agent']['agent']['groups'] = {}
+# Zones a server may name (haproxy.backends.<b>.servers.<s>.zone): a zone
+# outside the list is refused, so a typo cannot make a group no zonal drain
+# writes. [] accepts any zone. A server's zone renders as the group
+# zone-<zone> on its own agent-send line, after its row key and before its
+# backend's groups: `state drain --zone b` writes the one key zone-b.
+default['gitlab-haproxy-agent']['agent']['zones'] = []
 # Backends never enrolled, such as one that writes its single server inline
 # (an asset proxy to object storage).
 default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
 
-#
-# Package source (the internal apt mirror). Both must be set by the role.
-#
-default['gitlab-haproxy-agent']['apt']['uri'] = nil
-# URL or fingerprint of the repository's signing key.
-default['gitlab-haproxy-agent']['apt']['key'] = nil
-# nil: the node's release codename.
-default['gitlab-haproxy-agent']['apt']['distribution'] = nil
-default['gitlab-haproxy-agent']['apt']['components'] = ['main']
-# nil: whatever version the repository has (installed once, not upgraded).
-default['gitlab-haproxy-agent']['package']['version'] = nil
+# Package source and version pin: attributes/apt.rb.
 
 #
 # Agent settings written to /etc/default/gitlab-haproxy-agent (docs/interfaces.md).
@@ -52,36 +48,46 @@ default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil
 default['gitlab-haproxy-agent']['settings']['log_format'] = nil
 
 #
-# haproxy.cfg (recipe haproxy). Sections are lists of config lines; servers
-# are rendered from backends.<name>.servers only, never written by hand in an
-# enrolled backend.
+# haproxy.cfg (recipe haproxy). Every list of config lines (global, defaults,
+# a frontend's or a backend's options) is a hash of name => line, rendered in
+# the order the names were first defined (these defaults first, then the
+# role's). Roles extend a hash: Chef merges hashes key by key but unions arrays
+# given at the same precedence level as these defaults (a role's
+# default_attributes), so a role could neither replace nor drop a line of a
+# list. A role replaces a line by its name and drops it with nil, e.g.
+#   "global": { "maxconn": "maxconn 4096", "daemon": null }
+# Servers are rendered from backends.<name>.servers only, never written by
+# hand in an enrolled backend.
 #
 default['gitlab-haproxy-agent']['haproxy']['config_path'] = '/etc/haproxy/haproxy.cfg'
 # Unix socket only: no admin listener over TCP is rendered.
 default['gitlab-haproxy-agent']['haproxy']['stats_socket'] = '/run/haproxy/admin.sock'
-default['gitlab-haproxy-agent']['haproxy']['global'] = [
-  'log /dev/log local0',
-  'chroot /var/lib/haproxy',
-  'user haproxy',
-  'group haproxy',
-  'daemon',
-  'maxconn 50000',
-  'stats timeout 30s',
-]
-default['gitlab-haproxy-agent']['haproxy']['defaults'] = [
-  'log global',
-  'mode http',
-  'option httplog',
-  'option dontlognull',
-  'option redispatch',
-  'retries 3',
-  'timeout connect 5s',
-  'timeout client 90s',
-  'timeout server 90s',
-  'timeout check 2s',
-]
-# name => { 'bind' => [addresses], 'options' => [lines] }
+default['gitlab-haproxy-agent']['haproxy']['global'] = {
+  'log' => 'log /dev/log local0',
+  'chroot' => 'chroot /var/lib/haproxy',
+  'user' => 'user haproxy',
+  'group' => 'group haproxy',
+  'daemon' => 'daemon',
+  'maxconn' => 'maxconn 50000',
+  'stats_timeout' => 'stats timeout 30s',
+}
+default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
+  'log' => 'log global',
+  'mode' => 'mode http',
+  'httplog' => 'option httplog',
+  'dontlognull' => 'option dontlognull',
+  'redispatch' => 'option redispatch',
+  'retries' => 'retries 3',
+  'timeout_connect' => 'timeout connect 5s',
+  'timeout_client' => 'timeout client 90s',
+  'timeout_server' => 'timeout server 90s',
+  'timeout_check' => 'timeout check 2s',
+}
+# name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}
-# name => { 'options' => [lines], 'servers' => { name => { 'address', 'port',
-#          'weight', 'options' } } }
+# name => { 'options' => { name => line },
+#          'servers' => { name => { 'address', 'port', 'weight', 'options', 'zone', 'groups' } },
+#          'server_templates' => { name => { 'count', 'address', 'port', 'weight', 'options', 'zone', 'groups' } },
+#          'zonal' => true | false | nil (nil: zonal when any of its servers has a zone) }
+# Every server (and server-template) of a zonal backend must have a zone.
 default['gitlab-haproxy-agent']['haproxy']['backends'] = {}

@@ -5,6 +5,8 @@
 # Plain Ruby (no Chef API) so it is tested with minitest alone. Every refusal
 # raises GitlabHaproxyAgent::ConfigError naming the node attribute to fix: a
 # wrong line here drains the wrong servers, or none.
+require 'ipaddr'
+
 module GitlabHaproxyAgent
   # Top-level attribute key of this cookbook; error messages name attributes
   # as dotted paths under it (gitlab-haproxy-agent.agent.port).
@@ -27,24 +29,38 @@ module GitlabHaproxyAgent
     MAX_IDENTITY = 255
     MAX_IDENTITIES = 16
     MAX_LINE = 1024
+    # A server's zone becomes the group zone-<zone> on its agent-send line
+    # (`state drain --zone b` writes the key zone-b).
+    ZONE_GROUP_PREFIX = 'zone-'
+
     # HAProxy time: a positive integer with an optional unit.
     TIME = /\A[1-9][0-9]*(us|ms|s|m|h|d)?\z/.freeze
-    # An IPv4/IPv6 literal or a host name, resolved once by HAProxy at start.
-    ADDR = /\A[A-Za-z0-9.:-]+\z/.freeze
+    # An IPv4 or IPv6 literal, no host name: the agent binds agent.addr (a
+    # socket address, GITLAB_HAPROXY_AGENT_LISTEN) and refuses a host name
+    # such as localhost at every start (exit 64, usage).
+    IP_CHARS = /\A[0-9A-Fa-f.:]+\z/.freeze
 
     module_function
 
     # Returns the agent options for one server line, for example
     #   agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s
-    #   agent-send "canary_web/web-cny-01 canary\n"
+    #   agent-send "canary_web/web-cny-01 zone-b canary\n"
     # (on one line). The agent-send line lists the row key first, then the
     # groups in order: the agent answers with the first of them that has a key.
     #
     # weight is the server's configured weight when known: agent weights are a
     # share of it, so an enrolled server with weight 0 is refused.
-    def server_options(backend:, server:, groups: [], addr:, port:, inter:, weight: nil, weight_attr: nil)
+    #
+    # template: true for a server-template line. HAProxy gives all of a
+    # template's servers (<name>1..<name>N) the same agent-send string, so
+    # none of them can send its own row key: the line carries the groups
+    # only, and a template without a group is refused (nothing could drain
+    # its servers).
+    def server_options(backend:, server:, groups: [], addr:, port:, inter:, weight: nil, weight_attr: nil,
+                       template: false)
+      servers_attr = "#{ATTR}.haproxy.backends.#{backend}.#{template ? 'server_templates' : 'servers'}"
       check_name!(backend, 'backend name', "#{ATTR}.haproxy.backends")
-      check_name!(server, 'server name', "#{ATTR}.haproxy.backends.#{backend}.servers")
+      check_name!(server, template ? 'server-template name' : 'server name', servers_attr)
       groups = Array(groups)
       groups.each { |g| check_group!(g, "#{ATTR}.agent.groups") }
       if groups.uniq.length != groups.length
@@ -58,8 +74,9 @@ module GitlabHaproxyAgent
       check_port!(port)
       check_inter!(inter)
       unless weight.nil?
-        check_weight!(weight, weight_attr || "#{ATTR}.haproxy.backends.#{backend}.servers.#{server}.weight")
+        check_weight!(weight, weight_attr || "#{servers_attr}.#{server}.weight")
       end
+      return agent_options(addr, port, inter, template_identities(backend, server, groups)) if template
 
       row_key = "#{backend}/#{server}"
       if row_key.bytesize > MAX_IDENTITY
@@ -70,9 +87,27 @@ module GitlabHaproxyAgent
         raise ConfigError, "#{ATTR}.agent.groups: #{row_key} is in #{groups.length} groups; the agent reads at " \
                            "most #{MAX_IDENTITIES - 1} groups after the row key"
       end
-      send_line = [row_key, *groups].join(' ')
+      agent_options(addr, port, inter, [row_key, *groups])
+    end
+
+    def template_identities(backend, template, groups)
+      if groups.empty?
+        raise ConfigError, "#{ATTR}.haproxy.backends.#{backend}.server_templates.#{template}: a " \
+                           "server-template's servers share one agent-send line, so no row key can name one " \
+                           'of them and only a group can drain them; give it a zone or groups, or put its ' \
+                           "backend in a group of #{ATTR}.agent.groups"
+      end
+      if groups.length > MAX_IDENTITIES
+        raise ConfigError, "#{ATTR}.agent.groups: server-template #{backend}/#{template} is in #{groups.length} " \
+                           "groups; the agent reads at most #{MAX_IDENTITIES}"
+      end
+      groups
+    end
+
+    def agent_options(addr, port, inter, identities)
+      send_line = identities.join(' ')
       if send_line.bytesize + 1 > MAX_LINE
-        raise ConfigError, "#{ATTR}.agent.groups: the agent-send line of #{row_key} is longer than " \
+        raise ConfigError, "#{ATTR}.agent.groups: the agent-send line #{identities.first} ... is longer than " \
                            "#{MAX_LINE} bytes, the longest the agent reads"
       end
       "agent-check agent-addr #{addr} agent-port #{port} agent-inter #{inter} " \
@@ -162,9 +197,24 @@ module GitlabHaproxyAgent
     end
 
     def check_addr!(addr)
-      return if addr.match?(ADDR)
+      return if ip_literal?(addr)
 
-      raise ConfigError, "#{ATTR}.agent.addr #{addr.inspect} is not an IP address or host name"
+      raise ConfigError, "#{ATTR}.agent.addr #{addr.inspect} is not an IP address: the agent listens on " \
+                         "agent.addr:agent.port and refuses a host name at every start (HAProxy's agent-addr " \
+                         'is the same address); write 127.0.0.1 or ::1'
+    end
+
+    # IPv4 dotted quad (no leading zeros) or IPv6, without prefix length or
+    # zone: what the agent's socket-address parser (Rust std::net) accepts.
+    def ip_literal?(text)
+      return false unless text.match?(IP_CHARS)
+
+      ip = IPAddr.new(text)
+      return true if ip.ipv6?
+
+      text.split('.').map { |o| o.to_i.to_s } == text.split('.', -1)
+    rescue IPAddr::Error
+      false
     end
 
     def check_port!(port)

@@ -41,13 +41,19 @@ module GitlabHaproxyAgent
       enabled = enabled?(agent['enable'])
 
       defaults = lines_attr(haproxy['defaults'], 'haproxy.defaults')
-      backends_attr = hash_attr(haproxy['backends'], 'haproxy.backends')
+      # A frontend, backend, server or server-template set to nil (null in a
+      # role) is left out: how a role removes one the cookbook or another
+      # role defined.
+      backends_attr = present(hash_attr(haproxy['backends'], 'haproxy.backends'))
       plan = enabled ? agent_plan(agent, backends_attr.keys.map(&:to_s)) : nil
+
+      frontends_attr = present(hash_attr(haproxy['frontends'], 'haproxy.frontends'))
+      check_proxy_names!(frontends_attr.keys.map(&:to_s), backends_attr.keys.map(&:to_s))
 
       Config.new(
         global: global_lines(haproxy),
         defaults: defaults,
-        frontends: hash_attr(haproxy['frontends'], 'haproxy.frontends').map { |name, fe| frontend(name.to_s, fe) },
+        frontends: frontends_attr.map { |name, fe| frontend(name.to_s, fe) },
         backends: backends_attr.map { |name, be| backend(name.to_s, be, plan, defaults) }
       )
     end
@@ -73,10 +79,30 @@ module GitlabHaproxyAgent
         raise ConfigError, "#{ATTR}.agent.excluded_backends lists #{name.inspect}, which is not in " \
                            "#{ATTR}.haproxy.backends"
       end
+      zones = agent['zones'] || []
+      raise ConfigError, "#{ATTR}.agent.zones must be a list of zone names" unless zones.is_a?(Array)
+
+      zones = zones.map(&:to_s)
+      zones.each { |z| AgentCheck.check_group!(z, "#{ATTR}.agent.zones") }
       {
-        addr: agent['addr'], port: agent['port'], inter: agent['inter'], excluded: excluded,
+        addr: agent['addr'], port: agent['port'], inter: agent['inter'], excluded: excluded, zones: zones,
         groups: AgentCheck.memberships(agent['groups'], backend_names, excluded)
       }
+    end
+
+    # A frontend may not share its name with a backend: HAProxy 3.2 warns
+    # ("backend 'x' has the same name as frontend 'x' ... will not be
+    # supported anymore in version 3.3"), 3.3 refuses it, and `haproxy -c
+    # -dW` fails on it. The frontend is the one to rename: backend names are
+    # half of every row key (<backend>/<server>) written in Consul.
+    def check_proxy_names!(frontend_names, backend_names)
+      frontend_names.each do |name|
+        next unless backend_names.include?(name)
+
+        raise ConfigError, "#{ATTR}.haproxy.frontends.#{name}: a frontend named like backend #{name.inspect} " \
+                           'is refused by HAProxy 3.3 (3.2 warns); rename the frontend, not the backend, ' \
+                           'whose name is part of every row key <backend>/<server> in Consul'
+      end
     end
 
     def global_lines(haproxy)
@@ -118,18 +144,90 @@ module GitlabHaproxyAgent
           next unless line.match?(/\A\s*(server|server-template)\s/)
 
           raise ConfigError, "#{ATTR}.#{attr}.options: #{line.inspect}: an enrolled backend takes its servers " \
-                             "from #{ATTR}.#{attr}.servers; a backend that writes its server inline goes in " \
-                             "#{ATTR}.agent.excluded_backends"
+                             "from #{ATTR}.#{attr}.servers and #{ATTR}.#{attr}.server_templates; a backend " \
+                             "that writes its server inline goes in #{ATTR}.agent.excluded_backends"
         end
       end
-      servers = hash_attr(attrs['servers'], "#{attr}.servers").map do |server_name, server_attrs|
-        server(name, server_name.to_s, server_attrs, enrolled ? plan : nil, lines, defaults)
+      servers = present(hash_attr(attrs['servers'], "#{attr}.servers"))
+      templates = present(hash_attr(attrs['server_templates'], "#{attr}.server_templates"))
+      members = servers.map { |n, a| [n.to_s, a, false] } + templates.map { |n, a| [n.to_s, a, true] }
+      own_groups = enrolled ? server_groups(name, attrs, members, plan) : {}
+      servers = members.map do |member_name, member_attrs, template|
+        server(name, member_name, member_attrs, enrolled ? plan : nil, lines, defaults,
+               template: template, own_groups: own_groups[[member_name, template]])
       end
       Section.new(name: name, lines: lines, servers: servers)
     end
 
-    def server(backend, name, attrs, plan, backend_lines, defaults)
-      attr = "haproxy.backends.#{backend}.servers.#{name}"
+    # Each enrolled server's (and server-template's) own groups, in order: its
+    # zone as zone-<zone>, then its `groups`. A backend is zonal when its
+    # `zonal` attribute is true, or is unset and any of its servers has a
+    # zone; every server of a zonal backend must then have one, or a zonal
+    # drain would leave it serving. `zonal` false refuses zones.
+    def server_groups(backend, attrs, members, plan)
+      attr = "haproxy.backends.#{backend}"
+      zonal = attrs['zonal']
+      unless [nil, true, false].include?(zonal)
+        raise ConfigError, "#{ATTR}.#{attr}.zonal must be true, false or null, got #{zonal.inspect}"
+      end
+
+      zoned = members.select { |_, a, _| a.is_a?(Hash) && !a['zone'].nil? }
+      zonal = !zoned.empty? if zonal.nil?
+      members.to_h do |name, member_attrs, template|
+        servers_attr = "#{attr}.#{template ? 'server_templates' : 'servers'}"
+        AgentCheck.check_name!(name, template ? 'server-template name' : 'server name', "#{ATTR}.#{servers_attr}")
+        member_attr = "#{servers_attr}.#{name}"
+        member_attrs = hash_attr(member_attrs, member_attr)
+        zone = member_attrs['zone']
+        if zonal && zone.nil?
+          why = attrs['zonal'] == true ? "#{ATTR}.#{attr}.zonal is true" : "#{zoned.first[0]} has a zone"
+          raise ConfigError, "#{ATTR}.#{member_attr}.zone: #{backend}/#{name} has no zone, but backend " \
+                             "#{backend} is zonal (#{why}): a zonal drain would leave it serving; set its " \
+                             "zone, or #{ATTR}.#{attr}.zonal to false and remove the zones"
+        end
+        if !zonal && !zone.nil?
+          raise ConfigError, "#{ATTR}.#{member_attr}.zone: backend #{backend} has zonal false"
+        end
+
+        groups = []
+        groups << zone_group(zone, "#{ATTR}.#{member_attr}.zone", plan[:zones]) unless zone.nil?
+        extra = member_attrs['groups'] || []
+        unless extra.is_a?(Array)
+          raise ConfigError, "#{ATTR}.#{member_attr}.groups must be a list of group names, got #{extra.inspect}"
+        end
+
+        extra.each do |g|
+          AgentCheck.check_group!(g, "#{ATTR}.#{member_attr}.groups")
+          groups << g.to_s
+        end
+        (groups + plan[:groups][backend]).group_by(&:itself).each do |g, same|
+          next if same.length == 1
+
+          where = if plan[:groups][backend].include?(g)
+                    "by its zone or groups and by #{ATTR}.agent.groups.#{g}, which covers its whole backend"
+                  else
+                    'by its zone and groups'
+                  end
+          raise ConfigError, "#{ATTR}.#{member_attr}: #{backend}/#{name} is given group #{g.inspect} twice, #{where}"
+        end
+        [[name, template], groups]
+      end
+    end
+
+    def zone_group(zone, attr, zones)
+      text = zone.to_s
+      AgentCheck.check_group!(text, attr)
+      if !zones.empty? && !zones.include?(text)
+        raise ConfigError, "#{attr}: zone #{text.inspect} is not in #{ATTR}.agent.zones (#{zones.join(', ')})"
+      end
+
+      group = "#{AgentCheck::ZONE_GROUP_PREFIX}#{text}"
+      AgentCheck.check_group!(group, attr)
+      group
+    end
+
+    def server(backend, name, attrs, plan, backend_lines, defaults, template: false, own_groups: nil)
+      attr = "haproxy.backends.#{backend}.#{template ? 'server_templates' : 'servers'}.#{name}"
       attrs = hash_attr(attrs, attr)
       address = attrs['address'].to_s.strip
       raise ConfigError, "#{ATTR}.#{attr}.address is empty" if address.empty?
@@ -145,7 +243,8 @@ module GitlabHaproxyAgent
 
         options = [options, "weight #{attrs['weight']}"].reject(&:empty?).join(' ')
       end
-      base = ["server #{name} #{address}", options].reject(&:empty?).join(' ')
+      head = template ? "server-template #{name} #{template_count(attrs['count'], attr)}" : "server #{name}"
+      base = ["#{head} #{address}", options].reject(&:empty?).join(' ')
       return Server.new(name: name, base: base, agent: nil) unless plan
 
       if options.match?(/(\A|\s)disabled(\s|\z)/)
@@ -154,11 +253,21 @@ module GitlabHaproxyAgent
       end
       weight, weight_attr = configured_weight(attrs, options, attr, backend_lines, backend, defaults)
       agent = AgentCheck.server_options(
-        backend: backend, server: name, groups: plan[:groups][backend],
+        backend: backend, server: name, groups: own_groups + plan[:groups][backend],
         addr: plan[:addr], port: plan[:port], inter: plan[:inter],
-        weight: weight, weight_attr: weight_attr
+        weight: weight, weight_attr: weight_attr, template: template
       )
       Server.new(name: name, base: base, agent: agent)
+    end
+
+    # server-template's <num | range>: a count (1-1000) or a range N-M.
+    def template_count(value, attr)
+      text = value.to_s.strip
+      m = text.match(/\A([1-9][0-9]*)(?:-([1-9][0-9]*))?\z/)
+      ok = m && (m[2].nil? ? m[1].to_i <= 1000 : m[1].to_i <= m[2].to_i && m[2].to_i - m[1].to_i < 1000)
+      return text if ok
+
+      raise ConfigError, "#{ATTR}.#{attr}.count #{value.inspect} is not a server count (1-1000) or a range N-M"
     end
 
     # The weight HAProxy will configure for the server and the attribute it
@@ -181,23 +290,41 @@ module GitlabHaproxyAgent
       [nil, nil]
     end
 
+    # Config lines from a hash of name => line (nil or false: left out), in
+    # the hash's order. A list is refused: Chef unions the arrays of a role
+    # and of the cookbook's defaults (same precedence level), so a role could
+    # neither replace nor remove a line, and HAProxy would keep the first of
+    # two conflicting ones.
     def lines_attr(value, attr)
       return [] if value.nil?
-      raise ConfigError, "#{ATTR}.#{attr} must be a list of config lines" unless value.is_a?(Array)
+      if value.is_a?(Array)
+        raise ConfigError, "#{ATTR}.#{attr} must be a hash of name => config line, not a list: Chef unions " \
+                           "a role's list with the cookbook's (same precedence level), so no line could be " \
+                           'replaced or removed; name each line, and set a name to null to drop its line'
+      end
+      raise ConfigError, "#{ATTR}.#{attr} must be a hash of name => config line" unless value.is_a?(Hash)
 
-      value.map do |line|
-        line = line.to_s.strip
-        raise ConfigError, "#{ATTR}.#{attr} has a line with a line break: #{line.inspect}" if line.include?("\n")
+      value.each_with_object([]) do |(name, line), lines|
+        next if line.nil? || line == false
+        unless line.is_a?(String)
+          raise ConfigError, "#{ATTR}.#{attr}.#{name} must be a config line (a string) or null, got #{line.inspect}"
+        end
+        raise ConfigError, "#{ATTR}.#{attr}.#{name} has a line break: #{line.inspect}" if line.include?("\n")
 
-        check_line!(line, attr)
-        line
-      end.reject(&:empty?)
+        line = line.strip
+        check_line!(line, "#{attr}.#{name}")
+        lines << line unless line.empty?
+      end
     end
 
     def check_line!(line, attr)
       FORBIDDEN.each do |pattern, why|
         raise ConfigError, "#{ATTR}.#{attr}: #{line.inspect}: #{why}" if line.match?(pattern)
       end
+    end
+
+    def present(hash)
+      hash.reject { |_, v| v.nil? }
     end
 
     def hash_attr(value, attr)

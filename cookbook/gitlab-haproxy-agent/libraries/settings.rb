@@ -56,7 +56,9 @@ module GitlabHaproxyAgent
         value = settings[key]
         next if value.nil?
 
-        env << [name, value!(value, "#{ATTR}.settings.#{key}")]
+        text = value!(value, "#{ATTR}.settings.#{key}")
+        socket_address!(text, "#{ATTR}.settings.#{key}") if key == 'http_listen'
+        env << [name, text]
       end
       env
     end
@@ -67,6 +69,20 @@ module GitlabHaproxyAgent
       AgentCheck.check_addr!(addr)
       AgentCheck.check_port!(port)
       addr.include?(':') ? "[#{addr}]:#{port}" : "#{addr}:#{port}"
+    end
+
+    # IP:PORT or [IPv6]:PORT, as the agent parses a listen address (a host
+    # name such as localhost:9778 makes it exit 64 at every start).
+    def socket_address!(text, attr)
+      m = text.match(/\A(?:\[([^\]]+)\]|([^:\[\]]+)):([0-9]+)\z/)
+      ip = m && (m[1] || m[2])
+      v6 = m && !m[1].nil?
+      if m && AgentCheck.ip_literal?(ip) && v6 == ip.include?(':') && m[3].to_i.between?(1, 65_535)
+        return text
+      end
+
+      raise ConfigError, "#{attr} #{text.inspect} is not IP:PORT or [IPv6]:PORT with a port 1-65535: the agent " \
+                         'refuses a host name or a bad port at every start'
     end
 
     def prefix(value)

@@ -4,29 +4,83 @@
 # Cookbook:: gitlab-haproxy-agent
 # Recipe:: agent
 #
-# Installs gitlab-haproxy-agent from the internal apt mirror, writes its
-# settings to /etc/default/gitlab-haproxy-agent and keeps the service enabled
-# and running, restarted when the settings or the package change. A restart is
+# Installs gitlab-haproxy-agent from the internal apt mirror (trusting the
+# mirror's key for that source only, at the pinned version when
+# package.version is set; attributes/apt.rb), writes its settings to
+# /etc/default/gitlab-haproxy-agent and keeps the service enabled and
+# running, restarted when the settings or the package change. A restart is
 # harmless to traffic: while the port is closed HAProxy keeps each server's
 # last state.
 
 attrs = node['gitlab-haproxy-agent']
 apt_attrs = attrs['apt']
+pin_version = attrs['package']['version']
+# The mirror's public key, for this source only (signed-by): a key in apt's
+# global keyring (apt-key) would vouch for every source on the node.
+keyring = '/etc/apt/keyrings/gitlab-haproxy-agent.asc'
 
-if apt_attrs['uri'].to_s.empty? || apt_attrs['key'].to_s.empty?
+# Checked at compile time so a bad setting fails the run before anything changes.
+{ 'uri' => 'the base URL of the internal apt mirror', 'key' => "the URL of the mirror's signing key" }.each do |name, what|
+  next if apt_attrs[name].to_s.match?(%r{\Ahttps?://[^\s\[\]]+\z})
+
   raise GitlabHaproxyAgent::ConfigError,
-        'gitlab-haproxy-agent.apt.uri and gitlab-haproxy-agent.apt.key must name the internal apt mirror'
+        "gitlab-haproxy-agent.apt.#{name} must be #{what} (http or https), got #{apt_attrs[name].inspect}"
 end
-
-# Computed at compile time so a bad setting fails the run before anything changes.
+fingerprint = apt_attrs['key_fingerprint']&.to_s&.delete(' ')&.upcase
+if fingerprint && !fingerprint.match?(/\A[0-9A-F]{40}\z/)
+  raise GitlabHaproxyAgent::ConfigError,
+        'gitlab-haproxy-agent.apt.key_fingerprint must be the full fingerprint of the signing key ' \
+        "(40 hex digits, `gpg --show-keys release.asc`), got #{apt_attrs['key_fingerprint'].inspect}"
+end
+# Debian policy 5.6.12: [epoch:]upstream[-revision], starting with a digit.
+if pin_version && !pin_version.to_s.match?(/\A([0-9]+:)?[0-9][A-Za-z0-9.+~:-]*\z/)
+  raise GitlabHaproxyAgent::ConfigError,
+        "gitlab-haproxy-agent.package.version must be a Debian version such as '0.1.0-1' (or nil), " \
+        "got #{pin_version.inspect}"
+end
 environment = GitlabHaproxyAgent::Settings.environment(attrs['agent'], attrs['settings'])
 
+directory '/etc/apt/keyrings' do
+  owner 'root'
+  group 'root'
+  mode '0755'
+end
+
+# Fetched at every run; with a fingerprint set, a file that is not exactly
+# that one key is refused (the old file stays) and the run fails.
+remote_file keyring do
+  source apt_attrs['key']
+  owner 'root'
+  group 'root'
+  mode '0644' # apt reads it as _apt
+  if fingerprint
+    verify "gpg --batch --no-autostart --show-keys --with-colons %{path} | awk -F: '" \
+           "$1 == \"pub\" { n++ } $1 == \"fpr\" && f == \"\" { f = $10 } " \
+           "END { exit !(n == 1 && f == \"#{fingerprint}\") }'"
+  end
+end
+
+# `options` needs Chef Infra Client 18.2 or later. key false: Chef installs
+# no key of its own (the one above is the only one this source trusts).
 apt_repository 'gitlab-haproxy-agent' do
   uri apt_attrs['uri']
-  key apt_attrs['key']
   distribution apt_attrs['distribution'] || node['lsb']['codename']
   components apt_attrs['components']
+  key false
+  options ["signed-by=#{keyring}"]
   action :add
+end
+
+# The pin: the package resource installs that version, the preference keeps
+# apt-get upgrade from moving it. Without a pin no preference is left behind.
+apt_preference 'gitlab-haproxy-agent' do
+  if pin_version
+    pin "version #{pin_version}"
+    pin_priority '1001'
+    action :add
+  else
+    action :remove
+  end
 end
 
 # Written before the package so its first start already uses these settings.
@@ -39,7 +93,7 @@ template '/etc/default/gitlab-haproxy-agent' do
 end
 
 package 'gitlab-haproxy-agent' do
-  version attrs['package']['version'] if attrs['package']['version']
+  version pin_version if pin_version
   action :install
 end
 

@@ -126,6 +126,25 @@ class AgentCheckTest < Minitest::Test
     assert_refused("#{ATTR}.agent.addr", /IP address/) { options(addr: '$AGENT') }
   end
 
+  # The agent binds agent.addr:agent.port and exits 64 on a host name, so
+  # the helper refuses what it would refuse.
+  def test_refuses_an_agent_addr_the_agent_cannot_listen_on
+    %w[localhost lb-01.internal 127.1 127.0.0.01 10.0.0.256 127.0.0.1/8 fe80::1%eth0 [::1] 1.2.3.4.].each do |addr|
+      assert_refused("#{ATTR}.agent.addr", /not an IP address.*host name/) { options(addr: addr) }
+    end
+    %w[127.0.0.1 10.1.2.3 ::1 fe80::1 ::ffff:127.0.0.1].each do |addr|
+      assert_includes options(addr: addr), "agent-addr #{addr} "
+    end
+  end
+
+  def test_refuses_ports_out_of_range
+    [-1, 0, 65_536, 100_000, '', 'http', '9777.0', 9777.5].each do |port|
+      assert_refused("#{ATTR}.agent.port") { options(port: port) }
+    end
+    assert_includes options(port: 1), 'agent-port 1 '
+    assert_includes options(port: '65535'), 'agent-port 65535 '
+  end
+
   def test_refuses_weight_zero_on_an_enrolled_server
     error = assert_refused("#{ATTR}.haproxy.backends.web.servers.web-01.weight", /share of the configured weight/) do
       options(weight: 0)
@@ -164,6 +183,11 @@ class AgentCheckTest < Minitest::Test
     end
     assert_refused("#{ATTR}.agent.groups", /hash/) do
       GitlabHaproxyAgent::AgentCheck.memberships(['canary'], %w[web], [])
+    end
+    ['', ' '].each do |empty|
+      assert_refused("#{ATTR}.agent.groups", /group name .* (is empty|contains whitespace)/) do
+        GitlabHaproxyAgent::AgentCheck.memberships({ empty => %w[web] }, %w[web], [])
+      end
     end
   end
 end

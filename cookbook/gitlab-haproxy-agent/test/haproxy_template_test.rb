@@ -33,7 +33,7 @@ class HaproxyTemplateTest < Minitest::Test
   end
 
   def test_cookbook_default_is_disabled
-    node = ChefStandIn.node(extra: { ATTR => { 'agent' => { 'enable' => nil } } })
+    node = ChefStandIn.node(override: { ATTR => { 'agent' => { 'enable' => nil } } })
     assert_equal false, ChefStandIn.cookbook_defaults[ATTR]['agent']['enable']
     assert_equal disabled, render_cfg(node)
   end
@@ -54,16 +54,19 @@ class HaproxyTemplateTest < Minitest::Test
     server_lines(enabled).each do |key, line|
       next if key.start_with?('asset_proxy/')
 
-      expected = CANARY.include?(key) ? "\"#{key} canary\\n\"" : "\"#{key}\\n\""
-      assert line.end_with?("agent-send #{expected}"), line
+      if CANARY.include?(key)
+        assert_match(/ agent-send "#{Regexp.escape(key)} zone-[bcd] canary\\n"\z/, line)
+      else
+        refute_includes line, 'canary'
+      end
     end
   end
 
   def test_server_names_alone_never_make_a_group_member
     node = sample_node('agent' => { 'groups' => { 'canary' => ['canary_web'] } })
     lines = server_lines(render_cfg(node))
-    assert lines['canary_web/web-cny-01'].end_with?('"canary_web/web-cny-01 canary\n"')
-    assert lines['canary_api/api-cny-01'].end_with?('"canary_api/api-cny-01\n"'), 'a -cny- name is not a group'
+    assert lines['canary_web/web-cny-01'].end_with?('"canary_web/web-cny-01 zone-b canary\n"')
+    assert lines['canary_api/api-cny-01'].end_with?('"canary_api/api-cny-01 zone-d\n"'), 'a -cny- name is not a group'
   end
 
   def test_excluded_inline_backend_is_rendered_as_written
@@ -74,17 +77,19 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_excluded_backend_servers_from_attributes_are_not_enrolled
     node = sample_node('agent' => { 'excluded_backends' => %w[asset_proxy registry] },
-                       'haproxy' => { 'backends' => { 'registry' => { 'options' => ['default-server weight 0'] } } })
+                       'haproxy' => { 'backends' => { 'registry' => {
+                         'options' => { 'default_server' => 'default-server weight 0' }
+                       } } })
     lines = server_lines(render_cfg(node))
     assert_equal 'server registry-01 127.0.0.1:18501 check weight 100', lines['registry/registry-01']
     assert_match AGENT_SUFFIX, lines['web/web-01']
   end
 
   def test_groups_from_several_definitions_keep_their_order
-    node = sample_node('agent' => { 'groups' => { 'canary' => %w[canary_web], 'zone-b' => %w[canary_web web] } })
+    node = sample_node('agent' => { 'groups' => { 'canary' => %w[canary_web], 'east' => %w[canary_web web] } })
     lines = server_lines(render_cfg(node))
-    assert lines['canary_web/web-cny-02'].end_with?('agent-send "canary_web/web-cny-02 canary zone-b\n"')
-    assert lines['web/web-03'].end_with?('agent-send "web/web-03 zone-b\n"')
+    assert lines['canary_web/web-cny-02'].end_with?('agent-send "canary_web/web-cny-02 zone-c canary east\n"')
+    assert lines['web/web-03'].end_with?('agent-send "web/web-03 zone-d east\n"')
   end
 
   def test_rendered_config_has_no_state_file_and_no_admin_tcp_listener
@@ -109,17 +114,18 @@ class HaproxyTemplateTest < Minitest::Test
                          'web-01' => { 'options' => 'check agent-check agent-port 9777' }
                        } } } })
     assert_refused("#{ATTR}.haproxy.backends.web.servers.web-01.options", /by hand/) { render_cfg(node) }
-    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => ['default-server agent-check'] } } })
+    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => { 'agent' => 'default-server agent-check' } } } })
     assert_refused("#{ATTR}.haproxy.backends.web.options", /by hand/) { render_cfg(node) }
-    node = sample_node('haproxy' => { 'defaults' => ['default-server agent-port 9777'] })
+    node = sample_node('haproxy' => { 'defaults' => { 'agent' => 'default-server agent-port 9777' } })
     assert_refused("#{ATTR}.haproxy.defaults", /by hand/) { render_cfg(node) }
     disabled_node = sample_node('agent' => { 'enable' => false },
-                                'haproxy' => { 'defaults' => ['default-server agent-port 9777'] })
+                                'haproxy' => { 'defaults' => { 'agent' => 'default-server agent-port 9777' } })
     assert_refused("#{ATTR}.haproxy.defaults", /by hand/) { render_cfg(disabled_node) }
   end
 
   def test_refuses_an_inline_server_in_an_enrolled_backend
-    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => ['server web-09 127.0.0.1:1 check'] } } })
+    inline = { 'web09' => 'server web-09 127.0.0.1:1 check' }
+    node = sample_node('haproxy' => { 'backends' => { 'web' => { 'options' => inline } } })
     error = assert_refused("#{ATTR}.haproxy.backends.web.options", /excluded_backends/) { render_cfg(node) }
     assert_includes error.message, 'web-09'
   end
@@ -131,10 +137,10 @@ class HaproxyTemplateTest < Minitest::Test
       "#{ATTR}.haproxy.backends.ci.servers.ci-01.options" =>
         { 'backends' => { 'ci' => { 'servers' => { 'ci-01' => { 'weight' => nil, 'options' => 'check weight 0' } } } } },
       "#{ATTR}.haproxy.backends.web.options (default-server)" =>
-        { 'backends' => { 'web' => { 'options' => ['default-server inter 3s weight 0'] } } },
+        { 'backends' => { 'web' => { 'options' => { 'default_server' => 'default-server inter 3s weight 0' } } } },
       "#{ATTR}.haproxy.defaults (default-server)" =>
-        { 'defaults' => ['mode http', 'default-server weight 0'],
-          'backends' => { 'web' => { 'options' => ['default-server inter 3s'] } } },
+        { 'defaults' => { 'default_server' => 'default-server weight 0' },
+          'backends' => { 'web' => { 'options' => { 'default_server' => 'default-server inter 3s' } } } },
     }
     cases.each do |attr, change|
       assert_refused(attr, /share of the configured weight/) { render_cfg(sample_node('haproxy' => change)) }
@@ -156,22 +162,23 @@ class HaproxyTemplateTest < Minitest::Test
 
   def test_refuses_state_files_and_admin_tcp_listeners
     [
-      ["#{ATTR}.haproxy.global", { 'global' => ['server-state-file /var/lib/haproxy/state'] }],
-      ["#{ATTR}.haproxy.global", { 'global' => ['server-state-base /var/lib/haproxy'] }],
-      ["#{ATTR}.haproxy.defaults", { 'defaults' => ['load-server-state-from-file global'] }],
-      ["#{ATTR}.haproxy.backends.web.options",
-       { 'backends' => { 'web' => { 'options' => ['load-server-state-from-file local'] } } }],
+      ["#{ATTR}.haproxy.global.state", { 'global' => { 'state' => 'server-state-file /var/lib/haproxy/state' } }],
+      ["#{ATTR}.haproxy.global.state", { 'global' => { 'state' => 'server-state-base /var/lib/haproxy' } }],
+      ["#{ATTR}.haproxy.defaults.state", { 'defaults' => { 'state' => 'load-server-state-from-file global' } }],
+      ["#{ATTR}.haproxy.backends.web.options.state",
+       { 'backends' => { 'web' => { 'options' => { 'state' => 'load-server-state-from-file local' } } } }],
     ].each do |attr, change|
       assert_refused(attr, /server-state file/) { render_cfg(sample_node('haproxy' => change)) }
     end
     assert_refused("#{ATTR}.haproxy.global", /stats_socket/) do
-      render_cfg(sample_node('haproxy' => { 'global' => ['stats socket ipv4@127.0.0.1:9999 level admin'] }))
+      render_cfg(sample_node('haproxy' => { 'global' => { 'socket' => 'stats socket ipv4@127.0.0.1:9999 level admin' } }))
     end
     assert_refused("#{ATTR}.haproxy.stats_socket", /TCP/) do
       render_cfg(sample_node('haproxy' => { 'stats_socket' => 'ipv4@127.0.0.1:9999' }))
     end
-    assert_refused("#{ATTR}.haproxy.frontends.main.options", /admin listener/) do
-      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => ['stats admin if TRUE'] } } }))
+    assert_refused("#{ATTR}.haproxy.frontends.main.options.stats", /admin listener/) do
+      options = { 'stats' => 'stats admin if TRUE' }
+      render_cfg(sample_node('haproxy' => { 'frontends' => { 'main' => { 'options' => options } } }))
     end
   end
 
@@ -186,6 +193,15 @@ class HaproxyTemplateTest < Minitest::Test
     assert_refused("#{ATTR}.haproxy.backends.web.servers", /'\$'/) { render_cfg(node) }
     node = sample_node('agent' => { 'enable' => 'false' })
     assert_refused("#{ATTR}.agent.enable", /true or false/) { render_cfg(node) }
+  end
+
+  def test_refuses_a_frontend_named_like_a_backend
+    node = sample_node('haproxy' => { 'frontends' => { 'pages' => { 'bind' => ['127.0.0.1:18083'],
+                                                                     'options' => { 'mode' => 'mode tcp' } } } })
+    assert_refused("#{ATTR}.haproxy.frontends.pages", /rename the frontend/) { render_cfg(node) }
+    disabled_node = sample_node('agent' => { 'enable' => false },
+                                'haproxy' => { 'frontends' => { 'web' => { 'bind' => ['127.0.0.1:18083'] } } })
+    assert_refused("#{ATTR}.haproxy.frontends.web", /3\.3/) { render_cfg(disabled_node) }
   end
 
   def test_rollback_renders_even_when_agent_attributes_are_wrong

@@ -1,6 +1,8 @@
 # frozen_string_literal: true
 
 require_relative 'test_helper'
+require 'open3'
+require 'tmpdir'
 
 # Recipes evaluated against a recorder that stands in for Chef's resource DSL:
 # which resources are declared, in which order, with which properties and
@@ -45,7 +47,7 @@ class RecipeTest < Minitest::Test
 
   # Receiver for a recipe file.
   class Recorder
-    TYPES = %i[apt_repository package template service].freeze
+    TYPES = %i[directory remote_file apt_repository apt_preference package template service].freeze
     attr_reader :node, :resources, :included
 
     def initialize(node)
@@ -78,7 +80,7 @@ class RecipeTest < Minitest::Test
   end
 
   def recorder(changes = {})
-    node = ChefStandIn.node(extra: { ATTR => changes, 'lsb' => { 'codename' => 'bookworm' } })
+    node = ChefStandIn.node(override: { ATTR => changes }, automatic: { 'lsb' => { 'codename' => 'bookworm' } })
     Recorder.new(node)
   end
 
@@ -90,20 +92,42 @@ class RecipeTest < Minitest::Test
     assert_equal '2s', agent['inter']
     assert_equal 'gitlab-haproxy-agent/state/', agent['prefix']
     assert_equal({}, agent['groups'])
+    assert_equal [], agent['zones']
     assert_equal [], agent['excluded_backends']
+  end
+
+  KEYRING = '/etc/apt/keyrings/gitlab-haproxy-agent.asc'
+
+  def test_apt_attributes_live_in_attributes_apt_rb
+    path = File.join(ChefStandIn::COOKBOOK, 'attributes', 'apt.rb')
+    own = ChefStandIn.plain(ChefStandIn::AttributeFile.new.load(path).default)[ATTR]
+    assert_equal({ 'uri' => nil, 'key' => nil, 'key_fingerprint' => nil, 'distribution' => nil,
+                   'components' => ['main'] }, own['apt'])
+    assert_equal({ 'version' => nil }, own['package'])
+    assert_equal %w[apt package], own.keys.sort
   end
 
   def test_agent_recipe_installs_configures_and_runs_the_agent
     r = recorder.run('agent')
-    assert_equal [%i[apt_repository gitlab-haproxy-agent], %i[template /etc/default/gitlab-haproxy-agent],
-                  %i[package gitlab-haproxy-agent], %i[service gitlab-haproxy-agent]],
+    assert_equal [%i[directory /etc/apt/keyrings], [:remote_file, KEYRING.to_sym],
+                  %i[apt_repository gitlab-haproxy-agent], %i[apt_preference gitlab-haproxy-agent],
+                  %i[template /etc/default/gitlab-haproxy-agent], %i[package gitlab-haproxy-agent],
+                  %i[service gitlab-haproxy-agent]],
                  r.resources.map { |x| [x.type, x.name.to_sym] }
+
+    assert_equal '0755', r.find(:directory, '/etc/apt/keyrings').properties[:mode]
+    key = r.find(:remote_file, KEYRING).properties
+    assert_equal 'https://apt.example.internal/gitlab-haproxy-agent/release.asc', key[:source]
+    assert_equal %w[root root 0644], key.values_at(:owner, :group, :mode)
+    assert_nil key[:verify], 'no fingerprint set: nothing to verify against'
 
     repo = r.find(:apt_repository, 'gitlab-haproxy-agent').properties
     assert_equal 'https://apt.example.internal/gitlab-haproxy-agent', repo[:uri]
-    assert_equal 'https://apt.example.internal/gitlab-haproxy-agent/release.asc', repo[:key]
     assert_equal 'bookworm', repo[:distribution]
     assert_equal ['main'], repo[:components]
+    # The key trusted for this source only: none in apt's global keyring.
+    assert_equal false, repo[:key]
+    assert_equal ["signed-by=#{KEYRING}"], repo[:options]
 
     settings = r.find(:template, '/etc/default/gitlab-haproxy-agent').properties
     assert_equal 'gitlab-haproxy-agent.default.erb', settings[:source]
@@ -119,16 +143,80 @@ class RecipeTest < Minitest::Test
   end
 
   def test_agent_recipe_pins_a_package_version_when_asked
-    assert_nil recorder.run('agent').find(:package, 'gitlab-haproxy-agent').properties[:version]
+    r = recorder.run('agent')
+    assert_nil r.find(:package, 'gitlab-haproxy-agent').properties[:version]
+    assert_equal({ action: :remove }, r.find(:apt_preference, 'gitlab-haproxy-agent').properties,
+                 'no pin: a preference left by an earlier pin is removed')
+
     r = recorder('package' => { 'version' => '0.1.0-1' }).run('agent')
     assert_equal '0.1.0-1', r.find(:package, 'gitlab-haproxy-agent').properties[:version]
+    # Rendered by Chef as Package/Pin/Pin-Priority in
+    # /etc/apt/preferences.d/gitlab-haproxy-agent.pref; 1001 holds the
+    # version against apt-get upgrade and allows a downgrade to it.
+    assert_equal({ pin: 'version 0.1.0-1', pin_priority: '1001', action: :add },
+                 r.find(:apt_preference, 'gitlab-haproxy-agent').properties)
+  end
+
+  # The remote_file's verify command run as Chef runs it (sh, %{path}
+  # replaced) against real key files made with gpg.
+  def test_agent_recipe_verifies_the_downloaded_key_against_its_fingerprint
+    Dir.mktmpdir do |dir|
+      one, one_fpr = new_key(dir, 'one')
+      two, two_fpr = new_key(dir, 'two')
+      both = File.join(dir, 'both.asc')
+      File.write(both, File.read(one) + File.read(two))
+
+      spaced = one_fpr.downcase.scan(/.{4}/).join(' ')
+      r = recorder('apt' => { 'key_fingerprint' => spaced }).run('agent')
+      verify = r.find(:remote_file, KEYRING).properties[:verify]
+      refute_nil verify
+      home = File.join(dir, 'gnupg-chef')
+      Dir.mkdir(home, 0o700)
+      run = lambda do |path|
+        Open3.capture2e({ 'GNUPGHOME' => home }, 'sh', '-c', format(verify, path: path))[1].success?
+      end
+      assert run.call(one), 'the key with the pinned fingerprint is accepted'
+      refute run.call(two), "a key with another fingerprint (#{two_fpr}) is refused"
+      refute run.call(both), 'a file with a second key beside the pinned one is refused'
+      refute run.call(File.join(dir, 'missing.asc')), 'no file is refused'
+    end
   end
 
   def test_agent_recipe_refuses_a_missing_mirror_or_bad_settings
     assert_refused("#{ATTR}.apt.uri", /mirror/) { recorder('apt' => { 'uri' => nil }).run('agent') }
+    assert_refused("#{ATTR}.apt.uri", /mirror/) { recorder('apt' => { 'uri' => 'apt.example.internal' }).run('agent') }
+    assert_refused("#{ATTR}.apt.key", /signing key/) { recorder('apt' => { 'key' => nil }).run('agent') }
+    assert_refused("#{ATTR}.apt.key", /URL/) do
+      recorder('apt' => { 'key' => '0123456789ABCDEF0123456789ABCDEF01234567' }).run('agent')
+    end
+    assert_refused("#{ATTR}.apt.key_fingerprint", /40 hex digits/) do
+      recorder('apt' => { 'key_fingerprint' => '36926C95' }).run('agent')
+    end
+    assert_refused("#{ATTR}.package.version", /Debian version/) do
+      recorder('package' => { 'version' => 'latest' }).run('agent')
+    end
+    r = recorder('package' => { 'version' => '1:0.2.0~rc1-1+deb12u1' }).run('agent')
+    assert_equal '1:0.2.0~rc1-1+deb12u1', r.find(:package, 'gitlab-haproxy-agent').properties[:version]
     assert_refused("#{ATTR}.settings", /consul_adr/) do
       recorder('settings' => { 'consul_adr' => 'http://127.0.0.1:8500' }).run('agent')
     end
+  end
+
+  # [armored public key file, fingerprint] of a new key in its own keyring.
+  def new_key(dir, name)
+    home = File.join(dir, "gnupg-#{name}")
+    Dir.mkdir(home, 0o700)
+    env = { 'GNUPGHOME' => home }
+    _, status = Open3.capture2e(env, 'gpg', '--batch', '--passphrase', '', '--quick-gen-key',
+                                "#{name} <#{name}@example.invalid>", 'ed25519', 'sign', 'never')
+    assert status.success?, 'gpg --quick-gen-key'
+    out, = Open3.capture3(env, 'gpg', '--batch', '--with-colons', '--list-keys')
+    fpr = out.lines.find { |l| l.start_with?('fpr:') }.split(':')[9]
+    path = File.join(dir, "#{name}.asc")
+    File.write(path, Open3.capture2(env, 'gpg', '--batch', '--armor', '--export', fpr)[0])
+    [path, fpr]
+  ensure
+    Open3.capture2e(env, 'gpgconf', '--kill', 'gpg-agent') if env
   end
 
   def test_haproxy_recipe_verifies_and_reloads
@@ -144,6 +232,25 @@ class RecipeTest < Minitest::Test
     r = recorder('agent' => { 'groups' => { 'canary' => ['nope'] } })
     assert_refused("#{ATTR}.agent.groups.canary") { r.run('haproxy') }
     assert_empty r.resources
+  end
+
+  # What the agent cannot use fails the run at compile time, in both
+  # recipes, before any resource is declared.
+  def test_both_recipes_refuse_what_the_agent_cannot_use
+    cases = {
+      { 'agent' => { 'addr' => 'localhost' } } => ["#{ATTR}.agent.addr", /host name/],
+      { 'agent' => { 'port' => 70_000 } } => ["#{ATTR}.agent.port", /1-65535/],
+      { 'agent' => { 'groups' => { '' => %w[web] } } } => ["#{ATTR}.agent.groups", /empty/],
+    }
+    cases.each do |change, (attr, why)|
+      %w[agent haproxy].each do |recipe|
+        next if recipe == 'agent' && attr.end_with?('groups')
+
+        r = recorder(change)
+        assert_refused(attr, why) { r.run(recipe) }
+        assert_empty r.resources, "#{recipe}: #{change}"
+      end
+    end
   end
 
   def test_default_recipe_includes_the_agent_only_when_enabled

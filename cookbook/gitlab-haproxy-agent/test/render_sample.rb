@@ -6,8 +6,10 @@
 # would. Options (each also read from the environment variable shown; options
 # win) point the rendered config at loopback ports a test controls:
 #
-#   --server-addr 127.0.0.1:PORT    every server, inline ones too   SAMPLE_SERVER_ADDR
-#   --server BACKEND/SERVER=127.0.0.1:PORT   one server, repeatable SAMPLE_SERVERS (comma-separated)
+#   --server-addr 127.0.0.1:PORT    every server, inline ones and   SAMPLE_SERVER_ADDR
+#                                   server-templates too
+#   --server BACKEND/SERVER=127.0.0.1:PORT   one server or server-  SAMPLE_SERVERS (comma-separated)
+#                                   template, repeatable
 #   --bind FRONTEND=127.0.0.1:PORT  one frontend, repeatable        SAMPLE_BINDS (comma-separated)
 #   --agent-port PORT                                               SAMPLE_AGENT_PORT
 #   --agent-addr 127.0.0.1                                          SAMPLE_AGENT_ADDR
@@ -95,7 +97,8 @@ binds.each { |name, addr| haproxy['frontends'][name]['bind'] = [addr] }
 
 known_servers = []
 haproxy['backends'].each do |backend, attrs|
-  (attrs['servers'] || {}).each do |name, server|
+  # Servers and server-templates (BACKEND/TEMPLATE names the template).
+  ((attrs['servers'] || {}).to_a + (attrs['server_templates'] || {}).to_a).each do |name, server|
     known_servers << "#{backend}/#{name}"
     addr = servers["#{backend}/#{name}"] || opts[:server_addr]
     next unless addr
@@ -105,8 +108,8 @@ haproxy['backends'].each do |backend, attrs|
     server['port'] = port.to_i
   end
   # Inline server lines of excluded backends (server NAME ADDR ...).
-  attrs['options'] = (attrs['options'] || []).map do |line|
-    m = line.match(/\A(\s*server\s+(\S+)\s+)(\S+)(.*)\z/)
+  attrs['options'] = (attrs['options'] || {}).transform_values do |line|
+    m = line.to_s.match(/\A(\s*server\s+(\S+)\s+)(\S+)(.*)\z/)
     next line unless m
 
     known_servers << "#{backend}/#{m[2]}"

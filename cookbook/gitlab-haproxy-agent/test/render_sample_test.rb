@@ -40,7 +40,7 @@ class RenderSampleTest < Minitest::Test
   def test_reads_the_environment_and_options_win
     env = { 'SAMPLE_SERVER_ADDR' => '127.0.0.1:41001', 'SAMPLE_AGENT_PORT' => '41002',
             'SAMPLE_SERVERS' => 'web/web-01=127.0.0.1:41003,api/api-02=127.0.0.1:41004',
-            'SAMPLE_BINDS' => 'registry=127.0.0.1:41005', 'SAMPLE_STATS_SOCKET' => '/tmp/s.sock' }
+            'SAMPLE_BINDS' => 'registry_http=127.0.0.1:41005', 'SAMPLE_STATS_SOCKET' => '/tmp/s.sock' }
     out, _, code = run_script('--agent-port', '41009', env: env)
     assert_equal 0, code
     lines = server_lines(out)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the cookbook's checks without Chef: Ruby syntax of every cookbook file,
-# every minitest file, and `haproxy -c` on the rendered sample role (agent
-# enabled and disabled). Prints "N passed, M failed"; exits 1 if any failed.
-# Needs ruby, ruby-erubis, ruby-minitest and haproxy (scripts/install-deps.sh).
+# every minitest file, and `haproxy -c -dW` on the rendered sample role (agent
+# enabled and disabled) with HAProxy 2.6, 3.0 and 3.2. Prints "N passed, M
+# failed"; exits 1 if any failed. Needs ruby, ruby-erubis, ruby-minitest,
+# haproxy and the HAProxy 3.x chroots (scripts/install-deps.sh).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -13,7 +14,8 @@ skipped=0
 pass() { passed=$((passed + 1)); }
 fail() { failed=$((failed + 1)); echo "FAIL: $*" >&2; }
 
-work=$(mktemp -d)
+# Under /tmp: the only directory the HAProxy 3.x chroots share with the host.
+work=$(mktemp -d /tmp/cookbook-test.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 
 # 1. Syntax of everything Chef loads, and of the test code.
@@ -55,38 +57,49 @@ for test_file in test/*_test.rb; do
   fi
 done
 
-# 3. The rendered sample is a valid HAProxy config, with and without the agent,
-#    and keeps no server-state file and no admin listener over TCP.
-if ! command -v haproxy >/dev/null 2>&1; then
-  fail "haproxy not installed (scripts/install-deps.sh)"
-else
-  for variant in enabled disabled; do
-    cfg="$work/haproxy-$variant.cfg"
-    args=(--stats-socket "$work/admin.sock")
-    [ "$variant" = disabled ] && args+=(--disable-agent)
-    if ! ruby test/render_sample.rb "${args[@]}" >"$cfg" 2>"$work/render.err"; then
-      fail "render_sample.rb ($variant): $(cat "$work/render.err")"
+# 3. The rendered sample is a valid HAProxy config with no warning
+#    (`haproxy -c -dW`), with and without the agent, on HAProxy 2.6 (bookworm,
+#    on PATH) and on 3.0 and 3.2 (the chroots of scripts/haproxy-chroots.sh),
+#    which bracket the fleet's 2.8; and it keeps no server-state file and no
+#    admin listener over TCP. HAProxy 3.x prints nothing on a valid config.
+opt=${GITLAB_HAPROXY_AGENT_TEST_OPT:-/opt/gitlab-haproxy-agent-test}
+haproxies=(haproxy "$opt/haproxy-3.0/bin/haproxy" "$opt/haproxy-3.2/bin/haproxy")
+for variant in enabled disabled; do
+  cfg="$work/haproxy-$variant.cfg"
+  args=(--stats-socket "$work/admin.sock")
+  [ "$variant" = disabled ] && args+=(--disable-agent)
+  if ! ruby test/render_sample.rb "${args[@]}" >"$cfg" 2>"$work/render.err"; then
+    fail "render_sample.rb ($variant): $(cat "$work/render.err")"
+    continue
+  fi
+  for bin in "${haproxies[@]}"; do
+    if ! command -v "$bin" >/dev/null 2>&1; then
+      fail "$bin not installed (scripts/install-deps.sh)"
       continue
     fi
-    if haproxy -c -f "$cfg" >"$work/check.out" 2>&1; then
+    version=$("$bin" -v 2>/dev/null | sed -n 's/^HAProxy version \([0-9]*\.[0-9]*\)\..*/\1/p')
+    if "$bin" -c -dW -f "$cfg" >"$work/check.out" 2>&1; then
       pass
-      echo "ok   haproxy -c on the sample role (agent $variant)"
+      echo "ok   haproxy $version -c -dW on the sample role (agent $variant)"
     else
-      fail "haproxy -c on the sample role (agent $variant):"
+      fail "haproxy $version -c -dW on the sample role (agent $variant):"
       cat "$work/check.out" >&2
     fi
-    if grep -Eq 'server-state|stats +admin' "$cfg" ||
-      grep -E '^\s*stats +socket ' "$cfg" | grep -vEq '^\s*stats +socket +/'; then
-      fail "sample ($variant) has a server-state file or an admin TCP listener"
-    else
-      pass
-    fi
   done
+  if grep -Eq 'server-state|stats +admin' "$cfg" ||
+    grep -E '^\s*stats +socket ' "$cfg" | grep -vEq '^\s*stats +socket +/'; then
+    fail "sample ($variant) has a server-state file or an admin TCP listener"
+  else
+    pass
+  fi
+done
+if [ -f "$work/haproxy-enabled.cfg" ] && [ -f "$work/haproxy-disabled.cfg" ]; then
   agents=$(grep -c ' agent-check ' "$work/haproxy-enabled.cfg")
-  if [ "$agents" -eq 14 ] && ! grep -q 'agent-' "$work/haproxy-disabled.cfg"; then
+  # 14 server lines and one server-template line.
+  if [ "$agents" -eq 15 ] && ! grep -q 'agent-' "$work/haproxy-disabled.cfg"; then
     pass
   else
-    fail "expected 14 enrolled servers with the agent enabled and none disabled (got $agents)"
+    fail "expected 15 enrolled server lines with the agent enabled and none disabled (got $agents)"
   fi
 fi
 

@@ -68,4 +68,16 @@ class SettingsTest < Minitest::Test
     assert_refused("#{ATTR}.settings.log_format", /shell/) { env(settings: { 'log_format' => "text\nX=1" }) }
     assert_refused("#{ATTR}.agent.port", /empty/) { env(agent: { 'port' => nil }) }
   end
+
+  # The agent exits 64 at every start on a listen address it cannot parse:
+  # a host name, or a port out of range.
+  def test_refuses_listen_addresses_the_agent_cannot_bind
+    assert_refused("#{ATTR}.agent.addr", /host name/) { env(agent: { 'addr' => 'localhost' }) }
+    assert_refused("#{ATTR}.agent.port", /1-65535/) { env(agent: { 'port' => 65_536 }) }
+    assert_refused("#{ATTR}.agent.port", /1-65535/) { env(agent: { 'port' => 0 }) }
+    %w[localhost:9778 127.0.0.1 127.0.0.1:0 127.0.0.1:65536 ::1:9778 [127.0.0.1]:9778].each do |listen|
+      assert_refused("#{ATTR}.settings.http_listen", /IP:PORT/) { env(settings: { 'http_listen' => listen }) }
+    end
+    assert_includes env(settings: { 'http_listen' => '[::1]:9778' }), ['GITLAB_HAPROXY_AGENT_HTTP_LISTEN', '[::1]:9778']
+  end
 end

@@ -7,10 +7,12 @@ module CookbookTestHelpers
   ATTR = GitlabHaproxyAgent::ATTR
   AGENT = { addr: '127.0.0.1', port: 9777, inter: '2s' }.freeze
 
-  # Sample-role attributes with `changes` (same shape, under
-  # gitlab-haproxy-agent) merged on top.
+  # The sample role's node with `changes` (same shape, under
+  # gitlab-haproxy-agent) set at the override level, as a wrapper cookbook's
+  # override[...] would: hashes merge into the role's, arrays and values
+  # replace them (Chef's rules, see lib/chef_stand_in.rb).
   def sample_node(changes = {})
-    ChefStandIn.node(extra: { ATTR => changes })
+    ChefStandIn.node(override: { ATTR => changes })
   end
 
   def render_cfg(node)

@@ -1,6 +1,6 @@
 //! The operator HTTP endpoint: `/metrics` (Prometheus text format),
 //! `/-/healthy`, `/-/ready`, `/status` (JSON for humans and tools) and
-//! on-demand CPU profiles under `/debug/pprof/` ([`crate::profile`]).
+//! on-demand CPU profiles under `/debug/pprof/` ([`crate::agent::profile`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::profile;
-use crate::shared::Shared;
-use crate::state::Entry;
+use crate::agent::guard::{HeldKeys, HoldCause};
+use crate::agent::profile;
+use crate::agent::shared::Shared;
+use crate::model::snapshot::Entry;
 
 /// HTTP connections served at once (a request being read or answered): 64.
 /// Scrapers, probes and humans, not traffic.
@@ -162,10 +163,7 @@ fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
     }
     match req.uri().path() {
         "/metrics" => {
-            shared
-                .metrics
-                .rows_seen
-                .set(shared.seen.count_recent() as i64);
+            shared.metrics.observe_seen(&shared.seen.summary());
             text(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -200,6 +198,41 @@ fn unix(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The `held` object of `/status`: each key answered with a held value
+/// (see [`crate::agent::guard`]), with the state answered and why. Keys
+/// held for an invalid value are also added to `invalid`, since that is
+/// their value.
+fn held_json(held: &HeldKeys, invalid: &mut serde_json::Map<String, Value>) -> Value {
+    let mut out = serde_json::Map::new();
+    for (key, h) in held {
+        let detail = match &h.cause {
+            HoldCause::InvalidValue(e) => {
+                invalid.insert(
+                    key.to_string(),
+                    json!({"reason": e.to_string(), "modify_index": h.consul_modify_index, "held": h.state.to_string()}),
+                );
+                format!("current value is invalid: {e}")
+            }
+            HoldCause::RolledBack => match h.consul_modify_index {
+                None => "Consul's data went backwards and the key is gone; release with `state release-rollback` or a new write".to_string(),
+                Some(_) => "Consul's data went backwards and the key is ready; release with `state release-rollback` or a new write".to_string(),
+            },
+        };
+        out.insert(
+            key.to_string(),
+            json!({
+                "state": h.state.to_string(),
+                "reply": String::from_utf8_lossy(h.state.reply().as_bytes()).trim_end(),
+                "cause": h.cause.as_str(),
+                "detail": detail,
+                "consul_modify_index": h.consul_modify_index,
+                "since": unix(h.since),
+            }),
+        );
+    }
+    Value::Object(out)
+}
+
 /// The `/status` document: sync state, keys held with their parsed state,
 /// invalid keys with the reason, and the rows HAProxy asked about.
 pub fn status(shared: &Shared) -> Value {
@@ -228,6 +261,8 @@ pub fn status(shared: &Shared) -> Value {
             }
         }
     }
+    let held_keys = shared.held.lock().unwrap().clone();
+    let held = held_json(&held_keys, &mut invalid);
     let rows: Vec<Value> = shared
         .seen
         .rows()
@@ -255,6 +290,7 @@ pub fn status(shared: &Shared) -> Value {
         "last_error": sync.last_error,
         "keys": keys,
         "invalid": invalid,
+        "held": held,
         "rows": rows,
     })
 }

@@ -9,7 +9,9 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::state::AnswerKind;
+use crate::agent::seen::SeenSummary;
+use crate::consul::ConsulError;
+use crate::model::value::AnswerKind;
 
 const NAMESPACE: &str = "gitlab_haproxy_agent";
 
@@ -33,6 +35,23 @@ pub enum ConsulOutcome {
     /// An answer that could not be used: no or bad `X-Consul-Index`,
     /// malformed JSON, bad base64, a 200 with no keys.
     DecodeError,
+}
+
+impl From<&ConsulError> for ConsulOutcome {
+    /// The outcome a failed request is counted as: transport and token
+    /// failures as `connect_error`, statuses by class, unusable answers as
+    /// `decode_error`.
+    fn from(e: &ConsulError) -> ConsulOutcome {
+        match e {
+            ConsulError::Connect { .. } | ConsulError::Token { .. } => ConsulOutcome::ConnectError,
+            ConsulError::Timeout { .. } => ConsulOutcome::Timeout,
+            ConsulError::Status { status, .. } if status.is_server_error() => {
+                ConsulOutcome::Http5xx
+            }
+            ConsulError::Status { .. } => ConsulOutcome::Http4xx,
+            ConsulError::Decode(_) => ConsulOutcome::DecodeError,
+        }
+    }
 }
 
 impl ConsulOutcome {
@@ -86,6 +105,13 @@ pub struct Metrics {
     pub keys: IntGauge,
     /// `gitlab_haproxy_agent_invalid_keys`: keys held with an invalid value.
     pub invalid_keys: IntGauge,
+    /// `gitlab_haproxy_agent_invalid_held_keys`: keys whose current value is
+    /// invalid, answered with their last valid value.
+    pub invalid_held_keys: IntGauge,
+    /// `gitlab_haproxy_agent_rollback_held_keys`: keys answered with their
+    /// value from before Consul's index went backwards, until written again
+    /// or released (`state release-rollback`).
+    pub rollback_held_keys: IntGauge,
     /// `gitlab_haproxy_agent_state_changes_total`: key changes applied
     /// (added, changed or removed).
     pub state_changes: IntCounter,
@@ -105,8 +131,14 @@ pub struct Metrics {
     /// the like), after each of which the responder backs off briefly.
     pub accept_errors: IntCounter,
     /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
-    /// seen in the last [`crate::seen::SEEN_WINDOW`].
+    /// seen in the last [`crate::agent::seen::SEEN_WINDOW`].
     pub rows_seen: IntGauge,
+    /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
+    /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
+    rows_answered: [IntGauge; ROWS_ANSWERED_STATES.len()],
+    /// `gitlab_haproxy_agent_answered_index`: the lowest snapshot index
+    /// among the last answers to those rows (0 when there are none).
+    answered_index: IntGauge,
     /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
     /// last agent-check received.
     pub last_check_timestamp: Gauge,
@@ -119,6 +151,17 @@ pub struct Metrics {
     /// because no complete request came within the header timeout.
     pub http_idle_closed: IntCounter,
 }
+
+/// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
+/// answer kind a seen row can have (a bad request is never a row).
+pub const ROWS_ANSWERED_STATES: [AnswerKind; 6] = [
+    AnswerKind::Ready,
+    AnswerKind::Drain,
+    AnswerKind::Maint,
+    AnswerKind::Weight,
+    AnswerKind::Invalid,
+    AnswerKind::Unsynced,
+];
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
@@ -215,6 +258,20 @@ impl Metrics {
         .unwrap();
         reg(Box::new(invalid_keys.clone()));
 
+        let invalid_held_keys = IntGauge::with_opts(opts(
+            "invalid_held_keys",
+            "Keys whose current value is invalid, answered with their last valid value.",
+        ))
+        .unwrap();
+        reg(Box::new(invalid_held_keys.clone()));
+
+        let rollback_held_keys = IntGauge::with_opts(opts(
+            "rollback_held_keys",
+            "Keys answered with their value from before Consul's index went backwards (drain, maint or a weight that vanished or went to ready), until written again or released.",
+        ))
+        .unwrap();
+        reg(Box::new(rollback_held_keys.clone()));
+
         let state_changes = IntCounter::with_opts(opts(
             "state_changes_total",
             "Key changes applied from Consul (added, changed or removed keys).",
@@ -271,6 +328,26 @@ impl Metrics {
         .unwrap();
         reg(Box::new(rows_seen.clone()));
 
+        let rows_answered_vec = IntGaugeVec::new(
+            opts(
+                "rows_answered",
+                "Rows received in the last 60 seconds, by the state of their last answer.",
+            ),
+            &["state"],
+        )
+        .unwrap();
+        let rows_answered =
+            ROWS_ANSWERED_STATES.map(|k| rows_answered_vec.with_label_values(&[k.as_str()]));
+        reg(Box::new(rows_answered_vec));
+
+        let answered_index = IntGauge::with_opts(opts(
+            "answered_index",
+            "Lowest snapshot X-Consul-Index among the last answers to the rows received in the \
+             last 60 seconds; 0 when there are none.",
+        ))
+        .unwrap();
+        reg(Box::new(answered_index.clone()));
+
         let last_check_timestamp = Gauge::with_opts(opts(
             "last_check_timestamp_seconds",
             "Unix time of the last agent-check received.",
@@ -314,6 +391,8 @@ impl Metrics {
             consul_index_resets,
             keys,
             invalid_keys,
+            invalid_held_keys,
+            rollback_held_keys,
             state_changes,
             answers: answer_counters,
             answer_duration,
@@ -321,6 +400,8 @@ impl Metrics {
             connections_refused,
             accept_errors,
             rows_seen,
+            rows_answered,
+            answered_index,
             last_check_timestamp,
             profiles,
             http_idle_closed,
@@ -332,6 +413,18 @@ impl Metrics {
         self.consul_requests
             .with_label_values(&[outcome.as_str()])
             .inc();
+    }
+
+    /// Sets `rows_seen`, `rows_answered` and `answered_index` from the rows
+    /// seen (at scrape time).
+    pub fn observe_seen(&self, summary: &SeenSummary) {
+        self.rows_seen.set(summary.rows as i64);
+        for (gauge, kind) in self.rows_answered.iter().zip(ROWS_ANSWERED_STATES) {
+            gauge.set(summary.by_kind[kind as usize] as i64);
+        }
+        let lowest = summary.lowest_index.unwrap_or(0);
+        self.answered_index
+            .set(i64::try_from(lowest).unwrap_or(i64::MAX));
     }
 
     /// The counter for one answer kind.
@@ -370,6 +463,8 @@ pub fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consul::client::status_error;
+    use reqwest::StatusCode;
 
     #[test]
     fn every_label_value_exists_from_start() {
@@ -412,6 +507,34 @@ mod tests {
     }
 
     #[test]
+    fn rows_answered_and_answered_index_follow_the_summary() {
+        let m = Metrics::new();
+        let text = m.render(unix_now());
+        for k in ROWS_ANSWERED_STATES {
+            let line = format!(
+                "gitlab_haproxy_agent_rows_answered{{state=\"{}\"}} 0",
+                k.as_str()
+            );
+            assert!(text.contains(&line), "missing {line}");
+        }
+        assert!(text.contains("gitlab_haproxy_agent_answered_index 0\n"));
+        let mut summary = SeenSummary {
+            rows: 3,
+            lowest_index: Some(42),
+            ..SeenSummary::default()
+        };
+        summary.by_kind[AnswerKind::Drain as usize] = 2;
+        summary.by_kind[AnswerKind::Unsynced as usize] = 1;
+        m.observe_seen(&summary);
+        let text = m.render(unix_now());
+        assert!(text.contains("gitlab_haproxy_agent_rows_seen 3\n"));
+        assert!(text.contains("gitlab_haproxy_agent_answered_index 42\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"drain\"} 2\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"unsynced\"} 1\n"));
+        assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"ready\"} 0\n"));
+    }
+
+    #[test]
     fn sync_age_counts_from_start_until_first_sync() {
         let m = Metrics::new();
         let text = m.render(unix_now() - 30.0);
@@ -422,5 +545,18 @@ mod tests {
             .parse()
             .unwrap();
         assert!((29.0..40.0).contains(&age), "age {age}");
+    }
+
+    #[test]
+    fn status_errors_map_to_outcomes() {
+        let e = status_error(StatusCode::INTERNAL_SERVER_ERROR, b"No cluster leader");
+        assert_eq!(ConsulOutcome::from(&e), ConsulOutcome::Http5xx);
+        assert_eq!(
+            e.to_string(),
+            "Consul answered 500 Internal Server Error: No cluster leader"
+        );
+        let e = status_error(StatusCode::FORBIDDEN, b"ACL not found");
+        assert_eq!(ConsulOutcome::from(&e), ConsulOutcome::Http4xx);
+        assert!(e.is_forbidden());
     }
 }

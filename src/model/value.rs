@@ -1,18 +1,16 @@
-//! Desired admin state: the KV value grammar, the immutable snapshot the
-//! watcher builds from one Consul answer, and the first-match lookup the
-//! responder does for one agent-send line.
+//! The KV value grammar: what a key below the prefix may hold (`ready`,
+//! `drain`, `maint`, `N%`), the one reply line each value maps to, and the
+//! answer kinds counted per agent-check.
 
-use std::collections::HashMap;
 use std::fmt;
+
+use super::identity::{truncate, InvalidIdentity};
 
 /// Largest weight percentage accepted in a KV value.
 ///
 /// HAProxy caps a server's user weight at 256 (`SRV_UWGHT_MAX`, doc
 /// configuration.txt "weight"); a larger share could never take effect.
 pub const MAX_WEIGHT_PERCENT: u16 = 256;
-
-/// Longest identity (one KV key below the prefix) accepted, in bytes.
-pub const MAX_IDENTITY_LEN: usize = 255;
 
 /// One desired admin state, parsed from a KV value.
 ///
@@ -167,104 +165,6 @@ pub fn parse_value(raw: &[u8]) -> Result<AdminState, InvalidValue> {
     Ok(AdminState::Weight(pct))
 }
 
-fn truncate(text: &str, max_chars: usize) -> String {
-    text.chars().take(max_chars).collect()
-}
-
-/// What one key below the prefix holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// A value the agent will answer with.
-    Valid(AdminState),
-    /// A value the agent refuses: servers whose first matching key holds it
-    /// get no answer, so HAProxy keeps their current state.
-    Invalid(InvalidValue),
-}
-
-/// One key below the prefix, as held in a snapshot.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyState {
-    /// The parsed value.
-    pub entry: Entry,
-    /// Consul's ModifyIndex of the key: changes on every write that changes
-    /// the value (identical writes keep it).
-    pub modify_index: u64,
-}
-
-/// An immutable copy of the prefix at one Consul index. The watcher builds a
-/// new one per Consul answer that changed and swaps it in whole.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// `X-Consul-Index` of the answer this copy was built from.
-    pub index: u64,
-    /// Keys relative to the prefix (`web/web-01`, `canary`).
-    pub keys: HashMap<Box<str>, KeyState>,
-}
-
-/// The agent's decision for one agent-send line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answer {
-    /// Reply with this state, decided by the key at this position of the
-    /// line, or `None` when no identity has a key (the default, `ready`).
-    State {
-        /// The state to reply with.
-        state: AdminState,
-        /// Position in the line of the identity whose key decided.
-        decided_by: Option<usize>,
-    },
-    /// The first identity with a key holds an invalid value: send nothing.
-    Invalid {
-        /// Position in the line of the identity whose key decided.
-        decided_by: usize,
-    },
-}
-
-impl Answer {
-    /// The answer kind used as the `kind` label of
-    /// `gitlab_haproxy_agent_answers_total`.
-    pub fn kind(&self) -> AnswerKind {
-        match self {
-            Answer::State { state, .. } => state.kind(),
-            Answer::Invalid { .. } => AnswerKind::Invalid,
-        }
-    }
-}
-
-impl Snapshot {
-    /// Number of keys whose value is invalid.
-    pub fn invalid_count(&self) -> usize {
-        self.keys
-            .values()
-            .filter(|k| matches!(k.entry, Entry::Invalid(_)))
-            .count()
-    }
-
-    /// First-match lookup: the answer comes from the first identity that has
-    /// a key; if none has one, the server is `ready` at its configured weight.
-    pub fn lookup<'a, I>(&self, identities: I) -> Answer
-    where
-        I: IntoIterator<Item = &'a str>,
-    {
-        for (position, identity) in identities.into_iter().enumerate() {
-            if let Some(key) = self.keys.get(identity) {
-                return match &key.entry {
-                    Entry::Valid(state) => Answer::State {
-                        state: *state,
-                        decided_by: Some(position),
-                    },
-                    Entry::Invalid(_) => Answer::Invalid {
-                        decided_by: position,
-                    },
-                };
-            }
-        }
-        Answer::State {
-            state: AdminState::Ready,
-            decided_by: None,
-        }
-    }
-}
-
 /// Answer kinds, the values of the `kind` label on
 /// `gitlab_haproxy_agent_answers_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -309,59 +209,6 @@ impl AnswerKind {
             AnswerKind::BadRequest => "bad_request",
         }
     }
-}
-
-/// Why an identity (a key name or an agent-send word) was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidIdentity {
-    /// Empty identity.
-    #[error("empty identity")]
-    Empty,
-    /// Longer than [`MAX_IDENTITY_LEN`] bytes.
-    #[error("identity longer than {MAX_IDENTITY_LEN} bytes")]
-    TooLong,
-    /// A byte outside `A-Z a-z 0-9 . _ - :` and the one `/` of a row key.
-    #[error("identity {0:?} has a character outside A-Z a-z 0-9 . _ - : /")]
-    BadCharacter(String),
-    /// A row key is `<backend>/<server>`: exactly one `/`, both parts
-    /// non-empty; no part is `.` or `..`.
-    #[error("identity {0:?} is neither a group nor <backend>/<server>")]
-    BadShape(String),
-}
-
-/// Checks one identity: a group key (`canary`) or a row key
-/// (`<backend>/<server>`), made of the characters HAProxy allows in proxy and
-/// server names (doc configuration.txt "4. Proxies": letters, digits, `-`,
-/// `_`, `.`, `:`).
-///
-/// # Errors
-///
-/// [`InvalidIdentity`] naming what is wrong.
-pub fn validate_identity(identity: &str) -> Result<(), InvalidIdentity> {
-    if identity.is_empty() {
-        return Err(InvalidIdentity::Empty);
-    }
-    if identity.len() > MAX_IDENTITY_LEN {
-        return Err(InvalidIdentity::TooLong);
-    }
-    let mut slashes = 0;
-    for b in identity.bytes() {
-        match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b':' => {}
-            b'/' => slashes += 1,
-            _ => return Err(InvalidIdentity::BadCharacter(truncate(identity, 64))),
-        }
-    }
-    // `.` and `..` as a name would be path segments in the Consul key
-    // (`<prefix>../x` is `gitlab-haproxy-agent/x`, outside the prefix).
-    if slashes > 1
-        || identity.starts_with('/')
-        || identity.ends_with('/')
-        || identity.split('/').any(|part| part == "." || part == "..")
-    {
-        return Err(InvalidIdentity::BadShape(truncate(identity, 64)));
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -441,99 +288,5 @@ mod tests {
         ] {
             assert_eq!(s.to_string().parse::<AdminState>(), Ok(s));
         }
-    }
-
-    fn snapshot(pairs: &[(&str, &[u8])]) -> Snapshot {
-        let keys = pairs
-            .iter()
-            .map(|(k, v)| {
-                let entry = match parse_value(v) {
-                    Ok(s) => Entry::Valid(s),
-                    Err(e) => Entry::Invalid(e),
-                };
-                (
-                    (*k).into(),
-                    KeyState {
-                        entry,
-                        modify_index: 1,
-                    },
-                )
-            })
-            .collect();
-        Snapshot { index: 1, keys }
-    }
-
-    #[test]
-    fn first_identity_with_a_key_decides() {
-        let snap = snapshot(&[("canary", b"drain"), ("web/web-cny-01", b"50%")]);
-        assert_eq!(
-            snap.lookup(["web/web-cny-01", "canary"]),
-            Answer::State {
-                state: AdminState::Weight(50),
-                decided_by: Some(0)
-            }
-        );
-        assert_eq!(
-            snap.lookup(["web/web-cny-02", "canary"]),
-            Answer::State {
-                state: AdminState::Drain,
-                decided_by: Some(1)
-            }
-        );
-        assert_eq!(
-            snap.lookup(["web/web-01"]),
-            Answer::State {
-                state: AdminState::Ready,
-                decided_by: None
-            }
-        );
-    }
-
-    #[test]
-    fn invalid_first_match_gives_no_answer_even_if_a_later_key_is_valid() {
-        let snap = snapshot(&[("web/web-cny-01", b"drian"), ("canary", b"maint")]);
-        assert_eq!(
-            snap.lookup(["web/web-cny-01", "canary"]),
-            Answer::Invalid { decided_by: 0 }
-        );
-        assert_eq!(snap.invalid_count(), 1);
-    }
-
-    #[test]
-    fn identities_follow_haproxy_name_rules() {
-        assert_eq!(validate_identity("web/web-cny-01"), Ok(()));
-        assert_eq!(validate_identity("canary"), Ok(()));
-        assert_eq!(validate_identity("zone:us-east1-b"), Ok(()));
-        assert_eq!(validate_identity(""), Err(InvalidIdentity::Empty));
-        for dots in ["..", ".", "../x", "./canary", "web/..", "web/."] {
-            assert!(
-                matches!(validate_identity(dots), Err(InvalidIdentity::BadShape(_))),
-                "{dots}"
-            );
-        }
-        assert_eq!(validate_identity("web/web.01"), Ok(()));
-        assert_eq!(validate_identity("..web/...x"), Ok(()));
-        assert!(matches!(
-            validate_identity("a/b/c"),
-            Err(InvalidIdentity::BadShape(_))
-        ));
-        assert!(matches!(
-            validate_identity("/web"),
-            Err(InvalidIdentity::BadShape(_))
-        ));
-        assert!(matches!(
-            validate_identity("web/"),
-            Err(InvalidIdentity::BadShape(_))
-        ));
-        for bad in ["$HOME", "a#b", "a\"b", "a b", "caf\u{e9}"] {
-            assert!(matches!(
-                validate_identity(bad),
-                Err(InvalidIdentity::BadCharacter(_))
-            ));
-        }
-        assert_eq!(
-            validate_identity(&"a".repeat(256)),
-            Err(InvalidIdentity::TooLong)
-        );
     }
 }

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant, SystemTime};
 use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
-use crate::metrics::Metrics;
-use crate::seen::Seen;
-use crate::state::Snapshot;
+use crate::agent::guard::HeldKeys;
+use crate::agent::metrics::Metrics;
+use crate::agent::seen::Seen;
+use crate::model::snapshot::Snapshot;
 
 /// State shared by every task of a running agent.
 pub struct Shared {
@@ -36,6 +37,9 @@ pub struct Shared {
     pub consul_addr: String,
     /// The watched prefix, for `/status`.
     pub prefix: String,
+    /// Keys answered with a held value (see [`crate::agent::guard`]), for
+    /// `/status`; replaced whole by the watcher with each copy.
+    pub held: Mutex<Arc<HeldKeys>>,
 }
 
 impl Shared {
@@ -49,9 +53,10 @@ impl Shared {
             responder_heartbeat: Heartbeat::new(),
             sync: Mutex::new(SyncStatus::default()),
             seen: Seen::default(),
-            started_at: crate::metrics::unix_now(),
+            started_at: crate::agent::metrics::unix_now(),
             consul_addr: consul_addr.to_string(),
             prefix: prefix.to_string(),
+            held: Mutex::new(Arc::new(HeldKeys::new())),
         })
     }
 }

@@ -25,7 +25,7 @@ use pprof::protos::Message as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::shared::Shared;
+use crate::agent::shared::Shared;
 
 /// Samples per second: 99, as pprof-rs and Go's default of 100 (an odd
 /// number so sampling does not beat with periodic work).

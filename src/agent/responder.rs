@@ -5,10 +5,12 @@
 //!
 //! It runs on its own thread with one edge-triggered epoll set (mio), not on
 //! the tokio runtime: at HAProxy's rates every check finds the responder
-//! asleep, and a plain epoll wake-up costs less than a runtime's. A line
-//! already there at accept (the usual case) is answered at once, without
-//! registering the socket; only a line still on its way is registered and
-//! waited for, until its deadline.
+//! asleep, and a plain epoll wake-up costs less than a runtime's (CPU per
+//! check 1.24x the bare epoll floor's at 5,000 checks/s, against 1.75x on
+//! tokio: BENCHMARKS.md, "Responder cost"). A line already there at accept
+//! (the usual case) is answered at once, without registering the socket;
+//! only a line still on its way is registered and waited for, until its
+//! deadline.
 
 use std::collections::VecDeque;
 use std::io::{self, Write as _};
@@ -22,15 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, error, warn};
 
-use crate::shared::Shared;
-use crate::state::{validate_identity, Answer, AnswerKind, InvalidIdentity};
-
-/// Longest agent-send line accepted, LF included: 1 KiB. Real lines are a
-/// row key and a few groups.
-pub const MAX_LINE: usize = 1024;
-
-/// Most identities accepted on one line.
-pub const MAX_IDENTITIES: usize = 16;
+use crate::agent::shared::Shared;
+use crate::model::identity::{check_line, identities, MAX_LINE};
+use crate::model::snapshot::Answer;
+use crate::model::value::{AnswerKind, ReplyLine};
 
 /// Longest the loop sleeps: 1 s, so it proves it is alive to the systemd
 /// watchdog (and sees shutdown) at least once a second even when idle.
@@ -42,7 +39,9 @@ const WAKER: Token = Token(usize::MAX - 1);
 /// Responder settings.
 #[derive(Debug, Clone, Copy)]
 pub struct ResponderConfig {
-    /// Connections served at once; more are closed at once, unanswered.
+    /// Connections waiting for their line at once; a connection whose line
+    /// is there at accept needs no slot and is answered at the cap too, one
+    /// that would have to wait beyond it is closed at once, unanswered.
     /// Default 1024.
     pub max_connections: usize,
     /// Time a client has to send its line. Default 500 ms, well under the
@@ -57,59 +56,6 @@ impl Default for ResponderConfig {
             check_timeout: Duration::from_millis(500),
         }
     }
-}
-
-/// Why an agent-send line was refused.
-#[derive(Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BadLine {
-    /// No identities.
-    #[error("empty agent-send line")]
-    Empty,
-    /// More than [`MAX_IDENTITIES`].
-    #[error("more than {MAX_IDENTITIES} identities")]
-    TooMany,
-    /// An identity that is not a group or row key.
-    #[error(transparent)]
-    Identity(#[from] InvalidIdentity),
-    /// Not UTF-8.
-    #[error("agent-send line is not UTF-8")]
-    NotUtf8,
-}
-
-/// Parses an agent-send line without its LF (a trailing CR is dropped):
-/// identities separated by spaces or tabs, in order (row key first).
-///
-/// # Errors
-///
-/// [`BadLine`] for an empty line, too many identities, or an identity that
-/// is not a valid group or row key.
-pub fn parse_line(line: &[u8]) -> Result<Vec<&str>, BadLine> {
-    check_line(line).map(|text| identities(text).collect())
-}
-
-/// Checks an agent-send line as [`parse_line`] does, without collecting the
-/// identities: returns the line's text (CR dropped), whose [`identities`]
-/// are then all valid.
-fn check_line(line: &[u8]) -> Result<&str, BadLine> {
-    let line = line.strip_suffix(b"\r").unwrap_or(line);
-    let text = std::str::from_utf8(line).map_err(|_| BadLine::NotUtf8)?;
-    let mut count = 0;
-    for id in identities(text) {
-        if count == MAX_IDENTITIES {
-            return Err(BadLine::TooMany);
-        }
-        validate_identity(id)?;
-        count += 1;
-    }
-    if count == 0 {
-        return Err(BadLine::Empty);
-    }
-    Ok(text)
-}
-
-/// The identities of a line, in order.
-fn identities(text: &str) -> impl Iterator<Item = &str> {
-    text.split([' ', '\t']).filter(|s| !s.is_empty())
 }
 
 /// Binds the agent-check listener on `addr` as the responder wants it:
@@ -293,18 +239,20 @@ impl Responder {
         }
     }
 
-    /// Serves a connection just accepted: refused at the cap, answered at
-    /// once if its line is already there, else registered to wait for it.
+    /// Serves a connection just accepted: answered at once if its line is
+    /// already there (it needs no slot, so even at the cap), else registered
+    /// to wait for it, or refused when every slot is taken.
     fn take(&mut self, stream: TcpStream) {
-        if self.open >= self.config.max_connections {
-            self.shared.metrics.connections_refused.inc();
-            return;
-        }
         let started = Instant::now();
         let mut filled = 0;
         match read_line(&mut &stream, &mut self.scratch[..], &mut filled) {
             Progress::Line(len) => answer(&stream, &self.scratch[..len], &self.shared),
             Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+            Progress::Pending if self.open >= self.config.max_connections => {
+                // It would have to wait, and no slot is free.
+                self.shared.metrics.connections_refused.inc();
+                return;
+            }
             Progress::Pending => return self.wait_for_line(stream, started, filled),
         }
         drop(stream);
@@ -474,7 +422,7 @@ fn read_line<R: io::Read>(stream: &mut R, buf: &mut [u8], filled: &mut usize) ->
 
 /// Parses one agent-send line (LF excluded), looks it up in the snapshot,
 /// counts and records it, and returns the reply to send, if any.
-fn decide(line: &[u8], shared: &Shared) -> Option<crate::state::ReplyLine> {
+fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     let text = match check_line(line) {
         Ok(text) => text,
         Err(e) => {
@@ -486,12 +434,12 @@ fn decide(line: &[u8], shared: &Shared) -> Option<crate::state::ReplyLine> {
     shared
         .metrics
         .last_check_timestamp
-        .set(crate::metrics::unix_now());
+        .set(crate::agent::metrics::unix_now());
     let row = text.trim();
     let snapshot = shared.snapshot.load();
     let Some(snapshot) = snapshot.as_ref() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
-        shared.seen.record(row, AnswerKind::Unsynced, None);
+        shared.seen.record(row, AnswerKind::Unsynced, None, 0);
         return None;
     };
     let answer = snapshot.lookup(identities(text));
@@ -499,13 +447,15 @@ fn decide(line: &[u8], shared: &Shared) -> Option<crate::state::ReplyLine> {
     shared.metrics.answers(kind).inc();
     match answer {
         Answer::Invalid { .. } => {
-            shared.seen.record(row, kind, None);
+            shared.seen.record(row, kind, None, snapshot.index);
             None
         }
         Answer::State { state, .. } => {
             let reply = state.reply();
             let text = std::str::from_utf8(reply.as_bytes()).unwrap_or_default();
-            shared.seen.record(row, kind, Some(text.trim_end()));
+            shared
+                .seen
+                .record(row, kind, Some(text.trim_end()), snapshot.index);
             Some(reply)
         }
     }
@@ -571,7 +521,8 @@ mod tests {
     use tokio::net::TcpStream as Client;
     use tokio_util::sync::DropGuard;
 
-    use crate::state::{AdminState, Entry, KeyState, Snapshot};
+    use crate::model::snapshot::{Entry, KeyState, Snapshot};
+    use crate::model::value::AdminState;
 
     /// A synced state where `canary` is drained.
     fn synced() -> Arc<Shared> {
@@ -679,6 +630,8 @@ mod tests {
         assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 1);
         assert!(eventually(|| shared.metrics.answer_duration.get_sample_count() == 2).await);
         assert_eq!(shared.seen.rows()[0].0, "web/web-01 canary");
+        // Answered from the snapshot at index 1.
+        assert_eq!(shared.seen.rows()[0].1.index, 1);
         assert!(shared.metrics.last_check_timestamp.get() > 0.0);
         running.stop().await;
     }
@@ -763,8 +716,8 @@ mod tests {
         let running = start(listener, &shared, config);
         let mut waiting = Client::connect(addr).await.unwrap();
         assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
-        let mut over = Client::connect(addr).await.unwrap();
-        over.write_all(b"web/web-02\n").await.unwrap();
+        // A connection that would have to wait for its line gets no slot.
+        let over = Client::connect(addr).await.unwrap();
         assert_eq!(reply(over).await, "");
         assert!(eventually(|| shared.metrics.connections_refused.get() == 1).await);
         waiting.write_all(b"web/web-01\n").await.unwrap();
@@ -800,41 +753,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(2500)).await;
         assert!(shared.responder_heartbeat.age() < Duration::from_millis(1500));
         running.stop().await;
-    }
-
-    #[test]
-    fn parses_identities_in_order() {
-        assert_eq!(
-            parse_line(b"web/web-cny-01 canary"),
-            Ok(vec!["web/web-cny-01", "canary"])
-        );
-        assert_eq!(
-            parse_line(b"web/web-01\tcanary  zone:b\r"),
-            Ok(vec!["web/web-01", "canary", "zone:b"])
-        );
-        assert_eq!(
-            check_line(b"web/web-01\tcanary\r"),
-            Ok("web/web-01\tcanary")
-        );
-    }
-
-    #[test]
-    fn refuses_bad_lines() {
-        assert_eq!(parse_line(b""), Err(BadLine::Empty));
-        assert_eq!(parse_line(b" \t\r"), Err(BadLine::Empty));
-        assert_eq!(parse_line(b"\xff\xfe"), Err(BadLine::NotUtf8));
-        assert!(matches!(
-            parse_line(b"web/web-01 $HOME"),
-            Err(BadLine::Identity(_))
-        ));
-        assert!(matches!(parse_line(b"a/b/c"), Err(BadLine::Identity(_))));
-        let many = vec!["g"; MAX_IDENTITIES + 1].join(" ");
-        assert_eq!(parse_line(many.as_bytes()), Err(BadLine::TooMany));
-        let most = vec!["g"; MAX_IDENTITIES].join(" ");
-        assert_eq!(
-            parse_line(most.as_bytes()).map(|v| v.len()),
-            Ok(MAX_IDENTITIES)
-        );
     }
 
     /// A non-blocking stream that yields `chunks`, then would block (or

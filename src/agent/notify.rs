@@ -10,7 +10,7 @@ use sd_notify::NotifyState;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::shared::Shared;
+use crate::agent::shared::Shared;
 
 fn send(states: &[NotifyState]) {
     if let Err(e) = sd_notify::notify(states) {

@@ -1,21 +1,20 @@
 //! The watcher: one Consul blocking query at a time on the prefix, following
 //! Consul's index rules (api-docs/features/blocking), building a new
-//! [`Snapshot`] for every answer whose index moved and swapping it in whole.
+//! [`Snapshot`] for every answer whose index moved and swapping it in whole
+//! (after the hold rules of [`crate::agent::guard`]).
 //! Failures keep the last copy, back off with jitter, and are counted.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::guard::{release_mark, Guard};
+use crate::agent::metrics::ConsulOutcome;
+use crate::agent::shared::{ReadyStep, Shared};
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer};
-use crate::metrics::ConsulOutcome;
-use crate::shared::{ReadyStep, Shared};
-use crate::state::{
-    parse_value, validate_identity, Entry, InvalidIdentity, InvalidValue, KeyState, Snapshot,
-};
+use crate::model::snapshot::{build_snapshot, diff, Entry, KeyChange, Snapshot};
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -128,64 +127,14 @@ impl IndexTracker {
     }
 }
 
-/// Builds a snapshot from a prefix answer. Keys are made relative to
-/// `prefix`; folder keys (ending in `/`) are skipped; a key that is not a
-/// valid identity, or whose value is invalid, is held as
-/// [`Entry::Invalid`] so it is counted and shown, never answered.
-pub fn build_snapshot(prefix: &str, answer: &PrefixAnswer) -> Snapshot {
-    let mut keys = HashMap::with_capacity(answer.pairs.len());
-    for pair in &answer.pairs {
-        let Some(rel) = pair.key.strip_prefix(prefix) else {
-            continue;
-        };
-        let entry = if rel.is_empty() || rel.ends_with('/') {
-            // A folder key. Empty, it only marks the folder; with a value it
-            // is a typo (`consul kv put .../web/web-07/ maint`) that must
-            // show, not vanish.
-            if pair.value.is_empty() {
-                continue;
-            }
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(
-                rel.to_string(),
-            )))
-        } else {
-            match validate_identity(rel) {
-                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
-                Ok(()) => match parse_value(&pair.value) {
-                    Ok(state) => Entry::Valid(state),
-                    Err(e) => Entry::Invalid(e),
-                },
-            }
-        };
-        keys.insert(
-            rel.into(),
-            KeyState {
-                entry,
-                modify_index: pair.modify_index,
-            },
-        );
-    }
-    Snapshot {
-        index: answer.index.max(1),
-        keys,
-    }
-}
-
 /// Logs the differences between two snapshots, one line per key changed,
 /// and returns how many keys changed. Invalid values are logged once per
 /// change of their key (a new ModifyIndex), not per answer.
 pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
-    let empty = HashMap::new();
-    let old_keys = old.map(|s| &s.keys).unwrap_or(&empty);
-    let mut changed = 0;
-    for (key, state) in &new.keys {
-        match old_keys.get(key) {
-            Some(prev)
-                if prev.entry == state.entry
-                    && (matches!(state.entry, Entry::Valid(_))
-                        || prev.modify_index == state.modify_index) => {}
-            prev => {
-                changed += 1;
+    let changes = diff(old, new);
+    for change in &changes {
+        match *change {
+            KeyChange::Set { key, state, prev } => {
                 let previous = prev.map(|p| describe(&p.entry));
                 match &state.entry {
                     Entry::Valid(s) => info!(
@@ -205,20 +154,15 @@ pub fn log_changes(old: Option<&Snapshot>, new: &Snapshot) -> usize {
                     ),
                 }
             }
-        }
-    }
-    for (key, prev) in old_keys {
-        if !new.keys.contains_key(key) {
-            changed += 1;
-            info!(
+            KeyChange::Removed { key, prev } => info!(
                 key = %key,
                 previous = %describe(&prev.entry),
                 consul_index = new.index,
                 "key removed; servers fall back to their next key or ready"
-            );
+            ),
         }
     }
-    changed
+    changes.len()
 }
 
 fn describe(entry: &Entry) -> String {
@@ -236,6 +180,7 @@ pub struct Watcher {
     tracker: IndexTracker,
     failures: u32,
     last_start: Option<tokio::time::Instant>,
+    guard: Guard,
 }
 
 /// How often the watcher proves it is alive while a blocking query is held.
@@ -251,6 +196,7 @@ impl Watcher {
             tracker: IndexTracker::default(),
             failures: 0,
             last_start: None,
+            guard: Guard::default(),
         }
     }
 
@@ -277,7 +223,9 @@ impl Watcher {
                     // is cut short there and reports this error.
                     let delay = self.config.backoff.delay(self.failures, fastrand::f64());
                     last_error = Some(e);
-                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    // Beating: the systemd watchdog runs from the start, and
+                    // backoff sleeps grow past its period.
+                    self.beating_sleep(delay.min(deadline - now)).await;
                 }
                 Err(_) => {
                     return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {
@@ -348,21 +296,58 @@ impl Watcher {
         metrics
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
+        let result = match result {
+            Ok(answer) => self.verify_not_filtered(answer).await,
+            Err(e) => Err(e),
+        };
+        let metrics = &self.shared.metrics;
         match result {
             Ok(answer) => {
                 self.on_answer(answer);
                 Ok(())
             }
             Err(e) => {
-                metrics.consul_request(e.outcome());
+                metrics.consul_request(ConsulOutcome::from(&e));
                 self.on_failure(&e);
                 Err(e)
             }
         }
     }
 
+    /// Consul filters a recursive read by the token's ACL rules, so an
+    /// answer from a token narrowed while the agent runs looks like deletes,
+    /// or hides new writes. Such an answer is taken only after the same read
+    /// check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
+    /// checked there); a 403 refuses it and the last copy is kept. Checked:
+    /// an answer that drops keys the copy holds, and one whose index moved
+    /// past every ModifyIndex it shows (Consul's index counts the keys it
+    /// filters out; the other cause is a delete's tombstone).
+    async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
+        let Some(copy) = self.shared.snapshot.load_full() else {
+            return Ok(answer);
+        };
+        let prefix = &self.config.prefix;
+        let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
+        let unseen_change =
+            answer.index > copy.index && latest_shown.is_some_and(|m| answer.index > m);
+        if !unseen_change {
+            let present: std::collections::HashSet<&str> = answer
+                .pairs
+                .iter()
+                .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
+                .collect();
+            if copy.keys.keys().all(|k| present.contains(&**k)) {
+                return Ok(answer);
+            }
+        }
+        self.client.check_read_access(prefix).await?;
+        Ok(answer)
+    }
+
     fn on_answer(&mut self, answer: PrefixAnswer) {
-        let metrics = &self.shared.metrics;
+        let shared = self.shared.clone();
+        let metrics = &shared.metrics;
+        let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
         let event = self.tracker.observe(answer.index);
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
@@ -375,7 +360,16 @@ impl Watcher {
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
-                self.apply(build_snapshot(&self.config.prefix, &answer));
+                // Backwards, or a full read after a failure whose index did
+                // not move: Consul may have come back without its data.
+                let rolled_back = event == IndexEvent::WentBackwards
+                    || served_index.is_some_and(|i| answer.index.max(1) <= i);
+                let mark = release_mark(&self.config.prefix, &answer);
+                self.apply(
+                    build_snapshot(&self.config.prefix, answer.index, &answer.pairs),
+                    mark,
+                    rolled_back,
+                );
             }
         }
         self.failures = 0;
@@ -390,22 +384,29 @@ impl Watcher {
         sync.last_error = None;
         sync.last_sync = Some(SystemTime::now());
         drop(sync);
-        metrics.last_sync_timestamp.set(crate::metrics::unix_now());
+        metrics
+            .last_sync_timestamp
+            .set(crate::agent::metrics::unix_now());
     }
 
-    fn apply(&self, snapshot: Snapshot) {
+    fn apply(&mut self, raw: Snapshot, mark: Option<u64>, rolled_back: bool) {
         let metrics = &self.shared.metrics;
         let old = self.shared.snapshot.load_full();
+        let (keys, invalid) = (raw.keys.len(), raw.invalid_count());
+        let snapshot = self.guard.apply(old.as_deref(), raw, mark, rolled_back);
         let changed = log_changes(old.as_deref(), &snapshot);
         metrics.state_changes.inc_by(changed as u64);
         metrics.consul_index.set(snapshot.index as i64);
-        metrics.keys.set(snapshot.keys.len() as i64);
-        metrics.invalid_keys.set(snapshot.invalid_count() as i64);
-        let status = format!(
-            "synced, {} keys, index {}",
-            snapshot.keys.len(),
-            snapshot.index
-        );
+        metrics.keys.set(keys as i64);
+        metrics.invalid_keys.set(invalid as i64);
+        metrics
+            .invalid_held_keys
+            .set(self.guard.invalid_count() as i64);
+        metrics
+            .rollback_held_keys
+            .set(self.guard.rollback_count() as i64);
+        *self.shared.held.lock().unwrap() = Arc::new(self.guard.held().clone());
+        let status = format!("synced, {keys} keys, index {}", snapshot.index);
         let first = old.is_none();
         self.shared.snapshot.store(Some(Arc::new(snapshot)));
         if first {
@@ -413,7 +414,7 @@ impl Watcher {
             self.shared.readiness.set(ReadyStep::Synced);
             info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
         }
-        crate::notify::status(&status);
+        crate::agent::notify::status(&status);
     }
 
     fn on_failure(&mut self, error: &ConsulError) {
@@ -437,7 +438,7 @@ impl Watcher {
         } else {
             "not synced yet, not answering"
         };
-        crate::notify::status(&format!(
+        crate::agent::notify::status(&format!(
             "Consul reads failing for {}s, {copy}: {error}",
             since.elapsed().as_secs()
         ));
@@ -459,7 +460,6 @@ fn outage_note(synced: bool) -> &'static str {
 mod tests {
     use super::*;
     use crate::consul::KvPair;
-    use crate::state::AdminState;
 
     #[test]
     fn index_rules_follow_consul_docs() {
@@ -543,56 +543,16 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_strips_prefix_skips_folders_and_flags_bad_keys() {
-        let answer = PrefixAnswer {
-            index: 0,
-            pairs: vec![
-                pair("p/", "", 1),
-                pair("p/canary", "DRAIN", 2),
-                pair("p/web/web-01", "50%", 3),
-                pair("p/web/", "", 4),
-                pair("p/a/b/c", "drain", 5),
-                pair("p/web/web-02", "drian", 6),
-                pair("p/web/web-07/", "maint", 7),
-            ],
-            body_bytes: 0,
-        };
-        let snap = build_snapshot("p/", &answer);
-        assert_eq!(snap.index, 1);
-        assert_eq!(snap.keys.len(), 5);
-        assert_eq!(snap.keys["canary"].entry, Entry::Valid(AdminState::Drain));
-        assert_eq!(
-            snap.keys["web/web-01"].entry,
-            Entry::Valid(AdminState::Weight(50))
-        );
-        assert!(matches!(
-            snap.keys["a/b/c"].entry,
-            Entry::Invalid(InvalidValue::Key(_))
-        ));
-        assert!(matches!(
-            snap.keys["web/web-07/"].entry,
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
-        ));
-        assert_eq!(snap.invalid_count(), 3);
-    }
-
-    #[test]
     fn changes_are_counted_per_key() {
         let a = build_snapshot(
             "p/",
-            &PrefixAnswer {
-                index: 5,
-                pairs: vec![pair("p/canary", "drain", 2), pair("p/x", "maint", 3)],
-                body_bytes: 0,
-            },
+            5,
+            &[pair("p/canary", "drain", 2), pair("p/x", "maint", 3)],
         );
         let b = build_snapshot(
             "p/",
-            &PrefixAnswer {
-                index: 6,
-                pairs: vec![pair("p/canary", "maint", 6), pair("p/y", "bad", 6)],
-                body_bytes: 0,
-            },
+            6,
+            &[pair("p/canary", "maint", 6), pair("p/y", "bad", 6)],
         );
         assert_eq!(log_changes(None, &a), 2);
         assert_eq!(log_changes(Some(&a), &a), 0);

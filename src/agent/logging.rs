@@ -9,7 +9,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+use crate::cli::LogFormat;
 
 /// True when `$JOURNAL_STREAM` (`<device>:<inode>`, set by systemd) names
 /// the file stderr is connected to, i.e. stderr goes to the journal

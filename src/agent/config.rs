@@ -1,0 +1,247 @@
+//! The daemon's configuration: its command-line options ([`crate::cli`]),
+//! each also read from a `GITLAB_HAPROXY_AGENT_*` environment variable,
+//! converted as a pure function into a typed [`AgentConfig`]. Bad options
+//! exit 64 (EX_USAGE) before anything is bound.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use crate::agent::responder::ResponderConfig;
+use crate::agent::watcher::{Backoff, WatcherConfig};
+use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
+use crate::consul::config::{ConsulConfig, Fallbacks};
+use crate::consul::MAX_WAIT;
+
+/// Most agent-check connections `--max-connections` may allow: 65,536, far
+/// above any load balancer's server count (each holds a file descriptor).
+pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
+
+/// The allowed `--min-query-interval` (inclusive): at least 10 ms so the
+/// watcher loop never spins under churn, at most 10 s so a change still
+/// reaches the agent quickly.
+pub const MIN_QUERY_INTERVAL_RANGE: (Duration, Duration) =
+    (Duration::from_millis(10), Duration::from_secs(10));
+
+/// Everything the daemon needs, validated.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Consul settings.
+    pub consul: ConsulConfig,
+    /// Agent-check listener.
+    pub listen: SocketAddr,
+    /// HTTP listener.
+    pub http_listen: SocketAddr,
+    /// How long to retry the first sync.
+    pub startup_timeout: Duration,
+    /// What to do when the first sync has not succeeded by then.
+    pub on_startup_timeout: OnStartupTimeout,
+    /// Watcher settings.
+    pub watcher: WatcherConfig,
+    /// Responder settings.
+    pub responder: ResponderConfig,
+    /// Log format.
+    pub log_format: LogFormat,
+}
+
+impl AgentConfig {
+    /// Converts parsed options into a config.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError`] naming the first bad option.
+    pub fn from_cli(cli: &Cli, fallbacks: &Fallbacks) -> Result<Self, ConfigError> {
+        let consul = cli.consul.resolve(fallbacks)?;
+        let a = &cli.agent;
+        let human = |d: Duration| humantime::format_duration(d).to_string();
+        if a.wait < Duration::from_secs(1) || a.wait > MAX_WAIT {
+            return Err(bad("--wait", human(a.wait), "must be between 1s and 10m"));
+        }
+        if a.startup_timeout.is_zero() {
+            return Err(bad("--startup-timeout", "0s", "must be more than 0"));
+        }
+        if a.check_timeout < Duration::from_millis(10) || a.check_timeout > Duration::from_secs(2) {
+            return Err(bad(
+                "--check-timeout",
+                human(a.check_timeout),
+                "must be between 10ms and 2s (under agent-inter)",
+            ));
+        }
+        if a.max_connections == 0 || a.max_connections > MAX_CONNECTIONS_LIMIT {
+            return Err(bad(
+                "--max-connections",
+                a.max_connections,
+                format!("must be between 1 and {MAX_CONNECTIONS_LIMIT}"),
+            ));
+        }
+        if a.min_query_interval < MIN_QUERY_INTERVAL_RANGE.0
+            || a.min_query_interval > MIN_QUERY_INTERVAL_RANGE.1
+        {
+            return Err(bad(
+                "--min-query-interval",
+                human(a.min_query_interval),
+                "must be between 10ms and 10s",
+            ));
+        }
+        if a.listen == a.http_listen && a.listen.port() != 0 {
+            return Err(bad(
+                "--http-listen",
+                a.http_listen,
+                "same address as --listen",
+            ));
+        }
+        Ok(AgentConfig {
+            watcher: WatcherConfig {
+                prefix: consul.prefix.clone(),
+                wait: a.wait,
+                min_interval: a.min_query_interval,
+                backoff: Backoff::default(),
+            },
+            consul,
+            listen: a.listen,
+            http_listen: a.http_listen,
+            startup_timeout: a.startup_timeout,
+            on_startup_timeout: a.on_startup_timeout,
+            responder: ResponderConfig {
+                max_connections: a.max_connections,
+                check_timeout: a.check_timeout,
+            },
+            log_format: a.log_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::Command;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("gitlab-haproxy-agent").chain(args.iter().copied()))
+    }
+
+    fn config(args: &[&str], fallbacks: &Fallbacks) -> Result<AgentConfig, ConfigError> {
+        AgentConfig::from_cli(&parse(args).expect("clap accepts"), fallbacks)
+    }
+
+    #[test]
+    fn defaults_match_the_documented_interface() {
+        let c = config(&[], &Fallbacks::default()).unwrap();
+        assert_eq!(c.consul.addr, "http://127.0.0.1:8500");
+        assert_eq!(c.consul.prefix, "gitlab-haproxy-agent/state/");
+        assert_eq!(c.consul.token_file, None);
+        assert_eq!(c.listen, "127.0.0.1:9777".parse().unwrap());
+        assert_eq!(c.http_listen, "127.0.0.1:9778".parse().unwrap());
+        assert_eq!(c.watcher.wait, Duration::from_secs(60));
+        assert_eq!(c.responder.check_timeout, Duration::from_millis(500));
+        assert_eq!(c.log_format, LogFormat::Auto);
+        assert_eq!(c.on_startup_timeout, OnStartupTimeout::Exit);
+    }
+
+    #[test]
+    fn on_startup_timeout_takes_exit_or_retry() {
+        let fb = Fallbacks::default();
+        let c = config(&["--on-startup-timeout", "retry"], &fb).unwrap();
+        assert_eq!(c.on_startup_timeout, OnStartupTimeout::Retry);
+        assert!(parse(&["--on-startup-timeout", "wait"]).is_err());
+    }
+
+    #[test]
+    fn consul_http_addr_is_a_fallback_and_the_flag_wins() {
+        let fb = Fallbacks {
+            consul_http_addr: Some("10.0.0.1:8500".into()),
+            credential_token_file: Some("/run/credentials/x/consul-token".into()),
+            ..Fallbacks::default()
+        };
+        let c = config(&[], &fb).unwrap();
+        assert_eq!(c.consul.addr, "http://10.0.0.1:8500");
+        assert_eq!(
+            c.consul.token_file,
+            Some(PathBuf::from("/run/credentials/x/consul-token"))
+        );
+        let c = config(
+            &[
+                "--consul-addr",
+                "http://127.0.0.1:18500/",
+                "--consul-token-file",
+                "/t",
+            ],
+            &fb,
+        )
+        .unwrap();
+        assert_eq!(c.consul.addr, "http://127.0.0.1:18500");
+        assert_eq!(c.consul.token_file, Some(PathBuf::from("/t")));
+    }
+
+    #[test]
+    fn prefix_always_ends_in_slash() {
+        let c = config(&["--prefix", "a/b"], &Fallbacks::default()).unwrap();
+        assert_eq!(c.consul.prefix, "a/b/");
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        let fb = Fallbacks::default();
+        for (args, option) in [
+            (vec!["--prefix", ""], "--prefix"),
+            (vec!["--prefix", "/abs"], "--prefix"),
+            (vec!["--prefix", "a b"], "--prefix"),
+            (
+                vec!["--consul-addr", "https://consul:8501"],
+                "--consul-addr",
+            ),
+            (
+                vec!["--consul-addr", "http://consul:8500/v1"],
+                "--consul-addr",
+            ),
+            (vec!["--wait", "20m"], "--wait"),
+            (vec!["--wait", "10ms"], "--wait"),
+            (vec!["--check-timeout", "5s"], "--check-timeout"),
+            (vec!["--min-query-interval", "0s"], "--min-query-interval"),
+            (vec!["--min-query-interval", "11s"], "--min-query-interval"),
+            (vec!["--max-connections", "0"], "--max-connections"),
+            (vec!["--max-connections", "65537"], "--max-connections"),
+            (
+                vec!["--max-connections", "18446744073709551615"],
+                "--max-connections",
+            ),
+            (vec!["--http-listen", "127.0.0.1:9777"], "--http-listen"),
+        ] {
+            let err = config(&args, &fb).unwrap_err();
+            assert_eq!(err.option, option, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn no_subcommand_is_the_daemon_and_consul_options_follow_state() {
+        assert!(parse(&[]).unwrap().command.is_none());
+        let cli = parse(&[
+            "state",
+            "list",
+            "--consul-addr",
+            "127.0.0.1:18500",
+            "--prefix",
+            "p",
+        ])
+        .unwrap();
+        assert!(matches!(cli.command, Some(Command::State(_))));
+        let c = cli.consul.resolve(&Fallbacks::default()).unwrap();
+        assert_eq!(c.addr, "http://127.0.0.1:18500");
+        assert_eq!(c.prefix, "p/");
+        let cli = parse(&["--consul-addr", "10.0.0.1:8500", "state", "get", "canary"]).unwrap();
+        assert_eq!(cli.consul.consul_addr.as_deref(), Some("10.0.0.1:8500"));
+        // Daemon options do not apply to the writer.
+        assert!(parse(&["state", "list", "--listen", "127.0.0.1:1"]).is_err());
+    }
+
+    #[test]
+    fn clap_refuses_malformed_values() {
+        assert!(parse(&["--listen", "nope"]).is_err());
+        assert!(parse(&["--wait", "60"]).is_err());
+        assert!(parse(&["--log-format", "xml"]).is_err());
+        assert!(parse(&["--no-such-flag"]).is_err());
+    }
+}

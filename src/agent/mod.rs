@@ -1,0 +1,199 @@
+//! The daemon, on the model and the Consul client: the [`watcher`] holds one
+//! Consul blocking query on the prefix and swaps in a new
+//! [`Snapshot`](crate::model::snapshot::Snapshot) per change; the
+//! [`responder`] answers each agent-send line from it; [`http`] serves
+//! metrics, health, readiness and status; [`shared`] is what they share.
+//! [`run`] wires them together with one shutdown path.
+
+pub mod config;
+pub mod guard;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod notify;
+pub mod profile;
+pub mod responder;
+pub mod seen;
+pub mod shared;
+pub mod watcher;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::cli::OnStartupTimeout;
+use crate::consul::{ConsulClient, ConsulError, TokenSource};
+use config::AgentConfig;
+use shared::{ReadyStep, Shared};
+use watcher::Watcher;
+
+/// How long shutdown waits for answers and HTTP requests in flight: 5 s.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs the daemon until SIGTERM or SIGINT.
+///
+/// Binds both listeners (connections before the first sync get no answer),
+/// then reads the prefix once, retrying for `startup_timeout` (then exits or,
+/// with `--on-startup-timeout retry`, stays up unready and keeps retrying);
+/// then holds the blocking query and serves until a signal, then stops accepting and waits
+/// up to [`SHUTDOWN_GRACE`] for work in flight. SIGHUP re-reads the token.
+///
+/// # Errors
+///
+/// A listener that cannot be bound, or no Consul snapshot within
+/// `startup_timeout` with `--on-startup-timeout exit` (the message names the
+/// Consul address and the error).
+pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
+    let shared = Shared::new(&config.consul.addr, &config.consul.prefix);
+    let shutdown = CancellationToken::new();
+    let tracker = TaskTracker::new();
+
+    let agent_listener = responder::bind(config.listen)
+        .with_context(|| format!("cannot bind the agent-check listener on {}", config.listen))?;
+    let http_listener = TcpListener::bind(config.http_listen)
+        .await
+        .with_context(|| format!("cannot bind the HTTP listener on {}", config.http_listen))?;
+    info!(
+        listen = %agent_listener.local_addr()?,
+        http_listen = %http_listener.local_addr()?,
+        consul_addr = %config.consul.addr,
+        prefix = %config.consul.prefix,
+        version = env!("CARGO_PKG_VERSION"),
+        "starting; no answers until the first Consul sync"
+    );
+
+    responder::serve(
+        agent_listener,
+        shared.clone(),
+        config.responder,
+        shutdown.clone(),
+        tracker.clone(),
+    )
+    .context("cannot start the agent-check responder")?;
+    shared.readiness.set(ReadyStep::ResponderBound);
+    tracker.spawn(http::serve(
+        http_listener,
+        shared.clone(),
+        shutdown.clone(),
+        tracker.clone(),
+    ));
+    shared.readiness.set(ReadyStep::HttpBound);
+
+    let client = Arc::new(
+        ConsulClient::new(
+            &config.consul.addr,
+            TokenSource::new(config.consul.token_file.clone()),
+            Duration::from_secs(2),
+        )
+        .context("cannot build the Consul client")?,
+    );
+    let mut watcher = Watcher::new(client.clone(), config.watcher.clone(), shared.clone());
+
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+
+    // The watchdog runs from the start: systemd arms it when the unit starts,
+    // and the first sync can take up to `startup_timeout`.
+    tracker.spawn(notify::watchdog(shared.clone(), shutdown.clone()));
+
+    let first = tokio::select! {
+        r = watcher.first_sync(config.startup_timeout) => r,
+        _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
+        _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
+    };
+    match first {
+        Ok(()) => {
+            shared.readiness.wait().await;
+            announce_ready(&shared);
+        }
+        Err(e) if config.on_startup_timeout == OnStartupTimeout::Retry => {
+            keep_retrying_unready(&shared, config.startup_timeout, &e, &shutdown, &tracker);
+        }
+        Err(e) => {
+            shutdown.cancel();
+            return Err(anyhow::anyhow!(
+                "no Consul snapshot within {}: {e}",
+                humantime::format_duration(config.startup_timeout)
+            ));
+        }
+    }
+
+    tracker.spawn(watcher.run(shutdown.clone()));
+
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
+            _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
+            _ = sighup.recv() => {
+                info!("SIGHUP: the Consul token file will be read again");
+                client.token().invalidate();
+            }
+        }
+    }
+}
+
+/// Sends `READY=1` with the snapshot's size and index.
+fn announce_ready(shared: &Shared) {
+    let snapshot = shared.snapshot.load_full();
+    let keys = snapshot.as_ref().map_or(0, |s| s.keys.len());
+    let index = snapshot.as_ref().map_or(0, |s| s.index);
+    notify::ready(&format!("synced, {keys} keys, index {index}"));
+}
+
+/// `--on-startup-timeout retry`: logs that the agent stays up unready (the
+/// watcher loop, started next, keeps retrying with its backoff and sets
+/// readiness at its first snapshot) and announces readiness when it comes.
+fn keep_retrying_unready(
+    shared: &Arc<Shared>,
+    startup_timeout: Duration,
+    error: &ConsulError,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    warn!(
+        error = %error,
+        startup_timeout = %humantime::format_duration(startup_timeout),
+        "no Consul snapshot yet; staying up, not ready and answering nobody, retrying"
+    );
+    notify::status("not synced yet: retrying Consul");
+    let shared = shared.clone();
+    let shutdown = shutdown.clone();
+    tracker.spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = shared.readiness.wait() => {
+                info!("first Consul snapshot applied; ready");
+                announce_ready(&shared);
+            }
+        }
+    });
+}
+
+async fn stop(
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    signal: &str,
+) -> anyhow::Result<()> {
+    info!(
+        signal,
+        "shutting down: no new connections, finishing answers in flight"
+    );
+    notify::stopping(signal);
+    shutdown.cancel();
+    tracker.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tracker.wait())
+        .await
+        .is_err()
+    {
+        warn!("work still in flight after {SHUTDOWN_GRACE:?}; exiting anyway");
+    }
+    info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,565 @@
+//! Every command-line option, in one place: the clap structs of the daemon
+//! and of the `state` subcommand (the writer CLI), each also read from its
+//! `GITLAB_HAPROXY_AGENT_*` environment variable. The daemon's
+//! [`crate::agent::config`] and the Consul options' [`crate::consul::config`]
+//! read these and validate them; nothing here does I/O.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Default KV prefix.
+pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
+
+/// Exit code for bad options: EX_USAGE from sysexits.h.
+pub const EX_USAGE: i32 = 64;
+
+/// Answers HAProxy agent-checks with the admin state desired in Consul KV.
+///
+/// Holds a Consul blocking query on the prefix, keeps an in-memory copy, and
+/// answers each agent-send line (`<backend>/<server> <group>...`) from the
+/// first identity that has a key: `ready 100%`, `drain 100%`, `maint 100%`
+/// or `ready N%`.
+#[derive(Debug, Parser)]
+#[command(name = "gitlab-haproxy-agent", version, about, long_about)]
+pub struct Cli {
+    /// Consul connection options.
+    #[command(flatten)]
+    pub consul: ConsulArgs,
+    /// Daemon options.
+    #[command(flatten)]
+    pub agent: AgentArgs,
+    /// No subcommand: run the daemon.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands; without one the binary runs the daemon.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Read and write desired state in Consul KV (the writer CLI): validated
+    /// values, compare-and-set, drain -> wait -> maint sequences.
+    State(StateArgs),
+}
+
+/// How to reach Consul; shared by the daemon and the writer (global, so they
+/// are also accepted after `state ...`).
+#[derive(Debug, Args, Clone)]
+pub struct ConsulArgs {
+    /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
+    /// http://127.0.0.1:8500].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR",
+        value_name = "URL"
+    )]
+    pub consul_addr: Option<String>,
+
+    /// File holding the Consul ACL token, sent as X-Consul-Token and re-read
+    /// on 403 and SIGHUP [default: $CREDENTIALS_DIRECTORY/consul-token if it
+    /// exists, else no token].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    pub consul_token_file: Option<PathBuf>,
+
+    /// KV prefix holding desired state (always treated as ending in `/`).
+    #[arg(long, global = true, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
+    pub prefix: String,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// journald when stderr is the journal (`$JOURNAL_STREAM`), else text.
+    Auto,
+    /// Human-readable lines on stderr.
+    Text,
+    /// One JSON object per line on stderr.
+    Json,
+    /// Structured entries to the journal socket.
+    Journald,
+}
+
+/// What the daemon does when the first Consul read has not succeeded within
+/// `--startup-timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnStartupTimeout {
+    /// Exit 1 naming the Consul address and the error. The default: on a VM
+    /// systemd restarts the agent (`Restart=on-failure`) and the failure
+    /// shows in the unit state.
+    Exit,
+    /// Stay up: `/-/ready` keeps answering 503 and agent-checks get no
+    /// answer (HAProxy keeps each server's current state) while the watcher
+    /// keeps retrying with its backoff (250 ms doubling to 30 s); ready at
+    /// the first successful read. For a Kubernetes sidecar, where exiting
+    /// would put the pod in CrashLoopBackOff (restart delays up to 5 min)
+    /// and the readiness probe already keeps the pod out of rotation.
+    Retry,
+}
+
+/// Daemon options.
+#[derive(Debug, Args, Clone)]
+pub struct AgentArgs {
+    /// Agent-check listener (HAProxy's agent-addr:agent-port).
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_LISTEN",
+        default_value = "127.0.0.1:9777"
+    )]
+    pub listen: SocketAddr,
+
+    /// HTTP listener for /metrics, /-/healthy, /-/ready and /status.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
+        default_value = "127.0.0.1:9778"
+    )]
+    pub http_listen: SocketAddr,
+
+    /// Blocking-query wait sent to Consul (1s to 10m; Consul adds up to
+    /// 1/16 of jitter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub wait: Duration,
+
+    /// How long to retry the first Consul read before --on-startup-timeout
+    /// applies.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub startup_timeout: Duration,
+
+    /// What to do when the first Consul read has not succeeded within
+    /// --startup-timeout: `exit` 1 (the service manager restarts the agent),
+    /// or `retry` (stay up and unready, answer nobody, keep retrying with
+    /// backoff; for a Kubernetes sidecar).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_ON_STARTUP_TIMEOUT", value_enum, default_value_t = OnStartupTimeout::Exit)]
+    pub on_startup_timeout: OnStartupTimeout,
+
+    /// Time an agent-check client has to send its line (10ms to 2s; keep it
+    /// well under agent-inter).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub check_timeout: Duration,
+
+    /// Agent-check connections waiting for their line at once; a check whose
+    /// line is there at accept needs no slot and is answered even at the cap;
+    /// one that would have to wait beyond it is closed unanswered.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",
+        default_value_t = 1024
+    )]
+    pub max_connections: usize,
+
+    /// Least time between two Consul requests (rate limit under churn),
+    /// 10ms..10s.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub min_query_interval: Duration,
+
+    /// Log format.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+}
+
+/// A bad option value.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {option} {value:?}: {reason}")]
+pub struct ConfigError {
+    /// The option, e.g. `--prefix`.
+    pub option: &'static str,
+    /// The value given.
+    pub value: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+pub(crate) fn bad(
+    option: &'static str,
+    value: impl ToString,
+    reason: impl ToString,
+) -> ConfigError {
+    ConfigError {
+        option,
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Exit statuses of `state`, shown in `--help` (sysexits.h).
+pub const EXIT_CODES_HELP: &str = "\
+Exit status:
+  0    done, or nothing to do (`explain`: also when the answer is
+       `unknown` for lack of the server's groups)
+  64   bad options or arguments (EX_USAGE); also a --server glob or a
+       whole --backend with no HAProxy configuration or stats socket to
+       expand it (give --haproxy-config or --haproxy-socket)
+  65   invalid key or value, a key holding an invalid value where that is
+       refused, or a selection with no server to write; nothing written
+       (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
+       a server in DRAIN (drain was written, maint was not), or not in
+       MAINT after maint was written (something else decides it first)
+  66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
+  68   written, but not confirmed: with --confirm-prometheus, not every
+       agent answered from the write's index within --confirm-timeout (the
+       lagging agents are named; the next step is not written), or
+       Prometheus could not be asked. `status`: an agent lags (EX_NOHOST)
+  69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
+  75   conflict: a key changed since it was read; it was not overwritten
+       (EX_TEMPFAIL)
+  76   Consul answered something unusable (EX_PROTOCOL)
+  77   permission denied: Consul refused the token, or the token file cannot
+       be read (EX_NOPERM)
+  130  interrupted by SIGINT (143: SIGTERM, 129: SIGHUP, e.g. the SSH
+       session dropped); what was written is reported, nothing more is
+       written
+
+Keys are relative to --prefix: `canary`, `web/web-01`. Values: ready,
+drain, maint or N% (0..=256).";
+
+/// Read and write the desired state in Consul KV, validated, with
+/// compare-and-set, in the drain -> wait -> maint order.
+#[derive(Debug, Args, Clone)]
+#[command(after_help = EXIT_CODES_HELP)]
+pub struct StateArgs {
+    /// Print one JSON object on stdout instead of tables (progress and
+    /// errors still go to stderr).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
+    /// With --agent-read-delay it sets the shortest --drain-wait and
+    /// --maint-wait accepted: 2 x agent-inter + read delay (5s with the
+    /// defaults); shorter waits exit 64, because agents and HAProxy could
+    /// skip the intermediate state (drain, or the maint that fires
+    /// slowstart).
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_AGENT_INTER",
+        default_value = "2s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_inter: Duration,
+
+    /// The longest an agent takes from a Consul write to serving it (its
+    /// --min-query-interval, default 100ms, plus Consul and a timed-out
+    /// check); see --agent-inter.
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_READ_DELAY",
+        default_value = "1s",
+        value_parser = humantime::parse_duration
+    )]
+    pub agent_read_delay: Duration,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: StateCommand,
+}
+
+/// `state` subcommands.
+#[derive(Debug, Subcommand, Clone)]
+pub enum StateCommand {
+    /// Show one key: its value, what the agent makes of it, its ModifyIndex.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Get {
+        /// Key relative to the prefix, e.g. `canary` or `web/web-01`.
+        key: String,
+    },
+    /// List every key below the prefix; invalid values are flagged.
+    #[command(after_help = EXIT_CODES_HELP)]
+    List,
+    /// Write one validated value, only if the key has not changed since it
+    /// was read (compare-and-set).
+    ///
+    /// The key is written with Consul Flags 0: set by hand. A row key at
+    /// drain, maint or 0% set this way is left alone by `drain --backend` and
+    /// `undrain --backend`, also when it replaces the same value `drain`
+    /// wrote.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Set {
+        /// Key relative to the prefix.
+        key: String,
+        /// `ready`, `drain`, `maint` or `N%` (0..=256).
+        value: String,
+        /// Write only if the key's ModifyIndex is still INDEX (as shown by
+        /// `state get`); 0: only if the key does not exist.
+        #[arg(long, value_name = "INDEX")]
+        cas: Option<u64>,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Remove one key, only if it has not changed since it was read.
+    ///
+    /// The servers it selected fall back to their next key, or to ready
+    /// without slowstart; `canary enable` and `undrain` go through maint.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Clear {
+        /// Key relative to the prefix.
+        key: String,
+        /// Remove only if the key's ModifyIndex is still INDEX.
+        #[arg(long, value_name = "INDEX")]
+        cas: Option<u64>,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Take the canary group out (`disable`) or bring it back (`enable`),
+    /// through the `canary` key.
+    ///
+    /// The same as `drain --group canary` and `undrain --group canary`.
+    /// ChatOps' `/chatops run canary --disable` and `--enable` run these.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Canary {
+        /// disable or enable.
+        #[command(subcommand)]
+        action: CanaryAction,
+    },
+    /// Drain servers: drain, wait --drain-wait, then maint.
+    ///
+    /// `--zone Z` (or `--group G`) writes one group key, `zone-Z` (`G`),
+    /// which every agent of the datacenter answers for every server whose
+    /// agent-send line names that group, server-template servers included:
+    /// no HAProxy configuration is needed. A server whose row key has a value
+    /// is decided by it, not by the group (a row key overrides its groups).
+    /// The group key is taken over whoever set it.
+    ///
+    /// `--backend B --server NAME` (exact names) writes the row key `B/NAME`.
+    /// A glob or a whole backend is expanded from --haproxy-config (or the
+    /// default configuration, when it exists) or --haproxy-socket. Row keys
+    /// are written with the drain mark, Consul Flags 1; a row key at drain,
+    /// maint or 0% without it (even Flags) was set by hand and is left alone
+    /// and listed. Keys at a weight above 0 are drained; undrain clears them
+    /// (ready 100%).
+    ///
+    /// With a configuration, the report shows what the agents answer for
+    /// each selected server at the end, and which key decides.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Drain {
+        /// Which servers.
+        #[command(flatten)]
+        select: Selector,
+        /// How long drained servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        drain_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Bring servers back: a key at drain goes to maint first and is held
+    /// there for --maint-wait, then it and keys at maint are removed, so
+    /// HAProxy's slowstart ramps the servers up.
+    ///
+    /// `--zone Z` (`--group G`) brings back the group key `zone-Z` (`G`)
+    /// whoever set it; servers whose row key is at drain or maint stay out.
+    /// With `--backend`, only row keys with the drain mark (odd Consul Flags,
+    /// written by `state drain` or `consul kv put -flags=1`) are taken
+    /// back; row keys at drain, maint or 0% set by hand (even Flags: a server
+    /// out for repair) are left alone and listed; `state clear` releases
+    /// one. Keys that are absent or in service (ready, N%) are left alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Undrain {
+        /// Which servers.
+        #[command(flatten)]
+        select: Selector,
+        /// How long maint is held before the key is removed, for keys that
+        /// were at drain, so every HAProxy applies it and fires slowstart.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        maint_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// Every agent as the Prometheus that scrapes them sees it, against the
+    /// prefix's X-Consul-Index now: its snapshot's index, the index its
+    /// rows were last answered from, its last Consul sync, its rows by
+    /// answer. Writes nothing; exit 68 when an agent lags.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Status(StatusArgs),
+    /// What the agent answers for an agent-send line, and which key decides.
+    ///
+    /// IDENTITY... is the line: the row key, then the groups, in order
+    /// (`web/web-01 zone-us-east1-b canary`). Given one row key (or, for a
+    /// server-template server, which has none, `<backend>/<server>`), the
+    /// server's own agent-send line is read from --haproxy-config (or the
+    /// default configuration, when it exists). Without it, when the row key
+    /// has no value, the answer is `unknown`: the set group keys that could
+    /// decide are listed (exit 0), and the server's identities or
+    /// --haproxy-config are asked for.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Explain {
+        /// The identities of the agent-send line, in order.
+        #[arg(required = true, value_name = "IDENTITY")]
+        identities: Vec<String>,
+        /// Read the server's agent-send line from this HAProxy
+        /// configuration when one row key is given [default:
+        /// $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else
+        /// /etc/haproxy/haproxy.cfg, when it exists].
+        #[arg(long, value_name = "PATH")]
+        haproxy_config: Option<PathBuf>,
+    },
+    /// Release, on every agent, the keys held since Consul's data went
+    /// backwards (index reset: a -dev restart, a rebuilt cluster, an old
+    /// snapshot restored).
+    ///
+    /// After such a reset the agents keep answering drain, maint or a
+    /// weight for keys that vanished or went to ready, and page
+    /// (GitLabHAProxyAgentStateRolledBack). Restore the keys that should
+    /// stay (`state set`), then run this: it writes the key
+    /// `~release-rollback` below the prefix, which every agent sees through
+    /// its blocking query, and they all follow Consul again. A new write to
+    /// a held key releases that key alone.
+    #[command(after_help = EXIT_CODES_HELP)]
+    ReleaseRollback {
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+}
+
+/// `state canary` actions.
+#[derive(Debug, Subcommand, Clone)]
+pub enum CanaryAction {
+    /// `canary` = drain, wait --drain-wait, then maint. Interrupted during
+    /// the wait, drain stays and maint is not written; re-running finishes.
+    /// Written with Consul Flags 0: the `canary` key is taken over and
+    /// cleared whoever set it.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Disable {
+        /// How long canary servers keep their sessions before maint.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        drain_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+    /// maint -> ready: removes the `canary` key (from drain, through maint
+    /// held for --maint-wait), so slowstart ramps the servers up.
+    #[command(after_help = EXIT_CODES_HELP)]
+    Enable {
+        /// How long maint is held first when the key is at drain.
+        /// At least 2 x --agent-inter + --agent-read-delay (5s with the
+        /// defaults); a shorter wait exits 64.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        maint_wait: Duration,
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
+}
+
+/// Options of every command that writes.
+#[derive(Debug, Args, Clone)]
+pub struct WriteOpts {
+    /// Show what would be written, and what the agents would answer then;
+    /// write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Confirmation of each write step by the fleet, through Prometheus.
+    #[command(flatten)]
+    pub confirm: ConfirmArgs,
+}
+
+/// The default `--confirm-selector` and `state status --selector`: the
+/// scrape job the alerts and the dashboard use.
+pub const DEFAULT_PROMETHEUS_SELECTOR: &str = r#"job="gitlab-haproxy-agent""#;
+
+/// The options every write command takes to confirm its writes through
+/// Prometheus (see [`crate::writer::confirm`]).
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConfirmArgs {
+    /// After each write step, ask the Prometheus at URL (its base, plain
+    /// http, e.g. `http://prometheus:9090`) whether every agent holds a snapshot at or
+    /// past the write's ModifyIndex and has answered the rows HAProxy asks
+    /// about from it; wait up to --confirm-timeout, else name the agents
+    /// that lag and exit 68 (the next step is not written).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub confirm_prometheus: Option<String>,
+    /// How long to wait for every agent to confirm each write step. Make it
+    /// longer than the scrape interval plus agent-inter.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub confirm_timeout: Duration,
+    /// PromQL label matchers that select the agents' scrape targets (every
+    /// agent reading this Consul datacenter, e.g. add
+    /// `environment="gprd"`).
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub confirm_selector: String,
+}
+
+/// Options of `state status`.
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// The Prometheus that scrapes every agent (its base URL).
+    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    pub prometheus: String,
+    /// PromQL label matchers that select the agents' scrape targets.
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = DEFAULT_PROMETHEUS_SELECTOR,
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR"
+    )]
+    pub selector: String,
+}
+
+/// Which servers `drain` and `undrain` act on: a group (--zone, --group)
+/// or row keys (--backend, with --server).
+///
+/// Combinations are checked by the writer, not by clap, so that a bad one is
+/// reported like every other failure (a JSON object with `--json`).
+#[derive(Debug, Args, Clone)]
+pub struct Selector {
+    /// Servers whose agent-send line names the group `zone-ZONE`: writes the
+    /// group key `zone-ZONE`, no HAProxy configuration needed.
+    #[arg(long, value_name = "ZONE")]
+    pub zone: Option<String>,
+    /// Servers whose agent-send line names the group GROUP (`canary`,
+    /// `rack-7`): writes the group key GROUP. `--group zone-b` is `--zone b`.
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+    /// Servers of this backend (or listen section), by their row keys
+    /// `BACKEND/SERVER`.
+    #[arg(long, value_name = "BACKEND")]
+    pub backend: Option<String>,
+    /// Only servers of --backend named NAME (written as the row key
+    /// BACKEND/NAME, no configuration needed; a configuration that lists the
+    /// server gives its real row key), or matching a glob (`*`, `?`,
+    /// `[a-c]`; quote it), which needs --haproxy-config or --haproxy-socket.
+    /// Repeat it for several.
+    #[arg(long, value_name = "NAME|GLOB")]
+    pub server: Vec<String>,
+    /// HAProxy configuration to read the servers from: expands --backend and
+    /// a --server glob, and previews what each server will be answered
+    /// (with --zone too). Optional [default:
+    /// $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG, else /etc/haproxy/haproxy.cfg,
+    /// used only when it exists].
+    #[arg(long, value_name = "PATH")]
+    pub haproxy_config: Option<PathBuf>,
+    /// The running HAProxy's stats socket: after the drain wait, `drain`
+    /// checks there (`show servers state`) that every selected server went
+    /// to DRAIN, and stops before maint (exit 65) when one did not; after
+    /// maint, that every one went to MAINT (exit 65 when one did not). The
+    /// servers come from the configuration when there is one; without it,
+    /// from this socket, which shows no agent-send line: row keys are then
+    /// assumed to be `<backend>/<server>`, and --zone or --group cannot be
+    /// checked (exit 64).
+    #[arg(long, value_name = "PATH")]
+    pub haproxy_socket: Option<PathBuf>,
+}

@@ -1,0 +1,392 @@
+//! The HTTP client for one local Consul agent: the blocking prefix read the
+//! watcher holds, and the reads, compare-and-set writes and transactions the
+//! writer CLI makes. It is kept thin and our own, not a general Consul SDK:
+//! its 404-versus-ACL check and its index rules are the agent's safety.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+
+use super::token::TokenSource;
+use super::types::{
+    decode_bool, decode_pairs, decode_txn, ConsulError, KvPair, PrefixAnswer, TxnOp, TxnOutcome,
+};
+
+/// Extra time allowed beyond `wait` before a blocking query counts as timed
+/// out. Consul adds up to `wait / 16` of jitter (api-docs/features/blocking);
+/// this margin covers that and a slow network.
+pub const TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// Longest `wait` Consul honours (api-docs/features/blocking): 10 minutes.
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// A client for one Consul agent's HTTP API.
+#[derive(Debug)]
+pub struct ConsulClient {
+    http: reqwest::Client,
+    addr: String,
+    token: TokenSource,
+    /// [`TokenSource::loads`] when the token's read access to the prefix
+    /// was last checked; `u64::MAX` before the first check.
+    read_checked_at_load: AtomicU64,
+}
+
+/// The key below the prefix that [`ConsulClient::list_prefix`] reads to
+/// check the token's read access (defined with the identity rules, since
+/// no state key can have its name).
+pub use crate::model::identity::READ_CHECK_KEY;
+
+/// Bytes percent-encoded in a KV key: all but the RFC 3986 unreserved set
+/// (`A-Z a-z 0-9 - _ . ~`) and `/`, which Consul keys use as a path.
+const KEY_ENCODE: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~')
+    .remove(b'/');
+
+/// Percent-encodes a KV key for a URL path, keeping `/` (Consul keys are
+/// paths).
+fn encode_key(key: &str) -> String {
+    utf8_percent_encode(key, KEY_ENCODE).to_string()
+}
+
+fn wait_param(wait: Duration) -> String {
+    format!("{}ms", wait.as_millis().max(1))
+}
+
+impl ConsulClient {
+    /// A client for the agent at `addr` (`http://127.0.0.1:8500`), with the
+    /// token from `token`. Each connection attempt gives up after
+    /// `connect_timeout`.
+    ///
+    /// # Errors
+    ///
+    /// When the HTTP client cannot be built (no usable TLS-free backend).
+    pub fn new(addr: &str, token: TokenSource, connect_timeout: Duration) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(connect_timeout)
+            .pool_max_idle_per_host(2)
+            .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(ConsulClient {
+            http,
+            addr: addr.trim_end_matches('/').to_string(),
+            token,
+            read_checked_at_load: AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// The Consul address.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The token source, for re-reading on SIGHUP.
+    pub fn token(&self) -> &TokenSource {
+        &self.token
+    }
+
+    fn headers(&self) -> Result<HeaderMap, ConsulError> {
+        let mut headers = HeaderMap::new();
+        if let Some(token) = self.token.header()? {
+            headers.insert("X-Consul-Token", token);
+        }
+        Ok(headers)
+    }
+
+    fn transport_error(&self, e: reqwest::Error, after: Duration) -> ConsulError {
+        if e.is_timeout() {
+            ConsulError::Timeout {
+                addr: self.addr.clone(),
+                after,
+            }
+        } else {
+            let mut detail = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                detail = format!("{detail}: {s}");
+                source = s.source();
+            }
+            ConsulError::Connect {
+                addr: self.addr.clone(),
+                detail,
+            }
+        }
+    }
+
+    /// Reads every key under `prefix` (which ends in `/`), as a blocking query
+    /// when `index > 0`: Consul holds the request until the prefix's index
+    /// passes `index` or `wait` (plus jitter) ends (api-docs/features/blocking).
+    /// `index == 0` answers at once.
+    ///
+    /// A 404 is a prefix with no keys: a valid, empty answer with an index.
+    ///
+    /// Consul filters a recursive read by the token's ACL rules: a token
+    /// that may read nothing under the prefix gets the same 404 as an empty
+    /// prefix, and one that may read only part of it (a rule for the folder
+    /// key alone, or for one backend's folder) gets that part, while Consul
+    /// refuses a plain read of a key the token may not read with 403
+    /// (agent/consul/kvs_endpoint.go: `List` filters, `Get` refuses; checked
+    /// against Consul 1.8.7). So after every 404, and after the first
+    /// answer with each token read from its file, this also reads
+    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
+    /// whole read. Without that check an agent with the wrong token would
+    /// answer ready for every server. A token narrowed while the agent runs
+    /// shows as an answer that drops keys: the watcher checks every such
+    /// answer with [`ConsulClient::check_read_access`] before taking it.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, a timeout after
+    /// `wait + TIMEOUT_MARGIN`, error statuses (403 also when the token may
+    /// not read [`READ_CHECK_KEY`] below the prefix), and answers without a
+    /// numeric `X-Consul-Index`, with malformed JSON or base64, or a 200
+    /// with no key under the prefix (a real empty prefix answers 404).
+    pub async fn list_prefix(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+    ) -> Result<PrefixAnswer, ConsulError> {
+        let mut url = format!("{}/v1/kv/{}?recurse=true", self.addr, encode_key(prefix));
+        let mut timeout = TIMEOUT_MARGIN;
+        if index > 0 {
+            url.push_str(&format!("&index={index}&wait={}", wait_param(wait)));
+            timeout += wait + wait / 16;
+        }
+        let response = self
+            .http
+            .get(&url)
+            .headers(self.headers()?)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        let status = response.status();
+        let header_index = response
+            .headers()
+            .get("X-Consul-Index")
+            .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+            return Err(status_error(status, &body));
+        }
+        let index = match header_index {
+            None => return Err(ConsulError::Decode("no X-Consul-Index header".into())),
+            Some(None) => return Err(ConsulError::Decode("X-Consul-Index is not a number".into())),
+            Some(Some(i)) => i,
+        };
+        let load = self.token.loads();
+        if status == StatusCode::NOT_FOUND
+            || self.read_checked_at_load.load(Ordering::SeqCst) != load
+        {
+            // Empty or whole, or hidden from this token in part or in full:
+            // only a plain read tells.
+            self.get_key(&format!("{prefix}{READ_CHECK_KEY}")).await?;
+            self.read_checked_at_load.store(load, Ordering::SeqCst);
+        }
+        if status == StatusCode::NOT_FOUND {
+            return Ok(PrefixAnswer {
+                index,
+                pairs: Vec::new(),
+                body_bytes: body.len(),
+            });
+        }
+        let pairs = decode_pairs(&body)?;
+        check_under_prefix(prefix, &pairs)?;
+        Ok(PrefixAnswer {
+            index,
+            pairs,
+            body_bytes: body.len(),
+        })
+    }
+}
+
+impl ConsulClient {
+    /// The read check of [`ConsulClient::list_prefix`]: a plain read of
+    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists), which Consul
+    /// answers 404 for a token that may read the whole prefix and 403 for
+    /// one that may not (agent/consul/kvs_endpoint.go).
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`]: 403 when the token may not read the whole prefix,
+    /// transport failures and other error statuses.
+    pub async fn check_read_access(&self, prefix: &str) -> Result<(), ConsulError> {
+        self.get_key(&format!("{prefix}{READ_CHECK_KEY}"))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// A 200 to a recursive read must hold at least one key under the prefix
+/// (the folder key itself counts): Consul answers 404 for an empty prefix, so
+/// anything else is a broken answer, never "every server ready".
+fn check_under_prefix(prefix: &str, pairs: &[KvPair]) -> Result<(), ConsulError> {
+    if pairs.is_empty() {
+        return Err(ConsulError::Decode(
+            "200 with no keys (an empty prefix answers 404)".into(),
+        ));
+    }
+    if !pairs.iter().any(|p| p.key.starts_with(prefix)) {
+        return Err(ConsulError::Decode(format!(
+            "200 with no key under {prefix:?}"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
+    let text = String::from_utf8_lossy(&body[..body.len().min(200)])
+        .trim()
+        .to_string();
+    ConsulError::Status { status, body: text }
+}
+
+/// Most operations Consul 1.8 accepts in one transaction (`PUT /v1/txn`
+/// answers 413 beyond it).
+pub const MAX_TXN_OPS: usize = 64;
+
+/// Time allowed for one KV read or write made by the writer CLI (not a
+/// blocking query): a write goes through the Raft leader.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl ConsulClient {
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<(StatusCode, Vec<u8>), ConsulError> {
+        let response = request
+            .headers(self.headers()?)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        Ok((status, body.to_vec()))
+    }
+
+    /// Reads one key (the full key, prefix included) with its ModifyIndex;
+    /// `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses (403 when the
+    /// token may not read it) and malformed answers.
+    pub async fn get_key(&self, key: &str) -> Result<Option<KvPair>, ConsulError> {
+        let url = format!("{}/v1/kv/{}", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        let mut pairs = decode_pairs(&body)?;
+        match pairs.iter().position(|p| p.key == key) {
+            Some(i) => Ok(Some(pairs.swap_remove(i))),
+            None => Err(ConsulError::Decode(format!("answer does not hold {key:?}"))),
+        }
+    }
+
+    /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`
+    /// (`?cas=N`; 0 writes only if the key does not exist). `Ok(false)`: the
+    /// key changed since it was read, and nothing was written. The key's
+    /// Flags become 0 (`?flags=0`, as `consul kv put` writes), whatever they
+    /// were.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses (403 without
+    /// write permission) and an answer other than `true` or `false`.
+    pub async fn put_cas(&self, key: &str, value: &[u8], cas: u64) -> Result<bool, ConsulError> {
+        let url = format!("{}/v1/kv/{}?cas={cas}&flags=0", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.put(&url).body(value.to_vec())).await?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        decode_bool(&body)
+    }
+
+    /// Deletes `key` only if its ModifyIndex is still `cas` (`?cas=N`).
+    /// `Ok(false)`: the key changed since it was read, and it was kept. A key
+    /// that is already gone counts as deleted.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::put_cas`].
+    pub async fn delete_cas(&self, key: &str, cas: u64) -> Result<bool, ConsulError> {
+        let url = format!("{}/v1/kv/{}?cas={cas}", self.addr, encode_key(key));
+        let (status, body) = self.send(self.http.delete(&url)).await?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        decode_bool(&body)
+    }
+
+    /// Applies `ops` atomically (`PUT /v1/txn`): all or none. At most
+    /// [`MAX_TXN_OPS`]; Consul answers 413 to more.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, statuses other than 200 and
+    /// 409 (403 for a token Consul does not know, 413 for too many
+    /// operations) and malformed answers. A rollback (409) is not an error:
+    /// it is [`TxnOutcome::RolledBack`].
+    pub async fn txn(&self, ops: &[TxnOp]) -> Result<TxnOutcome, ConsulError> {
+        let body = serde_json::Value::Array(ops.iter().map(TxnOp::to_json).collect());
+        let url = format!("{}/v1/txn", self.addr);
+        let (status, answer) = self
+            .send(self.http.put(&url).body(body.to_string()))
+            .await?;
+        if status != StatusCode::OK && status != StatusCode::CONFLICT {
+            return Err(status_error(status, &answer));
+        }
+        decode_txn(status, &answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_percent_encoded_except_slashes() {
+        assert_eq!(
+            encode_key("gitlab-haproxy-agent/state/"),
+            "gitlab-haproxy-agent/state/"
+        );
+        assert_eq!(encode_key("a b?c"), "a%20b%3Fc");
+    }
+
+    #[test]
+    fn wait_always_has_a_unit() {
+        assert_eq!(wait_param(Duration::from_secs(60)), "60000ms");
+        assert_eq!(wait_param(Duration::ZERO), "1ms");
+    }
+
+    #[test]
+    fn a_200_must_hold_a_key_under_the_prefix() {
+        let pair = |key: &str| KvPair {
+            key: key.into(),
+            value: Vec::new(),
+            modify_index: 1,
+            flags: 0,
+        };
+        assert!(check_under_prefix("p/", &[]).is_err());
+        assert!(check_under_prefix("p/", &[pair("other/x")]).is_err());
+        assert!(check_under_prefix("p/", &[pair("p/")]).is_ok());
+        assert!(check_under_prefix("p/", &[pair("other/x"), pair("p/canary")]).is_ok());
+    }
+}

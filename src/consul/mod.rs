@@ -1,0 +1,18 @@
+//! Consul, on the model: [`client`] speaks HTTP to the local agent (blocking
+//! reads, compare-and-set, transactions), [`types`] holds what it sends and
+//! answers, [`token`] the ACL token, [`config`] where
+//! Consul is. Every call returns a typed result; what
+//! it counts as (a metric label, an exit status) is for the caller to say.
+
+pub mod client;
+pub mod config;
+pub mod token;
+pub mod types;
+
+pub use client::{
+    ConsulClient, MAX_TXN_OPS, MAX_WAIT, READ_CHECK_KEY, REQUEST_TIMEOUT, TIMEOUT_MARGIN,
+};
+pub use token::TokenSource;
+pub use types::{
+    decode_pairs, decode_txn, ConsulError, KvPair, PrefixAnswer, TxnError, TxnOp, TxnOutcome,
+};

@@ -1,0 +1,375 @@
+//! What the Consul KV and transaction endpoints send and answer
+//! (api-docs/kv, api-docs/txn): the error of a failed request, a prefix
+//! answer, transaction operations and outcomes, and the decoding of their
+//! JSON bodies. No transport and no metric labels here: the daemon maps a
+//! [`ConsulError`] to its `outcome` label, the writer to an exit status.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine as _;
+use reqwest::StatusCode;
+use serde::Deserialize;
+
+pub use crate::model::snapshot::KvPair;
+
+/// A failed Consul request.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsulError {
+    /// Could not connect, or the connection was reset before an answer.
+    #[error("cannot reach Consul at {addr}: {detail}")]
+    Connect {
+        /// The Consul address used.
+        addr: String,
+        /// The transport error.
+        detail: String,
+    },
+    /// No complete answer in time.
+    #[error("Consul at {addr} did not answer within {after:?}")]
+    Timeout {
+        /// The Consul address used.
+        addr: String,
+        /// The time allowed.
+        after: Duration,
+    },
+    /// An HTTP error status, with the start of the body Consul gave
+    /// (`No cluster leader`, `ACL not found`, `Permission denied`).
+    #[error("Consul answered {status}: {body}")]
+    Status {
+        /// The status code.
+        status: StatusCode,
+        /// Up to 200 bytes of the answer body.
+        body: String,
+    },
+    /// An answer that cannot be used.
+    #[error("unusable answer from Consul: {0}")]
+    Decode(String),
+    /// The token file could not be read.
+    #[error("cannot read Consul token file {path}: {detail}")]
+    Token {
+        /// The token file.
+        path: PathBuf,
+        /// The I/O error.
+        detail: String,
+    },
+}
+
+impl ConsulError {
+    /// True for 403: a bad, expired or rotated token.
+    pub fn is_forbidden(&self) -> bool {
+        matches!(self, ConsulError::Status { status, .. } if *status == StatusCode::FORBIDDEN)
+    }
+}
+
+/// The answer to a prefix read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixAnswer {
+    /// `X-Consul-Index`, exactly as sent (0 is possible; callers clamp).
+    pub index: u64,
+    /// The keys; empty for a 404 (a prefix with no keys).
+    pub pairs: Vec<KvPair>,
+    /// The raw body size in bytes, for logs and benchmarks.
+    pub body_bytes: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawPair {
+    key: String,
+    value: Option<String>,
+    modify_index: u64,
+    #[serde(default)]
+    flags: u64,
+}
+
+/// Decodes a KV list body: a JSON array of `{Key, Value, Flags, ModifyIndex,
+/// ...}`
+/// with values in standard padded base64 or `null` (api-docs/kv).
+///
+/// # Errors
+///
+/// [`ConsulError::Decode`] for malformed JSON or base64.
+pub fn decode_pairs(body: &[u8]) -> Result<Vec<KvPair>, ConsulError> {
+    let raw: Vec<RawPair> =
+        serde_json::from_slice(body).map_err(|e| ConsulError::Decode(format!("JSON: {e}")))?;
+    raw.into_iter().map(decode_raw_pair).collect()
+}
+
+fn decode_raw_pair(p: RawPair) -> Result<KvPair, ConsulError> {
+    let value = match p.value {
+        None => Vec::new(),
+        Some(b64) => base64::engine::general_purpose::STANDARD
+            .decode(b64.as_bytes())
+            .map_err(|e| ConsulError::Decode(format!("base64 value of {:?}: {e}", p.key)))?,
+    };
+    Ok(KvPair {
+        key: p.key,
+        value,
+        modify_index: p.modify_index,
+        flags: p.flags,
+    })
+}
+
+/// One KV operation inside a transaction (api-docs/txn).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Sets `key` to `value` with `flags` only if its ModifyIndex is
+    /// `index`; `index` 0 means only if the key does not exist. The key's
+    /// previous Flags are replaced, not merged.
+    Cas {
+        /// The full key.
+        key: String,
+        /// The raw value.
+        value: Vec<u8>,
+        /// The key's Flags after the write (sent as `"Flags"`; 0 is what
+        /// `consul kv put` writes).
+        flags: u64,
+        /// The expected ModifyIndex, 0 for absent.
+        index: u64,
+    },
+    /// Deletes `key` only if its ModifyIndex is `index`. Consul counts a key
+    /// that is already gone as deleted.
+    DeleteCas {
+        /// The full key.
+        key: String,
+        /// The expected ModifyIndex.
+        index: u64,
+    },
+    /// Reads `key`; the transaction fails if it does not exist.
+    Get {
+        /// The full key.
+        key: String,
+    },
+    /// Fails the transaction unless `key`'s ModifyIndex is `index`.
+    CheckIndex {
+        /// The full key.
+        key: String,
+        /// The expected ModifyIndex.
+        index: u64,
+    },
+}
+
+impl TxnOp {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
+        let kv = match self {
+            TxnOp::Cas {
+                key,
+                value,
+                flags,
+                index,
+            } => serde_json::json!({
+                "Verb": "cas", "Key": key, "Value": b64(value), "Flags": flags, "Index": index,
+            }),
+            TxnOp::DeleteCas { key, index } => {
+                serde_json::json!({"Verb": "delete-cas", "Key": key, "Index": index})
+            }
+            TxnOp::Get { key } => serde_json::json!({"Verb": "get", "Key": key}),
+            TxnOp::CheckIndex { key, index } => {
+                serde_json::json!({"Verb": "check-index", "Key": key, "Index": index})
+            }
+        };
+        serde_json::json!({ "KV": kv })
+    }
+}
+
+/// One operation that Consul refused, which rolled the whole transaction
+/// back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnError {
+    /// Position of the refused operation in the request.
+    pub op_index: usize,
+    /// Consul's reason, e.g. `failed to set key "k", index is stale` or
+    /// `Permission denied`.
+    pub what: String,
+}
+
+impl TxnError {
+    /// True when an ACL refused the operation (Consul answers 409 with
+    /// `Permission denied` inside a transaction, not 403).
+    pub fn is_permission_denied(&self) -> bool {
+        self.what.contains("Permission denied") || self.what.contains("ACL not found")
+    }
+}
+
+/// What a transaction did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TxnOutcome {
+    /// Every operation applied, atomically. One pair per `cas` and `get`
+    /// (with the ModifyIndex the key has now; values only for `get`); none
+    /// for `delete-cas` and `check-index`.
+    Committed(Vec<KvPair>),
+    /// Nothing applied (HTTP 409): why each refused operation failed.
+    RolledBack(Vec<TxnError>),
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnAnswer {
+    results: Option<Vec<RawTxnResult>>,
+    errors: Option<Vec<RawTxnError>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnResult {
+    #[serde(rename = "KV")]
+    kv: Option<RawPair>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RawTxnError {
+    op_index: usize,
+    what: String,
+}
+
+/// Decodes a `PUT /v1/txn` answer body (200 or 409).
+///
+/// # Errors
+///
+/// [`ConsulError::Decode`] for malformed JSON or base64.
+pub fn decode_txn(status: StatusCode, body: &[u8]) -> Result<TxnOutcome, ConsulError> {
+    let raw: RawTxnAnswer =
+        serde_json::from_slice(body).map_err(|e| ConsulError::Decode(format!("txn JSON: {e}")))?;
+    if status == StatusCode::CONFLICT {
+        let errors: Vec<TxnError> = raw
+            .errors
+            .unwrap_or_default()
+            .into_iter()
+            .map(|e| TxnError {
+                op_index: e.op_index,
+                what: e.what,
+            })
+            .collect();
+        if errors.is_empty() {
+            return Err(ConsulError::Decode("409 without Errors".into()));
+        }
+        return Ok(TxnOutcome::RolledBack(errors));
+    }
+    raw.results
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|r| r.kv)
+        .map(decode_raw_pair)
+        .collect::<Result<_, _>>()
+        .map(TxnOutcome::Committed)
+}
+
+/// Reads a `true`/`false` answer body of a KV PUT or DELETE.
+pub(crate) fn decode_bool(body: &[u8]) -> Result<bool, ConsulError> {
+    match body.trim_ascii() {
+        b"true" => Ok(true),
+        b"false" => Ok(false),
+        other => Err(ConsulError::Decode(format!(
+            "expected true or false, got {:?}",
+            String::from_utf8_lossy(&other[..other.len().min(40)])
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_values_and_nulls() {
+        let body = br#"[{"LockIndex":0,"Key":"p/canary","Flags":0,"Value":"ZHJhaW4=","CreateIndex":5,"ModifyIndex":7},
+                         {"Key":"p/web/web-01","Value":null,"ModifyIndex":9},
+                         {"LockIndex":0,"Key":"p/web/web-02","Flags":1,"Value":"bWFpbnQ=","CreateIndex":8,"ModifyIndex":10}]"#;
+        let pairs = decode_pairs(body).unwrap();
+        assert_eq!(pairs[0].value, b"drain");
+        assert_eq!(pairs[0].modify_index, 7);
+        assert_eq!(pairs[0].flags, 0);
+        assert_eq!(pairs[1].value, b"");
+        assert_eq!(pairs[1].flags, 0, "no Flags field reads as 0");
+        assert_eq!(pairs[2].value, b"maint");
+        assert_eq!(pairs[2].flags, 1);
+    }
+
+    #[test]
+    fn flags_are_the_full_u64_range_and_refused_when_not_a_number() {
+        let max = br#"[{"Key":"k","Flags":18446744073709551615,"Value":null,"ModifyIndex":1}]"#;
+        assert_eq!(decode_pairs(max).unwrap()[0].flags, u64::MAX);
+        assert!(matches!(
+            decode_pairs(br#"[{"Key":"k","Flags":-1,"Value":null,"ModifyIndex":1}]"#),
+            Err(ConsulError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_bad_json_and_bad_base64() {
+        assert!(matches!(decode_pairs(b"[{"), Err(ConsulError::Decode(_))));
+        assert!(matches!(
+            decode_pairs(br#"[{"Key":"k","Value":"!!","ModifyIndex":1}]"#),
+            Err(ConsulError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn txn_ops_use_consul_verbs_and_base64_values() {
+        let ops = [
+            TxnOp::Cas {
+                key: "p/canary".into(),
+                value: b"drain".to_vec(),
+                flags: 1,
+                index: 0,
+            },
+            TxnOp::DeleteCas {
+                key: "p/web/web-01".into(),
+                index: 7,
+            },
+            TxnOp::Get { key: "p/x".into() },
+            TxnOp::CheckIndex {
+                key: "p/y".into(),
+                index: 3,
+            },
+        ];
+        let json: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
+        assert_eq!(
+            json[0],
+            serde_json::json!({"KV": {"Verb": "cas", "Key": "p/canary", "Value": "ZHJhaW4=", "Flags": 1, "Index": 0}})
+        );
+        assert_eq!(json[1]["KV"]["Verb"], "delete-cas");
+        assert_eq!(json[1]["KV"]["Index"], 7);
+        assert_eq!(json[2]["KV"]["Verb"], "get");
+        assert_eq!(json[3]["KV"]["Verb"], "check-index");
+    }
+
+    #[test]
+    fn txn_answers_decode_to_commits_and_rollbacks() {
+        // Consul 1.8.7 answers, as recorded.
+        let ok = br#"{"Results":[{"KV":{"LockIndex":0,"Key":"p/a","Flags":1,"Value":null,"CreateIndex":13,"ModifyIndex":20}}],"Errors":null}"#;
+        assert_eq!(
+            decode_txn(StatusCode::OK, ok).unwrap(),
+            TxnOutcome::Committed(vec![KvPair {
+                key: "p/a".into(),
+                value: Vec::new(),
+                modify_index: 20,
+                flags: 1,
+            }])
+        );
+        let stale = br#"{"Results":null,"Errors":[{"OpIndex":2,"What":"failed to delete key \"p/b\", index is stale"}]}"#;
+        let TxnOutcome::RolledBack(errors) = decode_txn(StatusCode::CONFLICT, stale).unwrap()
+        else {
+            panic!("a 409 is a rollback");
+        };
+        assert_eq!(errors[0].op_index, 2);
+        assert!(!errors[0].is_permission_denied());
+        let denied = br#"{"Results":null,"Errors":[{"OpIndex":0,"What":"Permission denied"}]}"#;
+        let TxnOutcome::RolledBack(errors) = decode_txn(StatusCode::CONFLICT, denied).unwrap()
+        else {
+            panic!("a 409 is a rollback");
+        };
+        assert!(errors[0].is_permission_denied());
+        assert!(decode_txn(StatusCode::CONFLICT, br#"{"Errors":[]}"#).is_err());
+        assert!(decode_txn(StatusCode::OK, b"nope").is_err());
+    }
+
+    #[test]
+    fn kv_write_answers_are_true_or_false() {
+        assert!(decode_bool(b"true\n").unwrap());
+        assert!(!decode_bool(b"false").unwrap());
+        assert!(decode_bool(b"<html>").is_err());
+    }
+}

@@ -1,0 +1,10 @@
+//! The pure model, at the bottom of the crate: no I/O, no runtime, no HTTP,
+//! no metrics. [`identity`] says which key names and agent-send lines exist,
+//! [`value`] what a key may hold and the reply it maps to, [`snapshot`] how
+//! one Consul answer becomes the copy the agent answers from, and [`marks`]
+//! what a key's Flags say about who wrote it.
+
+pub mod identity;
+pub mod marks;
+pub mod snapshot;
+pub mod value;

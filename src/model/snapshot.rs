@@ -1,0 +1,349 @@
+//! The snapshot: an immutable copy of the prefix at one Consul index, built
+//! from the KV pairs of one answer; the first-match lookup that decides the
+//! answer to one agent-send line; and the diff between two copies.
+
+use std::collections::HashMap;
+
+use super::identity::{is_control_key, validate_identity, InvalidIdentity};
+use super::value::{parse_value, AdminState, AnswerKind, InvalidValue};
+
+/// One key as Consul returns it, value decoded from base64.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvPair {
+    /// The full key, prefix included.
+    pub key: String,
+    /// The raw value; empty when Consul says `null`.
+    pub value: Vec<u8>,
+    /// The key's ModifyIndex.
+    pub modify_index: u64,
+    /// The key's `Flags`: an opaque number Consul keeps for the application
+    /// (`?flags=` on a KV PUT, `"Flags"` in a transaction, `consul kv put
+    /// -flags=N`); 0 when the answer does not carry it. The writer CLI
+    /// marks the row keys `state drain` writes with odd Flags (see
+    /// [`DRAIN_FLAGS`](super::marks::DRAIN_FLAGS)).
+    pub flags: u64,
+}
+
+/// What one key below the prefix holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A value the agent will answer with.
+    Valid(AdminState),
+    /// A value the agent refuses: servers whose first matching key holds it
+    /// get no answer, so HAProxy keeps their current state.
+    Invalid(InvalidValue),
+}
+
+/// One key below the prefix, as held in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyState {
+    /// The parsed value.
+    pub entry: Entry,
+    /// Consul's ModifyIndex of the key: changes on every write that changes
+    /// the value (identical writes keep it).
+    pub modify_index: u64,
+}
+
+/// An immutable copy of the prefix at one Consul index. The watcher builds a
+/// new one per Consul answer that changed and swaps it in whole.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// `X-Consul-Index` of the answer this copy was built from.
+    pub index: u64,
+    /// Keys relative to the prefix (`web/web-01`, `canary`).
+    pub keys: HashMap<Box<str>, KeyState>,
+}
+
+/// The agent's decision for one agent-send line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Reply with this state, decided by the key at this position of the
+    /// line, or `None` when no identity has a key (the default, `ready`).
+    State {
+        /// The state to reply with.
+        state: AdminState,
+        /// Position in the line of the identity whose key decided.
+        decided_by: Option<usize>,
+    },
+    /// The first identity with a key holds an invalid value: send nothing.
+    Invalid {
+        /// Position in the line of the identity whose key decided.
+        decided_by: usize,
+    },
+}
+
+impl Answer {
+    /// The answer kind used as the `kind` label of
+    /// `gitlab_haproxy_agent_answers_total`.
+    pub fn kind(&self) -> AnswerKind {
+        match self {
+            Answer::State { state, .. } => state.kind(),
+            Answer::Invalid { .. } => AnswerKind::Invalid,
+        }
+    }
+}
+
+impl Snapshot {
+    /// Number of keys whose value is invalid.
+    pub fn invalid_count(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|k| matches!(k.entry, Entry::Invalid(_)))
+            .count()
+    }
+
+    /// First-match lookup: the answer comes from the first identity that has
+    /// a key; if none has one, the server is `ready` at its configured weight.
+    pub fn lookup<'a, I>(&self, identities: I) -> Answer
+    where
+        I: IntoIterator<Item = &'a str>,
+    {
+        for (position, identity) in identities.into_iter().enumerate() {
+            if let Some(key) = self.keys.get(identity) {
+                return match &key.entry {
+                    Entry::Valid(state) => Answer::State {
+                        state: *state,
+                        decided_by: Some(position),
+                    },
+                    Entry::Invalid(_) => Answer::Invalid {
+                        decided_by: position,
+                    },
+                };
+            }
+        }
+        Answer::State {
+            state: AdminState::Ready,
+            decided_by: None,
+        }
+    }
+}
+
+/// Builds a snapshot from the `pairs` of one prefix answer at Consul index
+/// `index` (clamped to 1). Keys are made relative to `prefix`; folder keys
+/// (ending in `/`) and the agent's control keys ([`is_control_key`]) are
+/// skipped; a key that is not a valid identity, or whose value is invalid,
+/// is held as [`Entry::Invalid`] so it is counted and shown, never answered.
+pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
+    let mut keys = HashMap::with_capacity(pairs.len());
+    for pair in pairs {
+        let Some(rel) = pair.key.strip_prefix(prefix) else {
+            continue;
+        };
+        if is_control_key(rel) {
+            continue;
+        }
+        let entry = if rel.is_empty() || rel.ends_with('/') {
+            // A folder key. Empty, it only marks the folder; with a value it
+            // is a typo (`consul kv put .../web/web-07/ maint`) that must
+            // show, not vanish.
+            if pair.value.is_empty() {
+                continue;
+            }
+            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(
+                rel.to_string(),
+            )))
+        } else {
+            match validate_identity(rel) {
+                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+                Ok(()) => match parse_value(&pair.value) {
+                    Ok(state) => Entry::Valid(state),
+                    Err(e) => Entry::Invalid(e),
+                },
+            }
+        };
+        keys.insert(
+            rel.into(),
+            KeyState {
+                entry,
+                modify_index: pair.modify_index,
+            },
+        );
+    }
+    Snapshot {
+        index: index.max(1),
+        keys,
+    }
+}
+
+/// One key that differs between two snapshots (see [`diff`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyChange<'a> {
+    /// The key is new, its entry changed, or it holds an invalid value
+    /// written again (a new ModifyIndex).
+    Set {
+        /// The key, relative to the prefix.
+        key: &'a str,
+        /// What it holds now.
+        state: &'a KeyState,
+        /// What it held before; `None` for a new key.
+        prev: Option<&'a KeyState>,
+    },
+    /// The key is gone.
+    Removed {
+        /// The key, relative to the prefix.
+        key: &'a str,
+        /// What it held.
+        prev: &'a KeyState,
+    },
+}
+
+/// The keys that differ from `old` (`None`: no copy yet) to `new`: first
+/// those of `new` that are new or changed, then those removed. A valid value
+/// rewritten as it was is no change (only its ModifyIndex moved); an invalid
+/// one is, so that each write of a bad value is logged once.
+pub fn diff<'a>(old: Option<&'a Snapshot>, new: &'a Snapshot) -> Vec<KeyChange<'a>> {
+    let mut changes = Vec::new();
+    for (key, state) in &new.keys {
+        let prev = old.and_then(|o| o.keys.get(key));
+        match prev {
+            Some(prev)
+                if prev.entry == state.entry
+                    && (matches!(state.entry, Entry::Valid(_))
+                        || prev.modify_index == state.modify_index) => {}
+            prev => changes.push(KeyChange::Set { key, state, prev }),
+        }
+    }
+    if let Some(old) = old {
+        for (key, prev) in &old.keys {
+            if !new.keys.contains_key(key) {
+                changes.push(KeyChange::Removed { key, prev });
+            }
+        }
+    }
+    changes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(pairs: &[(&str, &[u8])]) -> Snapshot {
+        let keys = pairs
+            .iter()
+            .map(|(k, v)| {
+                let entry = match parse_value(v) {
+                    Ok(s) => Entry::Valid(s),
+                    Err(e) => Entry::Invalid(e),
+                };
+                (
+                    (*k).into(),
+                    KeyState {
+                        entry,
+                        modify_index: 1,
+                    },
+                )
+            })
+            .collect();
+        Snapshot { index: 1, keys }
+    }
+
+    #[test]
+    fn first_identity_with_a_key_decides() {
+        let snap = snapshot(&[("canary", b"drain"), ("web/web-cny-01", b"50%")]);
+        assert_eq!(
+            snap.lookup(["web/web-cny-01", "canary"]),
+            Answer::State {
+                state: AdminState::Weight(50),
+                decided_by: Some(0)
+            }
+        );
+        assert_eq!(
+            snap.lookup(["web/web-cny-02", "canary"]),
+            Answer::State {
+                state: AdminState::Drain,
+                decided_by: Some(1)
+            }
+        );
+        assert_eq!(
+            snap.lookup(["web/web-01"]),
+            Answer::State {
+                state: AdminState::Ready,
+                decided_by: None
+            }
+        );
+    }
+
+    #[test]
+    fn invalid_first_match_gives_no_answer_even_if_a_later_key_is_valid() {
+        let snap = snapshot(&[("web/web-cny-01", b"drian"), ("canary", b"maint")]);
+        assert_eq!(
+            snap.lookup(["web/web-cny-01", "canary"]),
+            Answer::Invalid { decided_by: 0 }
+        );
+        assert_eq!(snap.invalid_count(), 1);
+    }
+
+    fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+        KvPair {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            modify_index,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn snapshot_strips_prefix_skips_folders_and_flags_bad_keys() {
+        let pairs = [
+            pair("p/", "", 1),
+            pair("p/canary", "DRAIN", 2),
+            pair("p/web/web-01", "50%", 3),
+            pair("p/web/", "", 4),
+            pair("p/a/b/c", "drain", 5),
+            pair("p/web/web-02", "drian", 6),
+            pair("p/web/web-07/", "maint", 7),
+        ];
+        let snap = build_snapshot("p/", 0, &pairs);
+        assert_eq!(snap.index, 1);
+        assert_eq!(snap.keys.len(), 5);
+        assert_eq!(snap.keys["canary"].entry, Entry::Valid(AdminState::Drain));
+        assert_eq!(
+            snap.keys["web/web-01"].entry,
+            Entry::Valid(AdminState::Weight(50))
+        );
+        assert!(matches!(
+            snap.keys["a/b/c"].entry,
+            Entry::Invalid(InvalidValue::Key(_))
+        ));
+        assert!(matches!(
+            snap.keys["web/web-07/"].entry,
+            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
+        ));
+        assert_eq!(snap.invalid_count(), 3);
+    }
+
+    #[test]
+    fn diff_names_changed_and_removed_keys_and_each_write_of_an_invalid_value() {
+        let a = build_snapshot(
+            "p/",
+            5,
+            &[
+                pair("p/canary", "drain", 2),
+                pair("p/x", "maint", 3),
+                pair("p/bad", "drian", 4),
+                pair("p/same", "ready", 4),
+            ],
+        );
+        assert_eq!(diff(None, &a).len(), 4);
+        assert_eq!(diff(Some(&a), &a), vec![]);
+        let b = build_snapshot(
+            "p/",
+            6,
+            &[
+                pair("p/canary", "maint", 6),
+                pair("p/bad", "drian", 6),
+                pair("p/same", "ready", 6),
+            ],
+        );
+        let mut keys: Vec<(&str, bool)> = diff(Some(&a), &b)
+            .iter()
+            .map(|c| match c {
+                KeyChange::Set { key, .. } => (*key, true),
+                KeyChange::Removed { key, .. } => (*key, false),
+            })
+            .collect();
+        keys.sort();
+        // `same` was rewritten as it was; `bad` was written again.
+        assert_eq!(keys, [("bad", true), ("canary", true), ("x", false)]);
+    }
+}

@@ -1,0 +1,573 @@
+//! The `state` commands: dispatch from the parsed options, the writer's
+//! token choice, and the single-key commands (`get`, `list`, `set`,
+//! `clear`) and `explain`; the sequences run in [`super::execute`].
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::confirm;
+use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
+use super::execute::Writer;
+use super::haproxy;
+use super::output::table;
+use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
+use super::progress::Confirmation;
+use super::report::{display_value, entry_json, key_json, key_table, reply_text};
+use super::select::{config_path, Target, CANARY_KEY};
+use crate::cli::{CanaryAction, StateArgs, StateCommand};
+use crate::consul::config::{ConsulConfig, Fallbacks};
+use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
+use crate::model::identity::parse_line;
+use crate::model::snapshot::{build_snapshot, Answer, Entry};
+use crate::model::value::{parse_value, AdminState};
+
+/// The writer's token: `--consul-token-file` (or its environment variable,
+/// or the systemd credential), else `$CONSUL_HTTP_TOKEN_FILE`, else
+/// `$CONSUL_HTTP_TOKEN`, as on a console node where `consul kv` works.
+pub(super) fn token_source(
+    config: &ConsulConfig,
+    fallbacks: &Fallbacks,
+) -> Result<TokenSource, ConsulError> {
+    if let Some(path) = config
+        .token_file
+        .clone()
+        .or_else(|| fallbacks.consul_http_token_file.clone())
+    {
+        return Ok(TokenSource::new(Some(path)));
+    }
+    match &fallbacks.consul_http_token {
+        Some(token) => TokenSource::from_value(token, "$CONSUL_HTTP_TOKEN"),
+        None => Ok(TokenSource::new(None)),
+    }
+}
+
+pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fallbacks) -> u8 {
+    if let Err(message) = super::waits::check(args) {
+        return report_failure(args.json, &Failure::usage(message));
+    }
+    let token = match token_source(&config, fallbacks) {
+        Ok(t) => t,
+        Err(e) => return report_failure(args.json, &Failure::from(e)),
+    };
+    let client = match ConsulClient::new(&config.addr, token, Duration::from_secs(2)) {
+        Ok(c) => c,
+        Err(e) => {
+            return report_failure(
+                args.json,
+                &Failure::new(1, "runtime", format!("cannot build the Consul client: {e}")),
+            )
+        }
+    };
+    let confirm = match confirm::of_command(&args.command) {
+        Ok(c) => c,
+        Err(f) => return report_failure(args.json, &f),
+    };
+    let writer = Writer {
+        client,
+        prefix: config.prefix,
+        json: args.json,
+        confirm,
+    };
+    let result = match &args.command {
+        StateCommand::Get { key } => writer.get(key).await,
+        StateCommand::List => writer.list().await,
+        StateCommand::Set {
+            key,
+            value,
+            cas,
+            write,
+        } => writer.set(key, value, *cas, write.dry_run).await,
+        StateCommand::Clear { key, cas, write } => writer.clear(key, *cas, write.dry_run).await,
+        StateCommand::Canary { action } => match action {
+            CanaryAction::Disable { drain_wait, write } => {
+                writer
+                    .sequence(
+                        "canary disable",
+                        Target::group(CANARY_KEY),
+                        write.dry_run,
+                        |t| Ok(plan_drain(t, *drain_wait)),
+                    )
+                    .await
+            }
+            CanaryAction::Enable { maint_wait, write } => {
+                writer
+                    .sequence(
+                        "canary enable",
+                        Target::group(CANARY_KEY),
+                        write.dry_run,
+                        |t| plan_undrain(t, *maint_wait).map_err(refused_invalid),
+                    )
+                    .await
+            }
+        },
+        StateCommand::Drain {
+            select,
+            drain_wait,
+            write,
+        } => match Target::servers(select) {
+            Err(f) => Err(f),
+            Ok(target) => {
+                writer
+                    .sequence("drain", target, write.dry_run, |t| {
+                        Ok(plan_drain(t, *drain_wait))
+                    })
+                    .await
+            }
+        },
+        StateCommand::Undrain {
+            select,
+            maint_wait,
+            write,
+        } => match Target::servers(select) {
+            Err(f) => Err(f),
+            Ok(target) => {
+                writer
+                    .sequence("undrain", target, write.dry_run, |t| {
+                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
+                    })
+                    .await
+            }
+        },
+        StateCommand::Explain {
+            identities,
+            haproxy_config,
+        } => writer.explain(identities, haproxy_config.as_deref()).await,
+        StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
+        StateCommand::Status(status) => writer.status(status).await,
+    };
+    match result {
+        Ok(()) => exit::OK,
+        Err(f) => report_failure(args.json, &f),
+    }
+}
+
+impl Writer {
+    pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
+        check_key(key)?;
+        let pair = self.client.get_key(&self.full(key)).await?;
+        if self.json {
+            let mut v = key_json(key, pair.as_ref());
+            v["ok"] = json!(true);
+            self.print_json(v);
+            return Ok(());
+        }
+        match &pair {
+            None => println!(
+                "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
+            ),
+            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None)),
+        }
+        Ok(())
+    }
+
+    pub(super) async fn list(&self) -> Result<(), Failure> {
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
+        let mut rows: Vec<(String, &KvPair)> = answer
+            .pairs
+            .iter()
+            .filter_map(|p| {
+                let rel = p.key.strip_prefix(&self.prefix)?;
+                snapshot
+                    .keys
+                    .contains_key(rel)
+                    .then(|| (rel.to_string(), p))
+            })
+            .collect();
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let invalid = snapshot.invalid_count();
+        if self.json {
+            self.print_json(json!({
+                "ok": true,
+                "prefix": self.prefix,
+                "consul_index": answer.index,
+                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot)).collect::<Vec<_>>(),
+                "invalid": invalid,
+            }));
+            return Ok(());
+        }
+        if rows.is_empty() {
+            println!(
+                "no keys below {}: every server is ready 100% (a token that may not read the \
+                 prefix sees no keys either). Consul index {}.",
+                self.prefix, answer.index
+            );
+            return Ok(());
+        }
+        print!("{}", key_table(&rows, Some(&snapshot)));
+        println!(
+            "{} key{}, {invalid} invalid{}. Consul index {}.",
+            rows.len(),
+            if rows.len() == 1 { "" } else { "s" },
+            if invalid > 0 {
+                " (the servers an invalid key decides get no answer and keep their state)"
+            } else {
+                ""
+            },
+            answer.index
+        );
+        Ok(())
+    }
+
+    pub(super) async fn set(
+        &self,
+        key: &str,
+        value: &str,
+        cas: Option<u64>,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        check_key(key)?;
+        let state = parse_value(value.as_bytes()).map_err(|e| {
+            Failure::invalid(format!(
+                "refusing {value:?} for {key}: {e}; nothing written"
+            ))
+        })?;
+        self.write_one(key, Change::Set(state), cas, dry_run).await
+    }
+
+    pub(super) async fn clear(
+        &self,
+        key: &str,
+        cas: Option<u64>,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        check_key(key)?;
+        self.write_one(key, Change::Clear, cas, dry_run).await
+    }
+
+    pub(super) async fn write_one(
+        &self,
+        key: &str,
+        change: Change,
+        cas: Option<u64>,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        let full = self.full(key);
+        let pair = self.client.get_key(&full).await?;
+        let before = Current::from_pair(pair.as_ref());
+        if let Some(expected) = cas {
+            if before.index() != expected {
+                return Err(Failure::cas_mismatch(key, &before, expected));
+            }
+        }
+        let unchanged = match (&before, change) {
+            (Current::Absent, Change::Clear) => true,
+            // The same value written by `state drain` is written again with
+            // Flags 0: the key becomes one set by hand, which `state
+            // undrain` leaves alone.
+            (Current::Valid { state, .. }, Change::Set(s)) => *state == s && !before.by_drain(),
+            _ => false,
+        };
+        let after = match change {
+            Change::Set(s) => s.to_string(),
+            Change::Clear => "absent".to_string(),
+        };
+        let note = slowstart_note(&before, change).or_else(|| takeover_note(&before, change));
+        let status = if unchanged {
+            "unchanged"
+        } else if dry_run {
+            "dry run: not written"
+        } else {
+            let written = match change {
+                Change::Set(s) => {
+                    self.client
+                        .put_cas(&full, s.to_string().as_bytes(), before.index())
+                        .await?
+                }
+                Change::Clear => self.client.delete_cas(&full, before.index()).await?,
+            };
+            if !written {
+                let now = self.client.get_key(&full).await?;
+                let now = Current::from_pair(now.as_ref());
+                return Err(Failure::changed_since_read(key, &before, &now));
+            }
+            "written"
+        };
+        if let (Some(n), false) = (note, unchanged) {
+            eprintln!("note: {n}");
+        }
+        // An unchanged key is confirmed too: re-running a command whose
+        // write was not confirmed confirms it.
+        let confirmed = if !dry_run {
+            self.confirm_one(key, &full, change).await
+        } else {
+            Ok(None)
+        };
+        if self.json {
+            self.print_json(json!({
+                "ok": confirmed.is_ok(),
+                "error": confirmed.as_ref().err().map(Failure::json),
+                "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
+                "key": key,
+                "before": before.describe(),
+                "after": after,
+                "modify_index_before": before.index(),
+                "flags_before": before.flags(),
+                "by_drain_before": before.by_drain(),
+                "written": status == "written",
+                "dry_run": dry_run,
+                "note": if unchanged { None } else { note },
+            }));
+        } else {
+            print!(
+                "{}",
+                table(
+                    &["KEY", "BEFORE", "AFTER", "STATUS"],
+                    &[vec![
+                        key.to_string(),
+                        before.describe(),
+                        after,
+                        status.to_string()
+                    ]]
+                )
+            );
+        }
+        match confirmed {
+            Ok(_) => Ok(()),
+            Err(mut f) => {
+                f.reported = self.json;
+                Err(f)
+            }
+        }
+    }
+
+    /// `state explain`: what the agent answers for the agent-send line
+    /// `identities`, and which key decides. One row key alone is looked up in
+    /// the configuration ([`config_path`]); without one, when that row key
+    /// has no value and group keys are set, the answer is `unknown` (exit
+    /// 0): which groups the server's line names is not known here.
+    pub(super) async fn explain(
+        &self,
+        identities: &[String],
+        config: Option<&Path>,
+    ) -> Result<(), Failure> {
+        let mut line = identities.join(" ");
+        let lone_row_key = identities.len() == 1 && is_row_key(&identities[0]);
+        let explicit = config.is_some();
+        let mut config = config_path(config).filter(|_| lone_row_key);
+        if let Some(path) = config.clone() {
+            let servers = haproxy::servers_from_config(&path)?;
+            // By row key, else by `<backend>/<server>`: a server-template
+            // server (`web/web-tpl1`) has no row key of its own.
+            let found = servers
+                .iter()
+                .find(|s| s.row_key() == Some(line.as_str()))
+                .or_else(|| servers.iter().find(|s| s.id() == line))
+                .filter(|s| !s.identities().is_empty())
+                .map(|s| s.identities().join(" "));
+            match found {
+                Some(found) => line = found,
+                // The default configuration is this load balancer's; the
+                // server may be another's: answered as with none.
+                None if !explicit => config = None,
+                None => {
+                    return Err(Failure::invalid(format!(
+                        "no enrolled server with row key or name {line} in {}",
+                        path.display()
+                    )))
+                }
+            }
+        }
+        let ids = parse_line(line.as_bytes()).map_err(|e| {
+            Failure::invalid(format!(
+                "the agent refuses the agent-send line {line:?}: {e}"
+            ))
+        })?;
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
+        let raw: HashMap<&str, &KvPair> = answer
+            .pairs
+            .iter()
+            .filter_map(|p| p.key.strip_prefix(&self.prefix).map(|r| (r, p)))
+            .collect();
+        let result = snapshot.lookup(ids.iter().copied());
+        let deciding = match result {
+            Answer::State { decided_by, .. } => decided_by,
+            Answer::Invalid { decided_by } => Some(decided_by),
+        };
+        // The group keys set now, any of which decides the server if its
+        // line names it: asked about when only the row key is known.
+        let mut groups_set: Vec<(String, String)> = raw
+            .iter()
+            .filter(|(k, _)| !is_row_key(k) && snapshot.keys.contains_key(**k))
+            .map(|(k, p)| (k.to_string(), display_value(&p.value)))
+            .collect();
+        groups_set.sort();
+        let unknown =
+            lone_row_key && config.is_none() && deciding.is_none() && !groups_set.is_empty();
+        let rows: Vec<(String, Option<String>, &'static str)> = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                let value = raw.get(id).map(|p| display_value(&p.value));
+                let role = match (deciding, &value) {
+                    (Some(d), _) if d == i => "decides",
+                    (Some(d), Some(_)) if i > d => "not read (an earlier identity decides)",
+                    (_, None) => "no key",
+                    (_, Some(_)) => "not read",
+                };
+                (id.to_string(), value, role)
+            })
+            .chain(groups_set.iter().filter(|_| unknown).map(|(k, v)| {
+                (
+                    k.clone(),
+                    Some(v.clone()),
+                    "decides if the server's line names it",
+                )
+            }))
+            .collect();
+        let (reply, summary) = match result {
+            _ if unknown => (
+                None,
+                format!(
+                    "unknown: {line} has no key, so the server's groups decide, and which \
+                     groups its agent-send line names is not known here. Group keys set: {}. \
+                     Give the line's identities (`state explain {line} zone-b canary`) or \
+                     --haproxy-config PATH",
+                    groups_set
+                        .iter()
+                        .map(|(k, v)| format!("{k} = {v}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ),
+            Answer::State {
+                state,
+                decided_by: Some(d),
+            } => (
+                Some(reply_text(state)),
+                format!(
+                    "{} (decided by key {} = {state})",
+                    reply_text(state),
+                    ids[d]
+                ),
+            ),
+            Answer::State {
+                state,
+                decided_by: None,
+            } => (
+                Some(reply_text(state)),
+                format!("{} (no identity has a key: the default)", reply_text(state)),
+            ),
+            Answer::Invalid { decided_by } => {
+                let why = match snapshot.keys.get(ids[decided_by]).map(|k| &k.entry) {
+                    Some(Entry::Invalid(e)) => e.to_string(),
+                    _ => "invalid".into(),
+                };
+                (
+                    None,
+                    format!(
+                        "none: key {} holds an invalid value ({why}); the agent closes the \
+                         connection and HAProxy keeps the server's current state",
+                        ids[decided_by]
+                    ),
+                )
+            }
+        };
+        if self.json {
+            self.print_json(json!({
+                "ok": true,
+                "line": line,
+                "line_from": config.as_ref().map(|p| p.display().to_string()),
+                "reply": reply,
+                "answer": if unknown { "unknown" } else { result.kind().as_str() },
+                "decided_by": deciding.map(|d| ids[d]),
+                "identities": rows.iter().map(|(id, value, role)| json!({
+                    "identity": id, "value": value, "role": role,
+                })).collect::<Vec<_>>(),
+                "consul_index": answer.index,
+            }));
+            return Ok(());
+        }
+        println!("agent-send line: {line}");
+        println!("answer: {summary}");
+        let table_rows: Vec<Vec<String>> = rows
+            .into_iter()
+            .map(|(id, value, role)| {
+                vec![id, value.unwrap_or_else(|| "-".into()), role.to_string()]
+            })
+            .collect();
+        print!("{}", table(&["IDENTITY", "VALUE", "ROLE"], &table_rows));
+        println!("Consul index {}.", answer.index);
+        Ok(())
+    }
+}
+
+/// Warns about ending a drain without going through maint.
+pub(super) fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
+    let from_drain = matches!(
+        before,
+        Current::Valid {
+            state: AdminState::Drain,
+            ..
+        }
+    );
+    let to_service = matches!(
+        change,
+        Change::Clear | Change::Set(AdminState::Ready) | Change::Set(AdminState::Weight(_))
+    );
+    (from_drain && to_service).then_some(
+        "drain -> ready skips HAProxy's slowstart (it applies only when leaving MAINT); \
+         `state undrain` and `state canary enable` go through maint",
+    )
+}
+
+/// Tells that `state set` takes over a key `state drain` wrote, setting it
+/// to a value `state drain` and `state undrain` then leave alone (drain,
+/// maint or 0%).
+pub(super) fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
+    let out = matches!(
+        change,
+        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
+    );
+    (before.by_drain() && out).then_some(
+        "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
+         `state undrain` and `state drain` leave it alone until `state clear`",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::model::marks::DRAIN_FLAGS;
+
+    #[test]
+    fn slowstart_note_only_when_leaving_drain_for_service() {
+        let drain = Current::Valid {
+            state: AdminState::Drain,
+            index: 1,
+            flags: 0,
+        };
+        assert!(slowstart_note(&drain, Change::Clear).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
+        assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
+    }
+
+    #[test]
+    fn set_takes_over_a_key_state_drain_wrote_and_says_so() {
+        let maint = |flags| Current::Valid {
+            state: AdminState::Maint,
+            index: 1,
+            flags,
+        };
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
+        assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
+        assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
+    }
+}

@@ -1,0 +1,602 @@
+//! Confirmation that the fleet applied a write, from the Prometheus that
+//! scrapes every agent: after each write step, every agent must hold a
+//! snapshot at or past the write's index and have answered the rows HAProxy
+//! asks about from it. Also `state status --prometheus`, the same fleet view
+//! without writing.
+//!
+//! The agent exports what this needs without a series per server:
+//! `gitlab_haproxy_agent_consul_index` (its snapshot),
+//! `gitlab_haproxy_agent_answered_index` (the lowest snapshot index among
+//! the last answers to the rows asked about in the last 60 s) and
+//! `gitlab_haproxy_agent_rows_answered{state}`; [`super::fleet`] asks
+//! Prometheus for them. The options are [`crate::cli::ConfirmArgs`] and
+//! [`crate::cli::StatusArgs`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::error::{exit, Failure};
+use super::execute::Writer;
+use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
+use super::output::{err_line, out_line};
+use super::plan::Change;
+use super::progress::Confirmation;
+use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
+use crate::consul::{ConsulClient, ConsulError};
+use crate::model::value::AnswerKind;
+
+/// How often Prometheus is asked again while agents lag: 1 s.
+pub const POLL: Duration = Duration::from_secs(1);
+
+/// Why a confirmation did not succeed.
+#[derive(Debug)]
+pub enum Unconfirmed {
+    /// A signal came during the wait.
+    Interrupted,
+    /// Not every agent confirmed in time (`not_confirmed`, exit 68),
+    /// Prometheus could not tell (`prometheus_unavailable`, exit 68), or the
+    /// write's index could not be read from Consul.
+    Failed(Failure),
+}
+
+/// The `--confirm-*` options of the command, when `--confirm-prometheus`
+/// (or its environment variable) is given and not empty.
+///
+/// # Errors
+///
+/// A usage failure (exit 64) for a URL that is not an `http://` URL, before
+/// anything is written.
+pub fn of_command(command: &StateCommand) -> Result<Option<ConfirmArgs>, Failure> {
+    let write = match command {
+        StateCommand::Set { write, .. }
+        | StateCommand::Clear { write, .. }
+        | StateCommand::Drain { write, .. }
+        | StateCommand::Undrain { write, .. } => write,
+        StateCommand::Canary { action } => match action {
+            CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. } => write,
+        },
+        StateCommand::Get { .. }
+        | StateCommand::List
+        | StateCommand::Explain { .. }
+        | StateCommand::Status(_)
+        // The release mark decides no row's answer by itself: nothing to
+        // confirm per row; `state status` shows the fleet after it.
+        | StateCommand::ReleaseRollback { .. } => return Ok(None),
+    };
+    match write.confirm.confirm_prometheus.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(url) => {
+            check_url(url).map_err(|e| {
+                Failure::usage(format!("--confirm-prometheus: {e}; nothing written"))
+            })?;
+            Ok(Some(write.confirm.clone()))
+        }
+    }
+}
+
+fn not_confirmed(kind: &'static str, message: String) -> Failure {
+    Failure::new(exit::NOT_CONFIRMED, kind, message)
+}
+
+/// The index a write must be confirmed at: `known` (the ModifyIndex a
+/// write returned), else the prefix's `X-Consul-Index` read now, which is
+/// at or past a removal's index and is the index the agents' blocking
+/// queries on the same prefix reach.
+///
+/// # Errors
+///
+/// The Consul read's.
+pub async fn index_after(
+    client: &ConsulClient,
+    prefix: &str,
+    known: Option<u64>,
+) -> Result<u64, ConsulError> {
+    match known {
+        Some(i) => Ok(i),
+        None => Ok(client.list_prefix(prefix, 0, Duration::ZERO).await?.index),
+    }
+}
+
+impl ConfirmArgs {
+    /// Waits until every agent confirms `index` (see [`AgentView::lag`]),
+    /// polling Prometheus every [`POLL`] for at most `--confirm-timeout`,
+    /// and prints the outcome on stderr. `state` is the answer the write
+    /// should produce; `action` names the step (`drain: drain`).
+    ///
+    /// # Errors
+    ///
+    /// [`Unconfirmed::Failed`] when the time is up with agents lagging (or
+    /// Prometheus unreachable), or at once for an answer that retrying
+    /// cannot fix (a bad selector); [`Unconfirmed::Interrupted`] when
+    /// `cancel` fires during the wait.
+    pub(super) async fn confirm(
+        &self,
+        action: &str,
+        index: u64,
+        state: AnswerKind,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
+        let Some(base) = &self.confirm_prometheus else {
+            return Ok(None);
+        };
+        let failed = |kind, message| Unconfirmed::Failed(not_confirmed(kind, message));
+        let http = http_client().map_err(|e| failed("prometheus_unavailable", e))?;
+        let started = tokio::time::Instant::now();
+        let deadline = started + self.confirm_timeout;
+        err_line(&waiting_text(action, index, base, self.confirm_timeout));
+        loop {
+            let last = tokio::select! {
+                f = fetch_fleet(&http, base, &self.confirm_selector) => f,
+                _ = cancel.cancelled() => return Err(Unconfirmed::Interrupted),
+            };
+            let waited = started.elapsed();
+            match &last {
+                Ok(fleet) => {
+                    let verdict = fleet.verdict(index, Some(state));
+                    if verdict.all_confirmed() {
+                        err_line(&confirmed_text(action, &verdict, waited));
+                        return Ok(Some(Confirmation {
+                            index,
+                            agents: verdict.confirmed.len(),
+                            state: state.as_str(),
+                            rows: verdict.rows,
+                            waited,
+                        }));
+                    }
+                    if tokio::time::Instant::now() >= deadline {
+                        let message = if fleet.agents.is_empty() {
+                            no_agents_text(base, &self.confirm_selector, waited)
+                        } else {
+                            lagging_text(&verdict, waited)
+                        };
+                        return Err(failed("not_confirmed", message));
+                    }
+                }
+                // A bad selector stays bad: say so at once.
+                Err(e) if e.lasting || tokio::time::Instant::now() >= deadline => {
+                    return Err(failed(
+                        "prometheus_unavailable",
+                        unavailable_text(index, &e.message, waited),
+                    ))
+                }
+                Err(_) => {}
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(POLL) => {}
+                _ = cancel.cancelled() => return Err(Unconfirmed::Interrupted),
+            }
+        }
+    }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn waiting_text(action: &str, index: u64, base: &str, timeout: Duration) -> String {
+    format!(
+        "{action}: confirming with Prometheus at {base} that every agent answers from index \
+         >= {index} (up to {})",
+        humantime::format_duration(timeout)
+    )
+}
+
+/// The headline of every outcome: `N/M agents at index >= I, R rows
+/// answered S` (without the rows when there is no state to count).
+pub fn headline(verdict: &Verdict<'_>) -> String {
+    let mut text = format!(
+        "{}/{} agents at index >= {}",
+        verdict.confirmed.len(),
+        verdict.confirmed.len() + verdict.lagging.len(),
+        verdict.index,
+    );
+    if let Some(state) = verdict.state {
+        text.push_str(&format!(
+            ", {} answered {state}",
+            plural(verdict.rows as usize, "row", "rows")
+        ));
+    }
+    text
+}
+
+fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> String {
+    format!(
+        "{action}: confirmed: {} (after {:.1}s)",
+        headline(verdict),
+        waited.as_secs()
+    )
+}
+
+/// One lagging agent: `instance (why; index X, answered from Y, last sync
+/// Zs ago)`.
+fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
+    let why = match lag {
+        Lag::Down => "target down (the last scrape failed)".to_string(),
+        Lag::NoMetrics => "scraped without the agent's metrics".to_string(),
+        Lag::Behind => format!("snapshot older than {index}"),
+        Lag::NotAsked => "HAProxy asked it nothing in the last 60 s".to_string(),
+        Lag::AnsweredBehind => format!("rows last answered from a snapshot older than {index}"),
+    };
+    let known = |v: Option<u64>| v.map_or("unknown".to_string(), |v| v.to_string());
+    let age = agent
+        .last_sync_age
+        .map_or("unknown".to_string(), |a| format!("{a:.0}s ago"));
+    format!(
+        "{}: {why}, index {}, answered from {}, last sync {age}",
+        agent.name(),
+        known(agent.consul_index),
+        known(agent.answered_index),
+    )
+}
+
+/// `N agents are behind: <agent>; <agent>`, naming every lagging agent.
+fn behind_text(verdict: &Verdict<'_>) -> String {
+    let names: Vec<String> = verdict
+        .lagging
+        .iter()
+        .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
+        .collect();
+    format!(
+        "{} behind: {}",
+        plural(verdict.lagging.len(), "agent is", "agents are"),
+        names.join("; ")
+    )
+}
+
+/// The failure when agents still lag at the deadline, naming every one.
+pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
+    format!(
+        "not confirmed after {}s: {}; {}. The write is in Consul, but those load \
+         balancers may still answer the old state. Follow them with `state status \
+         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
+         HAProxy not asking), re-run the same command to go on (it is idempotent)",
+        waited.as_secs(),
+        headline(verdict),
+        behind_text(verdict),
+    )
+}
+
+fn no_agents_text(base: &str, selector: &str, waited: Duration) -> String {
+    format!(
+        "not confirmed after {}s: Prometheus at {base} has no target matching \
+         {{{selector}}}; nothing tells whether the fleet applied the write (set \
+         --confirm-selector to the agents' scrape job)",
+        waited.as_secs()
+    )
+}
+
+fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
+    format!(
+        "not confirmed after {}s: {error}; the write (index {index}) is in Consul, but \
+         whether every agent applied it is unknown",
+        waited.as_secs()
+    )
+}
+
+/// The failure of `state status` when agents lag, naming them.
+fn status_lagging_text(verdict: &Verdict<'_>) -> String {
+    format!("{}; {}", headline(verdict), behind_text(verdict))
+}
+
+/// The fleet view for `state status` against Consul's index `index`, as
+/// text.
+pub fn status_text(fleet: &Fleet, index: u64) -> String {
+    let verdict = fleet.verdict(index, None);
+    let rows: Vec<Vec<String>> = fleet
+        .agents
+        .iter()
+        .map(|a| {
+            let known = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            let answers: Vec<String> = a
+                .rows_answered
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(s, n)| format!("{n} {s}"))
+                .collect();
+            vec![
+                a.name(),
+                if a.up { "up" } else { "down" }.to_string(),
+                known(a.consul_index),
+                known(a.answered_index),
+                a.last_sync_age
+                    .map_or("-".to_string(), |s| format!("{s:.0}s ago")),
+                known(a.rows_seen),
+                if answers.is_empty() {
+                    "-".to_string()
+                } else {
+                    answers.join(", ")
+                },
+                a.lag(index).map_or("ok", Lag::as_str).to_string(),
+            ]
+        })
+        .collect();
+    let mut text = super::output::table(
+        &[
+            "INSTANCE",
+            "TARGET",
+            "INDEX",
+            "ANSWERED-FROM",
+            "LAST-SYNC",
+            "ROWS",
+            "ANSWERS",
+            "STATUS",
+        ],
+        &rows,
+    );
+    let mut totals: BTreeMap<&str, u64> = BTreeMap::new();
+    for a in &fleet.agents {
+        for (s, n) in &a.rows_answered {
+            *totals.entry(s.as_str()).or_default() += n;
+        }
+    }
+    let answered: Vec<String> = totals
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    text.push_str(&format!(
+        "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now); rows answered: {}.\n",
+        verdict.confirmed.len(),
+        fleet.agents.len(),
+        if answered.is_empty() {
+            "none".to_string()
+        } else {
+            answered.join(", ")
+        }
+    ));
+    text
+}
+
+/// The fleet view for `state status --json`.
+pub fn status_json(fleet: &Fleet, index: u64) -> Value {
+    let verdict = fleet.verdict(index, None);
+    json!({
+        "ok": verdict.all_confirmed(),
+        "consul_index": index,
+        "agents_total": fleet.agents.len(),
+        "agents_at_index": verdict.confirmed.len(),
+        "agents": fleet.agents.iter().map(|a| json!({
+            "instance": a.instance,
+            "fqdn": a.fqdn,
+            "up": a.up,
+            "consul_index": a.consul_index,
+            "answered_index": a.answered_index,
+            "last_sync_age_seconds": a.last_sync_age,
+            "rows_seen": a.rows_seen,
+            "rows_answered": a.rows_answered,
+            "lag": a.lag(index).map(Lag::as_str),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The answer a write makes the servers it decides get: its state, or for a
+/// removal the default (`ready`).
+fn change_answer(change: Change) -> AnswerKind {
+    match change {
+        Change::Set(s) => s.kind(),
+        Change::Clear => AnswerKind::Ready,
+    }
+}
+
+impl Writer {
+    /// After a sequence's write step of `change` to `keys`: confirms it at
+    /// the highest ModifyIndex the transactions returned (`indexes`), or
+    /// for a removal, which has none, at the prefix's index read now.
+    /// `None` when confirmation was not asked for.
+    pub(super) async fn confirm_written(
+        &self,
+        action: &str,
+        change: Change,
+        keys: &[String],
+        indexes: &HashMap<String, u64>,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
+        let written = match change {
+            Change::Set(_) => keys.iter().filter_map(|k| indexes.get(k)).max().copied(),
+            Change::Clear => None,
+        };
+        let step = format!("{action}: {}", change.describe());
+        self.confirm_step(&step, written, change_answer(change), cancel)
+            .await
+    }
+
+    /// After `set` or `clear` of `key` (`full`: with the prefix): confirms
+    /// it at the key's ModifyIndex read back (a removal has none: the
+    /// prefix's index). `Ok(None)` when confirmation was not asked for.
+    ///
+    /// # Errors
+    ///
+    /// `not_confirmed` or `prometheus_unavailable` (exit 68), Consul's
+    /// failure reading the index, or `interrupted`.
+    pub(super) async fn confirm_one(
+        &self,
+        key: &str,
+        full: &str,
+        change: Change,
+    ) -> Result<Option<Confirmation>, Failure> {
+        let known = match change {
+            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
+            Change::Clear => None,
+        };
+        let step = format!("{key}: {}", change.describe());
+        // No signal handler is installed for one write: SIGINT ends the
+        // process as usual, and this token never fires.
+        let never = CancellationToken::new();
+        let confirmed = self
+            .confirm_step(
+                &step,
+                known.map(|p| p.modify_index),
+                change_answer(change),
+                &never,
+            )
+            .await;
+        match confirmed {
+            Ok(c) => Ok(c),
+            Err(Unconfirmed::Failed(f)) => Err(f),
+            Err(Unconfirmed::Interrupted) => Err(Failure::new(
+                exit::SIGINT,
+                "interrupted",
+                format!("{key} written; interrupted while confirming"),
+            )),
+        }
+    }
+
+    /// After a write step: confirms it (when `--confirm-prometheus` is
+    /// given) at `known`, the ModifyIndex the write returned, or else at
+    /// the prefix's index read now (see [`index_after`]). `state` is the
+    /// answer the write should produce.
+    async fn confirm_step(
+        &self,
+        action: &str,
+        known: Option<u64>,
+        state: AnswerKind,
+        cancel: &CancellationToken,
+    ) -> Result<Option<Confirmation>, Unconfirmed> {
+        let Some(confirm) = &self.confirm else {
+            return Ok(None);
+        };
+        let index = index_after(&self.client, &self.prefix, known)
+            .await
+            .map_err(|e| Unconfirmed::Failed(e.into()))?;
+        confirm.confirm(action, index, state, cancel).await
+    }
+
+    /// `state status`: reads the prefix's index from Consul and shows every
+    /// agent against it; exit 68 (`not_confirmed`) when one lags.
+    pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
+        check_url(args.prometheus.trim())
+            .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
+        let index = index_after(&self.client, &self.prefix, None).await?;
+        let unavailable = |e| not_confirmed("prometheus_unavailable", e);
+        let http = http_client().map_err(unavailable)?;
+        let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
+            .await
+            .map_err(|e| unavailable(e.message))?;
+        let verdict = fleet.verdict(index, None);
+        if self.json {
+            out_line(
+                &serde_json::to_string_pretty(&status_json(&fleet, index)).unwrap_or_default(),
+            );
+        } else if fleet.agents.is_empty() {
+            out_line(&format!(
+                "Prometheus at {} has no target matching {{{}}}.",
+                args.prometheus, args.selector
+            ));
+        } else {
+            out_line(status_text(&fleet, index).trim_end());
+        }
+        if verdict.all_confirmed() {
+            return Ok(());
+        }
+        let mut failure = not_confirmed(
+            "not_confirmed",
+            if fleet.agents.is_empty() {
+                format!(
+                    "no agent: Prometheus at {} has no target matching {{{}}}",
+                    args.prometheus, args.selector
+                )
+            } else {
+                status_lagging_text(&verdict)
+            },
+        );
+        failure.reported = self.json;
+        Err(failure)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fleet::tests::{answers, vector, JOB};
+    use super::*;
+
+    #[test]
+    fn names_every_agent_that_lags_and_why() {
+        let fleet = Fleet::from_answers(&answers()).unwrap();
+        let verdict = fleet.verdict(120, Some(AnswerKind::Drain));
+        assert!(!verdict.all_confirmed());
+        assert_eq!(verdict.confirmed.len(), 1);
+        let lags: Vec<(&str, Lag)> = verdict
+            .lagging
+            .iter()
+            .map(|(a, l)| (a.instance.as_str(), *l))
+            .collect();
+        assert_eq!(
+            lags,
+            [
+                ("10.0.0.2:9101", Lag::Down),
+                ("10.0.0.3:9101", Lag::AnsweredBehind)
+            ]
+        );
+        assert_eq!(
+            headline(&verdict),
+            "1/3 agents at index >= 120, 2 rows answered drain"
+        );
+        let text = lagging_text(&verdict, Duration::from_secs(30));
+        assert!(
+            text.starts_with("not confirmed after 30s: 1/3 agents at index >= 120"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "10.0.0.2:9101 (lb-02): target down (the last scrape failed), index 90, \
+                 answered from 90, last sync 75s ago; "
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, \
+                 index 120, answered from 100, last sync 0s ago. "
+            ),
+            "{text}"
+        );
+        assert_eq!(
+            status_lagging_text(&fleet.verdict(120, None)),
+            "1/3 agents at index >= 120; 2 agents are behind: 10.0.0.2:9101 (lb-02): target \
+             down (the last scrape failed), index 90, answered from 90, last sync 75s ago; \
+             10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, index \
+             120, answered from 100, last sync 0s ago"
+        );
+        assert!(!text.contains("10.0.0.1"), "{text}");
+    }
+
+    #[test]
+    fn confirms_when_every_agent_is_at_the_index() {
+        let mut answers = answers();
+        answers[0] = vector(&[
+            ("up", &[JOB, ("instance", "10.0.0.1:9101")], "1"),
+            ("up", &[JOB, ("instance", "10.0.0.3:9101")], "1"),
+        ]);
+        let fleet = Fleet::from_answers(&answers).unwrap();
+        // lb-02's stale values are ignored: it is no longer a target.
+        assert_eq!(fleet.agents.len(), 2);
+        let verdict = fleet.verdict(100, Some(AnswerKind::Drain));
+        assert!(verdict.all_confirmed());
+        assert_eq!(
+            headline(&verdict),
+            "2/2 agents at index >= 100, 3 rows answered drain"
+        );
+        assert!(!fleet.verdict(101, None).all_confirmed());
+    }
+
+    #[test]
+    fn status_shows_every_agent_and_the_totals() {
+        let fleet = Fleet::from_answers(&answers()).unwrap();
+        let text = status_text(&fleet, 120);
+        assert!(text.starts_with("INSTANCE "), "{text}");
+        assert!(text.contains("target_down"), "{text}");
+        assert!(text.contains("answered_behind"), "{text}");
+        assert!(
+            text.ends_with(
+                "1/3 agents at index >= 120 (the prefix's X-Consul-Index now); rows answered: 3 drain, 1 ready.\n"
+            ),
+            "{text}"
+        );
+        let v = status_json(&fleet, 120);
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["agents"][1]["lag"], "target_down");
+    }
+}

@@ -1,0 +1,524 @@
+//! Running a sequence: read the keys, plan, write each step as
+//! compare-and-set transactions of at most [`MAX_TXN_OPS`] keys, wait,
+//! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
+//! between steps on a signal, and print the report.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_util::sync::CancellationToken;
+
+use super::confirm;
+use super::error::{exit, Failure};
+use super::haproxy::{self, Server};
+use super::output::{err_line, out_line};
+use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
+use super::progress::{Run, StepStatus, Stop};
+use super::report::Report;
+use super::select::{Target, ASSUMED_ROW_KEYS};
+use crate::cli::ConfirmArgs;
+use crate::consul::{ConsulClient, TxnOp, TxnOutcome, MAX_TXN_OPS};
+use crate::model::snapshot::build_snapshot;
+use crate::model::value::AdminState;
+
+/// How long after the drain wait HAProxy may take to show the servers of a
+/// drain from `--haproxy-socket` in DRAIN (several `agent-inter` of 2 s).
+pub const DRAIN_CHECK_GRACE: Duration = Duration::from_secs(10);
+
+/// How often the stats socket is read while waiting for DRAIN.
+pub(super) const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
+
+/// Stops sequences between steps on SIGINT, SIGTERM or SIGHUP.
+pub(super) struct Interrupt {
+    pub(super) token: CancellationToken,
+    pub(super) signal: Arc<Mutex<Option<(&'static str, u8)>>>,
+}
+
+impl Interrupt {
+    pub(super) fn install() -> std::io::Result<Interrupt> {
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        let token = CancellationToken::new();
+        let which = Arc::new(Mutex::new(None));
+        let (t, w) = (token.clone(), which.clone());
+        tokio::spawn(async move {
+            let got = tokio::select! {
+                _ = int.recv() => ("SIGINT", exit::SIGINT),
+                _ = term.recv() => ("SIGTERM", exit::SIGTERM),
+                _ = hup.recv() => ("SIGHUP", exit::SIGHUP),
+            };
+            *w.lock().unwrap() = Some(got);
+            t.cancel();
+        });
+        Ok(Interrupt {
+            token,
+            signal: which,
+        })
+    }
+
+    pub(super) fn fired(&self) -> Option<(&'static str, u8)> {
+        if self.token.is_cancelled() {
+            *self.signal.lock().unwrap()
+        } else {
+            None
+        }
+    }
+
+    /// Sleeps `d`; `false` when a signal came first.
+    pub(super) async fn sleep(&self, d: Duration) -> bool {
+        tokio::select! {
+            _ = tokio::time::sleep(d) => true,
+            _ = self.token.cancelled() => false,
+        }
+    }
+}
+
+/// The HAProxy admin state [`Writer::check_admin`] waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Want {
+    Drain,
+    Maint,
+}
+
+impl Want {
+    pub(super) fn flag(self) -> u32 {
+        match self {
+            Want::Drain => haproxy::ADMIN_FORCED_DRAIN,
+            Want::Maint => haproxy::ADMIN_FORCED_MAINT,
+        }
+    }
+
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Want::Drain => "DRAIN",
+            Want::Maint => "MAINT",
+        }
+    }
+
+    /// What a socket error means for the sequence.
+    pub(super) fn unchecked(self) -> &'static str {
+        match self {
+            Want::Drain => "cannot check that HAProxy drained the servers, so maint is not written",
+            Want::Maint => {
+                "cannot check that HAProxy put the servers in MAINT (maint is written); look \
+                 with `show servers state`"
+            }
+        }
+    }
+
+    /// The failure (exit 65) when the servers `missing` are still not in
+    /// this state on HAProxy at `socket` [`DRAIN_CHECK_GRACE`] after the
+    /// drain wait (`not_drained`) or after maint was written
+    /// (`not_in_maint`), saying what probably decides them instead.
+    pub(super) fn not_reached(self, socket: &Path, missing: &[String]) -> Failure {
+        let n = missing.len();
+        let head = format!(
+            "{} {} not in {} on HAProxy at {} {} after {}: {}.",
+            n,
+            if n == 1 { "server is" } else { "servers are" },
+            self.name(),
+            socket.display(),
+            humantime::format_duration(DRAIN_CHECK_GRACE),
+            match self {
+                Want::Drain => "the drain wait",
+                Want::Maint => "maint was written",
+            },
+            missing.join(", "),
+        );
+        let its = if n == 1 { "Its" } else { "Their" };
+        let (kind, message) = match self {
+            Want::Drain => (
+                "not_drained",
+                format!(
+                    "not drained by the agent: {head} The key written does not decide \
+                     {} here: {} agent-send line may start with another key (with \
+                     --haproxy-socket alone the row key is only assumed to be \
+                     <backend>/<server>: drain with --haproxy-config, which reads it), or \
+                     this node's agent is not answering or not in sync (`curl -s \
+                     http://127.0.0.1:9778/status`); maint is not written. Take the drain \
+                     back with `state undrain` and the same selection",
+                    if n == 1 { "it" } else { "them" },
+                    its.to_lowercase(),
+                ),
+            ),
+            Want::Maint => (
+                "not_in_maint",
+                format!(
+                    "not in maint: {head} maint is written to {} key, but \
+                     something else decides first: {} agent-send probably starts \
+                     with another key (a group key such as `canary` at drain), \
+                     or the server was set from the HAProxy CLI. Find what \
+                     decides with `state explain` and the server's agent-send \
+                     line (--haproxy-config), and take it out that way",
+                    if n == 1 { "its" } else { "their" },
+                    its.to_lowercase(),
+                ),
+            ),
+        };
+        Failure::new(exit::DATAERR, kind, message)
+    }
+}
+
+/// One `state` command's connection: the Consul client, the prefix (ending
+/// in `/`), and whether output is `--json`.
+pub(super) struct Writer {
+    pub(super) client: ConsulClient,
+    pub(super) prefix: String,
+    pub(super) json: bool,
+    /// Set when write steps are to be confirmed through Prometheus.
+    pub(super) confirm: Option<ConfirmArgs>,
+}
+
+impl Writer {
+    pub(super) fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    pub(super) fn print_json(&self, value: Value) {
+        out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
+    }
+
+    /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
+    /// stopping at the first conflict, error or signal. Prints a report of
+    /// where every key is now, in every case.
+    pub(super) async fn sequence(
+        &self,
+        action: &'static str,
+        target: Target,
+        dry_run: bool,
+        make_plan: impl FnOnce(Vec<(String, Current)>) -> Result<Plan, Failure>,
+    ) -> Result<(), Failure> {
+        if target.keys.is_empty() {
+            return Err(target.nothing_selected());
+        }
+        let answer = self
+            .client
+            .list_prefix(&self.prefix, 0, Duration::ZERO)
+            .await?;
+        let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
+        let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
+        if target.assumed {
+            err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
+        }
+        let mut run = Run::new(&plan, answer.index);
+        let mut failure = None;
+        if dry_run {
+            run.statuses
+                .iter_mut()
+                .for_each(|s| *s = StepStatus::Planned);
+        } else if !plan.steps.is_empty() {
+            let stop = self.execute(action, &plan, &target, &mut run).await.err();
+            // Report what Consul holds now, not only what was written: after
+            // a conflict another writer's value is the truth.
+            if let Ok(after) = self
+                .client
+                .list_prefix(&self.prefix, 0, Duration::ZERO)
+                .await
+            {
+                run.observed = Some((
+                    currents(&self.prefix, &after.pairs, &target.keys)
+                        .into_iter()
+                        .collect(),
+                    build_snapshot(&self.prefix, after.index, &after.pairs),
+                ));
+            }
+            // The message is written after that read, so that it says what
+            // the keys hold now, as the report's table does.
+            failure = stop.map(|stop| run.stopped(&plan, stop));
+        }
+        let report = Report {
+            action,
+            dry_run,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: failure.as_ref(),
+        };
+        if self.json {
+            self.print_json(report.json());
+        } else {
+            out_line(report.text().trim_end_matches('\n'));
+        }
+        match failure {
+            None => Ok(()),
+            Some(mut f) => {
+                f.reported = true;
+                Err(f)
+            }
+        }
+    }
+
+    pub(super) async fn execute(
+        &self,
+        action: &str,
+        plan: &Plan,
+        target: &Target,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let interrupt = Interrupt::install().map_err(|e| {
+            Stop::Setup(Failure::new(
+                1,
+                "runtime",
+                format!("cannot watch signals: {e}; nothing written"),
+            ))
+        })?;
+        for (i, step) in plan.steps.iter().enumerate() {
+            if let Some((name, code)) = interrupt.fired() {
+                return Err(Stop::Signal {
+                    step: i,
+                    name,
+                    code,
+                });
+            }
+            match step {
+                Step::Wait { duration, purpose } => {
+                    let what = match purpose {
+                        WaitFor::Drain => {
+                            "for sessions to finish before maint. Ctrl-C now \
+                                           leaves drain in place and does not write maint"
+                        }
+                        WaitFor::Maint => {
+                            "so every HAProxy applies maint before the key is \
+                                           cleared. Ctrl-C now leaves maint in place"
+                        }
+                    };
+                    err_line(&format!(
+                        "{action}: waiting {} {what}",
+                        humantime::format_duration(*duration)
+                    ));
+                    if !interrupt.sleep(*duration).await {
+                        let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                        run.statuses[i] = StepStatus::Interrupted;
+                        return Err(Stop::Signal {
+                            step: i,
+                            name,
+                            code,
+                        });
+                    }
+                    run.statuses[i] = StepStatus::Done;
+                    if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
+                        (purpose, &target.socket, plan.steps.get(i + 1))
+                    {
+                        let servers = target.servers_of(keys);
+                        self.check_admin(action, socket, &servers, Want::Drain, &interrupt, run)
+                            .await
+                            .map_err(|stop| stop.at(i + 1))?;
+                    }
+                }
+                Step::Write {
+                    change,
+                    flags,
+                    keys,
+                } => {
+                    let chunks = keys.chunks(MAX_TXN_OPS).count();
+                    for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
+                        if n > 0 {
+                            if let Some((name, code)) = interrupt.fired() {
+                                run.statuses[i] = StepStatus::Partial;
+                                return Err(Stop::Signal {
+                                    step: i,
+                                    name,
+                                    code,
+                                });
+                            }
+                        }
+                        if let Err(failure) = self.write_chunk(*change, *flags, chunk, run).await {
+                            run.statuses[i] = if n == 0 {
+                                StepStatus::Failed
+                            } else {
+                                StepStatus::Partial
+                            };
+                            return Err(Stop::Failed { step: i, failure });
+                        }
+                    }
+                    run.statuses[i] = StepStatus::Done;
+                    err_line(&format!(
+                        "{action}: {} written to {} key{} ({chunks} transaction{})",
+                        change.describe(),
+                        keys.len(),
+                        if keys.len() == 1 { "" } else { "s" },
+                        if chunks == 1 { "" } else { "s" },
+                    ));
+                    match self
+                        .confirm_written(action, *change, keys, &run.indexes, &interrupt.token)
+                        .await
+                    {
+                        Ok(confirmed) => run.confirmations[i] = confirmed,
+                        Err(confirm::Unconfirmed::Failed(failure)) => {
+                            return Err(Stop::Failed { step: i, failure })
+                        }
+                        Err(confirm::Unconfirmed::Interrupted) => {
+                            let (name, code) =
+                                interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                            return Err(Stop::Signal {
+                                step: i,
+                                name,
+                                code,
+                            });
+                        }
+                    }
+                    let after_drain_wait = i > 0
+                        && matches!(
+                            plan.steps[i - 1],
+                            Step::Wait {
+                                purpose: WaitFor::Drain,
+                                ..
+                            }
+                        );
+                    if let (Change::Set(AdminState::Maint), true, Some(socket)) =
+                        (change, after_drain_wait, &target.socket)
+                    {
+                        let servers = target.servers_of(keys);
+                        self.check_admin(action, socket, &servers, Want::Maint, &interrupt, run)
+                            .await
+                            .map_err(|stop| stop.at(i))?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// With servers from the stats socket, reads `show servers state` there
+    /// again until every server in `servers` is in the state `want`, for at
+    /// most [`DRAIN_CHECK_GRACE`]:
+    ///
+    /// - [`Want::Drain`], after the drain wait: a server HAProxy does not
+    ///   drain is one whose agent-send line does not start with the assumed
+    ///   row key; the sequence stops before maint (exit 65, `not_drained`).
+    /// - [`Want::Maint`], after maint was written: a server HAProxy does not
+    ///   put in MAINT is decided by something else first (a group key earlier
+    ///   on its agent-send line, e.g. `canary` = drain, which also fooled the
+    ///   DRAIN check); exit 65, `not_in_maint`.
+    pub(super) async fn check_admin(
+        &self,
+        action: &str,
+        socket: &Path,
+        servers: &[&Server],
+        want: Want,
+        interrupt: &Interrupt,
+        run: &mut Run,
+    ) -> Result<(), Stop> {
+        let failed = |failure: Failure| Stop::Failed { step: 0, failure };
+        let deadline = tokio::time::Instant::now() + DRAIN_CHECK_GRACE;
+        loop {
+            let reached =
+                haproxy::with_admin_flag_from_socket(socket, want.flag()).map_err(|e| {
+                    let mut f = Failure::from(e);
+                    f.message = format!("{}; {}", f.message, want.unchecked());
+                    failed(f)
+                })?;
+            let missing: Vec<String> = servers
+                .iter()
+                .map(|s| s.id())
+                .filter(|id| reached.get(id) != Some(&true))
+                .collect();
+            if missing.is_empty() {
+                err_line(&format!(
+                    "{action}: HAProxy at {} shows {} server{} in {}",
+                    socket.display(),
+                    servers.len(),
+                    if servers.len() == 1 { "" } else { "s" },
+                    want.name(),
+                ));
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                match want {
+                    Want::Drain => run.not_drained.clone_from(&missing),
+                    Want::Maint => run.not_in_maint.clone_from(&missing),
+                }
+                return Err(failed(want.not_reached(socket, &missing)));
+            }
+            if !interrupt.sleep(DRAIN_CHECK_POLL).await {
+                let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
+                return Err(Stop::Signal {
+                    step: 0,
+                    name,
+                    code,
+                });
+            }
+        }
+    }
+
+    /// One transaction: every key in `chunk` gets `change` (a value with
+    /// Consul Flags `flags`), each only if its ModifyIndex is the one last
+    /// seen.
+    pub(super) async fn write_chunk(
+        &self,
+        change: Change,
+        flags: u64,
+        chunk: &[String],
+        run: &mut Run,
+    ) -> Result<(), Failure> {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|k| {
+                let index = run.indexes.get(k).copied().unwrap_or(0);
+                match change {
+                    Change::Set(s) => TxnOp::Cas {
+                        key: self.full(k),
+                        value: s.to_string().into_bytes(),
+                        flags,
+                        index,
+                    },
+                    Change::Clear => TxnOp::DeleteCas {
+                        key: self.full(k),
+                        index,
+                    },
+                }
+            })
+            .collect();
+        match self.client.txn(&ops).await? {
+            TxnOutcome::Committed(results) => {
+                for k in chunk {
+                    match change {
+                        Change::Set(s) => {
+                            run.now.insert(k.clone(), Some(s));
+                        }
+                        Change::Clear => {
+                            run.now.insert(k.clone(), None);
+                            run.indexes.insert(k.clone(), 0);
+                        }
+                    }
+                }
+                for pair in results {
+                    if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
+                        run.indexes.insert(rel.to_string(), pair.modify_index);
+                    }
+                }
+                Ok(())
+            }
+            TxnOutcome::RolledBack(errors) => {
+                if let Some(e) = errors.iter().find(|e| e.is_permission_denied()) {
+                    return Err(Failure::write_denied(&e.what));
+                }
+                let mut lines = Vec::new();
+                for e in &errors {
+                    let Some(key) = chunk.get(e.op_index) else {
+                        lines.push(e.what.clone());
+                        continue;
+                    };
+                    let expected = run.indexes.get(key).copied().unwrap_or(0);
+                    let now = match self.client.get_key(&self.full(key)).await {
+                        Ok(p) => {
+                            let c = Current::from_pair(p.as_ref());
+                            format!("now {} at ModifyIndex {}", c.describe(), c.index())
+                        }
+                        Err(_) => "now unknown".to_string(),
+                    };
+                    lines.push(format!(
+                        "{key} changed since this run last read or wrote it (expected \
+                         ModifyIndex {expected}, {now})"
+                    ));
+                }
+                Err(Failure::rolled_back(&lines))
+            }
+        }
+    }
+}

@@ -1,0 +1,545 @@
+//! The fleet as the Prometheus that scrapes every agent sees it: one
+//! [`AgentView`] per scrape target, built from six instant queries on the
+//! agent's own metrics (`gitlab_haproxy_agent_consul_index`,
+//! `gitlab_haproxy_agent_answered_index`,
+//! `gitlab_haproxy_agent_last_sync_timestamp_seconds`,
+//! `gitlab_haproxy_agent_rows_seen`, `gitlab_haproxy_agent_rows_answered`)
+//! and `up`, and how it stands against one index ([`Verdict`]). The
+//! Prometheus HTTP API client is here too; [`super::confirm`] waits on it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::model::value::AnswerKind;
+
+/// Longest one Prometheus query may take: 5 s.
+pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How far back an agent's last scraped values are looked up, so that an
+/// agent whose target is down is still shown with its last index and last
+/// sync: 1 hour.
+const LOOKBACK: &str = "1h";
+
+/// Checks that `url` is a Prometheus base URL this client can ask: plain
+/// `http://` (the build has no TLS backend, as for Consul).
+pub(super) fn check_url(url: &str) -> Result<(), String> {
+    let hint = "give Prometheus's base URL, e.g. http://prometheus:9090";
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e}); {hint}"))?;
+    if parsed.scheme() != "http" || parsed.host_str().is_none() {
+        return Err(format!("{url:?} is not an http:// URL; {hint}"));
+    }
+    Ok(())
+}
+
+/// One agent as Prometheus sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentView {
+    /// The target's `instance` label.
+    pub instance: String,
+    /// Its `fqdn` label, when the scrape config sets one.
+    pub fqdn: Option<String>,
+    /// `up` is 1: the last scrape worked.
+    pub up: bool,
+    /// Last scraped `gitlab_haproxy_agent_consul_index`.
+    pub consul_index: Option<u64>,
+    /// Last scraped `gitlab_haproxy_agent_answered_index`.
+    pub answered_index: Option<u64>,
+    /// Seconds since the agent's last Consul sync, by Prometheus's clock.
+    pub last_sync_age: Option<f64>,
+    /// Last scraped `gitlab_haproxy_agent_rows_seen`.
+    pub rows_seen: Option<u64>,
+    /// Last scraped `gitlab_haproxy_agent_rows_answered`, by `state`.
+    pub rows_answered: BTreeMap<String, u64>,
+}
+
+impl AgentView {
+    /// The instance, with the FQDN when known.
+    pub fn name(&self) -> String {
+        match &self.fqdn {
+            Some(f) if *f != self.instance => format!("{} ({f})", self.instance),
+            _ => self.instance.clone(),
+        }
+    }
+
+    /// Why this agent does not confirm index `index`, if it does not.
+    pub fn lag(&self, index: u64) -> Option<Lag> {
+        if !self.up {
+            return Some(Lag::Down);
+        }
+        let Some(consul_index) = self.consul_index else {
+            return Some(Lag::NoMetrics);
+        };
+        if consul_index < index {
+            return Some(Lag::Behind);
+        }
+        if self.rows_seen.unwrap_or(0) == 0 {
+            return Some(Lag::NotAsked);
+        }
+        if self.answered_index.unwrap_or(0) < index {
+            return Some(Lag::AnsweredBehind);
+        }
+        None
+    }
+
+    fn rows(&self, state: &str) -> u64 {
+        self.rows_answered.get(state).copied().unwrap_or(0)
+    }
+}
+
+/// Why an agent lags.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lag {
+    /// Its target is down: the last scrape failed.
+    Down,
+    /// Scraped, but without the agent's metrics.
+    NoMetrics,
+    /// Its snapshot is older than the write.
+    Behind,
+    /// HAProxy asked it nothing in the last 60 s.
+    NotAsked,
+    /// Some row was last answered from an older snapshot.
+    AnsweredBehind,
+}
+
+impl Lag {
+    /// The stable name for `--json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lag::Down => "target_down",
+            Lag::NoMetrics => "no_metrics",
+            Lag::Behind => "behind",
+            Lag::NotAsked => "not_asked",
+            Lag::AnsweredBehind => "answered_behind",
+        }
+    }
+}
+
+/// Every agent target matched by the selector.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Fleet {
+    /// Sorted by instance.
+    pub agents: Vec<AgentView>,
+}
+
+/// How the fleet stands against one index.
+#[derive(Debug)]
+pub struct Verdict<'a> {
+    /// The index every agent must have reached.
+    pub index: u64,
+    /// The answer the write should produce (`drain`, `ready`, ...); `None`
+    /// for `state status`, which wrote nothing.
+    pub state: Option<&'static str>,
+    /// Agents at or past it.
+    pub confirmed: Vec<&'a AgentView>,
+    /// Agents that lag, with why.
+    pub lagging: Vec<(&'a AgentView, Lag)>,
+    /// Rows the confirmed agents last answered `state` (0 without one).
+    pub rows: u64,
+}
+
+impl Verdict<'_> {
+    /// True when there is at least one agent and none lags.
+    pub fn all_confirmed(&self) -> bool {
+        !self.confirmed.is_empty() && self.lagging.is_empty()
+    }
+}
+
+impl Fleet {
+    /// Builds the fleet from the answers to the queries of [`queries`], in
+    /// that order: the targets are those of `up`; the others add values.
+    ///
+    /// # Errors
+    ///
+    /// A text naming the query whose answer is not a Prometheus vector.
+    pub fn from_answers(answers: &[Value]) -> Result<Fleet, String> {
+        let [up, consul_index, answered_index, sync_age, rows_seen, rows_answered] = answers else {
+            return Err(format!("{} answers, not 6", answers.len()));
+        };
+        let mut agents: BTreeMap<(String, String), AgentView> = BTreeMap::new();
+        for Sample { labels, value } in samples(up, "up")? {
+            let Some(instance) = labels.get("instance") else {
+                continue;
+            };
+            agents.insert(
+                target_key(&labels),
+                AgentView {
+                    instance: instance.clone(),
+                    fqdn: labels.get("fqdn").cloned(),
+                    up: value == 1.0,
+                    consul_index: None,
+                    answered_index: None,
+                    last_sync_age: None,
+                    rows_seen: None,
+                    rows_answered: BTreeMap::new(),
+                },
+            );
+        }
+        fill(&mut agents, consul_index, "consul_index", |a, _, v| {
+            a.consul_index = Some(as_index(v))
+        })?;
+        fill(&mut agents, answered_index, "answered_index", |a, _, v| {
+            a.answered_index = Some(as_index(v))
+        })?;
+        fill(&mut agents, sync_age, "last_sync_age", |a, _, v| {
+            a.last_sync_age = Some(v.max(0.0))
+        })?;
+        fill(&mut agents, rows_seen, "rows_seen", |a, _, v| {
+            a.rows_seen = Some(as_index(v))
+        })?;
+        fill(
+            &mut agents,
+            rows_answered,
+            "rows_answered",
+            |a, labels, v| {
+                if let Some(state) = labels.get("state") {
+                    a.rows_answered.insert(state.clone(), as_index(v));
+                }
+            },
+        )?;
+        Ok(Fleet {
+            agents: agents.into_values().collect(),
+        })
+    }
+
+    /// How the fleet stands against `index`, counting rows answered `state`.
+    pub fn verdict(&self, index: u64, state: Option<AnswerKind>) -> Verdict<'_> {
+        let state = state.map(AnswerKind::as_str);
+        let mut confirmed = Vec::new();
+        let mut lagging = Vec::new();
+        for agent in &self.agents {
+            match agent.lag(index) {
+                None => confirmed.push(agent),
+                Some(lag) => lagging.push((agent, lag)),
+            }
+        }
+        let rows = state.map_or(0, |s| confirmed.iter().map(|a| a.rows(s)).sum());
+        Verdict {
+            index,
+            state,
+            confirmed,
+            lagging,
+            rows,
+        }
+    }
+}
+
+/// The PromQL queries the fleet is built from, for agents matched by
+/// `selector` (label matchers without braces).
+pub fn queries(selector: &str) -> [String; 6] {
+    let last = |metric: &str| format!("last_over_time({metric}{{{selector}}}[{LOOKBACK}])");
+    [
+        format!("up{{{selector}}}"),
+        last("gitlab_haproxy_agent_consul_index"),
+        last("gitlab_haproxy_agent_answered_index"),
+        format!(
+            "time() - {}",
+            last("gitlab_haproxy_agent_last_sync_timestamp_seconds")
+        ),
+        last("gitlab_haproxy_agent_rows_seen"),
+        last("gitlab_haproxy_agent_rows_answered"),
+    ]
+}
+
+/// Adds the values of one answer to the agents they belong to (samples of
+/// targets not in `up` are ignored).
+fn fill(
+    agents: &mut BTreeMap<(String, String), AgentView>,
+    answer: &Value,
+    what: &str,
+    mut set: impl FnMut(&mut AgentView, &Labels, f64),
+) -> Result<(), String> {
+    for sample in samples(answer, what)? {
+        if let Some(agent) = agents.get_mut(&target_key(&sample.labels)) {
+            set(agent, &sample.labels, sample.value);
+        }
+    }
+    Ok(())
+}
+
+/// A series' labels.
+type Labels = BTreeMap<String, String>;
+
+/// One sample of an instant vector.
+struct Sample {
+    labels: Labels,
+    value: f64,
+}
+
+fn target_key(labels: &Labels) -> (String, String) {
+    (
+        labels.get("job").cloned().unwrap_or_default(),
+        labels.get("instance").cloned().unwrap_or_default(),
+    )
+}
+
+fn as_index(v: f64) -> u64 {
+    if v.is_finite() && v > 0.0 {
+        v as u64
+    } else {
+        0
+    }
+}
+
+/// The samples of one instant-vector answer
+/// (`{"status":"success","data":{"resultType":"vector","result":[...]}}`,
+/// Prometheus HTTP API): labels and value.
+fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
+    if answer["status"] != "success" {
+        return Err(format!(
+            "query for {what} failed: {} {}",
+            answer["errorType"].as_str().unwrap_or("error"),
+            answer["error"].as_str().unwrap_or("(no message)")
+        ));
+    }
+    let data = &answer["data"];
+    if data["resultType"] != "vector" {
+        return Err(format!("query for {what}: not an instant vector"));
+    }
+    let Some(result) = data["result"].as_array() else {
+        return Err(format!("query for {what}: no result array"));
+    };
+    let mut out = Vec::with_capacity(result.len());
+    for sample in result {
+        let labels: Labels = sample["metric"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let value = sample["value"][1]
+            .as_str()
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("query for {what}: a sample without a numeric value"))?;
+        out.push(Sample { labels, value });
+    }
+    Ok(out)
+}
+
+/// Asks Prometheus at `base` (its URL, e.g. `http://prometheus:9090`) for
+/// every agent matched by `selector`.
+///
+/// # Errors
+///
+/// A text saying why: Prometheus unreachable, an error status (a bad
+/// selector is a 400 `bad_data`), or an answer that is not the HTTP API's.
+pub async fn fetch_fleet(
+    http: &reqwest::Client,
+    base: &str,
+    selector: &str,
+) -> Result<Fleet, FetchError> {
+    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
+    let mut answers = Vec::with_capacity(6);
+    for query in queries(selector) {
+        let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
+            message: format!("bad Prometheus URL {base:?}: {e}"),
+            lasting: true,
+        })?;
+        url.query_pairs_mut().append_pair("query", &query);
+        let passing = |message: String| FetchError {
+            message,
+            lasting: false,
+        };
+        let response = http
+            .get(url)
+            .timeout(QUERY_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| {
+                passing(format!(
+                    "Prometheus at {base} did not answer: {}",
+                    error_chain(&e)
+                ))
+            })?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| passing(format!("Prometheus at {base}: {}", error_chain(&e))))?;
+        // The HTTP API answers 400 (bad_data) to a query it cannot parse
+        // and 404 to a path that is not the API: asking again cannot help.
+        let lasting = status.is_client_error();
+        let value: Value = serde_json::from_slice(&body).map_err(|_| FetchError {
+            message: format!(
+                "Prometheus at {base} answered {status} without the HTTP API's JSON (is the \
+                 URL Prometheus's base?)"
+            ),
+            lasting,
+        })?;
+        if value["status"] != "success" {
+            return Err(FetchError {
+                message: format!(
+                    "Prometheus at {base} refused {query:?}: {} {}",
+                    value["errorType"].as_str().unwrap_or("error"),
+                    value["error"].as_str().unwrap_or("(no message)")
+                ),
+                lasting,
+            });
+        }
+        answers.push(value);
+    }
+    Fleet::from_answers(&answers).map_err(|e| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    })
+}
+
+/// Why Prometheus could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchError {
+    /// What happened, for people.
+    pub message: String,
+    /// Asking again cannot help (a selector Prometheus refuses, a URL that
+    /// is not the HTTP API's); otherwise it may (unreachable, 5xx).
+    pub lasting: bool,
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
+}
+
+pub(super) fn http_client() -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A canned series: metric name (empty: none), labels, value.
+    pub(crate) type Series<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+
+    pub(crate) fn vector(samples: &[Series<'_>]) -> Value {
+        let result: Vec<Value> = samples
+            .iter()
+            .map(|(name, labels, value)| {
+                let mut metric = serde_json::Map::new();
+                if !name.is_empty() {
+                    metric.insert("__name__".into(), json!(name));
+                }
+                for (k, v) in *labels {
+                    metric.insert((*k).into(), json!(v));
+                }
+                json!({"metric": metric, "value": [1_700_000_000.5, value]})
+            })
+            .collect();
+        json!({"status": "success", "data": {"resultType": "vector", "result": result}})
+    }
+
+    pub(crate) const JOB: (&str, &str) = ("job", "gitlab-haproxy-agent");
+
+    /// Three agents: lb-01 caught up, lb-02 down since before the write,
+    /// lb-03 synced but with one row last answered from an older snapshot.
+    pub(crate) fn answers() -> Vec<Value> {
+        let a = [JOB, ("instance", "10.0.0.1:9101"), ("fqdn", "lb-01")];
+        let b = [JOB, ("instance", "10.0.0.2:9101"), ("fqdn", "lb-02")];
+        let c = [JOB, ("instance", "10.0.0.3:9101"), ("fqdn", "lb-03")];
+        let with = |l: &[(&'static str, &'static str)], s: &'static str| {
+            let mut v = l.to_vec();
+            v.push(("state", s));
+            v
+        };
+        let (ad, bd, cd, cr) = (
+            with(&a, "drain"),
+            with(&b, "drain"),
+            with(&c, "drain"),
+            with(&c, "ready"),
+        );
+        vec![
+            vector(&[("up", &a, "1"), ("up", &b, "0"), ("up", &c, "1")]),
+            vector(&[("", &a, "120"), ("", &b, "90"), ("", &c, "120")]),
+            vector(&[("", &a, "120"), ("", &b, "90"), ("", &c, "100")]),
+            vector(&[("", &a, "1.2"), ("", &b, "75"), ("", &c, "0.4")]),
+            vector(&[("", &a, "2"), ("", &b, "2"), ("", &c, "2")]),
+            vector(&[
+                ("", &ad, "2"),
+                ("", &bd, "0"),
+                ("", &cd, "1"),
+                ("", &cr, "1"),
+            ]),
+        ]
+    }
+
+    #[test]
+    fn builds_the_fleet_from_the_query_answers() {
+        let fleet = Fleet::from_answers(&answers()).unwrap();
+        assert_eq!(fleet.agents.len(), 3);
+        let b = &fleet.agents[1];
+        assert_eq!(b.name(), "10.0.0.2:9101 (lb-02)");
+        assert!(!b.up);
+        assert_eq!(b.consul_index, Some(90));
+        assert_eq!(b.last_sync_age, Some(75.0));
+        assert_eq!(fleet.agents[2].rows_answered["ready"], 1);
+    }
+
+    #[test]
+    fn an_agent_without_rows_or_metrics_lags() {
+        let a = [JOB, ("instance", "10.0.0.1:9101")];
+        let b = [JOB, ("instance", "10.0.0.2:9101")];
+        let answers = vec![
+            vector(&[("up", &a, "1"), ("up", &b, "1")]),
+            vector(&[("", &a, "50")]),
+            vector(&[("", &a, "0")]),
+            vector(&[("", &a, "1")]),
+            vector(&[("", &a, "0")]),
+            vector(&[]),
+        ];
+        let fleet = Fleet::from_answers(&answers).unwrap();
+        let verdict = fleet.verdict(50, Some(AnswerKind::Maint));
+        let lags: Vec<Lag> = verdict.lagging.iter().map(|(_, l)| *l).collect();
+        assert_eq!(lags, [Lag::NotAsked, Lag::NoMetrics]);
+    }
+
+    #[test]
+    fn no_target_is_never_confirmed() {
+        let empty = vector(&[]);
+        let fleet = Fleet::from_answers(&vec![empty; 6]).unwrap();
+        assert!(!fleet.verdict(1, None).all_confirmed());
+    }
+
+    #[test]
+    fn refuses_answers_that_are_not_vectors() {
+        let mut answers = answers();
+        answers[2] = json!({"status": "error", "errorType": "bad_data", "error": "parse error"});
+        let e = Fleet::from_answers(&answers).unwrap_err();
+        assert_eq!(e, "query for answered_index failed: bad_data parse error");
+        answers[2] = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
+        assert!(Fleet::from_answers(&answers).is_err());
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_taken() {
+        assert!(check_url("http://127.0.0.1:9090").is_ok());
+        assert!(check_url("http://prometheus.gprd:9090/prometheus/").is_ok());
+        // `prometheus:9090` parses as scheme `prometheus`.
+        assert!(check_url("prometheus:9090").is_err());
+        assert!(check_url("https://prometheus:9090").is_err());
+        assert!(check_url("http//prometheus").is_err());
+    }
+
+    #[test]
+    fn queries_select_the_targets() {
+        let q = queries(r#"job="gitlab-haproxy-agent",environment="gprd""#);
+        assert_eq!(q[0], r#"up{job="gitlab-haproxy-agent",environment="gprd"}"#);
+        assert_eq!(
+            q[3],
+            r#"time() - last_over_time(gitlab_haproxy_agent_last_sync_timestamp_seconds{job="gitlab-haproxy-agent",environment="gprd"}[1h])"#
+        );
+    }
+}

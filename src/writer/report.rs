@@ -1,0 +1,711 @@
+//! What a `state` command prints: the key tables of `get` and `list`, the
+//! report of a sequence (text for people, `--json` for scripts), and the
+//! columns they share (value, state, reply, set-by).
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use super::error::Failure;
+use super::haproxy::{Enrolment, Server};
+use super::output::table;
+use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
+use super::progress::{Confirmation, Run};
+use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
+use crate::consul::KvPair;
+use crate::model::marks::is_drain_mark;
+use crate::model::snapshot::{Answer, Entry, Snapshot};
+use crate::model::value::{parse_value, AdminState, InvalidValue};
+
+/// A value for display: as stored when it is plain text, else quoted.
+pub(super) fn display_value(raw: &[u8]) -> String {
+    match std::str::from_utf8(raw) {
+        Ok(s) if !s.is_empty() && s.len() <= 40 && s.bytes().all(|b| b.is_ascii_graphic()) => {
+            s.to_string()
+        }
+        _ => show_raw(raw),
+    }
+}
+
+pub(super) fn reply_text(state: AdminState) -> String {
+    String::from_utf8_lossy(state.reply().as_bytes())
+        .trim_end()
+        .to_string()
+}
+
+pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
+    match pair {
+        None => json!({"key": key, "present": false}),
+        Some(p) => {
+            let mut v = json!({
+                "key": key,
+                "present": true,
+                "value": String::from_utf8_lossy(&p.value),
+                "modify_index": p.modify_index,
+                "flags": p.flags,
+                "by_drain": is_row_key(key) && is_drain_mark(p.flags),
+                "set_by": set_by(key, p.flags),
+            });
+            match parse_value(&p.value) {
+                Ok(s) => {
+                    v["valid"] = json!(true);
+                    v["state"] = json!(s.to_string());
+                    v["reply"] = json!(reply_text(s));
+                }
+                Err(e) => {
+                    v["valid"] = json!(false);
+                    v["error"] = json!(e.to_string());
+                }
+            }
+            v
+        }
+    }
+}
+
+pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value {
+    let mut v = key_json(key, Some(pair));
+    // The agent's verdict, key validity included.
+    if let Some(Entry::Invalid(e)) = snapshot.keys.get(key).map(|k| &k.entry) {
+        v["valid"] = json!(false);
+        v["error"] = json!(e.to_string());
+        if let Some(o) = v.as_object_mut() {
+            o.remove("state");
+            o.remove("reply");
+        }
+    }
+    v
+}
+
+/// The REPLY column for a key the agent holds invalid: a server whose first
+/// key it is gets no answer (frozen in its current state), but no server can
+/// name a key that is not a valid identity.
+pub(super) fn invalid_reply(e: &InvalidValue) -> String {
+    match e {
+        InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
+        _ => "none (frozen)".to_string(),
+    }
+}
+
+pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
+    let (state, reply) = match entry {
+        Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
+        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), invalid_reply(e)),
+        None => match parse_value(&pair.value) {
+            Ok(s) => (s.to_string(), reply_text(s)),
+            Err(e) => (format!("INVALID: {e}"), invalid_reply(&e)),
+        },
+    };
+    vec![
+        key.to_string(),
+        display_value(&pair.value),
+        state,
+        reply,
+        pair.modify_index.to_string(),
+        set_by(key, pair.flags),
+    ]
+}
+
+/// The SET-BY column: `-` for a group key (its Flags mean nothing), else
+/// [`mark_name`].
+pub(super) fn set_by(key: &str, flags: u64) -> String {
+    if is_row_key(key) {
+        mark_name(flags)
+    } else {
+        "-".to_string()
+    }
+}
+
+/// What a row key's Flags say: `drain` for the drain mark (odd Flags; an
+/// earlier version's larger odd value shown with it), `hand` for even Flags
+/// (with them when they are not 0).
+pub(super) fn mark_name(flags: u64) -> String {
+    match (is_drain_mark(flags), flags) {
+        (true, 1) => "drain".to_string(),
+        (true, _) => format!("drain (flags {flags})"),
+        (false, 0) => "hand".to_string(),
+        (false, _) => format!("hand (flags {flags})"),
+    }
+}
+
+pub(super) const KEY_HEADER: [&str; 6] =
+    ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
+
+/// The key table of `get` and `list`: with the snapshot, the agent's
+/// verdict on each key (key validity included).
+pub(super) fn key_table(rows: &[(String, &KvPair)], snapshot: Option<&Snapshot>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|(k, p)| {
+            let entry = snapshot
+                .and_then(|s| s.keys.get(k.as_str()))
+                .map(|s| &s.entry);
+            key_row(k, p, entry)
+        })
+        .collect();
+    table(&KEY_HEADER, &rows)
+}
+
+/// True for a state that keeps a server in rotation: ready, or a weight
+/// above 0.
+fn in_service(state: AdminState) -> bool {
+    matches!(state, AdminState::Ready | AdminState::Weight(1..))
+}
+
+/// The report printed at the end of a sequence.
+pub(super) struct Report<'a> {
+    pub(super) action: &'static str,
+    pub(super) dry_run: bool,
+    pub(super) plan: &'a Plan,
+    pub(super) run: &'a Run,
+    pub(super) target: &'a Target,
+    pub(super) snapshot: &'a Snapshot,
+    pub(super) failure: Option<&'a Failure>,
+}
+
+impl Report<'_> {
+    /// The snapshot the agents hold now (or will, for a dry run).
+    pub(super) fn snapshot_now(&self) -> Snapshot {
+        if self.dry_run {
+            return plan::snapshot_after(self.snapshot, &self.plan.keys);
+        }
+        if let Some((_, snapshot)) = &self.run.observed {
+            return snapshot.clone();
+        }
+        let reached: Vec<plan::KeyPlan> = self
+            .run
+            .now
+            .iter()
+            .map(|(k, s)| plan::KeyPlan {
+                key: k.clone(),
+                before: Current::Absent,
+                after: *s,
+                note: None,
+                set_by_hand: false,
+            })
+            .collect();
+        plan::snapshot_after(self.snapshot, &reached)
+    }
+
+    /// The keys left alone because they were set by hand, each with the
+    /// server it decides (`None` without servers), in the report's order.
+    pub(super) fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
+        let hand = self.plan.keys.iter().filter(|k| k.set_by_hand);
+        if self.target.servers.is_empty() {
+            return hand.map(|k| (None, k)).collect();
+        }
+        let hand: HashMap<&str, &plan::KeyPlan> = hand.map(|k| (k.key.as_str(), k)).collect();
+        self.target
+            .servers
+            .iter()
+            .filter_map(|s| Some((Some(s.id()), *hand.get(s.row_key()?)?)))
+            .collect()
+    }
+
+    /// The lines naming the servers left alone because their keys were set
+    /// by hand, so on-call sees them; empty when there are none.
+    pub(super) fn set_by_hand_text(&self) -> String {
+        let hand = self.set_by_hand();
+        if hand.is_empty() {
+            return String::new();
+        }
+        let n = hand.len();
+        let (them, verb) = if n == 1 {
+            ("its key was", "it stays")
+        } else {
+            ("their keys were", "they stay")
+        };
+        let mut out = format!(
+            "{n} server{} left alone: {them} set by hand (drain, maint or 0% with even Consul \
+             Flags, not the mark of `state drain`), so {verb} as set:\n",
+            if n == 1 { "" } else { "s" },
+        );
+        let rows: Vec<Vec<String>> = hand
+            .iter()
+            .map(|(server, k)| {
+                vec![
+                    server.clone().unwrap_or_else(|| "-".into()),
+                    k.key.clone(),
+                    k.before.describe(),
+                    k.before.flags().to_string(),
+                    k.before.index().to_string(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
+            &rows,
+        ));
+        out.push_str(
+            "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
+             `state set KEY maint` first, so slowstart ramps).\n",
+        );
+        out
+    }
+
+    /// True when the plan takes its keys out (a drain), false when it
+    /// brings them back.
+    fn draining(&self) -> bool {
+        self.plan
+            .keys
+            .iter()
+            .any(|k| k.after == Some(AdminState::Maint))
+    }
+
+    /// For a group sequence without servers to preview: the row keys that
+    /// keep a server of the group where the group key does not put it, since
+    /// a row key with a value decides first. After a drain, those in service
+    /// (ready or a weight above 0); after an undrain, those out (drain,
+    /// maint or `0%`).
+    pub(super) fn overrides(&self) -> Vec<(String, AdminState)> {
+        if self.target.group.is_none() || !self.target.servers.is_empty() {
+            return Vec::new();
+        }
+        let draining = self.draining();
+        let mut keys: Vec<(String, AdminState)> = self
+            .snapshot
+            .keys
+            .iter()
+            .filter_map(|(k, s)| match s.entry {
+                Entry::Valid(state) if is_row_key(k) && in_service(state) == draining => {
+                    Some((k.to_string(), state))
+                }
+                _ => None,
+            })
+            .collect();
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys
+    }
+
+    /// The lines naming the row keys that decide before the group
+    /// ([`Report::overrides`]); empty when there are none.
+    pub(super) fn overrides_text(&self) -> String {
+        const SHOWN: usize = 10;
+        let keys = self.overrides();
+        if keys.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = keys
+            .iter()
+            .take(SHOWN)
+            .map(|(k, s)| format!("{k} = {s}"))
+            .collect();
+        let n = keys.len();
+        let (are, stays) = if self.draining() {
+            ("in service", "stays in service")
+        } else {
+            ("at drain, maint or 0%", "stays out")
+        };
+        format!(
+            "Row keys decide before any group key, and {n} row key{} {are}: {}{}. A server of \
+             {} whose row key is one of them {stays}. See which with --haproxy-config (a load \
+             balancer's configuration) or `state explain KEY GROUPS...`.\n",
+            if n == 1 { " is" } else { "s are" },
+            list.join(", "),
+            if n > SHOWN { ", ..." } else { "" },
+            self.target.group.as_deref().unwrap_or("the group"),
+        )
+    }
+
+    pub(super) fn outcome(&self) -> &'static str {
+        match self.failure {
+            Some(f) => f.kind,
+            None if self.dry_run => "dry_run",
+            None if self.plan.steps.is_empty() => "nothing_to_do",
+            None => "done",
+        }
+    }
+
+    pub(super) fn server_answer(snapshot: &Snapshot, server: &Server) -> (String, Option<String>) {
+        let ids: Vec<&str> = match &server.enrolment {
+            Enrolment::Enrolled { identities, .. } => {
+                identities.iter().map(String::as_str).collect()
+            }
+            Enrolment::NotEnrolled(_) => return ("-".into(), None),
+        };
+        match snapshot.lookup(ids.iter().copied()) {
+            Answer::State { state, decided_by } => {
+                (reply_text(state), decided_by.map(|d| ids[d].to_string()))
+            }
+            Answer::Invalid { decided_by } => (
+                "none (invalid value)".into(),
+                Some(ids[decided_by].to_string()),
+            ),
+        }
+    }
+
+    pub(super) fn steps_json(&self) -> Vec<Value> {
+        self.plan
+            .steps
+            .iter()
+            .zip(&self.run.statuses)
+            .zip(&self.run.confirmations)
+            .map(|((step, status), confirmed)| match step {
+                Step::Write {
+                    change,
+                    flags,
+                    keys,
+                } => json!({
+                    "write": change.describe(), "flags": flags, "keys": keys,
+                    "status": status.as_str(),
+                    "confirmed": confirmed.as_ref().map(Confirmation::json),
+                }),
+                Step::Wait { duration, purpose } => json!({
+                    "wait_seconds": duration.as_secs_f64(),
+                    "for": match purpose { WaitFor::Drain => "drain", WaitFor::Maint => "maint" },
+                    "status": status.as_str(),
+                }),
+            })
+            .collect()
+    }
+
+    pub(super) fn json(&self) -> Value {
+        let now = self.snapshot_now();
+        json!({
+            "ok": self.failure.is_none(),
+            "action": self.action,
+            "outcome": self.outcome(),
+            "dry_run": self.dry_run,
+            "prefix_read_at_index": self.run.read_index,
+            "source": self.target.source,
+            "group": self.target.group,
+            "row_keys_assumed": self.target.assumed,
+            "not_drained": self.run.not_drained,
+            "not_in_maint": self.run.not_in_maint,
+            "steps": self.steps_json(),
+            "keys": self.plan.keys.iter().map(|k| json!({
+                "key": k.key,
+                "before": k.before.describe(),
+                "modify_index_before": k.before.index(),
+                "flags": k.before.flags(),
+                "by_drain": is_row_key(&k.key) && k.before.by_drain(),
+                "set_by_hand": k.set_by_hand,
+                "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
+                "target": k.after.map_or("absent".into(), |s| s.to_string()),
+                "note": k.note,
+            })).collect::<Vec<_>>(),
+            "set_by_hand": self.set_by_hand().iter().map(|(server, k)| json!({
+                "server": server,
+                "key": k.key,
+                "value": k.before.describe(),
+                "flags": k.before.flags(),
+            })).collect::<Vec<_>>(),
+            "row_keys_deciding_first": self.overrides().iter().map(|(k, v)| json!({
+                "key": k, "value": v.to_string(),
+            })).collect::<Vec<_>>(),
+            "servers": self.target.servers.iter().map(|s| {
+                let (answer, decided_by) = Self::server_answer(&now, s);
+                json!({
+                    "server": s.id(),
+                    "key": self.target.key_of(s),
+                    "groups": s.groups,
+                    "template": s.template,
+                    "agent_answer": answer,
+                    "decided_by": decided_by,
+                })
+            }).collect::<Vec<_>>(),
+            "not_written": self.target.not_written.iter().map(|(s, why)| json!({
+                "server": s.id(), "reason": why, "groups": s.groups,
+            })).collect::<Vec<_>>(),
+            "error": self.failure.map(Failure::json),
+        })
+    }
+
+    pub(super) fn text(&self) -> String {
+        let mut out = String::new();
+        let headline = match self.outcome() {
+            "dry_run" => "dry run, nothing written; the plan".to_string(),
+            "nothing_to_do" => "nothing to do".to_string(),
+            "done" => "done".to_string(),
+            other => format!("stopped ({other})"),
+        };
+        let hand = self.set_by_hand().len();
+        let hand = match hand {
+            0 => String::new(),
+            1 => "; 1 server set by hand left alone (see below)".to_string(),
+            n => format!("; {n} servers set by hand left alone (see below)"),
+        };
+        out.push_str(&format!("{}: {headline}{hand}\n", self.action));
+        if self.dry_run || self.failure.is_some() {
+            for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
+                let what = match step {
+                    Step::Write { change, keys, .. } => format!(
+                        "write {} to {} key{}",
+                        change.describe(),
+                        keys.len(),
+                        if keys.len() == 1 { "" } else { "s" }
+                    ),
+                    Step::Wait { duration, .. } => {
+                        format!("wait {}", humantime::format_duration(*duration))
+                    }
+                };
+                out.push_str(&format!("  {what}: {}\n", status.as_str()));
+            }
+        }
+        let now = self.snapshot_now();
+        let now_header = if self.dry_run { "AFTER" } else { "NOW" };
+        if self.target.servers.is_empty() {
+            let rows: Vec<Vec<String>> = self
+                .plan
+                .keys
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.key.clone(),
+                        k.before.describe(),
+                        if self.dry_run {
+                            k.after.map_or("absent".into(), |s| s.to_string())
+                        } else {
+                            self.run.now_of(&k.key, &k.before)
+                        },
+                        k.note.unwrap_or("").to_string(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(&["KEY", "BEFORE", now_header, "NOTE"], &rows));
+        } else {
+            let by_key: HashMap<&str, &plan::KeyPlan> =
+                self.plan.keys.iter().map(|k| (k.key.as_str(), k)).collect();
+            let rows: Vec<Vec<String>> = self
+                .target
+                .servers
+                .iter()
+                .map(|s| {
+                    let key = self.target.key_of(s).unwrap_or("-");
+                    let (answer, decided_by) = Self::server_answer(&now, s);
+                    let (before, after, mut note) = match by_key.get(key) {
+                        Some(k) => (
+                            k.before.describe(),
+                            if self.dry_run {
+                                k.after.map_or("absent".into(), |s| s.to_string())
+                            } else {
+                                self.run.now_of(key, &k.before)
+                            },
+                            k.note.unwrap_or(""),
+                        ),
+                        None => ("-".into(), "-".into(), ""),
+                    };
+                    if decided_by.as_deref().is_some_and(|d| d != key) {
+                        note = "another key decides first: not moved by this one";
+                    }
+                    vec![
+                        s.id(),
+                        key.to_string(),
+                        before,
+                        after,
+                        match decided_by {
+                            Some(d) => format!("{answer} ({d})"),
+                            None => answer,
+                        },
+                        note.to_string(),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(
+                &[
+                    "SERVER",
+                    "KEY",
+                    "BEFORE",
+                    now_header,
+                    "AGENT ANSWERS",
+                    "NOTE",
+                ],
+                &rows,
+            ));
+        }
+        if !self.target.not_written.is_empty() {
+            let n = self.target.not_written.len();
+            out.push_str(&format!(
+                "{n} server{} of the selection not decided by the key{} written (take them out \
+                 another way if needed):\n",
+                if n == 1 { "" } else { "s" },
+                if self.target.keys.len() == 1 { "" } else { "s" },
+            ));
+            let rows: Vec<Vec<String>> = self
+                .target
+                .not_written
+                .iter()
+                .map(|(s, why)| vec![s.id(), why.clone()])
+                .collect();
+            out.push_str(&table(&["SERVER", "REASON"], &rows));
+        }
+        out.push_str(&self.set_by_hand_text());
+        out.push_str(&self.overrides_text());
+        if let (Some(group), Some(source), true) = (
+            &self.target.group,
+            &self.target.source,
+            self.target.servers.is_empty() && self.target.not_written.is_empty(),
+        ) {
+            out.push_str(&format!(
+                "No server in {source} names {group}: the key is for the fleet's other load \
+                 balancers, or mistyped.\n"
+            ));
+        }
+        if let Some(source) = &self.target.source {
+            out.push_str(&format!("Servers read from {source}.\n"));
+        }
+        if self.target.source.is_none() && self.target.group.is_none() {
+            let mut note = NAMED_ROW_KEY.to_string();
+            note[..1].make_ascii_uppercase();
+            out.push_str(&format!("{note}.\n"));
+        }
+        if self.target.assumed {
+            let mut note = ASSUMED_ROW_KEYS.to_string();
+            note[..1].make_ascii_uppercase();
+            out.push_str(&format!("{note}.\n"));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    use crate::model::marks::DRAIN_FLAGS;
+    use crate::model::snapshot::build_snapshot;
+    use crate::writer::haproxy;
+    use crate::writer::plan::{currents, plan_drain, plan_undrain};
+    use crate::writer::select::tests::{selector, CONFIG};
+
+    #[test]
+    fn set_by_column_names_the_drain_mark() {
+        assert_eq!(set_by("web/a", DRAIN_FLAGS), "drain");
+        assert_eq!(set_by("web/a", 0), "hand");
+        assert_eq!(set_by("web/a", 42), "hand (flags 42)");
+        // An earlier version's mark, with its selection id.
+        assert_eq!(set_by("web/a", 0x2469_579b), "drain (flags 610883483)");
+        // Group keys have no set-by-hand rule.
+        for flags in [0, DRAIN_FLAGS, 15, 42] {
+            assert_eq!(set_by("canary", flags), "-");
+        }
+    }
+
+    fn pair(key: &str, value: &[u8], flags: u64) -> KvPair {
+        KvPair {
+            key: format!("p/{key}"),
+            value: value.to_vec(),
+            modify_index: 5,
+            flags,
+        }
+    }
+
+    #[test]
+    fn report_names_servers_left_alone_because_set_by_hand() {
+        let select = selector(None, Some("web"), None);
+        let target = Target::select(haproxy::parse_config(CONFIG), &select, None, "cfg".into());
+        let pairs = [
+            pair("web/web-01", b"maint", 0),
+            pair("web/web-02", b"maint", DRAIN_FLAGS),
+        ];
+        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let run = Run::new(&plan, 9);
+        let snapshot = Snapshot::default();
+        let report = Report {
+            action: "undrain",
+            dry_run: true,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: None,
+        };
+        let text = report.text();
+        assert!(
+            text.starts_with("undrain: dry run, nothing written; the plan; 1 server set by hand"),
+            "{text}"
+        );
+        assert!(
+            text.contains("1 server left alone: its key was set by hand"),
+            "{text}"
+        );
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("web/web-01") && l.ends_with(" 5"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(
+            row.split_whitespace().collect::<Vec<_>>(),
+            ["web/web-01", "web/web-01", "maint", "0", "5"]
+        );
+        assert!(text.contains("web/web-tpl1  server-template"), "{text}");
+        let v = report.json();
+        assert_eq!(
+            v["set_by_hand"],
+            json!([{"server": "web/web-01", "key": "web/web-01", "value": "maint", "flags": 0}])
+        );
+        let keys = v["keys"].as_array().unwrap();
+        assert_eq!(keys[0]["set_by_hand"], true);
+        assert_eq!(keys[1]["by_drain"], true);
+        assert_eq!(keys[1]["set_by_hand"], false);
+    }
+
+    #[test]
+    fn a_group_drain_names_row_keys_that_decide_first() {
+        let pairs = [
+            pair("web/web-02", b"50%", 0),
+            pair("web/web-09", b"maint", 0),
+            pair("canary", b"ready", 0),
+        ];
+        let snapshot = build_snapshot("p/", 9, &pairs);
+        // With the configuration: per server, the row key decides first.
+        let select = selector(Some("b"), None, None);
+        let target = Target::select(
+            haproxy::parse_config(CONFIG),
+            &select,
+            Some("zone-b".into()),
+            "cfg".into(),
+        );
+        let plan = plan_drain(currents("p/", &pairs, &target.keys), Duration::ZERO);
+        let run = Run::new(&plan, 9);
+        let report = Report {
+            action: "drain",
+            dry_run: true,
+            plan: &plan,
+            run: &run,
+            target: &target,
+            snapshot: &snapshot,
+            failure: None,
+        };
+        let text = report.text();
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("web/web-02"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("ready 50% (web/web-02)"), "{text}");
+        assert!(row.contains("another key decides first"), "{text}");
+        let tpl = text
+            .lines()
+            .find(|l| l.starts_with("web/web-tpl1"))
+            .unwrap();
+        assert!(tpl.contains("maint 100% (zone-b)"), "{text}");
+        // Without it: the row keys in service are listed.
+        let target = Target::group("zone-b");
+        let report = Report {
+            target: &target,
+            ..report
+        };
+        let text = report.text();
+        assert!(
+            text.contains("1 row key is in service: web/web-02 = 50%. A server of zone-b"),
+            "{text}"
+        );
+        assert_eq!(
+            report.json()["row_keys_deciding_first"],
+            json!([{"key": "web/web-02", "value": "50%"}])
+        );
+        // After an undrain, the row keys that keep servers out.
+        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let report = Report {
+            plan: &plan,
+            ..report
+        };
+        assert!(
+            report
+                .text()
+                .contains("1 row key is at drain, maint or 0%: web/web-09 = maint. A server of zone-b whose row key is one of them stays out."),
+            "{}",
+            report.text()
+        );
+    }
+}

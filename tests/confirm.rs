@@ -1,0 +1,393 @@
+//! Confirmation of writes through a real Prometheus scraping two real
+//! agents (each asked by its own real HAProxy, as on two load balancers)
+//! that follow a real Consul: `--confirm-prometheus` confirms each step
+//! when both agents answer from the write's index, and names the agent
+//! that lags, exiting 68, when one is stopped. `state status` shows the
+//! same fleet.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+use support::prometheus::Prometheus;
+use support::{haproxy_config, server_line, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+
+/// HAProxy's agent-inter in these tests.
+const INTER_MS: u64 = 200;
+
+/// The exit status of a write not confirmed in time (EX_NOHOST).
+const NOT_CONFIRMED: i32 = 68;
+
+/// A finished CLI run.
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn cli(consul: &Consul, args: &[&str]) -> Run {
+    let out = Command::new(AGENT_BIN)
+        .env_clear()
+        // The wait floor follows this HAProxy's agent-inter, so the tests
+        // can wait 1 s between steps.
+        .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
+        .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
+        .env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            "/nonexistent/haproxy.cfg",
+        )
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", &consul.url()])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the CLI");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A load balancer: an agent and the HAProxy that asks it about two
+/// servers, a canary and another.
+struct Lb {
+    agent: Agent,
+    _haproxy: Haproxy,
+}
+
+fn lb(consul: &Consul) -> Lb {
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    backends.push_str(&server_line("web", "web-01", &[], port, INTER_MS));
+    backends.push_str(&server_line(
+        "web",
+        "web-cny-01",
+        &["canary"],
+        port,
+        INTER_MS,
+    ));
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    Lb {
+        agent,
+        _haproxy: haproxy,
+    }
+}
+
+/// The ModifyIndex of `PREFIX + key`.
+fn modify_index(consul: &Consul, key: &str) -> u64 {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+    assert_eq!(status, 200, "{key} is absent");
+    let v: Value = serde_json::from_slice(&body).unwrap();
+    v[0]["ModifyIndex"].as_u64().unwrap()
+}
+
+#[test]
+fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
+    let consul = Consul::start();
+    let one = lb(&consul);
+    let mut two = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http, two.agent.http]);
+    let prom = prometheus.url();
+    // Both scraped, both asked about their two rows.
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            2,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape both agents asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "disable",
+            "--drain-wait",
+            "1s",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "20s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let maint_index = modify_index(&consul, "canary");
+    // The report records each write step's confirmation.
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    let steps = report["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 3, "{report}");
+    let drain = &steps[0]["confirmed"];
+    assert_eq!(drain["agents_at_index"], 2, "{report}");
+    assert_eq!(drain["state"], "drain", "{report}");
+    assert_eq!(drain["rows_answered"], 2, "{report}");
+    assert!(drain["index"].as_u64().unwrap() < maint_index, "{report}");
+    assert!(
+        steps[1].get("confirmed").is_none(),
+        "a wait is not confirmed"
+    );
+    let maint = &steps[2]["confirmed"];
+    assert_eq!(maint["index"], maint_index, "{report}");
+    assert_eq!(maint["state"], "maint", "{report}");
+    assert!(maint["waited_seconds"].as_f64().unwrap() < 20.0, "{report}");
+    // Each step confirmed by both agents, which answered the canary row of
+    // each load balancer from it.
+    assert!(
+        run.stderr
+            .contains("canary disable: drain: confirmed: 2/2 agents at index >= ")
+            && run.stderr.contains(", 2 rows answered drain (after "),
+        "{run:?}"
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "canary disable: maint: confirmed: 2/2 agents at index >= {maint_index}, 2 rows \
+             answered maint"
+        )),
+        "{run:?}"
+    );
+    // The agents do answer maint for the canary.
+    for lb in [&one, &two] {
+        assert_eq!(lb.agent.ask("web/web-cny-01 canary"), "maint 100%\n");
+    }
+
+    // The fleet view, without writing: every agent at the prefix's index.
+    let status = cli(&consul, &["status", "--prometheus", &prom]);
+    assert_eq!(status.code, 0, "{status:?}");
+    let index = consul.prefix_index();
+    assert!(
+        status
+            .stdout
+            .contains(&format!("2/2 agents at index >= {index} ")),
+        "{status:?}"
+    );
+    assert!(status.stdout.contains("1 maint, 1 ready"), "{status:?}");
+
+    // A removal is confirmed at the prefix's index after it, its rows
+    // answered ready (the default).
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "enable",
+            "--maint-wait",
+            "1s",
+            "--confirm-prometheus",
+            &prom,
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("canary enable: clear: confirmed: 2/2 agents at index >= ")
+            && run.stderr.contains(", 4 rows answered ready (after "),
+        "{run:?}"
+    );
+
+    // `set --json` reports its confirmation too.
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "ready",
+            "--confirm-prometheus",
+            &prom,
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(
+        report["confirmed"]["index"],
+        modify_index(&consul, "web/web-01"),
+        "{report}"
+    );
+    assert_eq!(report["confirmed"]["agents_at_index"], 2, "{report}");
+    assert_eq!(report["confirmed"]["rows_answered"], 4, "{report}");
+
+    // One load balancer's agent stops: the next write is not confirmed,
+    // that agent is named, and the command exits 68.
+    let stopped = two.agent.http.to_string();
+    let running = one.agent.http.to_string();
+    two.agent.proc().kill();
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "drain",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "8s",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let index = modify_index(&consul, "web/web-01");
+    assert!(
+        run.stderr.contains(&format!(
+            "s: 1/2 agents at index >= {index}, 1 row answered drain; 1 \
+             agent is behind: {stopped} (lb-2.test): target down (the last scrape failed), \
+             index "
+        )),
+        "{run:?}"
+    );
+    // The time waited is the timeout, or a little more on a loaded machine.
+    assert!(run.stderr.contains("not confirmed after "), "{run:?}");
+    assert!(!run.stderr.contains(&running), "{run:?}");
+    // The write itself was made, and the running agent answers it.
+    assert!(run.stdout.contains("written"), "{run:?}");
+    assert_eq!(one.agent.ask("web/web-01"), "drain 100%\n");
+
+    // In a sequence, the step that is not confirmed is the last written:
+    // the canary stays at drain, maint is not written.
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "disable",
+            "--drain-wait",
+            "1s",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-timeout",
+            "5s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["error"]["kind"], "not_confirmed", "{run:?}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&stopped), "{message}");
+    assert!(message.contains("maint was NOT written"), "{message}");
+    let steps: Vec<&Value> = report["steps"].as_array().unwrap().iter().collect();
+    assert_eq!(steps[0]["status"], "done", "{report}");
+    assert!(steps[0]["confirmed"].is_null(), "{report}");
+    assert_eq!(steps[2]["status"], "not_run", "{report}");
+    let (_, _, value) = consul.request("GET", &format!("/v1/kv/{PREFIX}canary?raw"), b"");
+    assert_eq!(value, b"drain");
+    assert_eq!(one.agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+
+    let status = cli(&consul, &["status", "--prometheus", &prom, "--json"]);
+    assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
+    let view: Value = serde_json::from_str(&status.stdout).unwrap();
+    assert_eq!(view["agents_total"], 2);
+    assert_eq!(view["agents_at_index"], 1);
+    let lagging: Vec<&Value> = view["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| !a["lag"].is_null())
+        .collect();
+    assert_eq!(lagging.len(), 1, "{view}");
+    assert_eq!(lagging[0]["instance"], stopped.as_str());
+    assert_eq!(lagging[0]["lag"], "target_down");
+
+    // A selector Prometheus refuses fails at once; a Prometheus that does
+    // not answer fails at the timeout. Both exit 68, the write made.
+    let status = cli(
+        &consul,
+        &["status", "--prometheus", &prom, "--selector", "job=="],
+    );
+    assert_eq!(status.code, NOT_CONFIRMED, "{status:?}");
+    assert!(status.stderr.contains("bad_data"), "{status:?}");
+    let started = std::time::Instant::now();
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "ready",
+            "--confirm-prometheus",
+            &prom,
+            "--confirm-selector",
+            "job==",
+            "--confirm-timeout",
+            "30s",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    assert!(run.stderr.contains("bad_data"), "{run:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a refused selector waited for the timeout"
+    );
+    // A URL that is not one is refused before anything is written.
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-02",
+            "maint",
+            "--confirm-prometheus",
+            "prometheus:9090",
+        ],
+    );
+    assert_eq!(run.code, 64, "{run:?}");
+    let (status, _, _) = consul.request("GET", &format!("/v1/kv/{PREFIX}web/web-02"), b"");
+    assert_eq!(status, 404, "written despite the bad URL");
+
+    let nobody = format!("http://127.0.0.1:{}", support::free_port());
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-01",
+            "maint",
+            "--confirm-prometheus",
+            &nobody,
+            "--confirm-timeout",
+            "2s",
+            "--json",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let report: Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["error"]["kind"], "prometheus_unavailable", "{run:?}");
+    assert!(report["confirmed"].is_null(), "{report}");
+    assert_eq!(report["after"], "maint", "{run:?}");
+    assert!(
+        run.stderr
+            .contains(&format!("Prometheus at {nobody} did not answer")),
+        "{run:?}"
+    );
+}
+
+/// The runbook's confirmation commands (in a `text` block: the runbook test
+/// runs every `shell` block, and has no Prometheus) parse with this CLI.
+#[test]
+fn the_runbook_confirmation_commands_parse() {
+    use clap::Parser as _;
+    use gitlab_haproxy_agent::cli::Cli;
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md");
+    let runbook = std::fs::read_to_string(path).unwrap();
+    let section = runbook
+        .split("### Confirming a drain")
+        .nth(1)
+        .and_then(|s| s.split("\n### ").next())
+        .expect("the runbook has a section Confirming a drain");
+    let commands: Vec<&str> = section
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("gitlab-haproxy-agent state"))
+        .collect();
+    assert_eq!(commands.len(), 2, "{section}");
+    for command in commands {
+        let cli = Cli::try_parse_from(command.split_whitespace())
+            .unwrap_or_else(|e| panic!("{command}\n{e}"));
+        assert!(
+            cli.command.is_some(),
+            "{command} parsed without a subcommand"
+        );
+    }
+}

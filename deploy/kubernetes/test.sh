@@ -12,7 +12,7 @@
 #  6. the agent container is restarted: HAProxy keeps running with its
 #     state, no drained or maintained server flips to ready, and the pod is
 #     ready again;
-#  7. the static image serves a CPU profile that `go tool pprof` reads.
+#  7. the image serves a CPU profile that `go tool pprof` reads.
 #
 # podman 4.3 runs no readiness or startup probes, so kubelet_probes.py runs
 # the manifest's probes (period, thresholds, startup before readiness) from
@@ -23,7 +23,8 @@
 # with its libraries (no registry). podman_manifest.py lists the few
 # changes podman needs. Every pod, volume, secret, image tag and process
 # this starts is removed on exit. Run as root. About a minute after the
-# release build.
+# release build, which the package suites (`cargo deb`) have already done
+# when scripts/test.sh runs this: the image reuses their binary.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -114,6 +115,12 @@ infra=$(podman pod inspect "$pod" --format '{{.InfraContainerID}}')
 netns_pid=$(podman inspect --format '{{.State.Pid}}' "$infra")
 in_pod() { nsenter -t "$netns_pid" -n "$@"; }
 say "pod $pod up; its network namespace is that of PID $netns_pid"
+# The agent runs as the manifest says: not root, on a read-only root.
+ctr=$(podman inspect --format '{{.HostConfig.ReadonlyRootfs}}' "$pod-$agent")
+[ "$ctr" = true ] || fail "the agent's root filesystem is not read-only"
+uid=$(awk '/^Uid:/ { print $2 }' "/proc/$(podman inspect --format '{{.State.Pid}}' "$pod-$agent")/status")
+[ "$uid" != 0 ] || fail "the agent runs as root"
+say "agent runs as uid $uid on a read-only root filesystem"
 
 # nsenter execs (no fork for -n alone), so $! is the prober's own PID.
 nsenter -t "$netns_pid" -n python3 "$here/kubelet_probes.py" "$manifest" --restarted "$agent" >"$work/probes.log" &
@@ -207,8 +214,8 @@ samples=$(grep -c web-01 "$work/states.log" || true)
 bad=$(grep web-01 "$work/states.log" | grep -v "web-01 8 web-02 1 web-cny-01 0" | head -3 || true)
 [ -z "$bad" ] || fail "a server changed state while the agent restarted: $bad"
 say "agent restarted (PID $agent_pid -> $new_agent_pid), pod ready again $(( $(now_ms) - restart_ms - agent_inter_ms * 2 )) ms after the restart; HAProxy (PID $haproxy_pid) kept web-01 drained and web-02 in maint in all $samples samples"
-# --- 7. The static image profiles itself (frame pointers, see
-# build-image.sh), under agent-checks sent as fast as one client can.
+# --- 7. The image profiles itself, under agent-checks sent as fast as one
+# client can.
 in_pod python3 -c '
 import socket, time
 end = time.monotonic() + 3

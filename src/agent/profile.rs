@@ -8,11 +8,11 @@
 //! warn (tikv/pprof-rs#36) that libgcc's unwinder is not async-signal-safe,
 //! so the profiler is never on by itself: it runs only on request, for a
 //! bounded time ([`MAX_SECONDS`]), one profile at a time, and does not unwind
-//! through libc, libgcc, pthread or the vDSO (its blocklist). The static
-//! musl build of the container image is built with the `frame-pointer`
-//! feature and `-C force-frame-pointers=yes` instead: libunwind cannot step
-//! through musl's signal trampoline, and walking frame pointers from the
-//! interrupted context needs no unwinder at all.
+//! through libc, libgcc, pthread or the vDSO (its blocklist). A static musl
+//! build needs the `frame-pointer` feature and `-C force-frame-pointers=yes`
+//! instead: libunwind cannot step through musl's signal trampoline, and
+//! walking frame pointers from the interrupted context needs no unwinder at
+//! all. The .deb and the container image both use the glibc build.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -7,9 +7,11 @@
 #
 #   ./scripts/bench.sh           the default run
 #   ./scripts/bench.sh --soak    the 10-minute soak at 2,000 checks/s instead
+#   ./scripts/bench.sh --responder   only footprint and responder cost, 3 runs
 #
 # Other options are passed to the benchmark: --no-record, --quick,
-# --soak-secs N.
+# --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
+# measured beside this one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

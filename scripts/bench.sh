@@ -7,13 +7,16 @@
 #
 #   ./scripts/bench.sh           the default run
 #   ./scripts/bench.sh --soak    the 10-minute soak at 2,000 checks/s instead
+#   ./scripts/bench.sh --responder   only footprint and responder cost, 3 runs
 #   ./scripts/bench.sh --fleet   instead: 1,000 and 5,000 agents on a
 #                                three-server Consul cluster with client
 #                                agents (benches/fleet.rs; about 20 minutes,
 #                                8 GB of memory, every core busy)
 #
 # Other options are passed to the benchmark: --no-record, --quick,
-# --soak-secs N; with --fleet: --agents N,N, --writes N, --outage-secs S.
+# --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
+# measured beside this one); with --fleet: --agents N,N, --writes N,
+# --outage-secs S.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

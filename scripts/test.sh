@@ -50,6 +50,7 @@ done
 suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck'
 [ -x debian/tests/static.sh ] && suite "package (static)" debian/tests/static.sh
 [ -x debian/tests/nspawn.sh ] && suite "package (systemd)" debian/tests/nspawn.sh
+[ -x deploy/kubernetes/test.sh ] && suite "kubernetes sidecar (podman)" deploy/kubernetes/test.sh
 
 if [ "$failed" -gt 0 ]; then
   echo "failed suites: ${failed_names[*]}"

@@ -101,6 +101,23 @@ pub enum Consistency {
     Stale,
 }
 
+/// What the daemon does when the first Consul read has not succeeded within
+/// `--startup-timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnStartupTimeout {
+    /// Exit 1 naming the Consul address and the error. The default: on a VM
+    /// systemd restarts the agent (`Restart=on-failure`) and the failure
+    /// shows in the unit state.
+    Exit,
+    /// Stay up: `/-/ready` keeps answering 503 and agent-checks get no
+    /// answer (HAProxy keeps each server's current state) while the watcher
+    /// keeps retrying with its backoff (250 ms doubling to 10 s); ready at
+    /// the first successful read. For a Kubernetes sidecar, where exiting
+    /// would put the pod in CrashLoopBackOff (restart delays up to 5 min)
+    /// and the readiness probe already keeps the pod out of rotation.
+    Retry,
+}
+
 /// Daemon options.
 #[derive(Debug, Args, Clone)]
 pub struct AgentArgs {
@@ -125,9 +142,17 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub wait: Duration,
 
-    /// How long to retry the first Consul read before exiting 1.
+    /// How long to retry the first Consul read before --on-startup-timeout
+    /// applies.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
     pub startup_timeout: Duration,
+
+    /// What to do when the first Consul read has not succeeded within
+    /// --startup-timeout: `exit` 1 (the service manager restarts the agent),
+    /// or `retry` (stay up and unready, answer nobody, keep retrying with
+    /// backoff; for a Kubernetes sidecar).
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_ON_STARTUP_TIMEOUT", value_enum, default_value_t = OnStartupTimeout::Exit)]
+    pub on_startup_timeout: OnStartupTimeout,
 
     /// Time an agent-check client has to send its line (10ms to 2s; keep it
     /// well under agent-inter).

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::agent::consistency::MAX_STALE_RANGE;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
-use crate::cli::{bad, Cli, ConfigError, LogFormat};
+use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
 
@@ -34,6 +34,8 @@ pub struct AgentConfig {
     pub http_listen: SocketAddr,
     /// How long to retry the first sync.
     pub startup_timeout: Duration,
+    /// What to do when the first sync has not succeeded by then.
+    pub on_startup_timeout: OnStartupTimeout,
     /// Watcher settings.
     pub watcher: WatcherConfig,
     /// Responder settings.
@@ -108,6 +110,7 @@ impl AgentConfig {
             listen: a.listen,
             http_listen: a.http_listen,
             startup_timeout: a.startup_timeout,
+            on_startup_timeout: a.on_startup_timeout,
             responder: ResponderConfig {
                 max_connections: a.max_connections,
                 check_timeout: a.check_timeout,
@@ -145,6 +148,7 @@ mod tests {
         assert_eq!(c.watcher.wait, Duration::from_secs(60));
         assert_eq!(c.responder.check_timeout, Duration::from_millis(500));
         assert_eq!(c.log_format, LogFormat::Auto);
+        assert_eq!(c.on_startup_timeout, OnStartupTimeout::Exit);
         assert_eq!(c.watcher.consistency, Consistency::Default);
         assert_eq!(c.watcher.max_stale, Duration::from_secs(5));
         let c = config(
@@ -154,6 +158,14 @@ mod tests {
         .unwrap();
         assert_eq!(c.watcher.consistency, Consistency::Stale);
         assert_eq!(c.watcher.max_stale, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn on_startup_timeout_takes_exit_or_retry() {
+        let fb = Fallbacks::default();
+        let c = config(&["--on-startup-timeout", "retry"], &fb).unwrap();
+        assert_eq!(c.on_startup_timeout, OnStartupTimeout::Retry);
+        assert!(parse(&["--on-startup-timeout", "wait"]).is_err());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The operator HTTP endpoint: `/metrics` (Prometheus text format),
-//! `/-/healthy`, `/-/ready` and `/status` (JSON for humans and tools).
+//! `/-/healthy`, `/-/ready`, `/status` (JSON for humans and tools) and
+//! on-demand CPU profiles under `/debug/pprof/` ([`crate::agent::profile`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,31 +12,55 @@ use hyper::header::CONTENT_TYPE;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
 use crate::agent::guard::{HeldKeys, HoldCause};
+use crate::agent::profile;
 use crate::agent::shared::Shared;
 use crate::model::snapshot::Entry;
 
-/// HTTP connections served at once: 64. Scrapers and humans, not traffic.
+/// HTTP connections served at once (a request being read or answered): 64.
+/// Scrapers, probes and humans, not traffic.
 pub const MAX_HTTP_CONNECTIONS: usize = 64;
 
-/// Time a client has to send its request headers: 10 s.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections accepted but not yet sending (no byte of a request yet): 512.
+/// They hold no serving slot, so idle connections cannot lock the port
+/// out; past this many, new connections wait in the listen backlog (and are
+/// accepted as soon as one of these is closed) rather than being dropped.
+pub const MAX_HTTP_PENDING: usize = 512;
+
+/// Time a client has, from connecting, to send its first byte, and then its
+/// complete request headers: 2 s each. A kubelet probe or a Prometheus scrape
+/// sends its request at once.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Serves the operator endpoints on `listener` until `shutdown`.
+///
+/// One request per connection (`Connection: close`), so no keep-alive
+/// connection holds a slot between requests. Each connection waits, holding
+/// no serving slot, until its first byte arrives (at most
+/// [`HEADER_READ_TIMEOUT`]); then it waits for one of
+/// [`MAX_HTTP_CONNECTIONS`] slots and has [`HEADER_READ_TIMEOUT`] more for its
+/// headers. Connections closed for sending nothing in time are counted in
+/// `gitlab_haproxy_agent_http_idle_closed_total`.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
+    let pending = Arc::new(Semaphore::new(MAX_HTTP_PENDING));
     let slots = Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS));
     loop {
+        // Wait for room rather than dropping a connection at the cap.
+        let waiting = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            p = pending.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => r,
@@ -48,32 +73,79 @@ pub async fn serve(
                 continue;
             }
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue;
-        };
+        tracker.spawn(serve_connection(
+            stream,
+            waiting,
+            slots.clone(),
+            shared.clone(),
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// One connection: wait (holding only `waiting`) for its first byte, then
+/// for a serving slot, then serve one request.
+async fn serve_connection(
+    stream: TcpStream,
+    waiting: OwnedSemaphorePermit,
+    slots: Arc<Semaphore>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    // peek, not readable(): readiness can be reported before any byte is
+    // there; a peek returns only once one is (or at EOF, with 0).
+    let mut byte = [0u8; 1];
+    let first_byte = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        r = tokio::time::timeout(HEADER_READ_TIMEOUT, stream.peek(&mut byte)) => r,
+    };
+    if !matches!(first_byte, Ok(Ok(1))) {
+        shared.metrics.http_idle_closed.inc();
+        return;
+    }
+    let permit = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        p = slots.acquire_owned() => p.expect("the semaphore is never closed"),
+    };
+    drop(waiting);
+    let service = {
         let shared = shared.clone();
         let shutdown = shutdown.clone();
-        tracker.spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let shared = shared.clone();
-                async move { Ok::<_, Infallible>(route(&req, &shared)) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                _ = conn.as_mut() => {}
-                _ = shutdown.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
-                }
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let shared = shared.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                let profile = match *req.method() {
+                    Method::GET => profile::Format::for_path(req.uri().path()),
+                    _ => None,
+                };
+                Ok::<_, Infallible>(match profile {
+                    Some(format) => {
+                        profile::serve(format, req.uri().query(), &shared, &shutdown).await
+                    }
+                    None => route(&req, &shared),
+                })
             }
-            drop(permit);
-        });
+        })
+    };
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(false)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if r.is_err_and(|e| e.is_timeout()) {
+                shared.metrics.http_idle_closed.inc();
+            }
+        }
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
+        }
     }
+    drop(permit);
 }
 
 fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {

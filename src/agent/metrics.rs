@@ -149,6 +149,14 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_consul_last_contact_seconds`: the last
     /// answer's `X-Consul-LastContact` (0 from the leader).
     pub consul_last_contact: Gauge,
+    /// `gitlab_haproxy_agent_profiles_total{outcome}`: requests for a CPU
+    /// profile or flame graph on `/debug/pprof/`, by outcome: `ok`, `busy`
+    /// (another profile was running), `bad_request` (bad `seconds`),
+    /// `failed` (the profiler could not start or report).
+    pub profiles: IntCounterVec,
+    /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
+    /// because no complete request came within the header timeout.
+    pub http_idle_closed: IntCounter,
 }
 
 /// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
@@ -374,6 +382,26 @@ impl Metrics {
         .unwrap();
         reg(Box::new(consul_last_contact.clone()));
 
+        let profiles = IntCounterVec::new(
+            opts(
+                "profiles_total",
+                "CPU profile and flame graph requests on /debug/pprof/, by outcome.",
+            ),
+            &["outcome"],
+        )
+        .unwrap();
+        for outcome in ["ok", "busy", "bad_request", "failed"] {
+            profiles.with_label_values(&[outcome]);
+        }
+        reg(Box::new(profiles.clone()));
+
+        let http_idle_closed = IntCounter::with_opts(opts(
+            "http_idle_closed_total",
+            "HTTP connections closed because no complete request came within the header timeout.",
+        ))
+        .unwrap();
+        reg(Box::new(http_idle_closed.clone()));
+
         #[cfg(target_os = "linux")]
         reg(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
@@ -404,6 +432,8 @@ impl Metrics {
             last_check_timestamp,
             stale_answers_held,
             consul_last_contact,
+            profiles,
+            http_idle_closed,
         }
     }
 

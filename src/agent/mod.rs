@@ -12,6 +12,7 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod profile;
 pub mod responder;
 pub mod seen;
 pub mod shared;
@@ -27,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
-use crate::consul::{ConsulClient, TokenSource};
+use crate::cli::OnStartupTimeout;
+use crate::consul::{ConsulClient, ConsulError, TokenSource};
 use config::AgentConfig;
 use shared::{ReadyStep, Shared};
 use watcher::Watcher;
@@ -38,14 +40,16 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// Runs the daemon until SIGTERM or SIGINT.
 ///
 /// Binds both listeners (connections before the first sync get no answer),
-/// then reads the prefix once, retrying for `startup_timeout`; then holds the
-/// blocking query and serves until a signal, then stops accepting and waits
+/// then reads the prefix once, retrying for `startup_timeout` (then exits or,
+/// with `--on-startup-timeout retry`, stays up unready and keeps retrying);
+/// then holds the blocking query and serves until a signal, then stops accepting and waits
 /// up to [`SHUTDOWN_GRACE`] for work in flight. SIGHUP re-reads the token.
 ///
 /// # Errors
 ///
 /// A listener that cannot be bound, or no Consul snapshot within
-/// `startup_timeout` (the message names the Consul address and the error).
+/// `startup_timeout` with `--on-startup-timeout exit` (the message names the
+/// Consul address and the error).
 pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     let shared = Shared::new(&config.consul.addr, &config.consul.prefix);
     let shutdown = CancellationToken::new();
@@ -105,18 +109,22 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
         _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
     };
-    if let Err(e) = first {
-        shutdown.cancel();
-        return Err(anyhow::anyhow!(
-            "no Consul snapshot within {}: {e}",
-            humantime::format_duration(config.startup_timeout)
-        ));
+    match first {
+        Ok(()) => {
+            shared.readiness.wait().await;
+            announce_ready(&shared);
+        }
+        Err(e) if config.on_startup_timeout == OnStartupTimeout::Retry => {
+            keep_retrying_unready(&shared, config.startup_timeout, &e, &shutdown, &tracker);
+        }
+        Err(e) => {
+            shutdown.cancel();
+            return Err(anyhow::anyhow!(
+                "no Consul snapshot within {}: {e}",
+                humantime::format_duration(config.startup_timeout)
+            ));
+        }
     }
-    shared.readiness.wait().await;
-    let snapshot = shared.snapshot.load_full();
-    let keys = snapshot.as_ref().map_or(0, |s| s.keys.len());
-    let index = snapshot.as_ref().map_or(0, |s| s.index);
-    notify::ready(&format!("synced, {keys} keys, index {index}"));
 
     tracker.spawn(watcher.run(shutdown.clone()));
 
@@ -130,6 +138,43 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// Sends `READY=1` with the snapshot's size and index.
+fn announce_ready(shared: &Shared) {
+    let snapshot = shared.snapshot.load_full();
+    let keys = snapshot.as_ref().map_or(0, |s| s.keys.len());
+    let index = snapshot.as_ref().map_or(0, |s| s.index);
+    notify::ready(&format!("synced, {keys} keys, index {index}"));
+}
+
+/// `--on-startup-timeout retry`: logs that the agent stays up unready (the
+/// watcher loop, started next, keeps retrying with its backoff and sets
+/// readiness at its first snapshot) and announces readiness when it comes.
+fn keep_retrying_unready(
+    shared: &Arc<Shared>,
+    startup_timeout: Duration,
+    error: &ConsulError,
+    shutdown: &CancellationToken,
+    tracker: &TaskTracker,
+) {
+    warn!(
+        error = %error,
+        startup_timeout = %humantime::format_duration(startup_timeout),
+        "no Consul snapshot yet; staying up, not ready and answering nobody, retrying"
+    );
+    notify::status("not synced yet: retrying Consul");
+    let shared = shared.clone();
+    let shutdown = shutdown.clone();
+    tracker.spawn(async move {
+        tokio::select! {
+            _ = shutdown.cancelled() => {}
+            _ = shared.readiness.wait() => {
+                info!("first Consul snapshot applied; ready");
+                announce_ready(&shared);
+            }
+        }
+    });
 }
 
 async fn stop(

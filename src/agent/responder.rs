@@ -6,8 +6,8 @@
 //! It runs on its own thread with one edge-triggered epoll set (mio), not on
 //! the tokio runtime: at HAProxy's rates every check finds the responder
 //! asleep, and a plain epoll wake-up costs less than a runtime's (CPU per
-//! check 1.24x the bare epoll floor's at 5,000 checks/s, against 1.75x on
-//! tokio: BENCHMARKS.md, "Responder cost"). A line already there at accept
+//! check within 1.2x of the bare epoll floor's at 5,000 checks/s, against
+//! 1.75x on tokio: BENCHMARKS.md, "Responder cost"). A line already there at accept
 //! (the usual case) is answered at once, without registering the socket;
 //! only a line still on its way is registered and waited for, until its
 //! deadline.

@@ -55,21 +55,33 @@ pub fn validate_identity(identity: &str) -> Result<(), InvalidIdentity> {
     if identity.len() > MAX_IDENTITY_LEN {
         return Err(InvalidIdentity::TooLong);
     }
+    // One pass over the bytes: this runs for every identity of every
+    // agent-check.
+    let bytes = identity.as_bytes();
     let mut slashes = 0;
-    for b in identity.bytes() {
+    let mut slash_at = 0;
+    for (i, &b) in bytes.iter().enumerate() {
         match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b':' => {}
-            b'/' => slashes += 1,
+            b'/' => {
+                slashes += 1;
+                slash_at = i;
+            }
             _ => return Err(InvalidIdentity::BadCharacter(truncate(identity, 64))),
         }
     }
     // `.` and `..` as a name would be path segments in the Consul key
     // (`<prefix>../x` is `gitlab-haproxy-agent/x`, outside the prefix).
-    if slashes > 1
-        || identity.starts_with('/')
-        || identity.ends_with('/')
-        || identity.split('/').any(|part| part == "." || part == "..")
-    {
+    let dot_segment = |part: &[u8]| part == b"." || part == b"..";
+    let bad_shape = match slashes {
+        0 => dot_segment(bytes),
+        1 => {
+            let (backend, server) = (&bytes[..slash_at], &bytes[slash_at + 1..]);
+            backend.is_empty() || server.is_empty() || dot_segment(backend) || dot_segment(server)
+        }
+        _ => true,
+    };
+    if bad_shape {
         return Err(InvalidIdentity::BadShape(truncate(identity, 64)));
     }
     Ok(())

@@ -1,0 +1,278 @@
+//! The operator HTTP port: CPU profiles on `/debug/pprof/` (read back with
+//! Go's `go tool pprof`), and a port that idle connections cannot lock
+//! out of `/-/ready` and `/metrics`.
+
+mod support;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::{Agent, Consul, TempDir};
+
+/// One GET with `Connection: close`: (status, headers, body), or `None` if
+/// the connection failed or closed without a complete answer.
+fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, head, raw[split + 4..].to_vec()))
+}
+
+/// Agent-checks as fast as `threads` clients can send them, until `stop`.
+fn load(
+    agent: &Agent,
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..threads)
+        .map(|t| {
+            let addr = agent.listen;
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut answered = 0u64;
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let Ok(mut s) = TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                    let _ = writeln!(s, "web/web-{t}-{} canary", i % 500);
+                    let mut out = String::new();
+                    if s.read_to_string(&mut out).is_ok() && out == "drain 100%\n" {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect()
+}
+
+fn go_tool_pprof_top(profile: &std::path::Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof", "-top", "-nodecount=500"])
+        .arg(profile)
+        .env("HOME", profile.parent().unwrap())
+        .output()
+        .expect("go tool pprof runs (Debian golang-go, scripts/install-deps.sh)");
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+#[test]
+fn a_profile_under_agent_check_load_names_the_agents_functions() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    let agent = Agent::start(&consul.url(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = load(&agent, 2, &stop);
+
+    let (status, head, body) = get(
+        agent.http,
+        "/debug/pprof/profile?seconds=3",
+        Duration::from_secs(30),
+    )
+    .expect("a profile");
+    stop.store(true, Ordering::Relaxed);
+    let answered: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    assert_eq!(status, 200, "{head}\n{}", String::from_utf8_lossy(&body));
+    assert!(answered > 100, "only {answered} agent-checks answered");
+
+    let dir = TempDir::new("pprof");
+    let file = dir.path().join("cpu.pb");
+    std::fs::write(&file, &body).unwrap();
+    let top = go_tool_pprof_top(&file);
+    assert!(top.contains("Type: cpu"), "{top}");
+    assert!(
+        top.contains("gitlab_haproxy_agent::agent::responder"),
+        "the agent-check path is not in the profile:\n{top}"
+    );
+    assert!(
+        agent
+            .metrics()
+            .contains("gitlab_haproxy_agent_profiles_total{outcome=\"ok\"} 1"),
+        "{}",
+        agent.metrics()
+    );
+}
+
+#[test]
+fn one_profile_at_a_time_for_a_bounded_time_and_a_flame_graph() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let http = agent.http;
+
+    for bad in ["seconds=0", "seconds=61", "seconds=ten"] {
+        let (status, _, body) = get(
+            http,
+            &format!("/debug/pprof/profile?{bad}"),
+            Duration::from_secs(5),
+        )
+        .expect("an answer");
+        assert_eq!(status, 400, "{bad}: {}", String::from_utf8_lossy(&body));
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let clients = load(&agent, 1, &stop);
+    let first = std::thread::spawn(move || {
+        get(
+            http,
+            "/debug/pprof/flamegraph?seconds=2",
+            Duration::from_secs(30),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let (status, head, _) = get(
+        http,
+        "/debug/pprof/profile?seconds=1",
+        Duration::from_secs(5),
+    )
+    .expect("an answer");
+    assert_eq!(status, 409, "{head}");
+    assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
+    // At once, not after the first profile (4.5 s more).
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "409 after {:?}",
+        started.elapsed()
+    );
+    // Other endpoints are served meanwhile.
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 200);
+
+    let (status, head, svg) = first.join().unwrap().expect("the flame graph");
+    stop.store(true, Ordering::Relaxed);
+    clients.into_iter().for_each(|c| drop(c.join()));
+    assert_eq!(status, 200, "{head}");
+    assert!(head.contains("image/svg+xml"), "{head}");
+    let svg = String::from_utf8_lossy(&svg);
+    assert!(svg.contains("<svg"), "{svg}");
+    assert!(
+        svg.contains("gitlab_haproxy_agent::agent::responder"),
+        "{svg}"
+    );
+
+    let metrics = agent.metrics();
+    for (outcome, n) in [("ok", 1), ("busy", 1), ("bad_request", 3)] {
+        let line = format!("gitlab_haproxy_agent_profiles_total{{outcome=\"{outcome}\"}} {n}");
+        assert!(metrics.contains(&line), "no {line}:\n{metrics}");
+    }
+}
+
+/// Holds `n` idle connections to `addr`: half never send a byte, half sent
+/// one complete keep-alive request and then stay idle. Every 250 ms, any
+/// the agent closed is opened again, as a client that reconnects would.
+fn hold_idle(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let open = |i: usize| -> Option<TcpStream> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+            if i % 2 == 1 {
+                let _ = write!(s, "GET /-/healthy HTTP/1.1\r\nHost: {addr}\r\n\r\n");
+            }
+            s.set_nonblocking(true).ok()?;
+            Some(s)
+        };
+        let mut conns: Vec<Option<TcpStream>> = (0..n).map(open).collect();
+        let mut reopened = 0;
+        let mut buf = [0u8; 4096];
+        while !stop.load(Ordering::Relaxed) {
+            for (i, c) in conns.iter_mut().enumerate() {
+                let closed = match c {
+                    None => true,
+                    Some(s) => loop {
+                        match s.read(&mut buf) {
+                            Ok(0) => break true,
+                            Ok(_) => continue,
+                            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                            Err(_) => break true,
+                        }
+                    },
+                };
+                if closed {
+                    *c = open(i);
+                    reopened += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        reopened
+    })
+}
+
+#[test]
+fn two_hundred_idle_connections_do_not_lock_out_readiness_and_metrics() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let holder = hold_idle(agent.http, 200, stop.clone());
+    std::thread::sleep(Duration::from_millis(500));
+
+    // Like a kubelet probe (timeoutSeconds 1) and a scrape, over 6 s: three
+    // header timeouts' worth of idle connections being closed and reopened.
+    let bound = Duration::from_secs(1);
+    let mut slowest = Duration::ZERO;
+    let mut failures = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let mut asked = 0;
+    while Instant::now() < deadline {
+        for path in ["/-/ready", "/metrics"] {
+            asked += 1;
+            let t = Instant::now();
+            match get(agent.http, path, bound) {
+                Some((200, head, _)) => {
+                    slowest = slowest.max(t.elapsed());
+                    assert!(
+                        head.to_ascii_lowercase().contains("connection: close"),
+                        "one request per connection: {head}"
+                    );
+                }
+                other => failures.push(format!(
+                    "{path}: {:?} after {:?}",
+                    other.map(|o| o.0),
+                    t.elapsed()
+                )),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Relaxed);
+    let reopened = holder.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {asked} requests not answered within {bound:?} beside 200 idle connections, e.g. {:?}",
+        failures.len(),
+        &failures[..failures.len().min(4)]
+    );
+    eprintln!(
+        "{asked} requests beside 200 idle connections, slowest {slowest:?}; {reopened} reopened"
+    );
+    assert!(
+        reopened >= 200,
+        "the idle connections were not closed: {reopened} reopened"
+    );
+    let metrics = agent.metrics();
+    let idle_closed = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("gitlab_haproxy_agent_http_idle_closed_total "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(idle_closed >= 100.0, "idle closes not counted:\n{metrics}");
+}

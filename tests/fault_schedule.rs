@@ -604,27 +604,30 @@ impl Rig {
         );
     }
 
-    /// The index of the copy the agent serves (`/status`).
-    fn agent_index(&self) -> Option<u64> {
+    /// The index of the copy the agent serves and whether its last Consul
+    /// request failed (`/status`: `consul_index`, `last_error`).
+    fn agent_sync(&self) -> Option<(u64, bool)> {
         let (_, body) = self.agent.as_ref()?.http_get("/status")?;
         let v: serde_json::Value = serde_json::from_str(&body).ok()?;
-        v["consul_index"].as_u64()
+        Some((v["consul_index"].as_u64()?, !v["last_error"].is_null()))
     }
 
     /// Waits (up to 30 s) until the agent's copy is at Consul's index of
-    /// the prefix: (x, y) with every write acknowledged by x in the copy at
-    /// y. `Err` names how far behind it stayed.
+    /// the prefix and its last Consul request succeeded (it is not backing
+    /// off after an outage or a refusal): (x, y) with every write
+    /// acknowledged by x in the copy at y. `Err` says how it stayed behind.
     fn barrier(&self) -> Result<(f64, f64), String> {
         let x = self.now();
         let want = self.consul.prefix_index(PREFIX);
         let caught_up = wait_every(Duration::from_secs(30), Duration::from_millis(25), || {
-            (self.agent_index()? >= want).then_some(())
+            let (index, failing) = self.agent_sync()?;
+            (index >= want && !failing).then_some(())
         });
         match caught_up {
             Some(()) => Ok((x, self.now())),
             None => Err(format!(
-                "the agent's copy stayed at index {:?} for 30 s, Consul's prefix is at {want}",
-                self.agent_index()
+                "the agent did not catch up within 30 s: (copy index, last request failed) {:?}, Consul's prefix is at {want}",
+                self.agent_sync()
             )),
         }
     }
@@ -803,6 +806,17 @@ fn classify(c: &Candidates) -> Class {
     } else {
         Class::Free
     }
+}
+
+/// A run of READY samples while the server had to be out.
+struct Stretch {
+    first: f64,
+    last: f64,
+    row: Row,
+    /// The last sample before `first` that showed the server out.
+    last_good: f64,
+    /// What decided the server at `first`.
+    why: String,
 }
 
 /// The model: what the contract says the agent answers, from the recorded
@@ -1035,12 +1049,19 @@ impl Model<'_> {
     fn faults_between(&self, from: f64, to: f64) -> String {
         let mut out: Vec<String> = Vec::new();
         for s in self.t.steps.iter().filter(|s| s.a >= from && s.b <= to) {
-            let plain = matches!(
+            let kv = matches!(
                 s.kind,
-                "row write" | "group write" | "row delete" | "group delete" | "transaction"
+                "row write"
+                    | "group write"
+                    | "row delete"
+                    | "group delete"
+                    | "transaction"
+                    | "invalid row value"
+                    | "invalid group value"
             );
+            let plain = kv && !s.kind.starts_with("invalid");
             let label = match s.narrowed {
-                Some(p) if plain => format!("{} while token reads {}", s.kind, p.name()),
+                Some(p) if kv => format!("{} while token reads {}", s.kind, p.name()),
                 _ if plain || s.kind == "pause" => continue,
                 _ => s.kind.to_string(),
             };
@@ -1087,26 +1108,45 @@ impl Model<'_> {
                             .find(|s| classify(&s.2) != Class::Out)
                             .map_or(f64::INFINITY, |s| s.0);
                         let from = self.enforced_from(*a);
-                        let mut bad: Option<(f64, f64, &Row)> = None;
+                        // The segment current at a time, for what decides.
+                        let why_at = |at: f64| {
+                            segs.iter()
+                                .rev()
+                                .find(|s| s.0 <= at)
+                                .map_or(why.as_str(), |s| s.3.as_str())
+                        };
+                        let mut last_good = *a;
+                        let mut bad: Option<Stretch> = None;
                         for s in samples.iter().filter(|s| {
                             let at = s.at.as_secs_f64();
-                            at >= from && at < run_end
+                            at >= *a && at < run_end
                         }) {
                             let at = s.at.as_secs_f64();
                             let Some(row) = s.rows.get(&name) else {
                                 continue;
                             };
-                            if row.is_ready() && !self.in_reload_window(at, at) {
-                                bad = Some(match bad {
-                                    Some((first, _, r)) => (first, at, r),
-                                    None => (at, at, row),
-                                });
-                            } else if let Some(found) = bad.take() {
-                                out.push(self.out_violation(&name, found, *a, from, why, *step));
+                            if !row.is_ready() {
+                                last_good = at;
+                                if let Some(found) = bad.take() {
+                                    out.push(self.out_violation(&name, found, *a, from, *step));
+                                }
+                            } else if at >= from && !self.in_reload_window(at, at) {
+                                match &mut bad {
+                                    Some(b) => b.last = at,
+                                    None => {
+                                        bad = Some(Stretch {
+                                            first: at,
+                                            last: at,
+                                            row: *row,
+                                            last_good,
+                                            why: why_at(at).to_string(),
+                                        })
+                                    }
+                                }
                             }
                         }
                         if let Some(found) = bad {
-                            out.push(self.out_violation(&name, found, *a, from, why, *step));
+                            out.push(self.out_violation(&name, found, *a, from, *step));
                         }
                     }
                     Class::Frozen => {
@@ -1134,7 +1174,10 @@ impl Model<'_> {
                                         rp.describe()
                                     ),
                                     step_kind: self.step_kind(tq),
-                                    faults: self.faults_between(*a, tq),
+                                    faults: self.faults_between(
+                                        a.max(tp - GRACE - INTER_MS as f64 / 1000.0),
+                                        tq,
+                                    ),
                                     context: self.context(tq),
                                 });
                                 break;
@@ -1151,22 +1194,31 @@ impl Model<'_> {
     fn out_violation(
         &self,
         name: &str,
-        (first, last, row): (f64, f64, &Row),
+        bad: Stretch,
         since: f64,
         from: f64,
-        why: &str,
         step: Option<usize>,
     ) -> Violation {
         let by = step.map_or("an agent restart".into(), |s| format!("step #{s}"));
+        let Stretch {
+            first,
+            last,
+            row,
+            last_good,
+            why,
+        } = bad;
+        // What happened since HAProxy last had the server out, with time
+        // for the agent and HAProxy to act on a step just before that.
+        let window = since.max(last_good - GRACE - INTER_MS as f64 / 1000.0);
         Violation {
             at: first,
             server: name.to_string(),
             what: format!(
-                "{} from {first:.2}s to {last:.2}s while {why} decides it (out since {since:.2}s by {by}, enforced from {from:.2}s)",
+                "{} from {first:.2}s to {last:.2}s while {why} decides it (out since {since:.2}s by {by}, enforced from {from:.2}s, last seen out at {last_good:.2}s)",
                 row.describe()
             ),
             step_kind: self.step_kind(first),
-            faults: self.faults_between(since, first),
+            faults: self.faults_between(window, first),
             context: self.context(first),
         }
     }
@@ -1176,7 +1228,16 @@ impl Model<'_> {
         SERVERS
             .iter()
             .map(|(backend, server, ids)| {
-                let (_, since, c, why, _) = self.segments(ids).pop().unwrap();
+                let segs = self.segments(ids);
+                let (_, _, c, why, _) = segs.last().cloned().unwrap();
+                // The state has held since the first of the last segments
+                // with these answers.
+                let since = segs
+                    .iter()
+                    .rev()
+                    .take_while(|s| s.2 == c)
+                    .last()
+                    .map_or(0.0, |s| s.1);
                 let single = match c.iter().collect::<Vec<_>>().as_slice() {
                     [Some(d)] => Some(*d),
                     _ => None,

@@ -8,6 +8,9 @@
 #   scripts/fault-schedule.sh SEED...            run these seeds
 #   scripts/fault-schedule.sh --count N          run N random seeds
 #   options: --steps S (steps per schedule, default 60)
+#            --without F,... (leave out fault families: invalid, narrow,
+#              agent-restart, consul-restart, reload; their steps become
+#              valid writes, to tell which family a violation needs)
 #            --agent-log (print the agent's log for a failing seed)
 #
 # Prints one line per seed, every violation with the steps before it, the
@@ -18,7 +21,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 usage() {
-  echo "usage: $0 [--steps S] [--agent-log] (SEED... | --count N)" >&2
+  echo "usage: $0 [--steps S] [--without F,...] [--agent-log] (SEED... | --count N)" >&2
   exit 64
 }
 
@@ -29,6 +32,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --steps) [ $# -ge 2 ] || usage; steps=$2; shift 2 ;;
     --count) [ $# -ge 2 ] || usage; count=$2; shift 2 ;;
+    --without) [ $# -ge 2 ] || usage; export GHA_FAULT_WITHOUT=$2; shift 2 ;;
     --agent-log) export GHA_FAULT_AGENT_LOG=1; shift ;;
     -h|--help) usage ;;
     -*) usage ;;
@@ -46,6 +50,6 @@ if [ -n "$count" ]; then
 fi
 [ "${#seeds[@]}" -gt 0 ] || usage
 
-echo "seeds: ${seeds[*]} ($steps steps each)"
+echo "seeds: ${seeds[*]} ($steps steps each${GHA_FAULT_WITHOUT:+, without $GHA_FAULT_WITHOUT})"
 GHA_FAULT_SEEDS="${seeds[*]}" GHA_FAULT_STEPS="$steps" \
   cargo test --locked --test fault_schedule drained_servers_stay_out -- --nocapture --test-threads 1

@@ -59,7 +59,7 @@ const RELOAD_SLACK: f64 = 1.0;
 /// the agent's copy (it reads within ~100 ms of a write).
 const SEEN: f64 = 0.3;
 
-/// The seeds CI runs, and their length: about two and a half minutes in
+/// The seeds CI runs, and their length: about two minutes in
 /// all. Together they have every fault kind (`ci_seeds_cover_every_fault_kind`),
 /// and each has a drain followed by an invalid value or a token narrowed
 /// while writes go on.
@@ -1423,6 +1423,22 @@ fn run_schedule(seed: u64, steps: usize, without: &[&str]) -> Outcome {
     }
 }
 
+/// The fault families named in a violation's list of faults.
+fn families_in(faults: &str) -> Vec<&'static str> {
+    [
+        ("token narrowed", "token narrowed"),
+        ("while token reads", "token narrowed"),
+        ("invalid", "invalid value"),
+        ("HAProxy reload", "HAProxy reload"),
+        ("agent SIG", "agent restart"),
+        ("Consul SIG", "Consul restart"),
+    ]
+    .into_iter()
+    .filter(|(needle, _)| faults.contains(needle))
+    .map(|(_, family)| family)
+    .collect()
+}
+
 /// Prints a line to stderr past the test harness's capture (the macros
 /// are captured, a write to the stream is not), so CI logs show the
 /// figures of a passing run too.
@@ -1554,12 +1570,19 @@ fn drained_servers_stay_out_under_a_seeded_fault_schedule() {
             );
         }
         if !outcome.violations.is_empty() {
-            let kinds: BTreeSet<&str> = outcome
+            let families: BTreeSet<&str> = outcome
                 .violations
                 .iter()
-                .map(|v| v.faults.as_str())
+                .flat_map(|v| families_in(&v.faults))
                 .collect();
-            failed.push((seed, kinds.into_iter().collect::<Vec<_>>().join("; ")));
+            failed.push((
+                seed,
+                format!(
+                    "{} violations; faults involved: {}",
+                    outcome.violations.len(),
+                    families.into_iter().collect::<Vec<_>>().join(", ")
+                ),
+            ));
             if std::env::var_os("GHA_FAULT_AGENT_LOG").is_some() {
                 say!("  agent log for seed {seed}:\n{}", outcome.agent_log);
             }

@@ -1426,8 +1426,9 @@ fn run_schedule(seed: u64, steps: usize, without: &[&str]) -> Outcome {
 /// The fault families named in a violation's list of faults.
 fn families_in(faults: &str) -> Vec<&'static str> {
     [
-        ("token narrowed", "token narrowed"),
-        ("while token reads", "token narrowed"),
+        ("token narrowed", "token narrowed/restored"),
+        ("while token reads", "token narrowed/restored"),
+        ("token restored", "token narrowed/restored"),
         ("invalid", "invalid value"),
         ("HAProxy reload", "HAProxy reload"),
         ("agent SIG", "agent restart"),

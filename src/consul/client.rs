@@ -300,6 +300,28 @@ impl ConsulClient {
         }
     }
 
+    /// The names of every key under `prefix` (`GET /v1/kv/<prefix>?keys`, no
+    /// index: answered at once, under the token's policy now), without
+    /// values: a few dozen bytes a key. Filtered by the token's ACL like a
+    /// recursive read (agent/consul/kvs_endpoint.go `ListKeys`); empty on
+    /// 404.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses and malformed
+    /// JSON.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, ConsulError> {
+        let url = format!("{}/v1/kv/{}?keys=true", self.addr, encode_key(prefix));
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ConsulError::Decode(format!("key list: {e}")))
+    }
+
     /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`
     /// (`?cas=N`; 0 writes only if the key does not exist). `Ok(false)`: the
     /// key changed since it was read, and nothing was written. The key's

@@ -94,6 +94,15 @@ impl IndexTracker {
         }
     }
 
+    /// Like [`IndexTracker::observe`] for an answer that is already a full
+    /// read (the fresh read that confirms a suspect answer): a lower index
+    /// is still a reset, but needs no second full read.
+    pub fn observe_full_read(&mut self, raw_index: u64) -> IndexEvent {
+        let event = self.observe(raw_index);
+        self.reset = false;
+        event
+    }
+
     /// Makes the next query a full read (index 0) whose answer is applied
     /// whatever its index. Used after a failed request: a Consul that was
     /// restarted or restored meanwhile can come back with the very index the
@@ -302,8 +311,8 @@ impl Watcher {
         };
         let metrics = &self.shared.metrics;
         match result {
-            Ok(answer) => {
-                self.on_answer(answer);
+            Ok((answer, full_read)) => {
+                self.on_answer(answer, full_read);
                 Ok(())
             }
             Err(e) => {
@@ -341,24 +350,25 @@ impl Watcher {
     /// looks like a filtered view and is confirmed the same way: it costs
     /// two or three more requests and applies within milliseconds.
     ///
-    /// `blocking`: the answer came from a query with an index.
+    /// `blocking`: the answer came from a query with an index. Returns the
+    /// answer to apply and whether it is such a fresh read.
     async fn verify_not_filtered(
         &self,
         answer: PrefixAnswer,
         blocking: bool,
-    ) -> Result<PrefixAnswer, ConsulError> {
+    ) -> Result<(PrefixAnswer, bool), ConsulError> {
         let Some(copy) = self.shared.snapshot.load_full() else {
-            return Ok(answer);
+            return Ok((answer, false));
         };
         let prefix = &self.config.prefix;
         if !blocking {
             // Fresh already: evaluated under the token's policy now.
             self.client.check_read_access(prefix).await?;
-            return Ok(answer);
+            return Ok((answer, false));
         }
         let reason = match possibly_filtered(prefix, &copy, &answer) {
             Some(reason) => reason,
-            None if answer.index <= copy.index => return Ok(answer),
+            None if answer.index <= copy.index => return Ok((answer, false)),
             None => {
                 // Every key the copy holds is shown, and the index is a
                 // shown key's: new keys can still be hidden (a transaction
@@ -371,7 +381,7 @@ impl Watcher {
                 let shown: std::collections::HashSet<&str> =
                     answer.pairs.iter().map(|p| p.key.as_str()).collect();
                 if names.iter().all(|k| shown.contains(k.as_str())) {
-                    return Ok(answer);
+                    return Ok((answer, false));
                 }
                 RefusedAnswer::HidesKeys
             }
@@ -401,14 +411,20 @@ impl Watcher {
                 "a blocking-query answer hid keys a fresh read shows (filtered by the ACL the query started with); applied the fresh read"
             );
         }
-        Ok(fresh)
+        Ok((fresh, true))
     }
 
-    fn on_answer(&mut self, answer: PrefixAnswer) {
+    /// `full_read`: the answer is the fresh read that replaced a suspect
+    /// blocking answer.
+    fn on_answer(&mut self, answer: PrefixAnswer, full_read: bool) {
         let shared = self.shared.clone();
         let metrics = &shared.metrics;
         let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
-        let event = self.tracker.observe(answer.index);
+        let event = if full_read {
+            self.tracker.observe_full_read(answer.index)
+        } else {
+            self.tracker.observe(answer.index)
+        };
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
             IndexEvent::Changed | IndexEvent::WentBackwards => {
@@ -416,7 +432,12 @@ impl Watcher {
                     metrics.consul_index_resets.inc();
                     warn!(
                         consul_index = answer.index,
-                        "X-Consul-Index went backwards; re-reading the prefix from index 0"
+                        "X-Consul-Index went backwards; {}",
+                        if full_read {
+                            "applying the full read that shows it"
+                        } else {
+                            "re-reading the prefix from index 0"
+                        }
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
@@ -583,6 +604,18 @@ mod tests {
         assert_eq!(t.observe(7), IndexEvent::WentBackwards);
         assert_eq!(t.query_index(), 7);
         assert_eq!(t.observe(8), IndexEvent::Changed);
+    }
+
+    #[test]
+    fn a_confirming_full_read_needs_no_second_one() {
+        let mut t = IndexTracker::default();
+        assert_eq!(t.observe(10), IndexEvent::Changed);
+        assert_eq!(t.observe_full_read(12), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 12);
+        assert_eq!(t.observe_full_read(12), IndexEvent::NotModified);
+        // Backwards: a reset, but the loop blocks on it at once.
+        assert_eq!(t.observe_full_read(7), IndexEvent::WentBackwards);
+        assert_eq!(t.query_index(), 7);
     }
 
     #[test]

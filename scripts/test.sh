@@ -40,8 +40,8 @@ suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
 suite "cargo test" cargo test --all-targets --locked --no-fail-fast
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the
-# fault schedule with two of its CI seeds (both have token changes and
-# reloads), about 45 s each.
+# fault schedule with two of its CI seeds (both change the token policy while
+# writes go on; seed 10 reloads HAProxy then), about 45 s each.
 for v in 3.0 3.2; do
   suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule)" env \
     GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$v/bin/haproxy" \

@@ -136,8 +136,11 @@ impl ConsulClient {
     /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
     /// whole read. Without that check an agent with the wrong token would
     /// answer ready for every server. A token narrowed while the agent runs
-    /// shows as an answer that drops keys: the watcher checks every such
-    /// answer with [`ConsulClient::check_read_access`] before taking it.
+    /// shows as an answer that drops or hides keys, and a blocking query
+    /// keeps the ACL it started with: the watcher replaces every such
+    /// answer by a read without an index between two
+    /// [`ConsulClient::check_read_access`] calls
+    /// (`crate::agent::watcher`).
     ///
     /// # Errors
     ///

@@ -586,6 +586,37 @@ fn blocking_queries_follow_the_index_rules_and_stay_rate_limited() {
 // ---------------------------------------------------------------------------
 // Consul: slow answers (fake)
 
+/// After a failed request the agent reads the prefix again without an
+/// index. If that read is a filtered view (a token policy narrowed then,
+/// restored before the read check that follows it), the check passes: so a
+/// full read that drops keys is not taken either; it is confirmed by
+/// another read between two checks. Shown with the fake: the retry answers
+/// without `canary`, every check and the next read see the whole store.
+#[test]
+fn a_full_read_that_drops_keys_after_a_failure_is_confirmed_not_applied() {
+    let (fake, agent) = fake_and_agent(&[]);
+    fake.script(Reply::error("no leader", 500, "No cluster leader"));
+    // A write during the backoff moves the index forward (so this is no
+    // rollback for the guard); the retry shows it, but not `canary`.
+    fake.put("web/web-09", b"maint");
+    let mut shown: Vec<(&str, &[u8])> = GOOD_KEYS[1..].to_vec();
+    shown.push(("web/web-09", b"maint"));
+    let filtered = fake.render(&shown, fake.index());
+    fake.script(Reply::body("filtered", &filtered));
+    let at = fake.wait_served("filtered", LONG);
+    assert_eq!(fake.requests()[at].index, None, "the retry is a full read");
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(replies(&agent), GOOD, "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!agent.log().contains("key removed"), "{}", agent.log());
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_consul_answers_refused_total{reason=\"drops_keys\"}"),
+        1.0
+    );
+}
+
 #[test]
 fn slow_consul_answers_never_hold_up_agent_checks() {
     let (fake, agent) = fake_and_agent(&[]);

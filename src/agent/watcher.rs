@@ -306,7 +306,7 @@ impl Watcher {
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
         let result = match result {
-            Ok(answer) => self.verify_not_filtered(answer, index > 0).await,
+            Ok(answer) => self.verify_not_filtered(answer).await,
             Err(e) => Err(e),
         };
         let metrics = &self.shared.metrics;
@@ -335,37 +335,31 @@ impl Watcher {
     /// one that drops keys the copy holds, a 404 (no key) whose index moved
     /// or that follows a copy with keys, or one whose index moved past every
     /// ModifyIndex it shows (Consul's index counts the keys it filters out;
-    /// the other cause is a delete's tombstone). From a blocking query such
-    /// an answer is refused (counted in
-    /// `gitlab_haproxy_agent_consul_answers_refused_total{reason}`) and
-    /// replaced by a fresh non-blocking read (no index: evaluated under the
+    /// the other cause is a delete's tombstone). Such an answer is refused
+    /// (counted in `gitlab_haproxy_agent_consul_answers_refused_total{reason}`)
+    /// and replaced by a fresh read without an index (evaluated under the
     /// token's policy now) between two read checks
     /// ([`ConsulClient::check_read_access`]); only that fresh read is
-    /// applied. Any other blocking answer whose index moved can still hide
-    /// new keys, so the names of the keys (`?keys`, a few bytes a key) are
-    /// read between two read checks, and an answer lacking one is refused
-    /// the same way (`hides_keys`; a key written just after counts too). A
-    /// non-blocking answer is itself fresh and gets the read check after
-    /// it. Any failure (403 from a check) keeps the last copy. A real delete
-    /// looks like a filtered view and is confirmed the same way: it costs
-    /// two or three more requests and applies within milliseconds.
+    /// applied. Any other answer whose index moved can still hide new keys,
+    /// so the names of the keys (`?keys`, a few bytes a key) are read
+    /// between two read checks, and an answer lacking one is refused the
+    /// same way (`hides_keys`; a key written just after counts too). The
+    /// same holds for answers without an index (after a failure): a policy
+    /// restored between such a read and a check after it would pass a
+    /// filtered view, so the check must come before a read, too. Any failure
+    /// (403 from a check) keeps the last copy. A real delete looks like a
+    /// filtered view and is confirmed the same way: it costs two or three
+    /// more requests and applies within milliseconds.
     ///
-    /// `blocking`: the answer came from a query with an index. Returns the
-    /// answer to apply and whether it is such a fresh read.
+    /// Returns the answer to apply and whether it is such a fresh read.
     async fn verify_not_filtered(
         &self,
         answer: PrefixAnswer,
-        blocking: bool,
     ) -> Result<(PrefixAnswer, bool), ConsulError> {
         let Some(copy) = self.shared.snapshot.load_full() else {
             return Ok((answer, false));
         };
         let prefix = &self.config.prefix;
-        if !blocking {
-            // Fresh already: evaluated under the token's policy now.
-            self.client.check_read_access(prefix).await?;
-            return Ok((answer, false));
-        }
         let reason = match possibly_filtered(prefix, &copy, &answer) {
             Some(reason) => reason,
             None if answer.index <= copy.index => return Ok((answer, false)),

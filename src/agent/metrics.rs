@@ -80,7 +80,7 @@ impl ConsulOutcome {
     }
 }
 
-/// Why a blocking-query answer was not applied, the values of the `reason`
+/// Why a Consul answer was not applied, the values of the `reason`
 /// label on `gitlab_haproxy_agent_consul_answers_refused_total`. Consul
 /// filters a blocking query with the ACL its token had when the query
 /// started (agent/consul/kvs_endpoint.go resolves the token once, before
@@ -286,7 +286,7 @@ impl Metrics {
         let consul_answers_refused = IntCounterVec::new(
             opts(
                 "consul_answers_refused_total",
-                "Blocking-query answers not applied because they may be a view filtered by an older ACL, by reason; a fresh read confirmed with the read check is applied instead.",
+                "Consul answers not applied because they may be a view filtered by the token's ACL, by reason; a fresh read between two read checks is applied instead.",
             ),
             &["reason"],
         )
@@ -442,7 +442,7 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one blocking-query answer refused as a possible filtered view.
+    /// Counts one Consul answer refused as a possible filtered view.
     pub fn consul_answer_refused(&self, reason: RefusedAnswer) {
         self.consul_answers_refused
             .with_label_values(&[reason.as_str()])

@@ -286,3 +286,149 @@ fn narrow_agent_read(consul: &Consul) {
     );
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
 }
+
+/// Sets the rules of the `agent-read` policy to `rules` and waits until the
+/// agent's blocking query (started under the rules before) ends with no
+/// change: the agent must run with `--wait 2s`. The next query starts
+/// within `--min-query-interval` (100 ms) under `rules`, and is parked for
+/// about 2 s more when this returns.
+fn park_under(agent: &Agent, consul: &Consul, rules: &str) {
+    let unchanged =
+        || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"not_modified\"}");
+    let before = unchanged();
+    set_agent_read(consul, rules);
+    let ended = wait_for(Duration::from_secs(5), || {
+        (unchanged() > before).then_some(())
+    });
+    assert!(ended.is_some(), "{}", agent.log());
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// Sets the rules of the `agent-read` policy, in place.
+fn set_agent_read(consul: &Consul, rules: &str) {
+    let (status, _, body) = consul.request("GET", "/v1/acl/policy/name/agent-read", b"");
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let policy: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let id = policy["ID"].as_str().unwrap();
+    let body = serde_json::json!({"ID": id, "Name": "agent-read", "Rules": rules});
+    let (status, _, answer) = consul.request(
+        "PUT",
+        &format!("/v1/acl/policy/{id}"),
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+}
+
+/// Consul filters a blocking query with the ACL its token had when the
+/// query started. The policy is narrowed and the agent's blocking query
+/// (still under the whole-prefix ACL) ends with no change, so the next one
+/// starts under the narrowed policy; the policy is restored; the next write makes that
+/// parked query answer a filtered view: `canary` gone (one-backend) or a
+/// 404 (elsewhere), while a read check made now passes. The agent must
+/// not apply it: it confirms with a fresh read, which shows `canary`, and
+/// keeps answering drain.
+#[test]
+fn an_answer_filtered_by_the_acl_a_blocking_query_started_with_is_not_applied() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "maint");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    let (_, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    // A short wait: a blocking query that ends with no change starts the
+    // next one under the policy of the moment.
+    let agent = Agent::start(
+        &consul.url(),
+        &[
+            "--consul-token-file",
+            token_file.to_str().unwrap(),
+            "--wait",
+            "2s",
+        ],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    // Past --min-query-interval: the blocking query is parked.
+    std::thread::sleep(Duration::from_millis(500));
+    let full = r#"key_prefix "gitlab-haproxy-agent/state/" { policy = "read" }"#;
+    for (narrowed, reason) in [
+        (
+            r#"key_prefix "gitlab-haproxy-agent/state/web/" { policy = "read" }"#,
+            "drops_keys",
+        ),
+        (r#"key_prefix "other/" { policy = "read" }"#, "empty"),
+    ] {
+        park_under(&agent, &consul, narrowed);
+        set_agent_read(&consul, full);
+        consul.put("web/web-02", "maint");
+        wait_answer(&agent, "web/web-02", "maint 100%\n");
+        let until = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < until {
+            assert_eq!(
+                agent.ask("web/web-cny-01 canary"),
+                "drain 100%\n",
+                "{narrowed}: {}",
+                agent.log()
+            );
+            assert_eq!(agent.ask("web/web-01"), "maint 100%\n", "{narrowed}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(!agent.log().contains("key removed"), "{}", agent.log());
+        let refused = agent.metric(&format!(
+            "gitlab_haproxy_agent_consul_answers_refused_total{{reason=\"{reason}\"}}"
+        ));
+        assert!(refused >= 1.0, "{reason}: {refused}\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// The policy is narrowed to `web/` and one transaction writes `canary`
+/// (hidden) and `web/web-02` (shown) at one index: the answer shows every
+/// key the copy holds and its index is a shown key's ModifyIndex, so only
+/// the names of the keys the token may read tell. The answer is refused
+/// (403 on the read check); once the policy is restored the agent reads
+/// `canary` without waiting for another write.
+#[test]
+fn a_key_hidden_in_a_transaction_with_a_shown_key_is_read_once_the_policy_is_restored() {
+    use base64::Engine as _;
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("web/web-01", "maint");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    let (_, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &[
+            "--consul-token-file",
+            token_file.to_str().unwrap(),
+            "--wait",
+            "2s",
+        ],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "ready 100%\n");
+    std::thread::sleep(Duration::from_millis(500));
+    // The query that sees the transaction runs under the narrowed policy.
+    park_under(
+        &agent,
+        &consul,
+        r#"key_prefix "gitlab-haproxy-agent/state/web/" { policy = "read" }"#,
+    );
+    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    let txn = serde_json::json!([
+        {"KV": {"Verb": "set", "Key": "gitlab-haproxy-agent/state/canary", "Value": b64("drain")}},
+        {"KV": {"Verb": "set", "Key": "gitlab-haproxy-agent/state/web/web-02", "Value": b64("drain")}},
+    ]);
+    let (status, _, body) = consul.request("PUT", "/v1/txn", txn.to_string().as_bytes());
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    std::thread::sleep(Duration::from_secs(1));
+    set_agent_read(
+        &consul,
+        r#"key_prefix "gitlab-haproxy-agent/state/" { policy = "read" }"#,
+    );
+    wait_answer(&agent, "web/web-cny-01 canary", "drain 100%\n");
+    assert_eq!(agent.ask("web/web-02"), "drain 100%\n");
+    assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
+}

@@ -81,6 +81,48 @@ impl ConsulOutcome {
     }
 }
 
+/// Why a Consul answer was not applied, the values of the `reason`
+/// label on `gitlab_haproxy_agent_consul_answers_refused_total`. Consul
+/// filters a blocking query with the ACL its token had when the query
+/// started (agent/consul/kvs_endpoint.go resolves the token once, before
+/// `blockingQuery`), so after a policy narrowed and restored such an answer
+/// can show less than the token may now read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedAnswer {
+    /// A 200 that lacks keys the copy holds.
+    DropsKeys,
+    /// A 404 (no key at all) whose index moved, while the copy holds keys or
+    /// after a write hidden from it.
+    Empty,
+    /// A 200 whose index moved past every ModifyIndex it shows: a write it
+    /// does not show (or a delete's tombstone).
+    HidesWrites,
+    /// A 200 whose index moved that lacks keys a key list read just after
+    /// shows (new keys hidden, such as a group key written in one
+    /// transaction with a visible row key).
+    HidesKeys,
+}
+
+impl RefusedAnswer {
+    /// Every reason, so each label value exists at 0 from start-up.
+    pub const ALL: [RefusedAnswer; 4] = [
+        RefusedAnswer::DropsKeys,
+        RefusedAnswer::Empty,
+        RefusedAnswer::HidesWrites,
+        RefusedAnswer::HidesKeys,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusedAnswer::DropsKeys => "drops_keys",
+            RefusedAnswer::Empty => "empty",
+            RefusedAnswer::HidesWrites => "hides_writes",
+            RefusedAnswer::HidesKeys => "hides_keys",
+        }
+    }
+}
+
 /// Every metric the agent exports. Cheap to update from any task: counters
 /// and gauges are atomics.
 pub struct Metrics {
@@ -102,6 +144,7 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_consul_index_resets_total`: times the index went
     /// backwards and the watcher re-read from 0.
     pub consul_index_resets: IntCounter,
+    consul_answers_refused: IntCounterVec,
     /// `gitlab_haproxy_agent_keys`: keys held below the prefix.
     pub keys: IntGauge,
     /// `gitlab_haproxy_agent_invalid_keys`: keys held with an invalid value.
@@ -254,6 +297,19 @@ impl Metrics {
         ))
         .unwrap();
         reg(Box::new(consul_index_resets.clone()));
+
+        let consul_answers_refused = IntCounterVec::new(
+            opts(
+                "consul_answers_refused_total",
+                "Consul answers not applied because they may be a view filtered by the token's ACL, by reason; a fresh read between two read checks is applied instead.",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        for r in RefusedAnswer::ALL {
+            consul_answers_refused.with_label_values(&[r.as_str()]);
+        }
+        reg(Box::new(consul_answers_refused.clone()));
 
         let keys = IntGauge::with_opts(opts("keys", "Keys held below the prefix.")).unwrap();
         reg(Box::new(keys.clone()));
@@ -416,6 +472,7 @@ impl Metrics {
             consul_request_duration,
             consul_index,
             consul_index_resets,
+            consul_answers_refused,
             keys,
             invalid_keys,
             invalid_held_keys,
@@ -448,6 +505,13 @@ impl Metrics {
     pub fn consul_request(&self, outcome: ConsulOutcome) {
         self.consul_requests
             .with_label_values(&[outcome.as_str()])
+            .inc();
+    }
+
+    /// Counts one Consul answer refused as a possible filtered view.
+    pub fn consul_answer_refused(&self, reason: RefusedAnswer) {
+        self.consul_answers_refused
+            .with_label_values(&[reason.as_str()])
             .inc();
     }
 

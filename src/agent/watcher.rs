@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use crate::agent::consistency::hold_reason;
 use crate::agent::guard::{release_mark, Guard};
-use crate::agent::metrics::ConsulOutcome;
+use crate::agent::metrics::{ConsulOutcome, RefusedAnswer};
 use crate::agent::shared::{ReadyStep, Shared};
 use crate::cli::Consistency;
 use crate::consul::{ConsulClient, ConsulError, PrefixAnswer, ReadMeta};
@@ -112,6 +112,15 @@ impl IndexTracker {
     /// The index of the copy held, `None` before the first answer.
     pub fn held(&self) -> Option<u64> {
         self.current
+    }
+
+    /// Like [`IndexTracker::observe`] for an answer that is already a full
+    /// read (the fresh read that confirms a suspect answer): a lower index
+    /// is still a reset, but needs no second full read.
+    pub fn observe_full_read(&mut self, raw_index: u64) -> IndexEvent {
+        let event = self.observe(raw_index);
+        self.reset = false;
+        event
     }
 
     /// Makes the next query a full read (index 0) whose answer is applied
@@ -334,9 +343,12 @@ impl Watcher {
         // move the copy backwards is not applied at all, so it is neither
         // read-checked nor shown to the guard; the default-consistency full
         // read that replaces it goes through the gates below like any
-        // answer. 2. The read check: an answer that drops keys or hides
-        // writes is taken only once the token may still read the whole
-        // prefix (a 403 fails the step and the copy is kept). 3. The guard
+        // answer. 2. The filtered-view check (`verify_not_filtered`): an
+        // answer that may be a filtered view (drops keys, empty, hides
+        // writes, or lacks a key `?keys` shows) is refused and replaced by
+        // a default-consistency read without an index between two read
+        // checks, whatever the mode (a 403 fails the step and the copy is
+        // kept). 3. The guard
         // (in `apply`): invalid values and data gone backwards keep the
         // values served before. Holding first means the read check and the
         // guard judge only answers that are at least as new as the copy, or
@@ -352,10 +364,13 @@ impl Watcher {
         };
         let metrics = &self.shared.metrics;
         match result {
-            Ok(answer) => {
-                self.on_answer(answer);
+            Ok((answer, full_read)) => {
+                self.on_answer(answer, full_read);
                 if consistency == Consistency::Default {
-                    // Confirmed: stale reads may resume.
+                    // A default-consistency answer (or the default fresh
+                    // read that replaced it) was applied: stale reads may
+                    // resume. A stale answer replaced by a fresh read needs
+                    // nothing here: stale reads were already on.
                     self.confirm = false;
                 }
                 Ok(())
@@ -412,39 +427,100 @@ impl Watcher {
 
     /// Consul filters a recursive read by the token's ACL rules, so an
     /// answer from a token narrowed while the agent runs looks like deletes,
-    /// or hides new writes. Such an answer is taken only after the same read
-    /// check [`ConsulClient::list_prefix`] makes after a 404 (a 404 is
-    /// checked there); a 403 refuses it and the last copy is kept. Checked:
-    /// an answer that drops keys the copy holds, and one whose index moved
-    /// past every ModifyIndex it shows (Consul's index counts the keys it
-    /// filters out; the other cause is a delete's tombstone).
-    async fn verify_not_filtered(&self, answer: PrefixAnswer) -> Result<PrefixAnswer, ConsulError> {
+    /// or hides new writes. And it filters a blocking query with the ACL the
+    /// token had when the query *started* (agent/consul/kvs_endpoint.go
+    /// resolves the token once, before `blockingQuery`): after a policy
+    /// narrowed and restored, a query parked meanwhile answers the next
+    /// write with the narrowed view, while a read check made now passes.
+    ///
+    /// So an answer that may be a filtered view is never taken as it is:
+    /// one that drops keys the copy holds, a 404 (no key) whose index moved
+    /// or that follows a copy with keys, or one whose index moved past every
+    /// ModifyIndex it shows (Consul's index counts the keys it filters out;
+    /// the other cause is a delete's tombstone). Such an answer is refused
+    /// (counted in `gitlab_haproxy_agent_consul_answers_refused_total{reason}`)
+    /// and replaced by a fresh read without an index (evaluated under the
+    /// token's policy now) between two read checks
+    /// ([`ConsulClient::check_read_access`]); only that fresh read is
+    /// applied. Any other answer whose index moved can still hide new keys,
+    /// so the names of the keys (`?keys`, a few bytes a key) are read
+    /// between two read checks, and an answer lacking one is refused the
+    /// same way (`hides_keys`; a key written just after counts too). The
+    /// same holds for answers without an index (after a failure): a policy
+    /// restored between such a read and a check after it would pass a
+    /// filtered view, so the check must come before a read, too. Any failure
+    /// (403 from a check) keeps the last copy. A real delete looks like a
+    /// filtered view and is confirmed the same way: it costs two or three
+    /// more requests and applies within milliseconds.
+    ///
+    /// Returns the answer to apply and whether it is such a fresh read.
+    async fn verify_not_filtered(
+        &self,
+        answer: PrefixAnswer,
+    ) -> Result<(PrefixAnswer, bool), ConsulError> {
         let Some(copy) = self.shared.snapshot.load_full() else {
-            return Ok(answer);
+            return Ok((answer, false));
         };
         let prefix = &self.config.prefix;
-        let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
-        let unseen_change =
-            answer.index > copy.index && latest_shown.is_some_and(|m| answer.index > m);
-        if !unseen_change {
-            let present: std::collections::HashSet<&str> = answer
-                .pairs
-                .iter()
-                .filter_map(|p| p.key.strip_prefix(prefix.as_str()))
-                .collect();
-            if copy.keys.keys().all(|k| present.contains(&**k)) {
-                return Ok(answer);
+        let reason = match possibly_filtered(prefix, &copy, &answer) {
+            Some(reason) => reason,
+            None if answer.index <= copy.index => return Ok((answer, false)),
+            None => {
+                // Every key the copy holds is shown, and the index is a
+                // shown key's: new keys can still be hidden (a transaction
+                // gives a hidden group key and a visible row key one
+                // index). The names of the keys the token may read now
+                // tell, for a few bytes a key.
+                self.client.check_read_access(prefix).await?;
+                let names = self.client.list_keys(prefix).await?;
+                self.client.check_read_access(prefix).await?;
+                let shown: std::collections::HashSet<&str> =
+                    answer.pairs.iter().map(|p| p.key.as_str()).collect();
+                if names.iter().all(|k| shown.contains(k.as_str())) {
+                    return Ok((answer, false));
+                }
+                RefusedAnswer::HidesKeys
             }
+        };
+        self.shared.metrics.consul_answer_refused(reason);
+        // A 404 was read-checked by list_prefix already, just now.
+        if !answer.pairs.is_empty() {
+            self.client.check_read_access(prefix).await?;
         }
-        self.client.check_read_access(prefix).await?;
-        Ok(answer)
+        let fresh = self.client.list_prefix(prefix, 0, self.config.wait).await?;
+        if !fresh.pairs.is_empty() {
+            self.client.check_read_access(prefix).await?;
+        }
+        let shown = |a: &PrefixAnswer| {
+            a.pairs
+                .iter()
+                .map(|p| p.key.clone())
+                .collect::<std::collections::BTreeSet<_>>()
+        };
+        let (old, new) = (shown(&answer), shown(&fresh));
+        if new.difference(&old).next().is_some() {
+            warn!(
+                consul_index = answer.index,
+                fresh_index = fresh.index,
+                hidden = new.difference(&old).count(),
+                reason = reason.as_str(),
+                "a blocking-query answer hid keys a fresh read shows (filtered by the ACL the query started with); applied the fresh read"
+            );
+        }
+        Ok((fresh, true))
     }
 
-    fn on_answer(&mut self, answer: PrefixAnswer) {
+    /// `full_read`: the answer is the fresh read that replaced a suspect
+    /// blocking answer.
+    fn on_answer(&mut self, answer: PrefixAnswer, full_read: bool) {
         let shared = self.shared.clone();
         let metrics = &shared.metrics;
         let served_index = self.shared.snapshot.load().as_ref().map(|s| s.index);
-        let event = self.tracker.observe(answer.index);
+        let event = if full_read {
+            self.tracker.observe_full_read(answer.index)
+        } else {
+            self.tracker.observe(answer.index)
+        };
         match event {
             IndexEvent::NotModified => metrics.consul_request(ConsulOutcome::NotModified),
             IndexEvent::Changed | IndexEvent::WentBackwards => {
@@ -452,7 +528,12 @@ impl Watcher {
                     metrics.consul_index_resets.inc();
                     warn!(
                         consul_index = answer.index,
-                        "X-Consul-Index went backwards; re-reading the prefix from index 0"
+                        "X-Consul-Index went backwards; {}",
+                        if full_read {
+                            "applying the full read that shows it"
+                        } else {
+                            "re-reading the prefix from index 0"
+                        }
                     );
                 }
                 metrics.consul_request(ConsulOutcome::Ok);
@@ -541,6 +622,34 @@ impl Watcher {
     }
 }
 
+/// Why `answer` may be a view filtered by the token's ACL, compared with
+/// `copy` (the copy served): `None` if it cannot be (it shows every key the
+/// copy holds, and a key whose ModifyIndex is its index, or its index did
+/// not move).
+pub fn possibly_filtered(
+    prefix: &str,
+    copy: &Snapshot,
+    answer: &PrefixAnswer,
+) -> Option<RefusedAnswer> {
+    let moved = answer.index > copy.index;
+    if answer.pairs.is_empty() {
+        return (moved || !copy.keys.is_empty()).then_some(RefusedAnswer::Empty);
+    }
+    let present: std::collections::HashSet<&str> = answer
+        .pairs
+        .iter()
+        .filter_map(|p| p.key.strip_prefix(prefix))
+        .collect();
+    if !copy.keys.keys().all(|k| present.contains(&**k)) {
+        return Some(RefusedAnswer::DropsKeys);
+    }
+    let latest_shown = answer.pairs.iter().map(|p| p.modify_index).max();
+    if moved && latest_shown.is_some_and(|m| answer.index > m) {
+        return Some(RefusedAnswer::HidesWrites);
+    }
+    None
+}
+
 /// What HAProxy gets while Consul cannot be read, for the log line that
 /// opens an outage: the last copy once synced, no answer before the first
 /// sync (a restarted agent has no copy to serve).
@@ -594,6 +703,18 @@ mod tests {
     }
 
     #[test]
+    fn a_confirming_full_read_needs_no_second_one() {
+        let mut t = IndexTracker::default();
+        assert_eq!(t.observe(10), IndexEvent::Changed);
+        assert_eq!(t.observe_full_read(12), IndexEvent::Changed);
+        assert_eq!(t.query_index(), 12);
+        assert_eq!(t.observe_full_read(12), IndexEvent::NotModified);
+        // Backwards: a reset, but the loop blocks on it at once.
+        assert_eq!(t.observe_full_read(7), IndexEvent::WentBackwards);
+        assert_eq!(t.query_index(), 7);
+    }
+
+    #[test]
     fn an_outage_before_the_first_sync_is_not_logged_as_serving_a_copy() {
         assert_eq!(outage_note(true), "serving the last copy");
         assert_eq!(outage_note(false), "not synced yet, answering nobody");
@@ -637,6 +758,57 @@ mod tests {
             modify_index,
             flags: 0,
         }
+    }
+
+    fn answer(index: u64, pairs: Vec<KvPair>) -> PrefixAnswer {
+        PrefixAnswer {
+            index,
+            pairs,
+            body_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn answers_that_may_be_filtered_views_are_named() {
+        let copy = build_snapshot(
+            "p/",
+            5,
+            &[pair("p/canary", "drain", 2), pair("p/web/x", "maint", 5)],
+        );
+        let same = || vec![pair("p/canary", "drain", 2), pair("p/web/x", "maint", 5)];
+        // Every key shown, the index is a key's ModifyIndex: taken.
+        let mut more = same();
+        more.push(pair("p/web/y", "drain", 6));
+        assert_eq!(possibly_filtered("p/", &copy, &answer(6, more)), None);
+        assert_eq!(possibly_filtered("p/", &copy, &answer(5, same())), None);
+        // A key the copy holds is missing.
+        assert_eq!(
+            possibly_filtered(
+                "p/",
+                &copy,
+                &answer(
+                    6,
+                    vec![pair("p/web/x", "maint", 5), pair("p/web/y", "drain", 6)]
+                )
+            ),
+            Some(RefusedAnswer::DropsKeys)
+        );
+        // The index moved past every key shown.
+        assert_eq!(
+            possibly_filtered("p/", &copy, &answer(7, same())),
+            Some(RefusedAnswer::HidesWrites)
+        );
+        // A 404 after keys, and a 404 whose index moved on an empty copy.
+        assert_eq!(
+            possibly_filtered("p/", &copy, &answer(5, vec![])),
+            Some(RefusedAnswer::Empty)
+        );
+        let empty = build_snapshot("p/", 5, &[]);
+        assert_eq!(
+            possibly_filtered("p/", &empty, &answer(9, vec![])),
+            Some(RefusedAnswer::Empty)
+        );
+        assert_eq!(possibly_filtered("p/", &empty, &answer(5, vec![])), None);
     }
 
     #[test]

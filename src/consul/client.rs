@@ -147,8 +147,11 @@ impl ConsulClient {
     /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
     /// whole read. Without that check an agent with the wrong token would
     /// answer ready for every server. A token narrowed while the agent runs
-    /// shows as an answer that drops keys: the watcher checks every such
-    /// answer with [`ConsulClient::check_read_access`] before taking it.
+    /// shows as an answer that drops or hides keys, and a blocking query
+    /// keeps the ACL it started with: the watcher replaces every such
+    /// answer by a read without an index between two
+    /// [`ConsulClient::check_read_access`] calls
+    /// (`crate::agent::watcher`).
     ///
     /// # Errors
     ///
@@ -336,6 +339,28 @@ impl ConsulClient {
             Some(i) => Ok(Some(pairs.swap_remove(i))),
             None => Err(ConsulError::Decode(format!("answer does not hold {key:?}"))),
         }
+    }
+
+    /// The names of every key under `prefix` (`GET /v1/kv/<prefix>?keys`, no
+    /// index: answered at once, under the token's policy now), without
+    /// values: a few dozen bytes a key. Filtered by the token's ACL like a
+    /// recursive read (agent/consul/kvs_endpoint.go `ListKeys`); empty on
+    /// 404.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, error statuses and malformed
+    /// JSON.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, ConsulError> {
+        let url = format!("{}/v1/kv/{}?keys=true", self.addr, encode_key(prefix));
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        if status == StatusCode::NOT_FOUND {
+            return Ok(Vec::new());
+        }
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        serde_json::from_slice(&body).map_err(|e| ConsulError::Decode(format!("key list: {e}")))
     }
 
     /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`

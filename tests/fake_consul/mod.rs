@@ -189,6 +189,7 @@ struct State {
     log: Vec<Record>,
     /// Paths of plain (non-recursive) key reads, in order.
     key_reads: Vec<String>,
+    key_lists: Vec<String>,
 }
 
 struct Inner {
@@ -353,6 +354,12 @@ impl FakeConsul {
         self.inner.state.lock().unwrap().key_reads.clone()
     }
 
+    /// The paths of key-name lists (`?keys`), in order; answered from the
+    /// store at once, never from a script.
+    pub fn key_lists(&self) -> Vec<String> {
+        self.inner.state.lock().unwrap().key_lists.clone()
+    }
+
     /// Scripted replies not served yet.
     pub fn pending(&self) -> usize {
         self.inner.state.lock().unwrap().script.len()
@@ -452,6 +459,9 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    if query_param(&query, "keys").is_some() {
+        return key_list(inner, path);
+    }
     if query_param(&query, "recurse").is_none() {
         return key_read(inner, path);
     }
@@ -581,6 +591,28 @@ fn key_read(inner: &Inner, path: String) -> Response<FakeBody> {
     };
     let index = s.index.to_string();
     s.key_reads.push(path);
+    Response::builder()
+        .status(status)
+        .header("Content-Type", "application/json")
+        .header("X-Consul-Index", index)
+        .body(FakeBody::full(body))
+        .unwrap()
+}
+
+/// `GET /v1/kv/<prefix>?keys`: the names of the store's keys under the
+/// prefix, from the store at once (404 when there are none), recorded in
+/// `key_lists` only.
+fn key_list(inner: &Inner, path: String) -> Response<FakeBody> {
+    let mut s = inner.state.lock().unwrap();
+    let prefix = path.strip_prefix("/v1/kv/").unwrap_or("").to_string();
+    let names: Vec<&String> = s.keys.keys().filter(|k| k.starts_with(&prefix)).collect();
+    let (status, body) = if names.is_empty() {
+        (404, Vec::new())
+    } else {
+        (200, serde_json::to_vec(&names).unwrap())
+    };
+    let index = s.index.to_string();
+    s.key_lists.push(path);
     Response::builder()
         .status(status)
         .header("Content-Type", "application/json")

@@ -900,3 +900,5 @@ pub fn haproxy_config(backends: &str) -> String {
         "global\n    stats socket {{SOCKET}} mode 600 level admin\n\ndefaults\n    mode http\n    timeout connect 1s\n    timeout client 5s\n    timeout server 5s\n    timeout check 1s\n\n{backends}"
     )
 }
+
+pub mod schedule;

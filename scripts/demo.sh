@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "$(id -u)" -eq 0 ]; then scripts/install-deps.sh >/dev/null; else sudo scripts/install-deps.sh >/dev/null; fi
+if [ "$(id -u)" -eq 0 ]; then scripts/install-deps.sh --demo >/dev/null; else sudo scripts/install-deps.sh --demo >/dev/null; fi
 cargo build --quiet --locked
 agent_bin=target/debug/gitlab-haproxy-agent
 

@@ -29,12 +29,20 @@ Pin-Priority: 100
 PREF
 fi
 
+# `--demo`: only what scripts/demo.sh needs (HAProxy, Consul, socat, curl,
+# python3, column); without it, everything the tests need as well.
+demo=false
+[ "${1:-}" = "--demo" ] && demo=true
+
 want=(
-  haproxy consul prometheus prometheus-alertmanager
+  haproxy consul socat curl bsdextrautils python3
+)
+$demo || want+=(
+  prometheus prometheus-alertmanager
   ruby ruby-erubis ruby-minitest
-  socat shellcheck lintian curl jq
+  shellcheck lintian jq
   systemd-container debootstrap
-  aptly gnupg python3
+  aptly gnupg
   podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc
   golang-go python3-venv python3-yaml
 )
@@ -53,6 +61,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if $demo; then
+  haproxy -v | sed -n 1p
+  consul version | sed -n 1p
+  exit 0
 fi
 
 # cargo-deb builds the .deb from debian/ and [package.metadata.deb].

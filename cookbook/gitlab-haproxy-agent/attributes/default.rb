@@ -42,6 +42,7 @@ default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '127.0.0.1:9778'
 default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
+default['gitlab-haproxy-agent']['settings']['on_startup_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['check_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['max_connections'] = nil
 default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil

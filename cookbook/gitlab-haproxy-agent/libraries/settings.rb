@@ -16,6 +16,7 @@ module GitlabHaproxyAgent
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
       'wait' => 'GITLAB_HAPROXY_AGENT_WAIT',
       'startup_timeout' => 'GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT',
+      'on_startup_timeout' => 'GITLAB_HAPROXY_AGENT_ON_STARTUP_TIMEOUT',
       'check_timeout' => 'GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT',
       'max_connections' => 'GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS',
       'min_query_interval' => 'GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL',

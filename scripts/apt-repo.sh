@@ -26,6 +26,10 @@ usage() {
   echo "usage: APT_REPO_KEY=FINGERPRINT scripts/apt-repo.sh OUT_DIR" >&2
   exit 64
 }
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
 if [ $# -ne 1 ] || [ -z "$1" ]; then usage; fi
 out=$1
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

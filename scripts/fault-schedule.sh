@@ -24,6 +24,11 @@ usage() {
   echo "usage: $0 [--steps S] [--without F,...] [--agent-log] (SEED... | --count N)" >&2
   exit 64
 }
+# --help: the header comment above, as the usage text.
+help() {
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+  exit 0
+}
 
 steps=60
 count=
@@ -34,7 +39,7 @@ while [ $# -gt 0 ]; do
     --count) [ $# -ge 2 ] || usage; count=$2; shift 2 ;;
     --without) [ $# -ge 2 ] || usage; export GHA_FAULT_WITHOUT=$2; shift 2 ;;
     --agent-log) export GHA_FAULT_AGENT_LOG=1; shift ;;
-    -h|--help) usage ;;
+    -h|--help) help ;;
     -*) usage ;;
     *) seeds+=("$1"); shift ;;
   esac

@@ -129,7 +129,8 @@ pub struct AgentArgs {
     )]
     pub listen: SocketAddr,
 
-    /// HTTP listener for /metrics, /-/healthy, /-/ready and /status.
+    /// HTTP listener for /metrics, /-/healthy, /-/ready, /status and
+    /// /debug/pprof/.
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",

@@ -194,8 +194,9 @@ impl Writer {
         }
         if rows.is_empty() {
             println!(
-                "no keys below {}: every server is ready 100% (a token that may not read the \
-                 prefix sees no keys either). Consul index {}.",
+                "no keys below {}: agents answer ready 100% for every server, except keys \
+                 an agent holds after Consul's data went backwards (its /status, `held`); a \
+                 token that may not read the prefix sees no keys either. Consul index {}.",
                 self.prefix, answer.index
             );
             return Ok(());

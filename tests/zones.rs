@@ -189,7 +189,9 @@ fn a_zone_drain_from_a_console_node_moves_that_zone_only_template_servers_includ
     let child = console_cli(
         &consul,
         console.path(),
-        &["drain", "--zone", "b", "--drain-wait", "1s", "--json"],
+        // Several agent-inter rounds of DRAIN, so that every HAProxy check
+        // (even one delayed on a loaded machine) answers it before maint.
+        &["drain", "--zone", "b", "--drain-wait", "3s", "--json"],
     );
     let (seen, code, v) = watch(&haproxy, child, MAINT);
     assert_eq!(code, 0, "{v}");
@@ -213,7 +215,7 @@ fn a_zone_drain_from_a_console_node_moves_that_zone_only_template_servers_includ
     let child = console_cli(
         &consul,
         console.path(),
-        &["undrain", "--zone", "b", "--maint-wait", "1s", "--json"],
+        &["undrain", "--zone", "b", "--maint-wait", "3s", "--json"],
     );
     let (seen, code, v) = watch(&haproxy, child, 0);
     assert_eq!(code, 0, "{v}");

@@ -216,21 +216,30 @@ bad=$(grep web-01 "$work/states.log" | grep -v "web-01 8 web-02 1 web-cny-01 0" 
 say "agent restarted (PID $agent_pid -> $new_agent_pid), pod ready again $(( $(now_ms) - restart_ms - agent_inter_ms * 2 )) ms after the restart; HAProxy (PID $haproxy_pid) kept web-01 drained and web-02 in maint in all $samples samples"
 # --- 7. The image profiles itself, under agent-checks sent as fast as one
 # client can.
-in_pod python3 -c '
+# A 2 s profile can miss the load when the load generator starts late on a
+# busy machine: up to three tries, each under its own load.
+named=false
+for _try in 1 2 3; do
+  in_pod python3 -c '
 import socket, time
-end = time.monotonic() + 3
+end = time.monotonic() + 4
 while time.monotonic() < end:
     s = socket.create_connection(("127.0.0.1", 9777))
     s.sendall(b"web/web-01\n")
     s.recv(64)
     s.close()
 ' &
-load_pid=$!
-in_pod curl -sf -m 20 -o "$work/cpu.pb" "http://127.0.0.1:9778/debug/pprof/profile?seconds=2" \
-  || fail "no CPU profile from /debug/pprof/profile in the pod"
-wait "$load_pid"
-HOME=$work go tool pprof -top "$work/cpu.pb" >"$work/top.txt" 2>&1 || fail "go tool pprof cannot read the pod's profile: $(cat "$work/top.txt")"
-grep -q "gitlab_haproxy_agent::agent::responder" "$work/top.txt" \
-  || fail "the pod's profile does not name the responder: $(head -20 "$work/top.txt")"
+  load_pid=$!
+  sleep 0.5
+  in_pod curl -sf -m 20 -o "$work/cpu.pb" "http://127.0.0.1:9778/debug/pprof/profile?seconds=2" \
+    || fail "no CPU profile from /debug/pprof/profile in the pod"
+  wait "$load_pid"
+  HOME=$work go tool pprof -top "$work/cpu.pb" >"$work/top.txt" 2>&1 || fail "go tool pprof cannot read the pod's profile: $(cat "$work/top.txt")"
+  if grep -q "gitlab_haproxy_agent::agent::responder" "$work/top.txt"; then
+    named=true
+    break
+  fi
+done
+$named || fail "the pod's profile does not name the responder: $(head -20 "$work/top.txt")"
 say "a 2 s CPU profile from the pod, read by go tool pprof, names the responder ($(grep -c gitlab_haproxy_agent "$work/top.txt") of the agent's functions)"
 say "ok"

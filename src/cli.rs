@@ -187,6 +187,14 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_MAX_STALE", default_value = "5s", value_parser = humantime::parse_duration)]
     pub max_stale: Duration,
 
+    /// Folder of the state file (served-state.json): the state served, holds
+    /// included, written on every change and read at start, so a restart
+    /// answers what the agent answered before. Default: systemd's
+    /// $STATE_DIRECTORY (StateDirectory= in the unit) when set; without
+    /// either nothing survives a restart.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<std::path::PathBuf>,
+
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,

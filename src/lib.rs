@@ -7,6 +7,9 @@
 //!   main.rs                  parses the options, runs the daemon or the writer
 //!   agent/      writer/      the daemon and the `state` CLI, side by side;
 //!      |           |         neither imports the other
+//!      |           |
+//!   decision/      |         what the agent serves: every rule, no I/O, no
+//!      |           |         clock (the daemon performs what it asks for)
 //!      +-----+-----+
 //!            |
 //!         consul/            HTTP client, KV and txn types, token, config
@@ -22,6 +25,7 @@
 pub mod agent;
 pub mod cli;
 pub mod consul;
+pub mod decision;
 pub mod model;
 pub mod writer;
 

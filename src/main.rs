@@ -18,6 +18,11 @@ fn fallbacks() -> Fallbacks {
             .ok()
             .filter(|s| !s.is_empty()),
         credential_token_file,
+        state_directory: std::env::var("STATE_DIRECTORY")
+            .ok()
+            .and_then(|v| v.split(':').next().map(str::to_string))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
         consul_http_token_file: std::env::var_os("CONSUL_HTTP_TOKEN_FILE")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from),

@@ -6,12 +6,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::agent::consistency::MAX_STALE_RANGE;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
 use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
+use crate::decision::stale::MAX_STALE_RANGE;
 
 /// Most agent-check connections `--max-connections` may allow: 65,536, far
 /// above any load balancer's server count (each holds a file descriptor).
@@ -42,6 +42,8 @@ pub struct AgentConfig {
     pub responder: ResponderConfig,
     /// Log format.
     pub log_format: LogFormat,
+    /// Folder of the state file; `None`: nothing survives a restart.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl AgentConfig {
@@ -116,7 +118,22 @@ impl AgentConfig {
                 check_timeout: a.check_timeout,
             },
             log_format: a.log_format,
+            state_dir: state_dir(a.state_dir.as_deref(), fallbacks)?,
         })
+    }
+}
+
+/// The state folder: `--state-dir`, else systemd's `$STATE_DIRECTORY`.
+fn state_dir(
+    option: Option<&std::path::Path>,
+    fallbacks: &Fallbacks,
+) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    match option {
+        Some(p) if p.as_os_str().is_empty() => {
+            Err(bad("--state-dir", "\"\"", "must name a folder"))
+        }
+        Some(p) => Ok(Some(p.to_path_buf())),
+        None => Ok(fallbacks.state_directory.clone()),
     }
 }
 

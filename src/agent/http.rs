@@ -18,9 +18,10 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::agent::guard::{HeldKeys, HoldCause};
 use crate::agent::profile;
 use crate::agent::shared::Shared;
+use crate::decision::served::ServedState;
+use crate::decision::HoldCause;
 use crate::model::snapshot::Entry;
 
 /// HTTP connections served at once (a request being read or answered): 64.
@@ -198,35 +199,43 @@ fn unix(t: SystemTime) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The `held` object of `/status`: each key answered with a held value
-/// (see [`crate::agent::guard`]), with the state answered and why. Keys
-/// held for an invalid value are also added to `invalid`, since that is
-/// their value.
-fn held_json(held: &HeldKeys, invalid: &mut serde_json::Map<String, Value>) -> Value {
+/// The `held` object of `/status`: each key answered with another state
+/// than Consul's, with the state answered and why. Keys held for an invalid
+/// value are also added to `invalid`, since that is their value.
+fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>) -> Value {
     let mut out = serde_json::Map::new();
-    for (key, h) in held {
-        let detail = match &h.cause {
-            HoldCause::InvalidValue(e) => {
+    for (key, record) in &served.keys {
+        let (Some(hold), Some(state)) = (record.hold, record.served) else {
+            continue;
+        };
+        let consul_modify_index = record.consul.as_ref().map(|c| c.modify_index);
+        let detail = match hold.cause {
+            HoldCause::InvalidValue => {
+                let reason = match record.consul.as_ref().map(|c| &c.entry) {
+                    Some(Entry::Invalid(e)) => e.to_string(),
+                    _ => String::new(),
+                };
                 invalid.insert(
                     key.to_string(),
-                    json!({"reason": e.to_string(), "modify_index": h.consul_modify_index, "held": h.state.to_string()}),
+                    json!({"reason": reason, "modify_index": consul_modify_index, "held": state.to_string()}),
                 );
-                format!("current value is invalid: {e}")
+                format!("current value is invalid: {reason}")
             }
-            HoldCause::RolledBack => match h.consul_modify_index {
-                None => "Consul's data went backwards and the key is gone; release with `state release-rollback` or a new write".to_string(),
-                Some(_) => "Consul's data went backwards and the key is ready; release with `state release-rollback` or a new write".to_string(),
+            HoldCause::RolledBack => match consul_modify_index {
+                None => "Consul lost its data and the key is gone; release with `state release-rollback` or a new write".to_string(),
+                Some(_) => "Consul lost its data and the key is ready; release with `state release-rollback` or a new write".to_string(),
             },
+            HoldCause::Hidden => "the token may not read the key (403); its last state is answered until it can".to_string(),
         };
         out.insert(
             key.to_string(),
             json!({
-                "state": h.state.to_string(),
-                "reply": String::from_utf8_lossy(h.state.reply().as_bytes()).trim_end(),
-                "cause": h.cause.as_str(),
+                "state": state.to_string(),
+                "reply": String::from_utf8_lossy(state.reply().as_bytes()).trim_end(),
+                "cause": hold.cause.as_str(),
                 "detail": detail,
-                "consul_modify_index": h.consul_modify_index,
-                "since": unix(h.since),
+                "consul_modify_index": consul_modify_index,
+                "since": hold.since as f64,
             }),
         );
     }
@@ -261,8 +270,11 @@ pub fn status(shared: &Shared) -> Value {
             }
         }
     }
-    let held_keys = shared.held.lock().unwrap().clone();
-    let held = held_json(&held_keys, &mut invalid);
+    let served = shared.served.lock().unwrap().clone();
+    let held = served
+        .as_deref()
+        .map_or_else(|| json!({}), |s| held_json(s, &mut invalid));
+    let state_file = shared.state_file.lock().unwrap().clone();
     let rows: Vec<Value> = shared
         .seen
         .rows()
@@ -291,6 +303,13 @@ pub fn status(shared: &Shared) -> Value {
         "keys": keys,
         "invalid": invalid,
         "held": held,
+        "store_id": served.as_ref().and_then(|s| s.store_id.as_deref().map(str::to_string)),
+        "state_file": {
+            "path": state_file.path,
+            "loaded": state_file.loaded,
+            "load_error": state_file.load_error,
+            "write_error": state_file.write_error,
+        },
         "rows": rows,
     })
 }

@@ -9,9 +9,10 @@ use prometheus::{
     Opts, Registry, TextEncoder,
 };
 
-use crate::agent::consistency::HoldReason;
 use crate::agent::seen::SeenSummary;
 use crate::consul::ConsulError;
+use crate::decision::stale::HoldReason;
+use crate::decision::Refused;
 use crate::model::value::AnswerKind;
 
 const NAMESPACE: &str = "gitlab_haproxy_agent";
@@ -77,48 +78,6 @@ impl ConsulOutcome {
             ConsulOutcome::ConnectError => "connect_error",
             ConsulOutcome::Timeout => "timeout",
             ConsulOutcome::DecodeError => "decode_error",
-        }
-    }
-}
-
-/// Why a Consul answer was not applied, the values of the `reason`
-/// label on `gitlab_haproxy_agent_consul_answers_refused_total`. Consul
-/// filters a blocking query with the ACL its token had when the query
-/// started (agent/consul/kvs_endpoint.go resolves the token once, before
-/// `blockingQuery`), so after a policy narrowed and restored such an answer
-/// can show less than the token may now read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RefusedAnswer {
-    /// A 200 that lacks keys the copy holds.
-    DropsKeys,
-    /// A 404 (no key at all) whose index moved, while the copy holds keys or
-    /// after a write hidden from it.
-    Empty,
-    /// A 200 whose index moved past every ModifyIndex it shows: a write it
-    /// does not show (or a delete's tombstone).
-    HidesWrites,
-    /// A 200 whose index moved that lacks keys a key list read just after
-    /// shows (new keys hidden, such as a group key written in one
-    /// transaction with a visible row key).
-    HidesKeys,
-}
-
-impl RefusedAnswer {
-    /// Every reason, so each label value exists at 0 from start-up.
-    pub const ALL: [RefusedAnswer; 4] = [
-        RefusedAnswer::DropsKeys,
-        RefusedAnswer::Empty,
-        RefusedAnswer::HidesWrites,
-        RefusedAnswer::HidesKeys,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RefusedAnswer::DropsKeys => "drops_keys",
-            RefusedAnswer::Empty => "empty",
-            RefusedAnswer::HidesWrites => "hides_writes",
-            RefusedAnswer::HidesKeys => "hides_keys",
         }
     }
 }
@@ -200,6 +159,28 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
     /// because no complete request came within the header timeout.
     pub http_idle_closed: IntCounter,
+    /// `gitlab_haproxy_agent_held_keys{cause}`: keys answered with another
+    /// state than Consul's, by cause (`invalid_value`, `rolled_back`,
+    /// `hidden`).
+    pub held_keys: IntGaugeVec,
+    /// `gitlab_haproxy_agent_key_reads_total{result}`: direct reads of keys
+    /// an answer lacked, by result (`present`, `absent`, `forbidden`).
+    pub key_reads: IntCounterVec,
+    /// `gitlab_haproxy_agent_filtered_answers_total`: answers Consul marked
+    /// as filtered by the token's ACL (`X-Consul-Results-Filtered-By-ACLs`).
+    pub filtered_answers: IntCounter,
+    /// `gitlab_haproxy_agent_store_changes_total`: answers whose store id
+    /// (`~store-id`) vanished or changed: Consul lost its data.
+    pub store_changes: IntCounter,
+    /// `gitlab_haproxy_agent_store_id_present`: 1 when the served state has
+    /// a store id (a store rebuilt at a higher index is then recognised).
+    pub store_id_present: IntGauge,
+    /// `gitlab_haproxy_agent_state_file_loaded`: 1 when the agent started
+    /// from its state file, 0 when it had none or could not use it.
+    pub state_file_loaded: IntGauge,
+    /// `gitlab_haproxy_agent_state_file_writes_total{result}`: writes of
+    /// the state file, `ok` or `error`.
+    pub state_file_writes: IntCounterVec,
 }
 
 /// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
@@ -301,12 +282,12 @@ impl Metrics {
         let consul_answers_refused = IntCounterVec::new(
             opts(
                 "consul_answers_refused_total",
-                "Consul answers not applied because they may be a view filtered by the token's ACL, by reason; a fresh read between two read checks is applied instead.",
+                "Consul answers not applied because they may hide a write, by reason; one fresh read is applied instead.",
             ),
             &["reason"],
         )
         .unwrap();
-        for r in RefusedAnswer::ALL {
+        for r in Refused::ALL {
             consul_answers_refused.with_label_values(&[r.as_str()]);
         }
         reg(Box::new(consul_answers_refused.clone()));
@@ -316,7 +297,7 @@ impl Metrics {
 
         let invalid_keys = IntGauge::with_opts(opts(
             "invalid_keys",
-            "Keys held whose value is invalid (servers they decide get no answer).",
+            "Keys whose value in Consul is invalid (held at their last valid state, or skipped).",
         ))
         .unwrap();
         reg(Box::new(invalid_keys.clone()));
@@ -463,6 +444,73 @@ impl Metrics {
             prometheus::process_collector::ProcessCollector::for_self(),
         ));
 
+        let held_keys = IntGaugeVec::new(
+            opts(
+                "held_keys",
+                "Keys answered with another state than Consul's, by cause: invalid_value, rolled_back, hidden.",
+            ),
+            &["cause"],
+        )
+        .unwrap();
+        for c in crate::decision::HoldCause::ALL {
+            held_keys.with_label_values(&[c.as_str()]);
+        }
+        reg(Box::new(held_keys.clone()));
+
+        let key_reads = IntCounterVec::new(
+            opts(
+                "key_reads_total",
+                "Direct reads of keys a Consul answer lacked, by result: present, absent (a delete), forbidden (hidden from the token).",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        for r in ["present", "absent", "forbidden"] {
+            key_reads.with_label_values(&[r]);
+        }
+        reg(Box::new(key_reads.clone()));
+
+        let filtered_answers = IntCounter::with_opts(opts(
+            "filtered_answers_total",
+            "Consul answers marked as filtered by the token's ACL (X-Consul-Results-Filtered-By-ACLs).",
+        ))
+        .unwrap();
+        reg(Box::new(filtered_answers.clone()));
+
+        let store_changes = IntCounter::with_opts(opts(
+            "store_changes_total",
+            "Consul answers whose store id vanished or changed: the store lost its data.",
+        ))
+        .unwrap();
+        reg(Box::new(store_changes.clone()));
+
+        let store_id_present = IntGauge::with_opts(opts(
+            "store_id_present",
+            "1 when the served state has a store id (~store-id), 0 when not.",
+        ))
+        .unwrap();
+        reg(Box::new(store_id_present.clone()));
+
+        let state_file_loaded = IntGauge::with_opts(opts(
+            "state_file_loaded",
+            "1 when the agent started from its state file, 0 when it had none or could not use it.",
+        ))
+        .unwrap();
+        reg(Box::new(state_file_loaded.clone()));
+
+        let state_file_writes = IntCounterVec::new(
+            opts(
+                "state_file_writes_total",
+                "Writes of the state file, by result: ok, error.",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        for r in ["ok", "error"] {
+            state_file_writes.with_label_values(&[r]);
+        }
+        reg(Box::new(state_file_writes.clone()));
+
         Metrics {
             registry,
             synced,
@@ -491,6 +539,13 @@ impl Metrics {
             consul_last_contact,
             profiles,
             http_idle_closed,
+            held_keys,
+            key_reads,
+            filtered_answers,
+            store_changes,
+            store_id_present,
+            state_file_loaded,
+            state_file_writes,
         }
     }
 
@@ -508,8 +563,8 @@ impl Metrics {
             .inc();
     }
 
-    /// Counts one Consul answer refused as a possible filtered view.
-    pub fn consul_answer_refused(&self, reason: RefusedAnswer) {
+    /// Counts one Consul answer replaced by a fresh read.
+    pub fn consul_answer_refused(&self, reason: Refused) {
         self.consul_answers_refused
             .with_label_values(&[reason.as_str()])
             .inc();

@@ -1,13 +1,13 @@
-//! The daemon, on the model and the Consul client: the [`watcher`] holds one
-//! Consul blocking query on the prefix and swaps in a new
+//! The daemon, on the decision core, the model and the Consul client: the
+//! [`watcher`] performs the Consul requests the core
+//! ([`crate::decision`]) asks for, keeps the served state in the
+//! [`state_file`], and swaps in a new
 //! [`Snapshot`](crate::model::snapshot::Snapshot) per change; the
 //! [`responder`] answers each agent-send line from it; [`http`] serves
 //! metrics, health, readiness and status; [`shared`] is what they share.
 //! [`run`] wires them together with one shutdown path.
 
 pub mod config;
-pub mod consistency;
-pub mod guard;
 pub mod http;
 pub mod logging;
 pub mod metrics;
@@ -16,6 +16,7 @@ pub mod profile;
 pub mod responder;
 pub mod seen;
 pub mod shared;
+pub mod state_file;
 pub mod watcher;
 
 use std::sync::Arc;
@@ -94,7 +95,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         )
         .context("cannot build the Consul client")?,
     );
-    let mut watcher = Watcher::new(client.clone(), config.watcher.clone(), shared.clone());
+    let (state_file, restored) = open_state_file(&config, &shared);
+    let mut watcher = Watcher::new(
+        client.clone(),
+        config.watcher.clone(),
+        shared.clone(),
+        state_file,
+        restored,
+    );
+    let serving = shared.snapshot.load().is_some();
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
@@ -114,8 +123,15 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             shared.readiness.wait().await;
             announce_ready(&shared);
         }
-        Err(e) if config.on_startup_timeout == OnStartupTimeout::Retry => {
-            keep_retrying_unready(&shared, config.startup_timeout, &e, &shutdown, &tracker);
+        Err(e) if config.on_startup_timeout == OnStartupTimeout::Retry || serving => {
+            keep_retrying_unready(
+                &shared,
+                config.startup_timeout,
+                &e,
+                serving,
+                &shutdown,
+                &tracker,
+            );
         }
         Err(e) => {
             shutdown.cancel();
@@ -140,6 +156,44 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
 }
 
+/// Reads the state file at start-up: the state to serve at once, or why
+/// there is none (logged, counted and shown on `/status`).
+fn open_state_file(
+    config: &AgentConfig,
+    shared: &Shared,
+) -> (
+    Option<state_file::StateFile>,
+    Option<crate::decision::served::ServedState>,
+) {
+    let mut status = shared.state_file.lock().unwrap();
+    let Some(dir) = &config.state_dir else {
+        warn!("no --state-dir and no $STATE_DIRECTORY: held keys will not survive a restart");
+        status.load_error = Some("no state folder".into());
+        return (None, None);
+    };
+    let file = state_file::StateFile::in_dir(dir);
+    status.path = Some(file.path().display().to_string());
+    let restored = match file.load(&config.consul.prefix) {
+        state_file::Loaded::State(state) => {
+            info!(path = %file.path().display(), keys = state.keys.len(), consul_index = state.index, "state file read: answering from it until Consul answers");
+            status.loaded = true;
+            shared.metrics.state_file_loaded.set(1);
+            Some(state)
+        }
+        state_file::Loaded::Missing => {
+            info!(path = %file.path().display(), "no state file yet (first start): answering nobody until Consul answers");
+            status.load_error = Some("missing".into());
+            None
+        }
+        state_file::Loaded::Unusable(e) => {
+            warn!(path = %file.path().display(), error = %e, "state file unusable: starting with no memory of held keys; answering nobody until Consul answers");
+            status.load_error = Some(e);
+            None
+        }
+    };
+    (Some(file), restored)
+}
+
 /// Sends `READY=1` with the snapshot's size and index.
 fn announce_ready(shared: &Shared) {
     let snapshot = shared.snapshot.load_full();
@@ -148,20 +202,27 @@ fn announce_ready(shared: &Shared) {
     notify::ready(&format!("synced, {keys} keys, index {index}"));
 }
 
-/// `--on-startup-timeout retry`: logs that the agent stays up unready (the
+/// `--on-startup-timeout retry`, or a state file being served: logs that
+/// the agent stays up unready (the
 /// watcher loop, started next, keeps retrying with its backoff and sets
 /// readiness at its first snapshot) and announces readiness when it comes.
 fn keep_retrying_unready(
     shared: &Arc<Shared>,
     startup_timeout: Duration,
     error: &ConsulError,
+    serving: bool,
     shutdown: &CancellationToken,
     tracker: &TaskTracker,
 ) {
+    let answers = if serving {
+        "answering from the state file"
+    } else {
+        "answering nobody"
+    };
     warn!(
         error = %error,
         startup_timeout = %humantime::format_duration(startup_timeout),
-        "no Consul snapshot yet; staying up, not ready and answering nobody, retrying"
+        "no Consul answer yet; staying up, not ready and {answers}, retrying"
     );
     notify::status("not synced yet: retrying Consul");
     let shared = shared.clone();

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant, SystemTime};
 use arc_swap::ArcSwapOption;
 use tokio::sync::watch;
 
-use crate::agent::guard::HeldKeys;
 use crate::agent::metrics::Metrics;
 use crate::agent::seen::Seen;
+use crate::decision::served::ServedState;
 use crate::model::snapshot::Snapshot;
 
 /// State shared by every task of a running agent.
@@ -37,9 +37,24 @@ pub struct Shared {
     pub consul_addr: String,
     /// The watched prefix, for `/status`.
     pub prefix: String,
-    /// Keys answered with a held value (see [`crate::agent::guard`]), for
-    /// `/status`; replaced whole by the watcher with each copy.
-    pub held: Mutex<Arc<HeldKeys>>,
+    /// The served state behind [`Shared::snapshot`], with its holds, for
+    /// `/status`; replaced whole by the watcher with each change.
+    pub served: Mutex<Option<Arc<ServedState>>>,
+    /// The state file, for `/status`.
+    pub state_file: Mutex<StateFileStatus>,
+}
+
+/// What `/status` says of the state file.
+#[derive(Debug, Clone, Default)]
+pub struct StateFileStatus {
+    /// Its path; `None`: no state folder, nothing survives a restart.
+    pub path: Option<String>,
+    /// The agent started from it.
+    pub loaded: bool,
+    /// Why it was not used at start-up (missing, unreadable, malformed).
+    pub load_error: Option<String>,
+    /// The last write failed with this error.
+    pub write_error: Option<String>,
 }
 
 impl Shared {
@@ -56,7 +71,8 @@ impl Shared {
             started_at: crate::agent::metrics::unix_now(),
             consul_addr: consul_addr.to_string(),
             prefix: prefix.to_string(),
-            held: Mutex::new(Arc::new(HeldKeys::new())),
+            served: Mutex::new(None),
+            state_file: Mutex::new(StateFileStatus::default()),
         })
     }
 }

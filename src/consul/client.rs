@@ -3,7 +3,6 @@
 //! writer CLI makes. It is kept thin and our own, not a general Consul SDK:
 //! its 404-versus-ACL check and its index rules are the agent's safety.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -16,6 +15,7 @@ use super::types::{
     TxnOutcome,
 };
 use crate::cli::Consistency;
+use crate::decision::KeyRead;
 
 /// Extra time allowed beyond `wait` before a blocking query counts as timed
 /// out. Consul adds up to `wait / 16` of jitter (api-docs/features/blocking);
@@ -31,12 +31,9 @@ pub struct ConsulClient {
     http: reqwest::Client,
     addr: String,
     token: TokenSource,
-    /// [`TokenSource::loads`] when the token's read access to the prefix
-    /// was last checked; `u64::MAX` before the first check.
-    read_checked_at_load: AtomicU64,
 }
 
-/// The key below the prefix that [`ConsulClient::list_prefix`] reads to
+/// The key below the prefix that [`ConsulClient::read_check`] reads to
 /// check the token's read access (defined with the identity rules, since
 /// no state key can have its name).
 pub use crate::model::identity::READ_CHECK_KEY;
@@ -79,6 +76,7 @@ impl ConsulClient {
     /// When the HTTP client cannot be built (no usable TLS-free backend).
     pub fn new(addr: &str, token: TokenSource, connect_timeout: Duration) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
+            .gzip(true)
             .connect_timeout(connect_timeout)
             .pool_max_idle_per_host(2)
             .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
@@ -87,7 +85,6 @@ impl ConsulClient {
             http,
             addr: addr.trim_end_matches('/').to_string(),
             token,
-            read_checked_at_load: AtomicU64::new(u64::MAX),
         })
     }
 
@@ -129,56 +126,53 @@ impl ConsulClient {
         }
     }
 
+    /// Reads every key under `prefix` (which ends in `/`) once, answered at
+    /// once, for the writer CLI; checks the token's read access with it.
+    ///
+    /// A 404 is a prefix with no keys: a valid, empty answer with an index.
+    /// Consul filters a recursive read by the token's ACL rules: a token
+    /// that may read nothing under the prefix gets the same 404 as an empty
+    /// prefix, and one that may read only part of it gets that part, while
+    /// Consul refuses a plain read of a key the token may not read with 403
+    /// (agent/consul/kvs_endpoint.go: `List` filters, `Get` refuses; checked
+    /// against Consul 1.8.7). So this also reads
+    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists), and a 403
+    /// there fails the whole read: without it a writer with the wrong token
+    /// would take the prefix for empty.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::read_prefix`], and 403 when the token may not read
+    /// the whole prefix.
+    pub async fn list_prefix(&self, prefix: &str) -> Result<PrefixAnswer, ConsulError> {
+        let (answer, _) = self
+            .read_prefix(prefix, 0, Duration::ZERO, Consistency::Default)
+            .await?;
+        if !self.read_check(prefix, false).await? {
+            return Err(ConsulError::Status {
+                status: StatusCode::FORBIDDEN,
+                body: format!("the token may not read every key under {prefix}"),
+            });
+        }
+        Ok(answer)
+    }
+
     /// Reads every key under `prefix` (which ends in `/`), as a blocking query
     /// when `index > 0`: Consul holds the request until the prefix's index
     /// passes `index` or `wait` (plus jitter) ends (api-docs/features/blocking).
-    /// `index == 0` answers at once.
+    /// `index == 0` answers at once. Asks for gzip, as Consul's own clients
+    /// do. Checks nothing beyond the answer's shape: the decision core
+    /// ([`crate::decision`]) asks for the read checks it needs.
     ///
     /// A 404 is a prefix with no keys: a valid, empty answer with an index.
-    ///
-    /// Consul filters a recursive read by the token's ACL rules: a token
-    /// that may read nothing under the prefix gets the same 404 as an empty
-    /// prefix, and one that may read only part of it (a rule for the folder
-    /// key alone, or for one backend's folder) gets that part, while Consul
-    /// refuses a plain read of a key the token may not read with 403
-    /// (agent/consul/kvs_endpoint.go: `List` filters, `Get` refuses; checked
-    /// against Consul 1.8.7). So after every 404, and after the first
-    /// answer with each token read from its file, this also reads
-    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists): 403 fails the
-    /// whole read. Without that check an agent with the wrong token would
-    /// answer ready for every server. A token narrowed while the agent runs
-    /// shows as an answer that drops or hides keys, and a blocking query
-    /// keeps the ACL it started with: the watcher replaces every such
-    /// answer by a read without an index between two
-    /// [`ConsulClient::check_read_access`] calls
-    /// (`crate::agent::watcher`).
     ///
     /// # Errors
     ///
     /// [`ConsulError`] for transport failures, a timeout after
-    /// `wait + TIMEOUT_MARGIN`, error statuses (403 also when the token may
-    /// not read [`READ_CHECK_KEY`] below the prefix), and answers without a
+    /// `wait + TIMEOUT_MARGIN`, error statuses, and answers without a
     /// numeric `X-Consul-Index`, with malformed JSON or base64, or a 200
     /// with no key under the prefix (a real empty prefix answers 404).
-    pub async fn list_prefix(
-        &self,
-        prefix: &str,
-        index: u64,
-        wait: Duration,
-    ) -> Result<PrefixAnswer, ConsulError> {
-        self.list_prefix_as(prefix, index, wait, Consistency::Default)
-            .await
-            .map(|(answer, _)| answer)
-    }
-
-    /// [`ConsulClient::list_prefix`] in the given consistency mode
-    /// (`?stale` for [`Consistency::Stale`]), with the answer's
-    /// `X-Consul-LastContact` and `X-Consul-KnownLeader`.
-    ///
-    /// # Errors
-    ///
-    /// As [`ConsulClient::list_prefix`].
-    pub async fn list_prefix_as(
+    pub async fn read_prefix(
         &self,
         prefix: &str,
         index: u64,
@@ -205,10 +199,7 @@ impl ConsulClient {
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
-        let header_index = response
-            .headers()
-            .get("X-Consul-Index")
-            .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+        let header_index = consul_index(response.headers());
         let meta = ReadMeta::from_headers(response.headers());
         let body = response
             .bytes()
@@ -222,15 +213,6 @@ impl ConsulClient {
             Some(None) => return Err(ConsulError::Decode("X-Consul-Index is not a number".into())),
             Some(Some(i)) => i,
         };
-        let load = self.token.loads();
-        if status == StatusCode::NOT_FOUND
-            || self.read_checked_at_load.load(Ordering::SeqCst) != load
-        {
-            // Empty or whole, or hidden from this token in part or in full:
-            // only a plain read tells.
-            self.get_key(&format!("{prefix}{READ_CHECK_KEY}")).await?;
-            self.read_checked_at_load.store(load, Ordering::SeqCst);
-        }
         if status == StatusCode::NOT_FOUND {
             let answer = PrefixAnswer {
                 index,
@@ -248,23 +230,104 @@ impl ConsulClient {
         };
         Ok((answer, meta))
     }
-}
 
-impl ConsulClient {
-    /// The read check of [`ConsulClient::list_prefix`]: a plain read of
-    /// `<prefix>`[`READ_CHECK_KEY`] (a key that never exists), which Consul
-    /// answers 404 for a token that may read the whole prefix and 403 for
-    /// one that may not (agent/consul/kvs_endpoint.go).
+    /// Reads one key (the full key, prefix included) as the watcher
+    /// confirms a key an answer lacked, with the answer's `X-Consul-Index`.
     ///
     /// # Errors
     ///
-    /// [`ConsulError`]: 403 when the token may not read the whole prefix,
-    /// transport failures and other error statuses.
-    pub async fn check_read_access(&self, prefix: &str) -> Result<(), ConsulError> {
-        self.get_key(&format!("{prefix}{READ_CHECK_KEY}"))
+    /// [`ConsulError`] for transport failures, statuses other than 200, 403
+    /// and 404, and malformed answers.
+    pub async fn read_key(
+        &self,
+        key: &str,
+        consistency: Consistency,
+    ) -> Result<(KeyRead, Option<u64>), ConsulError> {
+        let url = format!(
+            "{}/v1/kv/{}{}",
+            self.addr,
+            encode_key(key),
+            consistency_param(consistency).replace('&', "?")
+        );
+        let response = self
+            .http
+            .get(&url)
+            .headers(self.headers()?)
+            .timeout(REQUEST_TIMEOUT)
+            .send()
             .await
-            .map(|_| ())
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let status = response.status();
+        let index = consul_index(response.headers()).flatten();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let read = match status {
+            StatusCode::NOT_FOUND => KeyRead::Absent,
+            StatusCode::FORBIDDEN => KeyRead::Forbidden,
+            StatusCode::OK => {
+                let mut pairs = decode_pairs(&body)?;
+                match pairs.iter().position(|p| p.key == key) {
+                    Some(i) => KeyRead::Present(pairs.swap_remove(i)),
+                    None => {
+                        return Err(ConsulError::Decode(format!("answer does not hold {key:?}")))
+                    }
+                }
+            }
+            _ => return Err(status_error(status, &body)),
+        };
+        Ok((read, index))
     }
+
+    /// The read check: a plain read of `<prefix>`[`READ_CHECK_KEY`] (a key
+    /// that never exists), which Consul answers 404 for a token that may
+    /// read the whole prefix and 403 for one that may not
+    /// (agent/consul/kvs_endpoint.go). `Ok(false)` for 403.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures and other error statuses.
+    pub async fn read_check(&self, prefix: &str, stale: bool) -> Result<bool, ConsulError> {
+        let consistency = if stale {
+            Consistency::Stale
+        } else {
+            Consistency::Default
+        };
+        match self
+            .read_key(&format!("{prefix}{READ_CHECK_KEY}"), consistency)
+            .await?
+        {
+            (KeyRead::Forbidden, _) => Ok(false),
+            _ => Ok(true),
+        }
+    }
+
+    /// Whether ACLs are enabled: `GET /v1/acl/token/self` answers 401 "ACL
+    /// support disabled" when they are not (checked on Consul 1.8.7);
+    /// anything else Consul answers (200, 403 "ACL not found", ...) counts
+    /// as enabled.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures and 5xx statuses.
+    pub async fn acl_enabled(&self) -> Result<bool, ConsulError> {
+        let url = format!("{}/v1/acl/token/self", self.addr);
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        if status.is_server_error() {
+            return Err(status_error(status, &body));
+        }
+        let disabled = status == StatusCode::UNAUTHORIZED
+            && String::from_utf8_lossy(&body).contains("ACL support disabled");
+        Ok(!disabled)
+    }
+}
+
+/// `X-Consul-Index`: `None` when missing, `Some(None)` when not a number.
+fn consul_index(headers: &HeaderMap) -> Option<Option<u64>> {
+    headers
+        .get("X-Consul-Index")
+        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()))
 }
 
 /// A 200 to a recursive read must hold at least one key under the prefix
@@ -339,28 +402,6 @@ impl ConsulClient {
             Some(i) => Ok(Some(pairs.swap_remove(i))),
             None => Err(ConsulError::Decode(format!("answer does not hold {key:?}"))),
         }
-    }
-
-    /// The names of every key under `prefix` (`GET /v1/kv/<prefix>?keys`, no
-    /// index: answered at once, under the token's policy now), without
-    /// values: a few dozen bytes a key. Filtered by the token's ACL like a
-    /// recursive read (agent/consul/kvs_endpoint.go `ListKeys`); empty on
-    /// 404.
-    ///
-    /// # Errors
-    ///
-    /// [`ConsulError`] for transport failures, error statuses and malformed
-    /// JSON.
-    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>, ConsulError> {
-        let url = format!("{}/v1/kv/{}?keys=true", self.addr, encode_key(prefix));
-        let (status, body) = self.send(self.http.get(&url)).await?;
-        if status == StatusCode::NOT_FOUND {
-            return Ok(Vec::new());
-        }
-        if status != StatusCode::OK {
-            return Err(status_error(status, &body));
-        }
-        serde_json::from_slice(&body).map_err(|e| ConsulError::Decode(format!("key list: {e}")))
     }
 
     /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`

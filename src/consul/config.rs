@@ -24,6 +24,9 @@ pub struct Fallbacks {
     /// `$CONSUL_HTTP_TOKEN_FILE`, as the `consul` CLI reads it; used by the
     /// writer CLI only (the daemon takes its token from a file it is given).
     pub consul_http_token_file: Option<PathBuf>,
+    /// `$STATE_DIRECTORY` (the first folder of systemd's `StateDirectory=`);
+    /// the daemon's state folder when `--state-dir` is not given.
+    pub state_directory: Option<PathBuf>,
     /// `$CONSUL_HTTP_TOKEN`; used by the writer CLI only, after
     /// `--consul-token-file` and `$CONSUL_HTTP_TOKEN_FILE`.
     pub consul_http_token: Option<String>,

@@ -82,6 +82,10 @@ pub struct ReadMeta {
     pub last_contact: Option<Duration>,
     /// `X-Consul-KnownLeader`: whether the answering server knows a leader.
     pub known_leader: Option<bool>,
+    /// `X-Consul-Results-Filtered-By-ACLs`: whether the token's ACL dropped
+    /// entries from the answer. Sent by Consul 1.13 and later when it did;
+    /// 1.8.7 never sends it.
+    pub filtered_by_acls: Option<bool>,
 }
 
 impl ReadMeta {
@@ -94,12 +98,18 @@ impl ReadMeta {
             last_contact: text("X-Consul-LastContact")
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_millis),
-            known_leader: text("X-Consul-KnownLeader").and_then(|v| match v.trim() {
-                "true" => Some(true),
-                "false" => Some(false),
-                _ => None,
-            }),
+            known_leader: text("X-Consul-KnownLeader").and_then(flag),
+            filtered_by_acls: text("X-Consul-Results-Filtered-By-ACLs").and_then(flag),
         }
+    }
+}
+
+/// `true` or `false` exactly (Consul's spelling).
+fn flag(v: &str) -> Option<bool> {
+    match v.trim() {
+        "true" => Some(true),
+        "false" => Some(false),
+        _ => None,
     }
 }
 
@@ -309,13 +319,19 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("X-Consul-LastContact", HeaderValue::from_static("47"));
         h.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
+        h.insert(
+            "X-Consul-Results-Filtered-By-ACLs",
+            HeaderValue::from_static("true"),
+        );
         assert_eq!(
             ReadMeta::from_headers(&h),
             ReadMeta {
                 last_contact: Some(Duration::from_millis(47)),
                 known_leader: Some(true),
+                filtered_by_acls: Some(true),
             }
         );
+        h.remove("X-Consul-Results-Filtered-By-ACLs");
         h.insert("X-Consul-LastContact", HeaderValue::from_static("-1"));
         h.insert("X-Consul-KnownLeader", HeaderValue::from_static("False"));
         assert_eq!(ReadMeta::from_headers(&h), ReadMeta::default());

@@ -16,10 +16,19 @@ pub const READ_CHECK_KEY: &str = "~read-check";
 /// as a key or an invalid key.
 pub const RELEASE_ROLLBACK_KEY: &str = "~release-rollback";
 
+/// The key below the prefix that names the store: a random id the writer
+/// CLI creates (only if absent) before its first write. An answer that lacks
+/// the id the agent's served state has, or shows another, comes from a store
+/// that lost its data (a rebuilt cluster, a `-dev` restart, an old snapshot
+/// restored), whatever its index. `~` is not allowed in identities, so no
+/// state key has this name.
+pub const STORE_ID_KEY: &str = "~store-id";
+
 /// Whether a key below the prefix (relative) is one of the agent's own
-/// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`]), not state.
+/// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`],
+/// [`STORE_ID_KEY`]), not state.
 pub fn is_control_key(rel: &str) -> bool {
-    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY
+    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY || rel == STORE_ID_KEY
 }
 
 /// Why an identity (a key name or an agent-send word) was refused.

@@ -29,8 +29,9 @@ pub struct KvPair {
 pub enum Entry {
     /// A value the agent will answer with.
     Valid(AdminState),
-    /// A value the agent refuses: servers whose first matching key holds it
-    /// get no answer, so HAProxy keeps their current state.
+    /// A value the agent refuses, with no valid state known: the lookup
+    /// skips the key (the next identity decides); a server whose only keys
+    /// are such gets no answer, so HAProxy keeps its current state.
     Invalid(InvalidValue),
 }
 
@@ -65,9 +66,9 @@ pub enum Answer {
         /// Position in the line of the identity whose key decided.
         decided_by: Option<usize>,
     },
-    /// The first identity with a key holds an invalid value: send nothing.
+    /// The only identities with a key hold invalid values: send nothing.
     Invalid {
-        /// Position in the line of the identity whose key decided.
+        /// Position in the line of the first identity with an invalid key.
         decided_by: usize,
     },
 }
@@ -93,27 +94,37 @@ impl Snapshot {
     }
 
     /// First-match lookup: the answer comes from the first identity that has
-    /// a key; if none has one, the server is `ready` at its configured weight.
+    /// a key with a valid state; a key with an invalid state (one with no
+    /// valid state known: the decision core serves the last valid state of
+    /// the others) is skipped, as if absent, so a typo in a row key cannot
+    /// hide a group's drain. If no identity has a key, the server is `ready`
+    /// at its configured weight; if the only keys are invalid, it gets no
+    /// answer ([`Answer::Invalid`], HAProxy keeps its state).
     pub fn lookup<'a, I>(&self, identities: I) -> Answer
     where
         I: IntoIterator<Item = &'a str>,
     {
+        let mut first_invalid = None;
         for (position, identity) in identities.into_iter().enumerate() {
-            if let Some(key) = self.keys.get(identity) {
-                return match &key.entry {
-                    Entry::Valid(state) => Answer::State {
+            match self.keys.get(identity).map(|k| &k.entry) {
+                Some(Entry::Valid(state)) => {
+                    return Answer::State {
                         state: *state,
                         decided_by: Some(position),
-                    },
-                    Entry::Invalid(_) => Answer::Invalid {
-                        decided_by: position,
-                    },
-                };
+                    }
+                }
+                Some(Entry::Invalid(_)) => {
+                    first_invalid.get_or_insert(position);
+                }
+                None => {}
             }
         }
-        Answer::State {
-            state: AdminState::Ready,
-            decided_by: None,
+        match first_invalid {
+            Some(decided_by) => Answer::Invalid { decided_by },
+            None => Answer::State {
+                state: AdminState::Ready,
+                decided_by: None,
+            },
         }
     }
 }
@@ -264,10 +275,18 @@ mod tests {
     }
 
     #[test]
-    fn invalid_first_match_gives_no_answer_even_if_a_later_key_is_valid() {
+    fn an_invalid_key_is_skipped_and_the_next_identity_decides() {
         let snap = snapshot(&[("web/web-cny-01", b"drian"), ("canary", b"maint")]);
         assert_eq!(
             snap.lookup(["web/web-cny-01", "canary"]),
+            Answer::State {
+                state: AdminState::Maint,
+                decided_by: Some(1)
+            }
+        );
+        // Nothing valid after it: no answer, HAProxy keeps its state.
+        assert_eq!(
+            snap.lookup(["web/web-cny-01", "zone-a"]),
             Answer::Invalid { decided_by: 0 }
         );
         assert_eq!(snap.invalid_count(), 1);

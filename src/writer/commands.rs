@@ -164,10 +164,7 @@ impl Writer {
     }
 
     pub(super) async fn list(&self) -> Result<(), Failure> {
-        let answer = self
-            .client
-            .list_prefix(&self.prefix, 0, Duration::ZERO)
-            .await?;
+        let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
@@ -275,6 +272,7 @@ impl Writer {
         } else if dry_run {
             "dry run: not written"
         } else {
+            self.ensure_store_id().await?;
             let written = match change {
                 Change::Set(s) => {
                     self.client
@@ -380,10 +378,7 @@ impl Writer {
                 "the agent refuses the agent-send line {line:?}: {e}"
             ))
         })?;
-        let answer = self
-            .client
-            .list_prefix(&self.prefix, 0, Duration::ZERO)
-            .await?;
+        let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let raw: HashMap<&str, &KvPair> = answer
             .pairs

@@ -96,7 +96,7 @@ pub async fn index_after(
 ) -> Result<u64, ConsulError> {
     match known {
         Some(i) => Ok(i),
-        None => Ok(client.list_prefix(prefix, 0, Duration::ZERO).await?.index),
+        None => Ok(client.list_prefix(prefix).await?.index),
     }
 }
 

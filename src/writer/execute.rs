@@ -3,6 +3,7 @@
 //! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
 //! between steps on a signal, and print the report.
 
+use crate::decision::STORE_ID_KEY;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -178,6 +179,18 @@ impl Writer {
         format!("{}{key}", self.prefix)
     }
 
+    /// Creates `<prefix>`[`STORE_ID_KEY`] with a random id if it is absent
+    /// (compare-and-set on 0, so a present id is never replaced), before
+    /// any write: the agents take a store without it, or with another id,
+    /// for one that lost its data, whatever its index.
+    pub(super) async fn ensure_store_id(&self) -> Result<(), Failure> {
+        let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+        self.client
+            .put_cas(&self.full(STORE_ID_KEY), id.as_bytes(), 0)
+            .await?;
+        Ok(())
+    }
+
     pub(super) fn print_json(&self, value: Value) {
         out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
     }
@@ -195,10 +208,7 @@ impl Writer {
         if target.keys.is_empty() {
             return Err(target.nothing_selected());
         }
-        let answer = self
-            .client
-            .list_prefix(&self.prefix, 0, Duration::ZERO)
-            .await?;
+        let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
         if target.assumed {
@@ -214,11 +224,7 @@ impl Writer {
             let stop = self.execute(action, &plan, &target, &mut run).await.err();
             // Report what Consul holds now, not only what was written: after
             // a conflict another writer's value is the truth.
-            if let Ok(after) = self
-                .client
-                .list_prefix(&self.prefix, 0, Duration::ZERO)
-                .await
-            {
+            if let Ok(after) = self.client.list_prefix(&self.prefix).await {
                 run.observed = Some((
                     currents(&self.prefix, &after.pairs, &target.keys)
                         .into_iter()
@@ -456,6 +462,7 @@ impl Writer {
         chunk: &[String],
         run: &mut Run,
     ) -> Result<(), Failure> {
+        self.ensure_store_id().await?;
         let ops: Vec<TxnOp> = chunk
             .iter()
             .map(|k| {

@@ -20,6 +20,7 @@ impl Writer {
         let mut written = false;
         let mut before = None;
         if !dry_run {
+            self.ensure_store_id().await?;
             for _ in 0..2 {
                 let pair = self.client.get_key(&full).await?;
                 before = pair.as_ref().map(|p| p.modify_index);

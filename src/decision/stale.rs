@@ -1,5 +1,5 @@
-//! Consul read consistency for the watcher's blocking query, and the rule
-//! that keeps stale reads from ever moving the copy backwards.
+//! Consul read consistency for the blocking query, and the rule that keeps
+//! stale reads from ever moving the served state backwards.
 //!
 //! In `default` mode (Consul's default, api-docs/features/consistency)
 //! every read is served by the Raft leader: one server answers the whole
@@ -11,20 +11,19 @@
 //! it uses at the time. So in stale mode an answer is held, not applied,
 //! when:
 //!
-//! - its `X-Consul-Index` is lower than the copy's (a server behind the one
-//!   that gave the copy),
+//! - its `X-Consul-Index` is lower than the served state's (a server behind
+//!   the one that gave it),
 //! - its `X-Consul-LastContact` (milliseconds since that server last heard
 //!   from the leader; 0 on the leader) is over `--max-stale`, or missing,
 //! - its `X-Consul-KnownLeader` is `false` (the server knows no leader) or
 //!   missing.
 //!
-//! A held answer is counted and followed by a default-consistency read
-//! (from the leader, index 0, answered at once), whose answer is applied as
-//! in default mode; then the watcher goes back to stale reads. The first
-//! read is a default one too, so an agent never starts from a lagging
-//! server's copy. The hold comes before the watcher's read check and the
-//! [`crate::agent::guard`]: a held answer reaches neither, and the
-//! confirming read passes both like any answer.
+//! A held answer is counted and followed by a default-consistency full read
+//! (from the leader, answered at once), judged like any answer; then the
+//! core goes back to stale reads. The first read is a default one too, so
+//! an agent never starts from a lagging server's copy. A direct read of a
+//! key made in stale mode whose index is behind the answer it confirms is
+//! asked again of the leader.
 
 use std::time::Duration;
 
@@ -100,6 +99,7 @@ mod tests {
     const FRESH: ReadMeta = ReadMeta {
         last_contact: Some(Duration::from_millis(3)),
         known_leader: Some(true),
+        filtered_by_acls: None,
     };
 
     #[test]

@@ -1,0 +1,674 @@
+//! The decision core: every rule that decides what the agent serves, in one
+//! place with no I/O, no clock and no runtime (the shape of ntpd-rs's
+//! `ntp-proto`). The daemon ([`crate::agent::watcher`]) performs the
+//! [`Request`] the core asks for, hands back the [`Response`], publishes the
+//! [`ServedState`] when it changed, and writes it to disk.
+//!
+//! The rules, each with its table test below and driven through random
+//! fault schedules by `tests/simulation.rs`:
+//!
+//! - **Consul's index rules** (api-docs/features/blocking): block on the last
+//!   index; a lower index is a reset (re-read from 0); an index of 0 counts
+//!   as 1; every read after a failure (and the first after a start) is a
+//!   full read without an index.
+//! - **Lost data** (a `-dev` restart, a rebuilt cluster, an old snapshot
+//!   restored): the index went backwards, the [`STORE_ID_KEY`] the state had
+//!   vanished or changed (whatever the index), or a full read after a
+//!   failure did not move the index. Keys that served drain, maint or a
+//!   weight and are now missing or `ready` are held (`rolled_back`) until
+//!   written again or released by `state release-rollback`.
+//! - **Invalid values**: held at the key's last valid state, or skipped
+//!   (the next identity on the line decides) when none is known.
+//! - **Filtered views** (ACLs): Consul drops keys a token may not read from
+//!   a recursive read, and a parked blocking query keeps the policy it
+//!   started with. A key the state holds that an answer lacks is read
+//!   directly: 403 is hidden (held), 404 is a delete. With ACLs disabled
+//!   (`GET /v1/acl/token/self` answers 401 "ACL support disabled", asked at
+//!   start and after every failure) nothing is filtered and no key is read.
+//!   After every 404 and with each token read from its file, the token's
+//!   read access to the whole prefix is checked (`~read-check`, 403 for a
+//!   token that may not read it). An answer whose index moved past every
+//!   ModifyIndex it shows, with no delete to explain it, is replaced by one
+//!   fresh read. An answer at the same index that shows other keys (a query
+//!   parked under a narrower policy) is applied like a change.
+//! - **Stale reads** ([`stale`]): an answer from a server that is behind,
+//!   cut off or leaderless is held and confirmed by a default read.
+//!
+//! The served state survives restarts: a core built with the state read
+//! from disk answers from it at once and judges the first Consul answer
+//! against it (a full read that did not move past its index counts as lost
+//! data).
+
+pub mod served;
+pub mod stale;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
+use served::{AnswerView, Change, ConsulKey, MergeInput, Probe, ServedState};
+pub use served::{HoldCause, STORE_ID_KEY};
+use stale::{hold_reason, HoldReason};
+
+/// What the core needs to know of the agent's settings.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// The watched prefix, ending in `/`.
+    pub prefix: String,
+    /// `--consistency stale`: blocking reads go to any server.
+    pub stale: bool,
+    /// `--max-stale`: the oldest `X-Consul-LastContact` a stale answer may
+    /// have to be applied. Default [`stale::DEFAULT_MAX_STALE`] (5 s).
+    pub max_stale: Duration,
+    /// The rules in force: all of them, but for tests that show what each
+    /// one prevents.
+    #[doc(hidden)]
+    pub rules: Rules,
+}
+
+/// Switches for single rules, all on by default; turned off only by tests
+/// that show the simulation finds what each rule prevents.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// Read a key the state holds that an answer lacks (ACLs on).
+    pub probe_missing: bool,
+    /// Treat a vanished or changed [`STORE_ID_KEY`] as lost data.
+    pub store_id: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            probe_missing: true,
+            store_id: true,
+        }
+    }
+}
+
+/// One request for the daemon to make.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    /// `GET /v1/acl/token/self`: are ACLs enabled?
+    AclProbe,
+    /// `GET /v1/kv/<prefix>?recurse`, blocking from `index` when it is not 0
+    /// (`&index=I&wait=W`), `&stale` when `stale`.
+    Prefix {
+        /// The index to block on; 0 answers at once.
+        index: u64,
+        /// Any server may answer.
+        stale: bool,
+    },
+    /// `GET /v1/kv/<prefix><key>`: a key the served state holds that the
+    /// last answer lacked.
+    Key {
+        /// The key, relative to the prefix.
+        key: Box<str>,
+        /// Any server may answer.
+        stale: bool,
+    },
+    /// `GET /v1/kv/<prefix>~read-check` (a key that never exists): 404 for
+    /// a token that may read the whole prefix, 403 for one that may not.
+    ReadCheck {
+        /// Any server may answer.
+        stale: bool,
+    },
+}
+
+impl Request {
+    /// Whether the request goes to the Raft leader (no `stale`).
+    pub fn to_leader(&self) -> bool {
+        match self {
+            Request::AclProbe => true,
+            Request::Prefix { stale, .. }
+            | Request::Key { stale, .. }
+            | Request::ReadCheck { stale } => !stale,
+        }
+    }
+}
+
+/// How long the daemon waits before it sends the next request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delay {
+    /// At once.
+    None,
+    /// Until `--min-query-interval` after the start of the last prefix read,
+    /// so a Consul that answers at once cannot make the loop spin.
+    MinInterval,
+    /// The jittered backoff after this many consecutive failures (1 for the
+    /// first).
+    Backoff(u32),
+}
+
+/// The next request and when to send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Next {
+    /// The request.
+    pub request: Request,
+    /// When.
+    pub delay: Delay,
+}
+
+/// The answer to a direct key read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyRead {
+    /// 200.
+    Present(KvPair),
+    /// 404.
+    Absent,
+    /// 403.
+    Forbidden,
+}
+
+/// What came back for the last request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Response {
+    /// The ACL probe was answered: `false` for 401 "ACL support disabled",
+    /// `true` for anything else Consul answered.
+    Acl {
+        /// ACLs are (or may be) enabled.
+        enabled: bool,
+    },
+    /// A prefix read: 200, or 404 (no key).
+    Prefix {
+        /// The answer.
+        answer: PrefixAnswer,
+        /// Its freshness headers.
+        meta: ReadMeta,
+        /// How many times the token file has been read
+        /// ([`crate::consul::TokenSource::loads`]).
+        token_load: u64,
+    },
+    /// A direct key read.
+    Key {
+        /// What it said.
+        read: KeyRead,
+        /// Its `X-Consul-Index`, if sent.
+        index: Option<u64>,
+    },
+    /// The read check: `false` for 403.
+    ReadCheck {
+        /// The token may read the whole prefix.
+        allowed: bool,
+    },
+    /// The request failed: transport, timeout, an error status, or an
+    /// unusable answer.
+    Failed {
+        /// A 403: the token file should be read again.
+        forbidden: bool,
+    },
+}
+
+/// Why an answer was replaced by a fresh read instead of applied (the
+/// `reason` label of `gitlab_haproxy_agent_consul_answers_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its index moved past every ModifyIndex it shows with no delete to
+    /// explain it: a write it may not show.
+    HidesWrites,
+}
+
+impl Refused {
+    /// Every reason, so each label value exists at 0 from start-up.
+    pub const ALL: [Refused; 1] = [Refused::HidesWrites];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refused::HidesWrites => "hides_writes",
+        }
+    }
+}
+
+/// Something the daemon logs or counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Note {
+    /// The ACL probe answered.
+    Acl {
+        /// ACLs are (or may be) enabled.
+        enabled: bool,
+    },
+    /// A blocking read ended with no change.
+    NotModified,
+    /// An answer was applied at this index (`changes` may be empty).
+    Applied {
+        /// `X-Consul-Index` of the answer.
+        index: u64,
+        /// The keys whose served state, hold or validity changed.
+        changes: Vec<Change>,
+    },
+    /// The first Consul answer since the start was applied.
+    FirstSync,
+    /// The index went backwards.
+    IndexReset {
+        /// The index before.
+        previous: u64,
+        /// The index now.
+        index: u64,
+    },
+    /// The store id vanished or changed: Consul lost its data.
+    StoreChanged {
+        /// The id before.
+        previous: Box<str>,
+        /// The id now.
+        now: Option<Box<str>>,
+    },
+    /// A full read after a failure (or a start) did not move past the
+    /// served index: Consul may have come back without its data.
+    NotMovedAfterFailure {
+        /// The index.
+        index: u64,
+    },
+    /// A stale answer was held.
+    StaleHeld {
+        /// Why.
+        reason: HoldReason,
+        /// Its index.
+        index: u64,
+        /// The index of the state served.
+        served_index: u64,
+    },
+    /// An answer was replaced by a fresh read.
+    Refused(Refused),
+    /// Consul said the answer was filtered by ACLs
+    /// (`X-Consul-Results-Filtered-By-ACLs: true`).
+    FilteredByAcls,
+    /// A key the answer lacked was read directly.
+    Probed {
+        /// The key.
+        key: Box<str>,
+        /// `present`, `absent` or `forbidden`.
+        result: &'static str,
+    },
+    /// The read check answered 403.
+    ReadCheckDenied,
+}
+
+/// What the core decided after a response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// The next request.
+    pub next: Next,
+    /// The served state changed: publish [`Core::served`] and write it.
+    pub served_changed: bool,
+    /// Read the token file again before the next request.
+    pub reload_token: bool,
+    /// What to log and count.
+    pub notes: Vec<Note>,
+}
+
+/// An answer being confirmed: read checks and direct reads still to make.
+#[derive(Debug, Clone)]
+struct Pending {
+    view: AnswerView,
+    rolled_back: bool,
+    /// The answer came from a default-consistency read.
+    default_read: bool,
+    /// The token load to mark checked once the read check passes.
+    read_check: Option<u64>,
+    to_probe: Vec<Box<str>>,
+    probes: BTreeMap<Box<str>, Probe>,
+    /// The probe in flight was stale.
+    probe_stale: bool,
+}
+
+/// The decision core of one agent. See the module documentation.
+#[derive(Debug)]
+pub struct Core {
+    config: CoreConfig,
+    served: Option<ServedState>,
+    synced: bool,
+    /// The index to block on; `None` before any state.
+    current: Option<u64>,
+    /// The next prefix read is a full read (index 0).
+    full_read: bool,
+    /// The full read follows a failure or a start.
+    after_failure: bool,
+    /// The last full read was a fresh read replacing a refused answer.
+    fresh: bool,
+    /// `None` until the ACL probe answers.
+    acl: Option<bool>,
+    token_checked: Option<u64>,
+    /// Stale mode: the next read is a default one (the first read, and
+    /// after a held answer).
+    confirm_default: bool,
+    failures: u32,
+    pending: Option<Pending>,
+    /// The last request handed out.
+    asked: Option<Request>,
+}
+
+impl Core {
+    /// A core with no state (`restored` `None`: the agent answers nobody
+    /// until its first Consul answer) or the state read from disk (answered
+    /// at once, and judged against the first answer).
+    pub fn new(config: CoreConfig, restored: Option<ServedState>) -> Core {
+        Core {
+            current: restored.as_ref().map(|s| s.index),
+            served: restored,
+            synced: false,
+            full_read: true,
+            after_failure: true,
+            fresh: false,
+            acl: None,
+            token_checked: None,
+            confirm_default: true,
+            failures: 0,
+            pending: None,
+            asked: None,
+            config,
+        }
+    }
+
+    /// The state served now; `None` before any.
+    pub fn served(&self) -> Option<&ServedState> {
+        self.served.as_ref()
+    }
+
+    /// Whether a Consul answer has been applied since the start.
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Consecutive failed requests.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// The first request: the ACL probe.
+    pub fn start(&mut self) -> Next {
+        self.ask(Request::AclProbe, Delay::None)
+    }
+
+    fn ask(&mut self, request: Request, delay: Delay) -> Next {
+        self.asked = Some(request.clone());
+        Next { request, delay }
+    }
+
+    fn stale_now(&self) -> bool {
+        self.config.stale && !self.confirm_default
+    }
+
+    fn prefix_read(&mut self, delay: Delay) -> Next {
+        let index = if self.full_read {
+            0
+        } else {
+            self.current.unwrap_or(0)
+        };
+        let stale = self.stale_now();
+        self.ask(Request::Prefix { index, stale }, delay)
+    }
+
+    /// Takes the response to the last request and decides what comes next.
+    /// `now` is the Unix time in seconds (only recorded, as the start of new
+    /// holds).
+    pub fn on_response(&mut self, response: Response, now: u64) -> Output {
+        let mut out = Output {
+            next: Next {
+                request: Request::AclProbe,
+                delay: Delay::None,
+            },
+            served_changed: false,
+            reload_token: false,
+            notes: Vec::new(),
+        };
+        out.next = match response {
+            Response::Failed { forbidden } => self.fail(forbidden, &mut out),
+            Response::Acl { enabled } => {
+                self.acl = Some(enabled);
+                out.notes.push(Note::Acl { enabled });
+                self.prefix_read(Delay::None)
+            }
+            Response::ReadCheck { allowed } => {
+                if !allowed {
+                    out.notes.push(Note::ReadCheckDenied);
+                    self.fail(true, &mut out)
+                } else {
+                    if let Some(p) = self.pending.as_mut() {
+                        if let Some(load) = p.read_check.take() {
+                            self.token_checked = Some(load);
+                        }
+                    }
+                    self.proceed(now, &mut out)
+                }
+            }
+            Response::Key { read, index } => self.on_key(read, index, now, &mut out),
+            Response::Prefix {
+                answer,
+                meta,
+                token_load,
+            } => self.on_prefix(answer, meta, token_load, now, &mut out),
+        };
+        out
+    }
+
+    fn fail(&mut self, forbidden: bool, out: &mut Output) -> Next {
+        self.failures = self.failures.saturating_add(1);
+        self.pending = None;
+        self.full_read = true;
+        self.after_failure = true;
+        self.fresh = false;
+        self.acl = None;
+        if forbidden {
+            out.reload_token = true;
+            self.token_checked = None;
+        }
+        self.ask(Request::AclProbe, Delay::Backoff(self.failures))
+    }
+
+    fn on_prefix(
+        &mut self,
+        answer: PrefixAnswer,
+        meta: ReadMeta,
+        token_load: u64,
+        now: u64,
+        out: &mut Output,
+    ) -> Next {
+        let stale_read = matches!(self.asked, Some(Request::Prefix { stale: true, .. }));
+        let full = self.full_read;
+        let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
+
+        // 1. A stale answer that could move the state backwards is held.
+        if stale_read {
+            if let Some(reason) =
+                hold_reason(self.current, answer.index, &meta, self.config.max_stale)
+            {
+                out.notes.push(Note::StaleHeld {
+                    reason,
+                    index: answer.index,
+                    served_index: self.current.unwrap_or(0),
+                });
+                self.confirm_default = true;
+                self.full_read = true;
+                return self.prefix_read(Delay::MinInterval);
+            }
+        }
+        let acl_on = self.acl != Some(false) || meta.filtered_by_acls == Some(true);
+        if meta.filtered_by_acls == Some(true) {
+            out.notes.push(Note::FilteredByAcls);
+        }
+
+        // 2. No change: the same index showing the same keys.
+        if !full && Some(view.index) == self.current && self.shows_the_same(&view) {
+            out.notes.push(Note::NotModified);
+            self.failures = 0;
+            return self.prefix_read(Delay::MinInterval);
+        }
+
+        // 3. Lost data.
+        let served_index = self.served.as_ref().map(|s| s.index);
+        let mut rolled_back = false;
+        if let Some(previous) = self.current.filter(|c| view.index < *c) {
+            out.notes.push(Note::IndexReset {
+                previous,
+                index: view.index,
+            });
+            rolled_back = true;
+        }
+        if self.config.rules.store_id {
+            if let Some(previous) = self.served.as_ref().and_then(|s| s.store_id.clone()) {
+                if view.store_id.as_ref() != Some(&previous) {
+                    out.notes.push(Note::StoreChanged {
+                        previous,
+                        now: view.store_id.clone(),
+                    });
+                    rolled_back = true;
+                }
+            }
+        }
+        if full && self.after_failure && served_index.is_some_and(|i| view.index <= i) {
+            if !rolled_back {
+                out.notes
+                    .push(Note::NotMovedAfterFailure { index: view.index });
+            }
+            rolled_back = true;
+        }
+
+        // 4. Keys the state holds that the answer lacks.
+        let missing: Vec<Box<str>> = match &self.served {
+            Some(s) if !rolled_back => s
+                .keys
+                .iter()
+                .filter(|(k, r)| {
+                    !view.keys.contains_key(*k)
+                        && (r.consul.is_some()
+                            || r.hold.is_some_and(|h| h.cause == HoldCause::Hidden))
+                })
+                .map(|(k, _)| k.clone())
+                .collect(),
+            _ => Vec::new(),
+        };
+        let probe = acl_on && self.config.rules.probe_missing;
+
+        // 5. An index moved past every key shown, with nothing deleted to
+        // explain it, may hide a write: read once more, fresh.
+        let moved = self.current.is_some_and(|c| view.index > c);
+        if acl_on
+            && !rolled_back
+            && !self.fresh
+            && moved
+            && view.latest_shown > 0
+            && view.index > view.latest_shown
+            && missing.is_empty()
+        {
+            out.notes.push(Note::Refused(Refused::HidesWrites));
+            self.full_read = true;
+            self.fresh = true;
+            return self.prefix_read(Delay::None);
+        }
+        self.fresh = false;
+
+        let empty = answer.pairs.is_empty();
+        let read_check =
+            (acl_on && (empty || self.token_checked != Some(token_load))).then_some(token_load);
+        self.pending = Some(Pending {
+            view,
+            rolled_back,
+            default_read: !stale_read,
+            read_check,
+            to_probe: if probe { missing } else { Vec::new() },
+            probes: BTreeMap::new(),
+            probe_stale: false,
+        });
+        self.proceed(now, out)
+    }
+
+    /// Whether `view` shows exactly what the served state shows of Consul.
+    fn shows_the_same(&self, view: &AnswerView) -> bool {
+        let Some(served) = &self.served else {
+            return false;
+        };
+        served.store_id == view.store_id
+            && served.release_mark == view.release_mark
+            && served.consul_key_count() == view.keys.len()
+            && view.keys.iter().all(|(k, c)| {
+                served
+                    .keys
+                    .get(k)
+                    .and_then(|r| r.consul.as_ref())
+                    .is_some_and(|s| s == c)
+            })
+    }
+
+    /// The next step of a pending answer: its read check, its direct reads,
+    /// then the merge.
+    fn proceed(&mut self, now: u64, out: &mut Output) -> Next {
+        let stale = self.stale_now();
+        let Some(p) = self.pending.as_mut() else {
+            return self.prefix_read(Delay::MinInterval);
+        };
+        if p.read_check.is_some() {
+            return self.ask(Request::ReadCheck { stale }, Delay::None);
+        }
+        if let Some(key) = p.to_probe.last().cloned() {
+            p.probe_stale = stale;
+            return self.ask(Request::Key { key, stale }, Delay::None);
+        }
+        let p = self.pending.take().expect("pending answer");
+        self.finish(p, now, out)
+    }
+
+    fn on_key(&mut self, read: KeyRead, index: Option<u64>, now: u64, out: &mut Output) -> Next {
+        let Some(p) = self.pending.as_mut() else {
+            return self.prefix_read(Delay::MinInterval);
+        };
+        let Some(key) = p.to_probe.last().cloned() else {
+            return self.proceed(now, out);
+        };
+        // A stale server behind the answer may not have the key yet, or
+        // still have it: ask the leader.
+        if p.probe_stale && read != KeyRead::Forbidden && index.is_none_or(|i| i < p.view.index) {
+            p.probe_stale = false;
+            return self.ask(Request::Key { key, stale: false }, Delay::None);
+        }
+        p.to_probe.pop();
+        let (probe, result) = match read {
+            KeyRead::Present(pair) => (
+                Probe::Present(ConsulKey::parse(&key, &pair.value, pair.modify_index)),
+                "present",
+            ),
+            KeyRead::Absent => (Probe::Absent, "absent"),
+            KeyRead::Forbidden => (Probe::Forbidden, "forbidden"),
+        };
+        out.notes.push(Note::Probed {
+            key: key.clone(),
+            result,
+        });
+        p.probes.insert(key, probe);
+        self.proceed(now, out)
+    }
+
+    fn finish(&mut self, p: Pending, now: u64, out: &mut Output) -> Next {
+        let input = MergeInput {
+            rolled_back: p.rolled_back,
+            probes: p.probes,
+            now,
+        };
+        let base = self.served.clone().unwrap_or_default();
+        let (next, changes) = base.merge(&p.view, &input);
+        let backwards = self.current.is_some_and(|c| p.view.index < c);
+        out.served_changed = self.served.as_ref() != Some(&next);
+        out.notes.push(Note::Applied {
+            index: next.index,
+            changes,
+        });
+        self.current = Some(next.index);
+        self.served = Some(next);
+        if !self.synced {
+            self.synced = true;
+            out.notes.push(Note::FirstSync);
+        }
+        self.failures = 0;
+        self.after_failure = false;
+        // Consul's rule: after the index went backwards on a blocking read,
+        // read again from 0; a full read that shows it needs no second one.
+        self.full_read = backwards && !self.full_read;
+        if p.default_read {
+            self.confirm_default = false;
+        }
+        self.prefix_read(Delay::MinInterval)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,619 @@
+//! The served state: for every key below the prefix, what Consul shows, the
+//! state answered and why it differs (a hold), with the rules that merge one
+//! Consul answer into it. This is what the agent keeps on disk, so that a
+//! restart answers what the agent answered before it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::identity::{is_control_key, validate_identity, InvalidIdentity};
+use crate::model::snapshot::{Entry, KeyState, KvPair, Snapshot};
+use crate::model::value::{parse_value, AdminState, InvalidValue};
+
+pub use crate::model::identity::STORE_ID_KEY;
+
+/// Why a key is answered with another state than the one Consul shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldCause {
+    /// Consul's value is invalid; the last valid state is answered.
+    InvalidValue,
+    /// Consul lost its data (the index went backwards, or the store id
+    /// changed or vanished) and the key vanished or went to `ready`; its
+    /// state from before is answered until the key is written again or
+    /// `state release-rollback`.
+    RolledBack,
+    /// The token may no longer read the key (a direct read answers 403);
+    /// its last state is answered until the key can be read again.
+    Hidden,
+}
+
+impl HoldCause {
+    /// Every cause, so each label value exists at 0 from start-up.
+    pub const ALL: [HoldCause; 3] = [
+        HoldCause::InvalidValue,
+        HoldCause::RolledBack,
+        HoldCause::Hidden,
+    ];
+
+    /// `invalid_value`, `rolled_back` or `hidden`: the `cause` on `/status`
+    /// and the label of `gitlab_haproxy_agent_held_keys`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldCause::InvalidValue => "invalid_value",
+            HoldCause::RolledBack => "rolled_back",
+            HoldCause::Hidden => "hidden",
+        }
+    }
+}
+
+/// A key as the last applied Consul answer (or direct read) showed it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsulKey {
+    /// The value as text (lossy UTF-8), for logs, `/status` and the file.
+    pub value: Box<str>,
+    /// The parsed value.
+    pub entry: Entry,
+    /// Consul's ModifyIndex of the key.
+    pub modify_index: u64,
+}
+
+impl ConsulKey {
+    /// Parses one key (relative to the prefix) and its raw value. A key that
+    /// is not an identity (a folder with a value, `a/b/c`) is invalid
+    /// whatever its value.
+    pub fn parse(rel: &str, raw: &[u8], modify_index: u64) -> ConsulKey {
+        let entry = if rel.ends_with('/') {
+            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(rel.into())))
+        } else {
+            match validate_identity(rel) {
+                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+                Ok(()) => match parse_value(raw) {
+                    Ok(s) => Entry::Valid(s),
+                    Err(e) => Entry::Invalid(e),
+                },
+            }
+        };
+        ConsulKey {
+            value: String::from_utf8_lossy(raw).into(),
+            entry,
+            modify_index,
+        }
+    }
+}
+
+/// One key of the served state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// What Consul shows; `None` while held after it vanished or was hidden.
+    pub consul: Option<ConsulKey>,
+    /// The state answered for the key; `None`: the key is skipped (an
+    /// invalid value with no valid state known), the next identity on the
+    /// line decides.
+    pub served: Option<AdminState>,
+    /// Why `served` is not Consul's value, if it is not.
+    pub hold: Option<Hold>,
+}
+
+/// A hold on one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    /// Why.
+    pub cause: HoldCause,
+    /// Unix time in seconds when the hold began (as given to the core).
+    pub since: u64,
+}
+
+/// The state served: the last applied Consul answer with every hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServedState {
+    /// `X-Consul-Index` of the last applied answer (at least 1).
+    pub index: u64,
+    /// The value of [`STORE_ID_KEY`] in the last applied answer.
+    pub store_id: Option<Box<str>>,
+    /// The ModifyIndex of [`RELEASE_ROLLBACK_KEY`](crate::model::identity::RELEASE_ROLLBACK_KEY)
+    /// in the last applied answer.
+    pub release_mark: Option<u64>,
+    /// Every key known, relative to the prefix.
+    pub keys: BTreeMap<Box<str>, KeyRecord>,
+}
+
+/// The state keys of one Consul answer, relative to the prefix, with the
+/// store id and the release mark.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnswerView {
+    /// `X-Consul-Index`, clamped to at least 1.
+    pub index: u64,
+    /// The state keys (folders without a value and control keys skipped).
+    pub keys: BTreeMap<Box<str>, ConsulKey>,
+    /// The value of [`STORE_ID_KEY`], if present.
+    pub store_id: Option<Box<str>>,
+    /// The ModifyIndex of the release-rollback key, if present.
+    pub release_mark: Option<u64>,
+    /// The largest ModifyIndex of any pair shown (control and folder keys
+    /// included), 0 for none: Consul's index for a prefix is the largest
+    /// ModifyIndex below it or of a tombstone below it (kvsListTxn).
+    pub latest_shown: u64,
+}
+
+impl AnswerView {
+    /// Splits the pairs of one prefix answer at `index`.
+    pub fn new(prefix: &str, index: u64, pairs: &[KvPair]) -> AnswerView {
+        let mut view = AnswerView {
+            index: index.max(1),
+            ..AnswerView::default()
+        };
+        for pair in pairs {
+            view.latest_shown = view.latest_shown.max(pair.modify_index);
+            let Some(rel) = pair.key.strip_prefix(prefix) else {
+                continue;
+            };
+            if rel == STORE_ID_KEY {
+                view.store_id = Some(String::from_utf8_lossy(&pair.value).trim().into());
+                continue;
+            }
+            if rel == crate::model::identity::RELEASE_ROLLBACK_KEY {
+                view.release_mark = Some(pair.modify_index);
+                continue;
+            }
+            if is_control_key(rel) {
+                continue;
+            }
+            // An empty folder key only marks the folder; with a value it is
+            // a typo that must show.
+            if (rel.is_empty() || rel.ends_with('/')) && pair.value.is_empty() {
+                continue;
+            }
+            view.keys.insert(
+                rel.into(),
+                ConsulKey::parse(rel, &pair.value, pair.modify_index),
+            );
+        }
+        view
+    }
+}
+
+/// What a direct read of a key the answer lacked said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// The key exists and the token may read it: the answer was filtered by
+    /// an older policy, or the key was written again since.
+    Present(ConsulKey),
+    /// 404: the key is gone.
+    Absent,
+    /// 403: the token may not read it.
+    Forbidden,
+}
+
+/// One change to the served state, for the log and the metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Change {
+    /// The state answered for a key changed (`None`: not answered: absent
+    /// or skipped).
+    Served {
+        /// The key.
+        key: Box<str>,
+        /// Before.
+        from: Option<AdminState>,
+        /// After.
+        to: Option<AdminState>,
+    },
+    /// A write of an invalid value (once per ModifyIndex).
+    Invalid {
+        /// The key.
+        key: Box<str>,
+        /// Why it is invalid.
+        error: InvalidValue,
+        /// The state still answered, if any.
+        held: Option<AdminState>,
+    },
+    /// A hold began.
+    Held {
+        /// The key.
+        key: Box<str>,
+        /// The state answered.
+        state: AdminState,
+        /// Why.
+        cause: HoldCause,
+    },
+    /// A hold ended.
+    Released {
+        /// The key.
+        key: Box<str>,
+        /// Why it was held.
+        cause: HoldCause,
+    },
+    /// A write to the release-rollback key released every rolled-back hold.
+    ReleasedAll {
+        /// How many keys were released.
+        keys: usize,
+    },
+}
+
+/// How one answer is merged (decided before the merge by the core).
+#[derive(Debug, Clone, Default)]
+pub struct MergeInput {
+    /// The answer comes from a store that lost its data.
+    pub rolled_back: bool,
+    /// Direct reads of keys the answer lacked; a lacking key without a
+    /// probe is deleted.
+    pub probes: BTreeMap<Box<str>, Probe>,
+    /// Unix time in seconds, for the start of new holds.
+    pub now: u64,
+}
+
+fn is_out(state: Option<AdminState>) -> bool {
+    !matches!(state, None | Some(AdminState::Ready))
+}
+
+impl ServedState {
+    /// Merges one answer into the served state by the hold rules:
+    ///
+    /// - a valid value is served, except that after a rollback a key that
+    ///   served drain, maint or a weight and is now missing or `ready`
+    ///   keeps its state (held `rolled_back`) until a forward answer shows a
+    ///   new write to it (it appears, or its ModifyIndex changes) or a new
+    ///   release mark;
+    /// - an invalid value keeps the key's last valid state (held
+    ///   `invalid_value`), or is skipped if none is known;
+    /// - a key the answer lacks is deleted, unless a direct read answered
+    ///   403 (held `hidden`) or showed it (its value applies).
+    pub fn merge(&self, view: &AnswerView, input: &MergeInput) -> (ServedState, Vec<Change>) {
+        let mut changes = Vec::new();
+        let release_all = !input.rolled_back
+            && view.release_mark.is_some()
+            && view.release_mark != self.release_mark;
+        if release_all {
+            let n = self
+                .keys
+                .values()
+                .filter(|r| r.hold.is_some_and(|h| h.cause == HoldCause::RolledBack))
+                .count();
+            if n > 0 {
+                changes.push(Change::ReleasedAll { keys: n });
+            }
+        }
+        let mut keys = BTreeMap::new();
+        let names: std::collections::BTreeSet<&Box<str>> =
+            self.keys.keys().chain(view.keys.keys()).collect();
+        for key in names {
+            let prev = self.keys.get(key);
+            let shown = view
+                .keys
+                .get(key)
+                .cloned()
+                .or_else(|| match input.probes.get(key) {
+                    Some(Probe::Present(k)) => Some(k.clone()),
+                    _ => None,
+                });
+            let forbidden = view.keys.get(key).is_none()
+                && matches!(input.probes.get(key), Some(Probe::Forbidden));
+            let record = merge_key(prev, shown, forbidden, release_all, input);
+            note_changes(key, prev, record.as_ref(), &mut changes);
+            if let Some(record) = record {
+                keys.insert(key.clone(), record);
+            }
+        }
+        let next = ServedState {
+            index: view.index,
+            store_id: view.store_id.clone(),
+            release_mark: view.release_mark,
+            keys,
+        };
+        (next, changes)
+    }
+
+    /// The snapshot the responder answers from: every key with a served
+    /// state, and skipped keys as [`Entry::Invalid`] (looked past).
+    pub fn snapshot(&self) -> Snapshot {
+        let mut keys = std::collections::HashMap::with_capacity(self.keys.len());
+        for (key, record) in &self.keys {
+            let modify_index = record.consul.as_ref().map_or(0, |c| c.modify_index);
+            let entry = match (record.served, &record.consul) {
+                (Some(state), _) => Entry::Valid(state),
+                (None, Some(c)) => c.entry.clone(),
+                (None, None) => continue,
+            };
+            keys.insert(
+                key.clone(),
+                KeyState {
+                    entry,
+                    modify_index,
+                },
+            );
+        }
+        Snapshot {
+            index: self.index,
+            keys,
+        }
+    }
+
+    /// How many keys are held, by cause.
+    pub fn held_count(&self, cause: HoldCause) -> usize {
+        self.keys
+            .values()
+            .filter(|r| r.hold.is_some_and(|h| h.cause == cause))
+            .count()
+    }
+
+    /// How many keys Consul shows with an invalid value (held or skipped).
+    pub fn invalid_count(&self) -> usize {
+        self.keys
+            .values()
+            .filter(|r| {
+                r.consul
+                    .as_ref()
+                    .is_some_and(|c| matches!(c.entry, Entry::Invalid(_)))
+            })
+            .count()
+    }
+
+    /// How many keys Consul shows.
+    pub fn consul_key_count(&self) -> usize {
+        self.keys.values().filter(|r| r.consul.is_some()).count()
+    }
+}
+
+/// The rules for one key. `shown`: what the answer (or a direct read after
+/// it) shows; `forbidden`: the answer lacks it and a direct read was 403.
+fn merge_key(
+    prev: Option<&KeyRecord>,
+    shown: Option<ConsulKey>,
+    forbidden: bool,
+    release_all: bool,
+    input: &MergeInput,
+) -> Option<KeyRecord> {
+    let prev_served = prev.and_then(|p| p.served);
+    let prev_hold = prev.and_then(|p| p.hold);
+    let prev_mi = prev.and_then(|p| p.consul.as_ref().map(|c| c.modify_index));
+    let now_mi = shown.as_ref().map(|c| c.modify_index);
+    let hold = |cause: HoldCause| {
+        Some(match prev_hold {
+            Some(h) if h.cause == cause => h,
+            _ => Hold {
+                cause,
+                since: input.now,
+            },
+        })
+    };
+
+    // A rolled-back hold lasts until a forward answer shows a write to the
+    // key or a new release mark; after another rollback it follows the
+    // store's view of the key.
+    if prev_hold.is_some_and(|h| h.cause == HoldCause::RolledBack) && !forbidden {
+        let written = !input.rolled_back && now_mi != prev_mi;
+        if !written && !release_all {
+            return Some(KeyRecord {
+                consul: shown,
+                served: prev_served,
+                hold: prev_hold,
+            });
+        }
+    }
+    if forbidden {
+        // Hidden from the token: keep what was answered, whatever it was.
+        return prev.map(|p| KeyRecord {
+            // A skipped key stays skipped: its invalid value is kept.
+            consul: if p.served.is_some() {
+                None
+            } else {
+                p.consul.clone()
+            },
+            served: p.served,
+            hold: if p.served.is_some() {
+                hold(HoldCause::Hidden)
+            } else {
+                None
+            },
+        });
+    }
+    let rolled_back_out = input.rolled_back && is_out(prev_served);
+    match shown {
+        None if rolled_back_out => Some(KeyRecord {
+            consul: None,
+            served: prev_served,
+            hold: hold(HoldCause::RolledBack),
+        }),
+        None => None,
+        Some(c) => {
+            let (served, hold) = match &c.entry {
+                Entry::Valid(AdminState::Ready) if rolled_back_out => {
+                    (prev_served, hold(HoldCause::RolledBack))
+                }
+                Entry::Valid(state) => (Some(*state), None),
+                // A key no agent-send line can name is never answered.
+                Entry::Invalid(InvalidValue::Key(_)) => (None, None),
+                Entry::Invalid(_) => match prev_served {
+                    Some(state) => (Some(state), hold(HoldCause::InvalidValue)),
+                    None => (None, None),
+                },
+            };
+            Some(KeyRecord {
+                consul: Some(c),
+                served,
+                hold,
+            })
+        }
+    }
+}
+
+fn note_changes(
+    key: &str,
+    prev: Option<&KeyRecord>,
+    next: Option<&KeyRecord>,
+    changes: &mut Vec<Change>,
+) {
+    let from = prev.and_then(|p| p.served);
+    let to = next.and_then(|n| n.served);
+    let prev_hold = prev.and_then(|p| p.hold).map(|h| h.cause);
+    let next_hold = next.and_then(|n| n.hold).map(|h| h.cause);
+    if let Some(cause) = prev_hold.filter(|c| Some(*c) != next_hold) {
+        changes.push(Change::Released {
+            key: key.into(),
+            cause,
+        });
+    }
+    if let (Some(cause), Some(state)) = (next_hold.filter(|c| Some(*c) != prev_hold), to) {
+        changes.push(Change::Held {
+            key: key.into(),
+            state,
+            cause,
+        });
+    }
+    if let Some(c) = next.and_then(|n| n.consul.as_ref()) {
+        let prev_mi = prev.and_then(|p| p.consul.as_ref()).map(|p| p.modify_index);
+        if let Entry::Invalid(error) = &c.entry {
+            if prev_mi != Some(c.modify_index) {
+                changes.push(Change::Invalid {
+                    key: key.into(),
+                    error: error.clone(),
+                    held: to,
+                });
+            }
+        }
+    }
+    if from != to {
+        changes.push(Change::Served {
+            key: key.into(),
+            from,
+            to,
+        });
+    }
+}
+
+/// The file format of the served state (`served-state.json`), version 1.
+#[derive(Debug, Serialize, Deserialize)]
+struct FileV1 {
+    version: u32,
+    prefix: String,
+    index: u64,
+    store_id: Option<String>,
+    release_mark: Option<u64>,
+    keys: BTreeMap<String, FileKey>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct FileKey {
+    /// Consul's value as text; absent while held after it vanished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    modify_index: Option<u64>,
+    /// The state answered: `ready`, `drain`, `maint`, `N%`; absent: skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    served: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hold: Option<HoldCause>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hold_since: Option<u64>,
+}
+
+/// Why a state file could not be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StateFileError {
+    /// Not JSON of the expected shape.
+    #[error("not a served-state file: {0}")]
+    Malformed(String),
+    /// Another format version.
+    #[error("format version {0} is not 1")]
+    Version(u32),
+    /// Written for another prefix.
+    #[error("written for prefix {0:?}, not this agent's")]
+    Prefix(String),
+    /// A served state that does not parse.
+    #[error("key {key:?}: served state {value:?} is not ready, drain, maint or N%")]
+    Served {
+        /// The key.
+        key: String,
+        /// The text.
+        value: String,
+    },
+}
+
+impl ServedState {
+    /// The served state as the JSON text of `served-state.json` (format
+    /// version 1), for the watched `prefix`.
+    pub fn to_file(&self, prefix: &str) -> String {
+        let keys = self
+            .keys
+            .iter()
+            .map(|(k, r)| {
+                (
+                    k.to_string(),
+                    FileKey {
+                        value: r.consul.as_ref().map(|c| c.value.to_string()),
+                        modify_index: r.consul.as_ref().map(|c| c.modify_index),
+                        served: r.served.map(|s| s.to_string()),
+                        hold: r.hold.map(|h| h.cause),
+                        hold_since: r.hold.map(|h| h.since),
+                    },
+                )
+            })
+            .collect();
+        let file = FileV1 {
+            version: 1,
+            prefix: prefix.to_string(),
+            index: self.index,
+            store_id: self.store_id.as_deref().map(str::to_string),
+            release_mark: self.release_mark,
+            keys,
+        };
+        // Plain data: serialising cannot fail.
+        serde_json::to_string_pretty(&file).unwrap_or_default()
+    }
+
+    /// Reads `served-state.json` text written by [`ServedState::to_file`]
+    /// for `prefix`.
+    ///
+    /// # Errors
+    ///
+    /// [`StateFileError`] for malformed text, another version or prefix, or
+    /// a served state that does not parse.
+    pub fn from_file(prefix: &str, text: &str) -> Result<ServedState, StateFileError> {
+        let file: FileV1 =
+            serde_json::from_str(text).map_err(|e| StateFileError::Malformed(e.to_string()))?;
+        if file.version != 1 {
+            return Err(StateFileError::Version(file.version));
+        }
+        if file.prefix != prefix {
+            return Err(StateFileError::Prefix(file.prefix));
+        }
+        let mut keys = BTreeMap::new();
+        for (key, k) in file.keys {
+            let served = match &k.served {
+                None => None,
+                Some(text) => {
+                    Some(
+                        parse_value(text.as_bytes()).map_err(|_| StateFileError::Served {
+                            key: key.clone(),
+                            value: text.clone(),
+                        })?,
+                    )
+                }
+            };
+            let consul = match (k.value, k.modify_index) {
+                (Some(v), Some(mi)) => Some(ConsulKey::parse(&key, v.as_bytes(), mi)),
+                _ => None,
+            };
+            let hold = k.hold.map(|cause| Hold {
+                cause,
+                since: k.hold_since.unwrap_or(0),
+            });
+            keys.insert(
+                key.into(),
+                KeyRecord {
+                    consul,
+                    served,
+                    hold,
+                },
+            );
+        }
+        Ok(ServedState {
+            index: file.index.max(1),
+            store_id: file.store_id.map(Into::into),
+            release_mark: file.release_mark,
+            keys,
+        })
+    }
+}

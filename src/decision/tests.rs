@@ -1,0 +1,640 @@
+//! One table test per rule of the core, driven through its public interface
+//! as the daemon drives it: each step hands the core the response to the
+//! request it asked for and checks what it asks next and what it serves.
+
+use std::time::Duration;
+
+use super::served::ServedState;
+use super::*;
+use crate::model::snapshot::Answer;
+use crate::model::value::AdminState::{self, Drain, Maint, Ready, Weight};
+
+const FRESH: ReadMeta = ReadMeta {
+    last_contact: Some(Duration::from_millis(2)),
+    known_leader: Some(true),
+    filtered_by_acls: None,
+};
+
+fn config(stale: bool) -> CoreConfig {
+    CoreConfig {
+        prefix: "p/".into(),
+        stale,
+        max_stale: Duration::from_secs(5),
+        rules: Rules::default(),
+    }
+}
+
+fn pair(key: &str, value: &str, modify_index: u64) -> KvPair {
+    KvPair {
+        key: format!("p/{key}"),
+        value: value.as_bytes().to_vec(),
+        modify_index,
+        flags: 0,
+    }
+}
+
+fn prefix(index: u64, pairs: &[(&str, &str, u64)]) -> Response {
+    prefix_meta(index, pairs, FRESH)
+}
+
+fn prefix_meta(index: u64, pairs: &[(&str, &str, u64)], meta: ReadMeta) -> Response {
+    Response::Prefix {
+        answer: PrefixAnswer {
+            index,
+            pairs: pairs.iter().map(|(k, v, m)| pair(k, v, *m)).collect(),
+            body_bytes: 0,
+        },
+        meta,
+        token_load: 1,
+    }
+}
+
+/// A core past its ACL probe, its next request the first prefix read.
+fn started(acl: bool, stale: bool, restored: Option<ServedState>) -> Core {
+    let mut core = Core::new(config(stale), restored);
+    assert_eq!(core.start().request, Request::AclProbe);
+    let out = core.on_response(Response::Acl { enabled: acl }, 0);
+    assert_eq!(
+        out.next.request,
+        Request::Prefix {
+            index: 0,
+            stale: false
+        },
+        "the first read is a full default read"
+    );
+    core
+}
+
+fn step(core: &mut Core, response: Response) -> Output {
+    core.on_response(response, 1_000)
+}
+
+fn served(core: &Core, key: &str) -> Option<AdminState> {
+    core.served()
+        .and_then(|s| s.keys.get(key))
+        .and_then(|r| r.served)
+}
+
+fn hold(core: &Core, key: &str) -> Option<HoldCause> {
+    core.served()
+        .and_then(|s| s.keys.get(key))
+        .and_then(|r| r.hold)
+        .map(|h| h.cause)
+}
+
+fn asks(out: &Output) -> &Request {
+    &out.next.request
+}
+
+fn blocks_on(index: u64) -> Request {
+    Request::Prefix {
+        index,
+        stale: false,
+    }
+}
+
+fn key(k: &str) -> Request {
+    Request::Key {
+        key: k.into(),
+        stale: false,
+    }
+}
+
+#[test]
+fn index_rules_follow_consul_docs() {
+    let mut c = started(false, false, None);
+    let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    assert!(out.served_changed);
+    assert!(out.notes.contains(&Note::FirstSync));
+    assert_eq!(asks(&out), &blocks_on(10));
+    assert_eq!(out.next.delay, Delay::MinInterval);
+    // The wait ended with no change.
+    let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    assert_eq!(out.notes, vec![Note::NotModified]);
+    assert!(!out.served_changed);
+    // Backwards: a reset, applied with holds, then a full read.
+    let out = step(&mut c, prefix(4, &[]));
+    assert!(out.notes.contains(&Note::IndexReset {
+        previous: 10,
+        index: 4
+    }));
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
+    assert_eq!(asks(&out), &blocks_on(0));
+    let out = step(&mut c, prefix(4, &[]));
+    assert_eq!(asks(&out), &blocks_on(4));
+    // An index of 0 counts as 1.
+    let mut c = started(false, false, None);
+    let out = step(&mut c, prefix(0, &[]));
+    assert_eq!(asks(&out), &blocks_on(1));
+}
+
+#[test]
+fn a_failure_backs_off_asks_about_acls_again_and_reads_in_full() {
+    let mut c = started(false, false, None);
+    step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    for n in 1..=3 {
+        let out = step(&mut c, Response::Failed { forbidden: false });
+        assert_eq!(asks(&out), &Request::AclProbe);
+        assert_eq!(out.next.delay, Delay::Backoff(n));
+        assert!(!out.reload_token);
+    }
+    let out = step(&mut c, Response::Failed { forbidden: true });
+    assert!(out.reload_token, "a 403 reads the token file again");
+    let out = step(&mut c, Response::Acl { enabled: false });
+    assert_eq!(asks(&out), &blocks_on(0));
+    // Back at the same index with other data (a restarted Consul): lost
+    // data, the drain is held.
+    step(&mut c, prefix(10, &[("x", "ready", 10)]));
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
+    assert_eq!(c.failures(), 0);
+}
+
+#[test]
+fn with_acls_disabled_a_change_costs_one_request() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(5, &[("canary", "drain", 5), ("web/a", "maint", 4)]),
+    );
+    // Add, change, delete: each answer is followed by the next blocking read.
+    for (index, pairs) in [
+        (
+            6,
+            vec![
+                ("canary", "drain", 5),
+                ("web/a", "maint", 4),
+                ("web/b", "drain", 6),
+            ],
+        ),
+        (
+            7,
+            vec![
+                ("canary", "maint", 7),
+                ("web/a", "maint", 4),
+                ("web/b", "drain", 6),
+            ],
+        ),
+        (8, vec![("canary", "maint", 7), ("web/b", "drain", 6)]),
+    ] {
+        let out = step(&mut c, prefix(index, &pairs));
+        assert_eq!(asks(&out), &blocks_on(index));
+    }
+    assert_eq!(served(&c, "web/a"), None, "the delete applied");
+    assert_eq!(served(&c, "canary"), Some(Maint));
+}
+
+#[test]
+fn with_acls_on_a_lacking_key_is_read_directly() {
+    // (direct read, what the key serves after, its hold)
+    let table = [
+        (KeyRead::Absent, None, None),
+        (KeyRead::Forbidden, Some(Drain), Some(HoldCause::Hidden)),
+        (
+            KeyRead::Present(pair("canary", "maint", 9)),
+            Some(Maint),
+            None,
+        ),
+    ];
+    for (read, want, want_hold) in table {
+        let mut c = started(true, false, None);
+        let out = step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+        step(&mut c, Response::ReadCheck { allowed: true });
+        let out = step(&mut c, prefix(9, &[("web/a", "ready", 9)]));
+        assert_eq!(asks(&out), &key("canary"));
+        assert_eq!(served(&c, "canary"), Some(Drain), "nothing applied yet");
+        let out = step(
+            &mut c,
+            Response::Key {
+                read: read.clone(),
+                index: Some(9),
+            },
+        );
+        assert_eq!(asks(&out), &blocks_on(9));
+        assert_eq!(served(&c, "canary"), want, "{read:?}");
+        assert_eq!(hold(&c, "canary"), want_hold, "{read:?}");
+        assert_eq!(served(&c, "web/a"), Some(Ready));
+    }
+}
+
+#[test]
+fn a_hidden_key_is_read_again_and_released_once_readable() {
+    let mut c = started(true, false, None);
+    step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+    step(&mut c, Response::ReadCheck { allowed: true });
+    step(&mut c, prefix(6, &[("x", "ready", 6)]));
+    step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Forbidden,
+            index: None,
+        },
+    );
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::Hidden));
+    let out = step(&mut c, prefix(7, &[("x", "ready", 7)]));
+    assert_eq!(asks(&out), &key("canary"));
+    step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(7),
+        },
+    );
+    assert_eq!(served(&c, "canary"), None);
+    assert_eq!(hold(&c, "canary"), None);
+}
+
+#[test]
+fn filtered_by_acls_header_turns_on_direct_reads_even_if_the_probe_said_off() {
+    let mut c = started(false, false, None);
+    step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+    let meta = ReadMeta {
+        filtered_by_acls: Some(true),
+        ..FRESH
+    };
+    let out = step(&mut c, prefix_meta(6, &[("x", "ready", 6)], meta));
+    assert!(out.notes.contains(&Note::FilteredByAcls));
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &key("canary"));
+}
+
+#[test]
+fn read_checks_come_with_every_404_and_every_token_load() {
+    let mut c = started(true, false, None);
+    let out = step(&mut c, prefix(3, &[]));
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: false });
+    assert!(out.reload_token);
+    assert!(out.notes.contains(&Note::ReadCheckDenied));
+    assert!(
+        c.served().is_none(),
+        "a token that may not read is never synced"
+    );
+    step(&mut c, Response::Acl { enabled: true });
+    step(&mut c, prefix(3, &[("canary", "drain", 3)]));
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &blocks_on(3));
+    // Same token: no check on the next change.
+    let out = step(
+        &mut c,
+        prefix(4, &[("canary", "drain", 3), ("x", "ready", 4)]),
+    );
+    assert_eq!(asks(&out), &blocks_on(4));
+    // A new token load: checked again.
+    let Response::Prefix { answer, meta, .. } =
+        prefix(5, &[("canary", "drain", 3), ("x", "ready", 5)])
+    else {
+        unreachable!()
+    };
+    let out = step(
+        &mut c,
+        Response::Prefix {
+            answer,
+            meta,
+            token_load: 2,
+        },
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+}
+
+#[test]
+fn invalid_values_are_held_at_the_last_valid_state_or_skipped() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(
+            5,
+            &[
+                ("web/s1", "maint", 5),
+                ("web/s2", "mantenance", 5),
+                ("canary", "drain", 4),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/s2"), None, "no valid state known: skipped");
+    let snap = c.served().unwrap().snapshot();
+    assert_eq!(
+        snap.lookup(["web/s2", "canary"]),
+        Answer::State {
+            state: Drain,
+            decided_by: Some(1)
+        },
+        "the group decides past the skipped row key"
+    );
+    let out = step(
+        &mut c,
+        prefix(
+            6,
+            &[
+                ("web/s1", "drian", 6),
+                ("web/s2", "mantenance", 5),
+                ("canary", "drain", 4),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/s1"), Some(Maint));
+    assert_eq!(hold(&c, "web/s1"), Some(HoldCause::InvalidValue));
+    assert!(matches!(&out.notes[0], Note::Applied { changes, .. }
+        if changes.iter().any(|ch| matches!(ch, Change::Invalid { key, held: Some(Maint), .. } if &**key == "web/s1"))));
+    step(
+        &mut c,
+        prefix(
+            7,
+            &[
+                ("web/s1", "50%", 7),
+                ("web/s2", "mantenance", 5),
+                ("canary", "drain", 4),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/s1"), Some(Weight(50)));
+    assert_eq!(hold(&c, "web/s1"), None);
+}
+
+#[test]
+fn a_store_that_lost_its_data_is_seen_whatever_its_index() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(
+            12,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "drain", 10),
+                ("web/s5", "maint", 12),
+                ("web/s6", "ready", 11),
+            ],
+        ),
+    );
+    // A rebuilt store at a higher index, with one key written since.
+    let out = step(&mut c, prefix(43, &[("web/s6", "ready", 40)]));
+    assert!(out.notes.contains(&Note::StoreChanged {
+        previous: "a1".into(),
+        now: None
+    }));
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    assert_eq!(served(&c, "web/s5"), Some(Maint));
+    assert_eq!(served(&c, "web/s6"), Some(Ready));
+    assert_eq!(c.served().unwrap().held_count(HoldCause::RolledBack), 2);
+    // Still held on the next answers; a write to one releases it.
+    step(
+        &mut c,
+        prefix(44, &[("web/s6", "ready", 40), ("x", "ready", 44)]),
+    );
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    step(
+        &mut c,
+        prefix(
+            45,
+            &[
+                ("web/s6", "ready", 40),
+                ("x", "ready", 44),
+                ("web/s5", "ready", 45),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/s5"), Some(Ready));
+    assert_eq!(hold(&c, "web/s5"), None);
+    // The release key releases the rest.
+    let out = step(
+        &mut c,
+        prefix(
+            46,
+            &[
+                ("web/s6", "ready", 40),
+                ("web/s5", "ready", 45),
+                ("~release-rollback", "1", 46),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "canary"), None);
+    assert!(matches!(&out.notes[0], Note::Applied { changes, .. }
+        if changes.contains(&Change::ReleasedAll { keys: 1 })));
+}
+
+#[test]
+fn a_real_delete_with_the_store_id_in_place_applies() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(12, &[("~store-id", "a1", 2), ("canary", "drain", 10)]),
+    );
+    step(&mut c, prefix(13, &[("~store-id", "a1", 2)]));
+    assert_eq!(served(&c, "canary"), None);
+}
+
+#[test]
+fn without_the_store_id_rule_a_rebuilt_store_undrains() {
+    let mut cfg = config(false);
+    cfg.rules.store_id = false;
+    let mut c = Core::new(cfg, None);
+    c.start();
+    step(&mut c, Response::Acl { enabled: false });
+    step(
+        &mut c,
+        prefix(12, &[("~store-id", "a1", 2), ("canary", "drain", 10)]),
+    );
+    step(&mut c, prefix(43, &[("x", "ready", 43)]));
+    assert_eq!(served(&c, "canary"), None);
+}
+
+#[test]
+fn a_restored_state_is_served_at_once_and_keeps_its_holds() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(
+            12,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "drain", 10),
+                ("web/s1", "maint", 11),
+            ],
+        ),
+    );
+    step(
+        &mut c,
+        prefix(
+            13,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "drain", 10),
+                ("web/s1", "mantenance", 13),
+            ],
+        ),
+    );
+    let file = c.served().unwrap().to_file("p/");
+    let restored = ServedState::from_file("p/", &file).unwrap();
+    assert_eq!(&restored, c.served().unwrap());
+
+    let mut r = started(false, false, Some(restored));
+    assert_eq!(
+        served(&r, "web/s1"),
+        Some(Maint),
+        "served before any answer"
+    );
+    assert!(!r.synced());
+    let out = step(
+        &mut r,
+        prefix(
+            13,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "drain", 10),
+                ("web/s1", "mantenance", 13),
+            ],
+        ),
+    );
+    assert!(out.notes.contains(&Note::FirstSync));
+    assert_eq!(served(&r, "web/s1"), Some(Maint));
+    assert_eq!(hold(&r, "web/s1"), Some(HoldCause::InvalidValue));
+    assert!(!out.served_changed, "the same state: nothing to write");
+
+    // Restarted against a store that lost its data: still held.
+    let restored = ServedState::from_file("p/", &file).unwrap();
+    let mut r = started(false, false, Some(restored));
+    step(&mut r, prefix(3, &[]));
+    assert_eq!(served(&r, "canary"), Some(Drain));
+    assert_eq!(served(&r, "web/s1"), Some(Maint));
+}
+
+#[test]
+fn a_restart_after_a_delete_applies_it() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(12, &[("~store-id", "a1", 2), ("canary", "drain", 10)]),
+    );
+    let restored = c.served().cloned();
+    let mut r = started(false, false, restored);
+    step(&mut r, prefix(14, &[("~store-id", "a1", 2)]));
+    assert_eq!(served(&r, "canary"), None);
+}
+
+#[test]
+fn stale_answers_that_could_go_backwards_are_confirmed_by_the_leader() {
+    let mut c = started(false, true, None);
+    let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    assert_eq!(
+        asks(&out),
+        &Request::Prefix {
+            index: 10,
+            stale: true
+        }
+    );
+    // (answer index, meta, held for)
+    let behind = ReadMeta {
+        last_contact: Some(Duration::from_secs(9)),
+        ..FRESH
+    };
+    let leaderless = ReadMeta {
+        known_leader: Some(false),
+        ..FRESH
+    };
+    for (index, meta, reason) in [
+        (1, FRESH, HoldReason::LowerIndex),
+        (11, behind, HoldReason::TooOld),
+        (11, leaderless, HoldReason::NoLeader),
+    ] {
+        let out = step(&mut c, prefix_meta(index, &[], meta));
+        assert!(matches!(out.notes[0], Note::StaleHeld { reason: r, .. } if r == reason));
+        assert_eq!(asks(&out), &blocks_on(0), "a default full read confirms");
+        assert_eq!(served(&c, "canary"), Some(Drain));
+        let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+        assert_eq!(
+            asks(&out),
+            &Request::Prefix {
+                index: 10,
+                stale: true
+            }
+        );
+    }
+}
+
+#[test]
+fn a_stale_direct_read_behind_the_answer_is_asked_of_the_leader() {
+    let mut c = started(true, true, None);
+    step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(&mut c, prefix(12, &[("x", "ready", 12)]));
+    assert_eq!(
+        asks(&out),
+        &Request::Key {
+            key: "canary".into(),
+            stale: true
+        }
+    );
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(9),
+        },
+    );
+    assert_eq!(asks(&out), &key("canary"));
+    assert!(!asks(&out).to_leader() || matches!(asks(&out), Request::Key { stale: false, .. }));
+    step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(12),
+        },
+    );
+    assert_eq!(served(&c, "canary"), None);
+}
+
+#[test]
+fn an_answer_past_every_key_it_shows_is_read_once_more() {
+    let mut c = started(true, false, None);
+    step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(&mut c, prefix(8, &[("canary", "drain", 5)]));
+    assert_eq!(out.notes, vec![Note::Refused(Refused::HidesWrites)]);
+    assert_eq!(asks(&out), &blocks_on(0));
+    // The fresh read shows the hidden key; the same view again is applied.
+    let out = step(
+        &mut c,
+        prefix(8, &[("canary", "drain", 5), ("web/a", "maint", 8)]),
+    );
+    assert_eq!(served(&c, "web/a"), Some(Maint));
+    assert_eq!(asks(&out), &blocks_on(8));
+    let out = step(
+        &mut c,
+        prefix(9, &[("canary", "drain", 5), ("web/a", "maint", 8)]),
+    );
+    assert_eq!(asks(&out), &blocks_on(0));
+    let out = step(
+        &mut c,
+        prefix(9, &[("canary", "drain", 5), ("web/a", "maint", 8)]),
+    );
+    assert_eq!(asks(&out), &blocks_on(9), "applied: no second fresh read");
+}
+
+#[test]
+fn the_same_index_showing_other_keys_is_applied() {
+    // A query parked under a narrower policy hid a key; the next one, at
+    // the same index, shows it.
+    let mut c = started(false, false, None);
+    step(&mut c, prefix(5, &[("x", "ready", 5)]));
+    let out = step(
+        &mut c,
+        prefix(5, &[("x", "ready", 5), ("canary", "drain", 5)]),
+    );
+    assert!(out.served_changed);
+    assert_eq!(served(&c, "canary"), Some(Drain));
+}
+
+#[test]
+fn requests_name_their_consistency() {
+    assert!(Request::AclProbe.to_leader());
+    assert!(blocks_on(3).to_leader());
+    assert!(!Request::Prefix {
+        index: 3,
+        stale: true
+    }
+    .to_leader());
+    assert!(!Request::ReadCheck { stale: true }.to_leader());
+}

@@ -205,9 +205,17 @@ fn unix(t: SystemTime) -> f64 {
 fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>) -> Value {
     let mut out = serde_json::Map::new();
     for (key, record) in &served.keys {
-        let (Some(hold), Some(state)) = (record.hold, record.served) else {
+        let Some(hold) = record.hold else {
             continue;
         };
+        let state_text = record.served.map_or("none".to_string(), |s| s.to_string());
+        let reply = record
+            .served
+            .map_or("none (the key is not answered)".to_string(), |s| {
+                String::from_utf8_lossy(s.reply().as_bytes())
+                    .trim_end()
+                    .to_string()
+            });
         let consul_modify_index = record.consul.as_ref().map(|c| c.modify_index);
         let detail = match hold.cause {
             HoldCause::InvalidValue => {
@@ -217,21 +225,21 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 };
                 invalid.insert(
                     key.to_string(),
-                    json!({"reason": reason, "modify_index": consul_modify_index, "held": state.to_string()}),
+                    json!({"reason": reason, "modify_index": consul_modify_index, "held": state_text}),
                 );
                 format!("current value is invalid: {reason}")
             }
             HoldCause::RolledBack => match consul_modify_index {
                 None => "Consul lost its data and the key is gone; release with `state release-rollback` or a new write".to_string(),
-                Some(_) => "Consul lost its data and the key is ready; release with `state release-rollback` or a new write".to_string(),
+                Some(_) => "Consul lost its data and the key's value there would put servers back in rotation; release with `state release-rollback` or a new write".to_string(),
             },
             HoldCause::Hidden => "the token may not read the key (403); its last state is answered until it can".to_string(),
         };
         out.insert(
             key.to_string(),
             json!({
-                "state": state.to_string(),
-                "reply": String::from_utf8_lossy(state.reply().as_bytes()).trim_end(),
+                "state": state_text,
+                "reply": reply,
                 "cause": hold.cause.as_str(),
                 "detail": detail,
                 "consul_modify_index": consul_modify_index,

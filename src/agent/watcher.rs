@@ -420,9 +420,9 @@ impl Watcher {
                     "the store id below the prefix vanished or changed: Consul lost its data; drain, maint and weights that vanished or went ready are held"
                 );
             }
-            Note::NotMovedAfterFailure { index } => info!(
+            Note::NotMoved { index } => warn!(
                 consul_index = index,
-                "first read after a failure or a start did not move past the served index; keys that vanished or went ready are held"
+                "an answer that did not move past the served index shows other keys or values: Consul lost data; drain and maint that would be undone are held"
             ),
             Note::StaleHeld {
                 reason,
@@ -453,6 +453,9 @@ impl Watcher {
                     warn!(key = %key, "the token may no longer read this key: answering its last state (held, hidden)");
                 }
             }
+            Note::StoreMoved => warn!(
+                "the store id changed while keys an answer lacked were read: Consul lost data; reading the prefix again"
+            ),
             Note::ReadCheckDenied => warn!(
                 "the token may not read every key under the prefix (read check 403): keeping the served state"
             ),
@@ -514,7 +517,7 @@ fn log_change(change: &Change, index: u64) {
             }
         },
         Change::Held { key, state, cause } => {
-            warn!(key = %key, held = %state, cause = cause.as_str(), consul_index = index, "holding the key's state")
+            warn!(key = %key, held = %show(*state), cause = cause.as_str(), consul_index = index, "holding the key's state")
         }
         Change::Released { key, cause } => {
             info!(key = %key, cause = cause.as_str(), consul_index = index, "hold released: Consul's value applies")

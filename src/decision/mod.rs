@@ -13,8 +13,8 @@
 //!   full read without an index.
 //! - **Lost data** (a `-dev` restart, a rebuilt cluster, an old snapshot
 //!   restored): the index went backwards, the [`STORE_ID_KEY`] the state had
-//!   vanished or changed (whatever the index), or a full read after a
-//!   failure did not move the index. Keys that served drain, maint or a
+//!   vanished or changed (whatever the index), or an answer that did not
+//!   move past the served index shows other keys or values. Keys that served drain, maint or a
 //!   weight and are now missing or `ready` are held (`rolled_back`) until
 //!   written again or released by `state release-rollback`.
 //! - **Invalid values**: held at the key's last valid state, or skipped
@@ -22,7 +22,9 @@
 //! - **Filtered views** (ACLs): Consul drops keys a token may not read from
 //!   a recursive read, and a parked blocking query keeps the policy it
 //!   started with. A key the state holds that an answer lacks is read
-//!   directly: 403 is hidden (held), 404 is a delete. With ACLs disabled
+//!   directly: 403 is hidden (held), 404 is a delete; then the store id is
+//!   read, so a direct read from a store that lost data meanwhile is not
+//!   taken for the answer's. With ACLs disabled
 //!   (`GET /v1/acl/token/self` answers 401 "ACL support disabled", asked at
 //!   start and after every failure) nothing is filtered and no key is read.
 //!   After every 404 and with each token read from its file, the token's
@@ -36,8 +38,7 @@
 //!
 //! The served state survives restarts: a core built with the state read
 //! from disk answers from it at once and judges the first Consul answer
-//! against it (a full read that did not move past its index counts as lost
-//! data).
+//! against it by the same rules.
 
 pub mod served;
 pub mod stale;
@@ -253,9 +254,9 @@ pub enum Note {
         /// The id now.
         now: Option<Box<str>>,
     },
-    /// A full read after a failure (or a start) did not move past the
-    /// served index: Consul may have come back without its data.
-    NotMovedAfterFailure {
+    /// An answer that did not move past the served index shows other keys
+    /// or values: Consul lost data (a restart, a restore).
+    NotMoved {
         /// The index.
         index: u64,
     },
@@ -282,6 +283,9 @@ pub enum Note {
     },
     /// The read check answered 403.
     ReadCheckDenied,
+    /// The store id read after direct reads was not the answer's: Consul
+    /// lost data meanwhile; the answer was dropped for a full read.
+    StoreMoved,
 }
 
 /// What the core decided after a response.
@@ -310,6 +314,20 @@ struct Pending {
     probes: BTreeMap<Box<str>, Probe>,
     /// The probe in flight was stale.
     probe_stale: bool,
+    /// A direct read showed a key present or absent: the store id is read
+    /// after them, to know they came from the store that gave the answer.
+    store_check: StoreCheck,
+}
+
+/// The check that direct reads came from the store that gave the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StoreCheck {
+    /// Not needed (no direct read, or only 403s).
+    None,
+    /// To ask.
+    Due,
+    /// Asked.
+    Asked,
 }
 
 /// The decision core of one agent. See the module documentation.
@@ -322,8 +340,6 @@ pub struct Core {
     current: Option<u64>,
     /// The next prefix read is a full read (index 0).
     full_read: bool,
-    /// The full read follows a failure or a start.
-    after_failure: bool,
     /// The last full read was a fresh read replacing a refused answer.
     fresh: bool,
     /// `None` until the ACL probe answers.
@@ -348,7 +364,6 @@ impl Core {
             served: restored,
             synced: false,
             full_read: true,
-            after_failure: true,
             fresh: false,
             acl: None,
             token_checked: None,
@@ -446,7 +461,6 @@ impl Core {
         self.failures = self.failures.saturating_add(1);
         self.pending = None;
         self.full_read = true;
-        self.after_failure = true;
         self.fresh = false;
         self.acl = None;
         if forbidden {
@@ -516,15 +530,21 @@ impl Core {
                 }
             }
         }
-        if full && self.after_failure && served_index.is_some_and(|i| view.index <= i) {
-            if !rolled_back {
-                out.notes
-                    .push(Note::NotMovedAfterFailure { index: view.index });
-            }
+        // The index did not move, yet Consul shows something else: only a
+        // store that lost data (restarted, restored) answers so.
+        if !rolled_back
+            && served_index.is_some_and(|i| view.index <= i)
+            && !self.shows_the_same(&view)
+        {
+            out.notes.push(Note::NotMoved { index: view.index });
             rolled_back = true;
         }
 
-        // 4. Keys the state holds that the answer lacks.
+        // 4. Keys the state holds that the answer lacks: those Consul showed,
+        // those hidden, and, when the answer releases the rolled-back holds,
+        // those held since they vanished.
+        let releases = view.release_mark.is_some()
+            && self.served.as_ref().map(|s| s.release_mark) != Some(view.release_mark);
         let missing: Vec<Box<str>> = match &self.served {
             Some(s) if !rolled_back => s
                 .keys
@@ -532,7 +552,10 @@ impl Core {
                 .filter(|(k, r)| {
                     !view.keys.contains_key(*k)
                         && (r.consul.is_some()
-                            || r.hold.is_some_and(|h| h.cause == HoldCause::Hidden))
+                            || r.hold.is_some_and(|h| {
+                                h.cause == HoldCause::Hidden
+                                    || (releases && h.cause == HoldCause::RolledBack)
+                            }))
                 })
                 .map(|(k, _)| k.clone())
                 .collect(),
@@ -569,6 +592,7 @@ impl Core {
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
             probe_stale: false,
+            store_check: StoreCheck::None,
         });
         self.proceed(now, out)
     }
@@ -604,14 +628,59 @@ impl Core {
             p.probe_stale = stale;
             return self.ask(Request::Key { key, stale }, Delay::None);
         }
+        if p.store_check == StoreCheck::Due {
+            p.store_check = StoreCheck::Asked;
+            p.probe_stale = stale;
+            let key = STORE_ID_KEY.into();
+            return self.ask(Request::Key { key, stale }, Delay::None);
+        }
         let p = self.pending.take().expect("pending answer");
         self.finish(p, now, out)
+    }
+
+    /// The store id read after direct reads: the same id (or none in both)
+    /// at an index not below the answer's says they came from the store
+    /// that gave it. Otherwise Consul lost data meanwhile: the answer is
+    /// dropped and a full read follows, which the loss rules judge.
+    fn on_store_check(
+        &mut self,
+        read: KeyRead,
+        index: Option<u64>,
+        now: u64,
+        out: &mut Output,
+    ) -> Next {
+        let Some(p) = self.pending.as_mut() else {
+            return self.prefix_read(Delay::MinInterval);
+        };
+        if p.probe_stale && read != KeyRead::Forbidden && index.is_none_or(|i| i < p.view.index) {
+            p.probe_stale = false;
+            let key = STORE_ID_KEY.into();
+            return self.ask(Request::Key { key, stale: false }, Delay::None);
+        }
+        let id = match &read {
+            KeyRead::Present(pair) => Some(String::from_utf8_lossy(&pair.value).trim().to_string()),
+            _ => None,
+        };
+        let same = read != KeyRead::Forbidden
+            && id.as_deref() == p.view.store_id.as_deref()
+            && index.is_some_and(|i| i >= p.view.index);
+        if same {
+            p.store_check = StoreCheck::None;
+            return self.proceed(now, out);
+        }
+        out.notes.push(Note::StoreMoved);
+        self.pending = None;
+        self.full_read = true;
+        self.prefix_read(Delay::None)
     }
 
     fn on_key(&mut self, read: KeyRead, index: Option<u64>, now: u64, out: &mut Output) -> Next {
         let Some(p) = self.pending.as_mut() else {
             return self.prefix_read(Delay::MinInterval);
         };
+        if p.store_check == StoreCheck::Asked {
+            return self.on_store_check(read, index, now, out);
+        }
         let Some(key) = p.to_probe.last().cloned() else {
             return self.proceed(now, out);
         };
@@ -630,6 +699,9 @@ impl Core {
             KeyRead::Absent => (Probe::Absent, "absent"),
             KeyRead::Forbidden => (Probe::Forbidden, "forbidden"),
         };
+        if probe != Probe::Forbidden {
+            p.store_check = StoreCheck::Due;
+        }
         out.notes.push(Note::Probed {
             key: key.clone(),
             result,
@@ -659,7 +731,6 @@ impl Core {
             out.notes.push(Note::FirstSync);
         }
         self.failures = 0;
-        self.after_failure = false;
         // Consul's rule: after the index went backwards on a blocking read,
         // read again from 0; a full read that shows it needs no second one.
         self.full_read = backwards && !self.full_read;

@@ -212,8 +212,8 @@ pub enum Change {
     Held {
         /// The key.
         key: Box<str>,
-        /// The state answered.
-        state: AdminState,
+        /// The state answered (`None`: held absent).
+        state: Option<AdminState>,
         /// Why.
         cause: HoldCause,
     },
@@ -243,18 +243,15 @@ pub struct MergeInput {
     pub now: u64,
 }
 
-fn is_out(state: Option<AdminState>) -> bool {
-    !matches!(state, None | Some(AdminState::Ready))
-}
-
 impl ServedState {
     /// Merges one answer into the served state by the hold rules:
     ///
-    /// - a valid value is served, except that after a rollback a key that
-    ///   served drain, maint or a weight and is now missing or `ready`
-    ///   keeps its state (held `rolled_back`) until a forward answer shows a
-    ///   new write to it (it appears, or its ModifyIndex changes) or a new
-    ///   release mark;
+    /// - a valid value is served, except that in an answer from a store that
+    ///   lost data a value that could put a server back in rotation (see
+    ///   [`undoes`]: drain or maint left, a `ready` or a weight that
+    ///   appears) is not: the key keeps its state (held `rolled_back`)
+    ///   until a forward answer shows a new write to it (it appears, or its
+    ///   ModifyIndex changes) or a new release mark;
     /// - an invalid value keeps the key's last valid state (held
     ///   `invalid_value`), or is skipped if none is known;
     /// - a key the answer lacks is deleted, unless a direct read answered
@@ -312,6 +309,9 @@ impl ServedState {
             let modify_index = record.consul.as_ref().map_or(0, |c| c.modify_index);
             let entry = match (record.served, &record.consul) {
                 (Some(state), _) => Entry::Valid(state),
+                // Held absent: a value that appeared from a store that lost
+                // data is not answered.
+                (None, _) if record.hold.is_some() => continue,
                 (None, Some(c)) => c.entry.clone(),
                 (None, None) => continue,
             };
@@ -355,6 +355,22 @@ impl ServedState {
     }
 }
 
+/// Whether applying `new` (`None`: absent) over `prev` (the state served;
+/// `None`: absent or skipped) in an answer from a store that lost data
+/// could put a server back in rotation: drain or maint left for anything
+/// but drain or maint, or a `ready` or a weight that appears where there was
+/// nothing (it would outrank a later identity's drain on the agent-send
+/// line). A weight is in rotation already: what replaces it applies, and
+/// its absence lets a later identity (a group's drain) decide.
+fn undoes(prev: Option<AdminState>, new: Option<AdminState>) -> bool {
+    use AdminState::{Drain, Maint, Ready, Weight};
+    match prev {
+        Some(Drain | Maint) => !matches!(new, Some(Drain | Maint)),
+        Some(Ready | Weight(_)) => false,
+        None => matches!(new, Some(Ready | Weight(_))),
+    }
+}
+
 /// The rules for one key. `shown`: what the answer (or a direct read after
 /// it) shows; `forbidden`: the answer lacks it and a direct read was 403.
 fn merge_key(
@@ -379,11 +395,17 @@ fn merge_key(
     };
 
     // A rolled-back hold lasts until a forward answer shows a write to the
-    // key or a new release mark; after another rollback it follows the
-    // store's view of the key.
+    // key or a new release mark; after another loss it follows the store's
+    // view of the key.
     if prev_hold.is_some_and(|h| h.cause == HoldCause::RolledBack) && !forbidden {
         let written = !input.rolled_back && now_mi != prev_mi;
-        if !written && !release_all {
+        // After another loss, a value that keeps servers out applies.
+        let harmless = input.rolled_back
+            && match shown.as_ref().map(|c| &c.entry) {
+                Some(Entry::Valid(state)) => !undoes(prev_served, Some(*state)),
+                _ => false,
+            };
+        if !written && !release_all && !harmless {
             return Some(KeyRecord {
                 consul: shown,
                 served: prev_served,
@@ -408,34 +430,30 @@ fn merge_key(
             },
         });
     }
-    let rolled_back_out = input.rolled_back && is_out(prev_served);
-    match shown {
-        None if rolled_back_out => Some(KeyRecord {
+    let Some(c) = shown else {
+        return (input.rolled_back && undoes(prev_served, None)).then(|| KeyRecord {
             consul: None,
             served: prev_served,
             hold: hold(HoldCause::RolledBack),
-        }),
-        None => None,
-        Some(c) => {
-            let (served, hold) = match &c.entry {
-                Entry::Valid(AdminState::Ready) if rolled_back_out => {
-                    (prev_served, hold(HoldCause::RolledBack))
-                }
-                Entry::Valid(state) => (Some(*state), None),
-                // A key no agent-send line can name is never answered.
-                Entry::Invalid(InvalidValue::Key(_)) => (None, None),
-                Entry::Invalid(_) => match prev_served {
-                    Some(state) => (Some(state), hold(HoldCause::InvalidValue)),
-                    None => (None, None),
-                },
-            };
-            Some(KeyRecord {
-                consul: Some(c),
-                served,
-                hold,
-            })
+        });
+    };
+    let (served, hold) = match &c.entry {
+        // A key no agent-send line can name is never answered.
+        Entry::Invalid(InvalidValue::Key(_)) => (None, None),
+        Entry::Invalid(_) => match prev_served {
+            Some(state) => (Some(state), hold(HoldCause::InvalidValue)),
+            None => (None, None),
+        },
+        Entry::Valid(state) if input.rolled_back && undoes(prev_served, Some(*state)) => {
+            (prev_served, hold(HoldCause::RolledBack))
         }
-    }
+        Entry::Valid(state) => (Some(*state), None),
+    };
+    Some(KeyRecord {
+        consul: Some(c),
+        served,
+        hold,
+    })
 }
 
 fn note_changes(
@@ -454,10 +472,10 @@ fn note_changes(
             cause,
         });
     }
-    if let (Some(cause), Some(state)) = (next_hold.filter(|c| Some(*c) != prev_hold), to) {
+    if let Some(cause) = next_hold.filter(|c| Some(*c) != prev_hold) {
         changes.push(Change::Held {
             key: key.into(),
-            state,
+            state: to,
             cause,
         });
     }

@@ -93,6 +93,18 @@ fn blocks_on(index: u64) -> Request {
     }
 }
 
+/// The store id read after direct reads: absent (none was written), at
+/// `index`.
+fn no_store_id(core: &mut Core, index: u64) -> Output {
+    step(
+        core,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(index),
+        },
+    )
+}
+
 fn key(k: &str) -> Request {
     Request::Key {
         key: k.into(),
@@ -205,13 +217,18 @@ fn with_acls_on_a_lacking_key_is_read_directly() {
         let out = step(&mut c, prefix(9, &[("web/a", "ready", 9)]));
         assert_eq!(asks(&out), &key("canary"));
         assert_eq!(served(&c, "canary"), Some(Drain), "nothing applied yet");
-        let out = step(
+        let mut out = step(
             &mut c,
             Response::Key {
                 read: read.clone(),
                 index: Some(9),
             },
         );
+        if read != KeyRead::Forbidden {
+            assert_eq!(asks(&out), &key("~store-id"), "{read:?}");
+            assert_eq!(served(&c, "canary"), Some(Drain), "nothing applied yet");
+            out = no_store_id(&mut c, 9);
+        }
         assert_eq!(asks(&out), &blocks_on(9));
         assert_eq!(served(&c, "canary"), want, "{read:?}");
         assert_eq!(hold(&c, "canary"), want_hold, "{read:?}");
@@ -242,6 +259,7 @@ fn a_hidden_key_is_read_again_and_released_once_readable() {
             index: Some(7),
         },
     );
+    no_store_id(&mut c, 7);
     assert_eq!(served(&c, "canary"), None);
     assert_eq!(hold(&c, "canary"), None);
 }
@@ -575,15 +593,67 @@ fn a_stale_direct_read_behind_the_answer_is_asked_of_the_leader() {
         },
     );
     assert_eq!(asks(&out), &key("canary"));
-    assert!(!asks(&out).to_leader() || matches!(asks(&out), Request::Key { stale: false, .. }));
-    step(
+    let out = step(
         &mut c,
         Response::Key {
             read: KeyRead::Absent,
             index: Some(12),
         },
     );
+    assert_eq!(
+        asks(&out),
+        &Request::Key {
+            key: "~store-id".into(),
+            stale: true
+        }
+    );
+    no_store_id(&mut c, 12);
     assert_eq!(served(&c, "canary"), None);
+}
+
+#[test]
+fn a_direct_read_from_a_store_that_lost_data_meanwhile_is_not_taken() {
+    // (store id read after the direct read, applied)
+    let id = |v: &str, index| Response::Key {
+        read: KeyRead::Present(pair("~store-id", v, 2)),
+        index: Some(index),
+    };
+    let absent = Response::Key {
+        read: KeyRead::Absent,
+        index: Some(40),
+    };
+    for (check, applied) in [
+        (id("a1", 9), true),
+        (id("b2", 40), false),
+        (id("a1", 4), false),
+        (absent, false),
+    ] {
+        let mut c = started(true, false, None);
+        step(
+            &mut c,
+            prefix(5, &[("~store-id", "a1", 2), ("canary", "drain", 5)]),
+        );
+        step(&mut c, Response::ReadCheck { allowed: true });
+        step(
+            &mut c,
+            prefix(9, &[("~store-id", "a1", 2), ("x", "ready", 9)]),
+        );
+        let gone = Response::Key {
+            read: KeyRead::Absent,
+            index: Some(9),
+        };
+        let out = step(&mut c, gone);
+        assert_eq!(asks(&out), &key("~store-id"));
+        let out = step(&mut c, check.clone());
+        if applied {
+            assert_eq!(served(&c, "canary"), None, "{check:?}");
+            assert_eq!(asks(&out), &blocks_on(9));
+        } else {
+            assert!(out.notes.contains(&Note::StoreMoved), "{check:?}");
+            assert_eq!(served(&c, "canary"), Some(Drain), "{check:?}");
+            assert_eq!(asks(&out), &blocks_on(0));
+        }
+    }
 }
 
 #[test]

@@ -1,0 +1,993 @@
+//! Deterministic simulation of the decision core ([`gitlab_haproxy_agent::decision`])
+//! against a model Consul and a model HAProxy, through random fault
+//! schedules, with the one promise checked after every step.
+//!
+//! - **Model Consul**: KV with ModifyIndex and tombstones (reaped at random,
+//!   so the prefix index can go backwards), the prefix index as Consul
+//!   computes it (largest ModifyIndex or tombstone below the prefix; for an
+//!   empty prefix, the whole store's), ACLs with per-key denies and a token
+//!   that may not read the prefix, a blocking query filtered by the policy it
+//!   parked with, a stale follower that lags the leader, outages, and data
+//!   loss: a `-dev` restart (lower index), a store rebuilt at a higher index,
+//!   an old snapshot restored.
+//! - **Model HAProxy**: each server asks the agent with its agent-send line;
+//!   an answer sets its admin state, no answer keeps it, a reload sets every
+//!   server READY at full weight.
+//! - **Operators**: writes through the writer (which creates the store id)
+//!   and by hand (`consul kv put`, invalid values too), deletes,
+//!   transactions, `state release-rollback`.
+//! - **The agent**: the core, its state file (written before each new state
+//!   is served, as the daemon does), restarts that keep the file and ones
+//!   that lose it.
+//!
+//! **The invariant**: when HAProxy asks about a server, it is not READY
+//! while the operators' intent for the identity that decides it is drain or
+//! maint, once the agent could know that intent: an answer it applied
+//! showed the intended value. What the agent cannot know is not held against
+//! it: a restart that loses the state file forgets everything Consul does
+//! not show as intended (a value lost with Consul's data, an invalid value,
+//! a key hidden from the token), and a data loss that leaves no trace the
+//! agent can see (no store id, and the index did not go below the agent's)
+//! is not a loss it can hold through.
+//!
+//! A violating schedule is shrunk to the fewest events that still violate,
+//! and printed with its seed. `GHA_SIM_SEEDS` (a count) and `GHA_SIM_STEPS`
+//! override the CI size; `GHA_SIM_SEED` replays one seed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use gitlab_haproxy_agent::consul::{KvPair, PrefixAnswer, ReadMeta};
+use gitlab_haproxy_agent::decision::served::ServedState;
+use gitlab_haproxy_agent::decision::{
+    Core, CoreConfig, KeyRead, Next, Note, Request, Response, Rules,
+};
+use gitlab_haproxy_agent::model::snapshot::{Answer, Snapshot};
+use gitlab_haproxy_agent::model::value::AdminState;
+
+const PREFIX: &str = "p/";
+/// The state keys operators write.
+const KEYS: &[&str] = &["web/s1", "web/s2", "web/s3", "canary", "zone-a", "zone-b"];
+/// The servers: agent-send identities in order.
+const SERVERS: &[&[&str]] = &[
+    &["web/s1", "canary", "zone-a"],
+    &["web/s2", "zone-a"],
+    &["web/s3", "canary", "zone-b"],
+    &["zone-b", "web/s2"],
+    &["web/s3"],
+];
+const VALUES: &[&str] = &["drain", "maint", "ready", "50%"];
+const INVALID: &[&str] = &["drian", "mantenance", "50", "up"];
+
+/// One event of a schedule; every random choice is made when the schedule
+/// is generated, so any sub-list of events replays deterministically.
+#[derive(Debug, Clone)]
+enum Event {
+    /// The agent's request is answered (if it can be: a blocking query
+    /// waits for a change). `follower`: a stale read goes to the follower.
+    Deliver {
+        follower: bool,
+        lagging: bool,
+    },
+    /// The blocking query's wait ends: answered at the same index.
+    WaitEnd,
+    /// A write through the writer (creates the store id if absent).
+    Write {
+        key: usize,
+        value: usize,
+    },
+    /// `consul kv put` by hand.
+    Put {
+        key: usize,
+        value: usize,
+    },
+    /// `consul kv put` of an invalid value.
+    PutInvalid {
+        key: usize,
+        value: usize,
+    },
+    /// A delete.
+    Delete {
+        key: usize,
+    },
+    /// A transaction: two keys at one index (`None`: delete).
+    Txn {
+        a: (usize, Option<usize>),
+        b: (usize, Option<usize>),
+    },
+    /// A write outside the prefix (moves an empty prefix's index).
+    Other,
+    /// `state release-rollback`.
+    Release,
+    /// Consul becomes unreachable, or reachable again.
+    ConsulDown,
+    ConsulUp,
+    /// Data loss: `-dev` restart, a store rebuilt at a higher index, an old
+    /// snapshot restored.
+    DevRestart,
+    Rebuild {
+        ahead: u64,
+    },
+    RestoreOld,
+    /// A snapshot of Consul is taken (what `RestoreOld` restores).
+    Backup,
+    /// Tombstones reaped.
+    Reap,
+    /// The follower catches up with the leader.
+    CatchUp,
+    /// The token loses read on a key; regains it; loses the whole prefix;
+    /// regains it.
+    Deny {
+        key: usize,
+    },
+    Allow {
+        key: usize,
+    },
+    DenyPrefix,
+    AllowPrefix,
+    /// The agent restarts keeping its state file, or losing it.
+    Restart {
+        keep_file: bool,
+    },
+    /// HAProxy asks about a server; reloads.
+    Ask {
+        server: usize,
+    },
+    Reload,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Store {
+    kv: BTreeMap<String, (String, u64)>,
+    tombstones: BTreeMap<String, u64>,
+    /// The largest index of any write anywhere in the store.
+    index: u64,
+    /// Data-loss generation.
+    generation: u64,
+}
+
+impl Store {
+    fn prefix_index(&self) -> u64 {
+        let under = self
+            .kv
+            .iter()
+            .filter(|(k, _)| k.starts_with(PREFIX))
+            .map(|(_, (_, m))| *m)
+            .chain(
+                self.tombstones
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(PREFIX))
+                    .map(|(_, m)| *m),
+            )
+            .max();
+        under.unwrap_or(self.index).max(1)
+    }
+
+    fn set(&mut self, key: &str, value: &str) {
+        self.index += 1;
+        let key = format!("{PREFIX}{key}");
+        match self.kv.get(&key) {
+            // Identical writes do not change ModifyIndex.
+            Some((v, _)) if v == value => {}
+            _ => {
+                self.tombstones.remove(&key);
+                self.kv.insert(key, (value.to_string(), self.index));
+            }
+        }
+    }
+
+    /// Deletes a key; a key that is not there changes nothing (Consul
+    /// writes no tombstone and no index for it).
+    fn delete(&mut self, key: &str) -> bool {
+        let key = format!("{PREFIX}{key}");
+        if self.kv.remove(&key).is_none() {
+            return false;
+        }
+        self.index += 1;
+        self.tombstones.insert(key, self.index);
+        true
+    }
+
+    fn value(&self, key: &str) -> Option<&str> {
+        self.kv
+            .get(&format!("{PREFIX}{key}"))
+            .map(|(v, _)| v.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Policy {
+    denied: BTreeSet<String>,
+    prefix_denied: bool,
+}
+
+impl Policy {
+    fn allows(&self, rel: &str) -> bool {
+        !self.prefix_denied && !self.denied.contains(rel)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Admin {
+    Ready,
+    Drain,
+    Maint,
+}
+
+/// What an applied answer showed, for judging what the agent could know.
+#[derive(Debug, Clone, Default)]
+struct Shown {
+    epoch: u64,
+    index: u64,
+    keys: BTreeMap<String, String>,
+    /// Keys the token could not read for this answer.
+    hidden: BTreeSet<String>,
+    /// The store generation that answered.
+    generation: u64,
+}
+
+struct Sim {
+    rules: Rules,
+    stale: bool,
+    /// Restarts that keep the file load it (the rule under test for path 1).
+    restore: bool,
+    acl: bool,
+    leader: Store,
+    follower: Store,
+    old: Option<Store>,
+    up: bool,
+    policy: Policy,
+    /// The policy the blocking query parked with.
+    parked: Option<Policy>,
+    core: Core,
+    next: Next,
+    file: Option<ServedState>,
+    snapshot: Option<Snapshot>,
+    /// What the pending answer (and its direct reads) showed.
+    shown: Option<Shown>,
+    /// Store generation of the agent's last applied answer.
+    agent_generation: u64,
+    haproxy: Vec<Admin>,
+    /// Operators' intent per key (valid values only), the epoch it was set
+    /// and the store generation it was written to: only that store's
+    /// answers can show it (a later store shows what it lost or was
+    /// written since).
+    intent: BTreeMap<String, (Option<AdminState>, u64, u64)>,
+    known: BTreeSet<String>,
+    epoch: u64,
+    step: u64,
+    /// The agent's state before the last response.
+    before_applied: Option<ServedState>,
+}
+
+fn config(rules: Rules) -> CoreConfig {
+    CoreConfig {
+        prefix: PREFIX.into(),
+        stale: false,
+        max_stale: Duration::from_secs(5),
+        rules,
+    }
+}
+
+impl Sim {
+    fn new(rules: Rules, restore: bool, acl: bool, stale: bool) -> Sim {
+        let mut cfg = config(rules);
+        cfg.stale = stale;
+        let mut core = Core::new(cfg, None);
+        let next = core.start();
+        let mut sim = Sim {
+            rules,
+            stale,
+            restore,
+            acl,
+            leader: Store::default(),
+            follower: Store::default(),
+            old: None,
+            up: true,
+            policy: Policy::default(),
+            parked: None,
+            core,
+            next,
+            file: None,
+            snapshot: None,
+            shown: None,
+            agent_generation: 0,
+            haproxy: vec![Admin::Ready; SERVERS.len()],
+            intent: BTreeMap::new(),
+            known: BTreeSet::new(),
+            epoch: 0,
+            step: 0,
+            before_applied: None,
+        };
+        for key in KEYS {
+            sim.intent.insert(key.to_string(), (None, 0, 0));
+        }
+        // The writer made the store id when the fleet was set up.
+        sim.leader.set("~store-id", "gen0");
+        sim.follower = sim.leader.clone();
+        sim
+    }
+
+    fn stale_config(&self) -> bool {
+        matches!(
+            self.next.request,
+            Request::Prefix { stale: true, .. }
+                | Request::Key { stale: true, .. }
+                | Request::ReadCheck { stale: true }
+        )
+    }
+
+    fn set_intent(&mut self, key: &str, value: Option<AdminState>) {
+        self.epoch += 1;
+        self.intent
+            .insert(key.to_string(), (value, self.epoch, self.leader.generation));
+        self.known.remove(key);
+    }
+
+    fn mutated(&mut self) {
+        self.epoch += 1;
+    }
+
+    fn write(&mut self, key: &str, value: &str, by_writer: bool) {
+        if by_writer && self.leader.value("~store-id").is_none() {
+            let id = format!("gen{}", self.leader.generation);
+            self.leader.set("~store-id", &id);
+        }
+        self.leader.set(key, value);
+        let parsed = gitlab_haproxy_agent::model::value::parse_value(value.as_bytes()).ok();
+        if parsed.is_some() {
+            self.set_intent(key, parsed);
+        } else {
+            self.mutated();
+        }
+    }
+
+    /// A delete of a key Consul does not have writes nothing: not an
+    /// instruction the agent could see (after a data loss, the way out of a
+    /// hold is `state release-rollback`).
+    fn delete(&mut self, key: &str) {
+        if self.leader.delete(key) {
+            self.set_intent(key, None);
+        }
+    }
+
+    /// Consul's data is replaced; whether the agent can see it is judged
+    /// when it applies the first answer from the new store.
+    fn lose_data(&mut self, next: Store) {
+        let mut next = next;
+        next.generation = self.leader.generation + 1;
+        self.leader = next;
+        self.follower = self.leader.clone();
+        self.parked = None;
+        self.mutated();
+    }
+
+    fn answer_prefix(&mut self, follower: bool, lagging: bool, index: u64) -> Option<Response> {
+        let store = if follower {
+            &self.follower
+        } else {
+            &self.leader
+        };
+        let at = store.prefix_index();
+        if index > 0 && at <= index {
+            return None;
+        }
+        let policy = self.parked.take().unwrap_or_else(|| self.policy.clone());
+        Some(self.prefix_response(follower, lagging, &policy))
+    }
+
+    fn prefix_response(&mut self, follower: bool, lagging: bool, policy: &Policy) -> Response {
+        let store = if follower {
+            &self.follower
+        } else {
+            &self.leader
+        };
+        let mut pairs = Vec::new();
+        let mut shown = Shown {
+            epoch: self.epoch,
+            index: store.prefix_index(),
+            generation: store.generation,
+            keys: BTreeMap::new(),
+            hidden: KEYS
+                .iter()
+                .filter(|k| self.acl && !policy.allows(k))
+                .map(|k| k.to_string())
+                .collect(),
+        };
+        for (k, (v, m)) in &store.kv {
+            let Some(rel) = k.strip_prefix(PREFIX) else {
+                continue;
+            };
+            if self.acl && !policy.allows(rel) {
+                continue;
+            }
+            shown.keys.insert(rel.to_string(), v.clone());
+            pairs.push(KvPair {
+                key: k.clone(),
+                value: v.as_bytes().to_vec(),
+                modify_index: *m,
+                flags: 0,
+            });
+        }
+        if follower {
+            // What the follower shows is as old as its copy.
+            shown.epoch = 0;
+        }
+        self.shown = Some(shown);
+        Response::Prefix {
+            answer: PrefixAnswer {
+                index: store.prefix_index(),
+                pairs,
+                body_bytes: 0,
+            },
+            meta: ReadMeta {
+                last_contact: Some(if lagging {
+                    Duration::from_secs(30)
+                } else {
+                    Duration::from_millis(if follower { 20 } else { 0 })
+                }),
+                known_leader: Some(true),
+                filtered_by_acls: None,
+            },
+            token_load: 1,
+        }
+    }
+
+    fn respond(&mut self, follower: bool, lagging: bool) -> Option<Response> {
+        if !self.up {
+            self.parked = None;
+            return Some(Response::Failed { forbidden: false });
+        }
+        let follower = follower && self.stale_config();
+        let store = if follower {
+            &self.follower
+        } else {
+            &self.leader
+        };
+        Some(match self.next.request.clone() {
+            Request::AclProbe => Response::Acl { enabled: self.acl },
+            Request::Prefix { index, .. } => {
+                if index > 0 && self.parked.is_none() {
+                    self.parked = Some(self.policy.clone());
+                }
+                return self.answer_prefix(follower, lagging, index);
+            }
+            Request::Key { key, .. } => {
+                let index = Some(store.index.max(1));
+                let read = if self.acl && !self.policy.allows(&key) {
+                    if let Some(s) = self.shown.as_mut() {
+                        s.hidden.insert(key.to_string());
+                    }
+                    KeyRead::Forbidden
+                } else {
+                    if let Some(s) = self.shown.as_mut() {
+                        s.hidden.remove(&*key);
+                    }
+                    match store.kv.get(&format!("{PREFIX}{key}")) {
+                        Some((v, m)) => {
+                            if let Some(s) = self.shown.as_mut() {
+                                s.keys.insert(key.to_string(), v.clone());
+                            }
+                            KeyRead::Present(KvPair {
+                                key: format!("{PREFIX}{key}"),
+                                value: v.as_bytes().to_vec(),
+                                modify_index: *m,
+                                flags: 0,
+                            })
+                        }
+                        None => KeyRead::Absent,
+                    }
+                };
+                Response::Key { read, index }
+            }
+            Request::ReadCheck { .. } => Response::ReadCheck {
+                allowed: !(self.acl && self.policy.prefix_denied),
+            },
+        })
+    }
+
+    fn deliver(&mut self, response: Response) {
+        let before = self.core.served().cloned();
+        let out = self.core.on_response(response, self.step);
+        self.before_applied = before;
+        if out.served_changed {
+            let served = self.core.served().expect("a changed state exists").clone();
+            self.snapshot = Some(served.snapshot());
+            self.file = Some(served);
+        }
+        let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
+        if applied {
+            if let Some(shown) = self.shown.take() {
+                // The first answer from a store that lost data: a key it
+                // lacks may be lost, not deleted; the agent cannot tell.
+                let first_of_store = shown.generation != self.agent_generation;
+                if first_of_store {
+                    self.judge_loss(&shown);
+                    self.agent_generation = shown.generation;
+                }
+                for (key, (intent, at, generation)) in &self.intent {
+                    let valid = shown.keys.get(key).and_then(|v| {
+                        gitlab_haproxy_agent::model::value::parse_value(v.as_bytes()).ok()
+                    });
+                    // Absence shows a delete only as absence (an invalid
+                    // value written since hides it), and not in the first
+                    // answer of a store that lost data.
+                    let shows = !shown.hidden.contains(key)
+                        && match intent {
+                            Some(_) => valid == *intent,
+                            None => !shown.keys.contains_key(key) && !first_of_store,
+                        };
+                    if shows && shown.epoch >= *at && shown.generation == *generation {
+                        self.known.insert(key.clone());
+                    }
+                }
+            }
+        }
+        self.next = out.next;
+    }
+
+    /// The first answer from a store that lost data: if it leaves no trace
+    /// the agent can see, the agent cannot hold what it lost.
+    fn judge_loss(&mut self, shown: &Shown) {
+        let Some(served) = self.before_applied.as_ref() else {
+            return;
+        };
+        let id_gone = served.store_id.is_some()
+            && shown.keys.get("~store-id").map(|v| v.as_str().into()) != served.store_id;
+        let lower = shown.index < served.index;
+        if id_gone || lower {
+            return;
+        }
+        let keys: Vec<String> = self.known.iter().cloned().collect();
+        for key in keys {
+            let (intent, _, _) = self.intent[&key];
+            let shows = shown
+                .keys
+                .get(&key)
+                .and_then(|v| gitlab_haproxy_agent::model::value::parse_value(v.as_bytes()).ok());
+            if shows != intent {
+                self.known.remove(&key);
+            }
+        }
+    }
+
+    fn restart(&mut self, keep_file: bool) {
+        if !keep_file {
+            self.file = None;
+            self.known.clear();
+        }
+        let restored = if self.restore {
+            self.file.clone()
+        } else {
+            None
+        };
+        let mut cfg = config(self.rules);
+        cfg.stale = self.stale;
+        self.core = Core::new(cfg, restored);
+        self.snapshot = self.core.served().map(|s| s.snapshot());
+        self.next = self.core.start();
+        self.parked = None;
+        self.shown = None;
+    }
+
+    /// HAProxy asks about one server; then the invariant.
+    fn ask(&mut self, server: usize) -> Result<(), String> {
+        let line = SERVERS[server];
+        if let Some(snapshot) = &self.snapshot {
+            if let Answer::State { state, .. } = snapshot.lookup(line.iter().copied()) {
+                self.haproxy[server] = match state {
+                    AdminState::Drain => Admin::Drain,
+                    AdminState::Maint => Admin::Maint,
+                    _ => Admin::Ready,
+                };
+            }
+        }
+        // The intent that decides: the first identity with a valid intent.
+        // The agent could know it once it knew each identity up to it.
+        let decided = line
+            .iter()
+            .position(|id| self.intent.get(*id).is_some_and(|(v, _, _)| v.is_some()));
+        if let Some(p) = decided {
+            let key = line[p];
+            let state = self.intent[key].0.expect("decided by a value");
+            let out = matches!(state, AdminState::Drain | AdminState::Maint);
+            let known = line[..=p].iter().all(|id| self.known.contains(*id));
+            if out && self.haproxy[server] == Admin::Ready && known {
+                return Err(format!(
+                    "server {server} ({}) READY while {key} = {state} (agent serves {:?})",
+                    line.join(" "),
+                    self.snapshot
+                        .as_ref()
+                        .map(|s| s.lookup(line.iter().copied()))
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, event: &Event) -> Result<(), String> {
+        self.step += 1;
+        match *event {
+            Event::Deliver { follower, lagging } => {
+                if let Some(r) = self.respond(follower, lagging) {
+                    self.deliver(r);
+                }
+            }
+            Event::WaitEnd => {
+                if self.up
+                    && matches!(self.next.request, Request::Prefix { index, .. } if index > 0)
+                {
+                    let policy = self.parked.take().unwrap_or_else(|| self.policy.clone());
+                    let follower = self.stale_config();
+                    let r = self.prefix_response(follower, false, &policy);
+                    self.deliver(r);
+                }
+            }
+            Event::Write { key, value } => self.write(KEYS[key], VALUES[value], true),
+            Event::Put { key, value } => self.write(KEYS[key], VALUES[value], false),
+            Event::PutInvalid { key, value } => self.write(KEYS[key], INVALID[value], false),
+            Event::Delete { key } => self.delete(KEYS[key]),
+            Event::Txn { a, b } => {
+                // One index for both: apply to a copy, then stamp.
+                let before = self.leader.index;
+                for (key, value) in [a, b] {
+                    match value {
+                        Some(v) => self.write(KEYS[key], VALUES[v], true),
+                        None => self.delete(KEYS[key]),
+                    }
+                }
+                let at = self.leader.index;
+                for (_, (_, m)) in self.leader.kv.iter_mut() {
+                    if *m > before {
+                        *m = before + 1;
+                    }
+                }
+                for m in self.leader.tombstones.values_mut() {
+                    if *m > before {
+                        *m = before + 1;
+                    }
+                }
+                let _ = at;
+                self.leader.index = before + 1;
+            }
+            Event::Other => {
+                self.leader.index += 1;
+                let i = self.leader.index;
+                self.leader.kv.insert("other/x".into(), (i.to_string(), i));
+            }
+            Event::Release => {
+                if self.leader.value("~store-id").is_none() {
+                    let id = format!("gen{}", self.leader.generation);
+                    self.leader.set("~store-id", &id);
+                }
+                let n = self.step.to_string();
+                self.leader.set("~release-rollback", &n);
+                // The operator takes Consul's values as the intent.
+                for key in KEYS {
+                    let now = self.leader.value(key).map(str::to_string);
+                    match now {
+                        None => self.set_intent(key, None),
+                        Some(v) => {
+                            if let Ok(s) =
+                                gitlab_haproxy_agent::model::value::parse_value(v.as_bytes())
+                            {
+                                if self.intent.get(*key).map(|(i, _, _)| *i) != Some(Some(s)) {
+                                    self.set_intent(key, Some(s));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Event::ConsulDown => self.up = false,
+            Event::ConsulUp => self.up = true,
+            Event::DevRestart => self.lose_data(Store::default()),
+            Event::Rebuild { ahead } => {
+                let next = Store {
+                    index: self.leader.index + ahead,
+                    ..Store::default()
+                };
+                self.lose_data(next);
+            }
+            Event::RestoreOld => {
+                if let Some(old) = self.old.clone() {
+                    self.lose_data(old);
+                }
+            }
+            Event::Backup => self.old = Some(self.leader.clone()),
+            Event::Reap => {
+                self.leader.tombstones.clear();
+                self.mutated();
+            }
+            Event::CatchUp => self.follower = self.leader.clone(),
+            Event::Deny { key } => {
+                self.policy.denied.insert(KEYS[key].to_string());
+            }
+            Event::Allow { key } => {
+                self.policy.denied.remove(KEYS[key]);
+            }
+            Event::DenyPrefix => self.policy.prefix_denied = true,
+            Event::AllowPrefix => self.policy.prefix_denied = false,
+            Event::Restart { keep_file } => self.restart(keep_file),
+            Event::Ask { server } => return self.ask(server),
+            Event::Reload => self.haproxy = vec![Admin::Ready; SERVERS.len()],
+        }
+        Ok(())
+    }
+}
+
+/// The random schedule of `seed`: its settings (ACLs, stale reads) and its
+/// events.
+fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let acl = rng.bool();
+    let stale = rng.u8(..4) == 0;
+    let key = |rng: &mut fastrand::Rng| rng.usize(..KEYS.len());
+    let events = (0..steps)
+        .map(|_| match rng.u32(..1000) {
+            0..=349 => Event::Deliver {
+                follower: rng.bool(),
+                lagging: rng.u8(..10) == 0,
+            },
+            350..=549 => Event::Ask {
+                server: rng.usize(..SERVERS.len()),
+            },
+            550..=579 => Event::WaitEnd,
+            580..=659 => Event::Write {
+                key: key(&mut rng),
+                value: rng.usize(..VALUES.len()),
+            },
+            660..=689 => Event::Put {
+                key: key(&mut rng),
+                value: rng.usize(..VALUES.len()),
+            },
+            690..=729 => Event::PutInvalid {
+                key: key(&mut rng),
+                value: rng.usize(..INVALID.len()),
+            },
+            730..=779 => Event::Delete { key: key(&mut rng) },
+            780..=809 => {
+                let op = |rng: &mut fastrand::Rng| {
+                    (
+                        rng.usize(..KEYS.len()),
+                        (rng.u8(..3) > 0).then(|| rng.usize(..VALUES.len())),
+                    )
+                };
+                Event::Txn {
+                    a: op(&mut rng),
+                    b: op(&mut rng),
+                }
+            }
+            810..=829 => Event::Other,
+            830..=839 => Event::Release,
+            840..=854 => Event::ConsulDown,
+            855..=874 => Event::ConsulUp,
+            875..=879 => Event::DevRestart,
+            880..=884 => Event::Rebuild {
+                ahead: rng.u64(1..50),
+            },
+            885..=889 => Event::RestoreOld,
+            977..=984 => Event::Backup,
+            890..=899 => Event::Reap,
+            900..=929 => Event::CatchUp,
+            930..=939 => Event::Deny { key: key(&mut rng) },
+            940..=954 => Event::Allow { key: key(&mut rng) },
+            955..=957 => Event::DenyPrefix,
+            958..=963 => Event::AllowPrefix,
+            964..=973 => Event::Restart { keep_file: true },
+            974..=976 => Event::Restart { keep_file: false },
+            _ => Event::Reload,
+        })
+        .collect();
+    (acl, stale, events)
+}
+
+/// Runs `events`; the index of the first violating event and its message.
+fn run(
+    rules: Rules,
+    restore: bool,
+    acl: bool,
+    stale: bool,
+    events: &[Event],
+) -> Option<(usize, String)> {
+    run_traced(rules, restore, acl, stale, events, false)
+}
+
+/// [`run`], printing the state after each event when `trace`.
+fn run_traced(
+    rules: Rules,
+    restore: bool,
+    acl: bool,
+    stale: bool,
+    events: &[Event],
+    trace: bool,
+) -> Option<(usize, String)> {
+    let mut sim = Sim::new(rules, restore, acl, stale);
+    for (i, event) in events.iter().enumerate() {
+        let result = sim.apply(event);
+        if trace {
+            let served: Vec<String> = sim
+                .core
+                .served()
+                .map(|s| {
+                    s.keys
+                        .iter()
+                        .map(|(k, r)| format!("{k}={:?}/{:?}", r.served, r.hold.map(|h| h.cause)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            println!(
+                "{i:3} {event:?}\n     next {:?} store {:?} idx {} served {served:?} known {:?}",
+                sim.next.request,
+                sim.leader
+                    .kv
+                    .iter()
+                    .map(|(k, (v, m))| format!("{k}={v}@{m}"))
+                    .collect::<Vec<_>>(),
+                sim.leader.prefix_index(),
+                sim.known
+            );
+        }
+        if let Err(e) = result {
+            return Some((i, e));
+        }
+    }
+    None
+}
+
+/// The shortest sub-schedule found that still violates: whole chunks
+/// removed first, then single events, until no removal keeps it violating.
+fn shrink(rules: Rules, restore: bool, acl: bool, stale: bool, events: &[Event]) -> Vec<Event> {
+    let violates = |ev: &[Event]| run(rules, restore, acl, stale, ev).is_some();
+    let mut current: Vec<Event> = match run(rules, restore, acl, stale, events) {
+        Some((i, _)) => events[..=i].to_vec(),
+        None => return events.to_vec(),
+    };
+    loop {
+        let before = current.len();
+        let mut chunk = current.len() / 2;
+        while chunk >= 1 {
+            let mut start = 0;
+            while start < current.len() {
+                let end = (start + chunk).min(current.len());
+                let mut candidate = current[..start].to_vec();
+                candidate.extend_from_slice(&current[end..]);
+                if violates(&candidate) {
+                    current = candidate;
+                } else {
+                    start += chunk;
+                }
+            }
+            chunk /= 2;
+        }
+        if current.len() == before {
+            return current;
+        }
+    }
+}
+
+/// Runs `seeds` schedules of `steps` events; the first violation, shrunk and
+/// printed as a replay.
+fn explore(
+    rules: Rules,
+    restore: bool,
+    seeds: std::ops::Range<u64>,
+    steps: usize,
+) -> Result<u64, String> {
+    let mut total = 0;
+    for seed in seeds {
+        let (acl, stale, events) = schedule(seed, steps);
+        total += events.len() as u64;
+        if let Some((i, message)) = run(rules, restore, acl, stale, &events) {
+            let short = shrink(rules, restore, acl, stale, &events);
+            let mut replay = String::new();
+            for e in &short {
+                let _ = writeln!(replay, "  {e:?}");
+            }
+            let trace = std::env::var_os("GHA_SIM_TRACE").is_some();
+            let last = run_traced(rules, restore, acl, stale, &short, trace)
+                .map(|(_, m)| m)
+                .unwrap_or_default();
+            return Err(format!(
+                "seed {seed} (acl {acl}, stale {stale}) violated at event {i}: {message}\n\
+                 shortest replay ({} events), ending: {last}\n{replay}",
+                short.len()
+            ));
+        }
+    }
+    Ok(total)
+}
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[test]
+fn a_million_steps_of_faults_never_put_a_drained_server_back() {
+    let steps = env_or("GHA_SIM_STEPS", 250) as usize;
+    let seeds = match std::env::var("GHA_SIM_SEED")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        Some(seed) => seed..seed + 1,
+        None => 0..env_or("GHA_SIM_SEEDS", 4_000),
+    };
+    let started = Instant::now();
+    match explore(Rules::default(), true, seeds.clone(), steps) {
+        Ok(total) => println!(
+            "simulation: {} seeds, {total} steps, 0 violations in {:.1} s",
+            seeds.end - seeds.start,
+            started.elapsed().as_secs_f64()
+        ),
+        Err(report) => panic!("{report}"),
+    }
+}
+
+/// Each rule has a reason to exist: with it off, the simulation finds the
+/// path it closes within a few hundred seeds.
+fn finds_a_violation(rules: Rules, restore: bool, what: &str) {
+    match explore(rules, restore, 0..2_000, 250) {
+        Ok(_) => panic!("with {what} off, 2,000 seeds found no violation: the simulation cannot see what the rule prevents"),
+        Err(report) => println!("with {what} off:\n{report}"),
+    }
+}
+
+#[test]
+fn without_the_state_file_a_restart_undrains() {
+    finds_a_violation(Rules::default(), false, "restoring the state file");
+}
+
+#[test]
+fn without_direct_reads_a_denied_key_reads_as_deleted() {
+    let rules = Rules {
+        probe_missing: false,
+        ..Rules::default()
+    };
+    finds_a_violation(rules, true, "direct reads of lacking keys");
+}
+
+#[test]
+fn without_the_store_id_a_store_rebuilt_ahead_undrains() {
+    let rules = Rules {
+        store_id: false,
+        ..Rules::default()
+    };
+    finds_a_violation(rules, true, "the store id");
+}
+
+#[test]
+fn an_invalid_row_key_does_not_hide_a_group_drain_through_a_reload() {
+    // Path 2 of the safety review, as a replay: canary = drain, the first
+    // value ever of web/s1 is invalid, HAProxy reloads.
+    let events = [
+        Event::Deliver {
+            follower: false,
+            lagging: false,
+        },
+        Event::Deliver {
+            follower: false,
+            lagging: false,
+        },
+        Event::Write { key: 3, value: 0 },
+        Event::Deliver {
+            follower: false,
+            lagging: false,
+        },
+        Event::PutInvalid { key: 0, value: 1 },
+        Event::Deliver {
+            follower: false,
+            lagging: false,
+        },
+        Event::Reload,
+        Event::Ask { server: 0 },
+    ];
+    let mut sim = Sim::new(Rules::default(), true, false, false);
+    for e in &events {
+        sim.apply(e).unwrap();
+    }
+    assert_eq!(sim.haproxy[0], Admin::Drain);
+}

@@ -148,6 +148,16 @@ struct Store {
 }
 
 impl Store {
+    /// A new store: Raft has applied a few entries (the leader election,
+    /// the catalog) before the first KV write, so its index is past 1 and an
+    /// empty store is never taken for one at index 1 (Consul clamps 0 to 1).
+    fn fresh() -> Store {
+        Store {
+            index: 10,
+            ..Store::default()
+        }
+    }
+
     fn prefix_index(&self) -> u64 {
         let under = self
             .kv
@@ -281,8 +291,8 @@ impl Sim {
             stale,
             restore,
             acl,
-            leader: Store::default(),
-            follower: Store::default(),
+            leader: Store::fresh(),
+            follower: Store::fresh(),
             old: None,
             up: true,
             policy: Policy::default(),
@@ -682,11 +692,11 @@ impl Sim {
             }
             Event::ConsulDown => self.up = false,
             Event::ConsulUp => self.up = true,
-            Event::DevRestart => self.lose_data(Store::default()),
+            Event::DevRestart => self.lose_data(Store::fresh()),
             Event::Rebuild { ahead } => {
                 let next = Store {
                     index: self.leader.index + ahead,
-                    ..Store::default()
+                    ..Store::fresh()
                 };
                 self.lose_data(next);
             }

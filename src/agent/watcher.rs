@@ -214,6 +214,19 @@ impl Watcher {
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
         let (response, error) = match result {
+            Ok(Response::ReadCheck { allowed: false }) => {
+                // Refused like a failed read: counted, shown as the last
+                // error, and the served state kept.
+                let e = ConsulError::Status {
+                    status: reqwest::StatusCode::FORBIDDEN,
+                    body: format!(
+                        "read check: the token may not read every key under {}",
+                        self.config.prefix
+                    ),
+                };
+                metrics.consul_request(ConsulOutcome::from(&e));
+                (Response::ReadCheck { allowed: false }, Some(e))
+            }
             Ok(response) => (response, None),
             Err(e) => {
                 metrics.consul_request(ConsulOutcome::from(&e));

@@ -531,10 +531,13 @@ impl Core {
             }
         }
         // The index did not move, yet Consul shows something else: only a
-        // store that lost data (restarted, restored) answers so.
+        // store that lost data (restarted, restored) answers so. With ACLs
+        // on, keys shown or not at the same index may be a policy's doing
+        // (a query parked under another one): only a key shown with another
+        // ModifyIndex tells then.
         if !rolled_back
             && served_index.is_some_and(|i| view.index <= i)
-            && !self.shows_the_same(&view)
+            && self.rewritten(&view, acl_on)
         {
             out.notes.push(Note::NotMoved { index: view.index });
             rolled_back = true;
@@ -577,6 +580,8 @@ impl Core {
             out.notes.push(Note::Refused(Refused::HidesWrites));
             self.full_read = true;
             self.fresh = true;
+            // A policy narrowed since the last check is the likely cause.
+            self.token_checked = None;
             return self.prefix_read(Delay::None);
         }
         self.fresh = false;
@@ -595,6 +600,23 @@ impl Core {
             store_check: StoreCheck::None,
         });
         self.proceed(now, out)
+    }
+
+    /// Whether `view`, at an index not past the served one, shows Consul's
+    /// keys otherwise than the served state: a key with another ModifyIndex,
+    /// or (with ACLs off, where nothing is filtered) any difference.
+    fn rewritten(&self, view: &AnswerView, acl_on: bool) -> bool {
+        let Some(served) = &self.served else {
+            return false;
+        };
+        let moved = view.keys.iter().any(|(k, c)| {
+            served
+                .keys
+                .get(k)
+                .and_then(|r| r.consul.as_ref())
+                .is_some_and(|s| s.modify_index != c.modify_index)
+        });
+        moved || (!acl_on && !self.shows_the_same(view))
     }
 
     /// Whether `view` shows exactly what the served state shows of Consul.
@@ -699,7 +721,12 @@ impl Core {
             KeyRead::Absent => (Probe::Absent, "absent"),
             KeyRead::Forbidden => (Probe::Forbidden, "forbidden"),
         };
-        if probe != Probe::Forbidden {
+        if probe == Probe::Forbidden {
+            // The token's policy changed: read the token file again (a
+            // rotated token), and check its read access before applying.
+            out.reload_token = true;
+            p.read_check = Some(u64::MAX);
+        } else {
             p.store_check = StoreCheck::Due;
         }
         out.notes.push(Note::Probed {

@@ -224,7 +224,12 @@ fn with_acls_on_a_lacking_key_is_read_directly() {
                 index: Some(9),
             },
         );
-        if read != KeyRead::Forbidden {
+        if read == KeyRead::Forbidden {
+            // A 403: the token's read access is checked before applying.
+            assert!(out.reload_token);
+            assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+            out = step(&mut c, Response::ReadCheck { allowed: true });
+        } else {
             assert_eq!(asks(&out), &key("~store-id"), "{read:?}");
             assert_eq!(served(&c, "canary"), Some(Drain), "nothing applied yet");
             out = no_store_id(&mut c, 9);
@@ -249,8 +254,15 @@ fn a_hidden_key_is_read_again_and_released_once_readable() {
             index: None,
         },
     );
+    step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(hold(&c, "canary"), Some(HoldCause::Hidden));
     let out = step(&mut c, prefix(7, &[("x", "ready", 7)]));
+    assert_eq!(
+        asks(&out),
+        &Request::ReadCheck { stale: false },
+        "a new token"
+    );
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(asks(&out), &key("canary"));
     step(
         &mut c,
@@ -664,11 +676,15 @@ fn an_answer_past_every_key_it_shows_is_read_once_more() {
     let out = step(&mut c, prefix(8, &[("canary", "drain", 5)]));
     assert_eq!(out.notes, vec![Note::Refused(Refused::HidesWrites)]);
     assert_eq!(asks(&out), &blocks_on(0));
-    // The fresh read shows the hidden key; the same view again is applied.
+    // The fresh read shows the hidden key, and the token's read access is
+    // checked (a narrowed policy is the likely cause); the same view again
+    // is applied.
     let out = step(
         &mut c,
         prefix(8, &[("canary", "drain", 5), ("web/a", "maint", 8)]),
     );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(served(&c, "web/a"), Some(Maint));
     assert_eq!(asks(&out), &blocks_on(8));
     let out = step(
@@ -680,6 +696,10 @@ fn an_answer_past_every_key_it_shows_is_read_once_more() {
         &mut c,
         prefix(9, &[("canary", "drain", 5), ("web/a", "maint", 8)]),
     );
+    let out = match asks(&out) {
+        Request::ReadCheck { .. } => step(&mut c, Response::ReadCheck { allowed: true }),
+        _ => out,
+    };
     assert_eq!(asks(&out), &blocks_on(9), "applied: no second fresh read");
 }
 
@@ -707,4 +727,45 @@ fn requests_name_their_consistency() {
     }
     .to_leader());
     assert!(!Request::ReadCheck { stale: true }.to_leader());
+}
+
+#[test]
+fn the_same_index_with_a_key_rewritten_is_lost_data_but_a_filtered_view_is_not() {
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(5, &[("canary", "drain", 5), ("x", "ready", 4)]),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    // A query parked under a narrower policy ends at the same index
+    // without `canary`: read directly, not taken for lost data.
+    let out = step(&mut c, prefix(5, &[("x", "ready", 4)]));
+    assert!(!out.notes.iter().any(|n| matches!(n, Note::NotMoved { .. })));
+    assert_eq!(asks(&out), &key("canary"));
+    let present = Response::Key {
+        read: KeyRead::Present(pair("canary", "drain", 5)),
+        index: Some(5),
+    };
+    step(&mut c, present);
+    no_store_id(&mut c, 5);
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    assert_eq!(hold(&c, "canary"), None);
+    // The same index with `canary` at another ModifyIndex: only a store
+    // that lost data answers so.
+    let out = step(
+        &mut c,
+        prefix(5, &[("canary", "ready", 3), ("x", "ready", 4)]),
+    );
+    assert!(out.notes.contains(&Note::NotMoved { index: 5 }));
+    assert_eq!(served(&c, "canary"), Some(Drain));
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
+    // With ACLs off nothing is filtered: any other view is lost data.
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(5, &[("canary", "drain", 5), ("x", "ready", 4)]),
+    );
+    let out = step(&mut c, prefix(5, &[("x", "ready", 4)]));
+    assert!(out.notes.contains(&Note::NotMoved { index: 5 }));
+    assert_eq!(served(&c, "canary"), Some(Drain));
 }

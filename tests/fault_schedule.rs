@@ -1207,12 +1207,21 @@ impl Model<'_> {
         }
     }
 
+    /// Whether `[from, to]` meets the time after a HAProxy reload in which
+    /// a server is READY until its first agent answer: one `agent-inter`
+    /// (plus slack) after the new worker, or, if the agent stopped before
+    /// HAProxy could ask it, until as long after the agent is back.
     fn in_reload_window(&self, from: f64, to: f64) -> bool {
         let extra = INTER_MS as f64 / 1000.0 + RELOAD_SLACK;
-        self.t
-            .reloads
-            .iter()
-            .any(|w| w.from <= to && w.to + extra >= from)
+        self.t.reloads.iter().any(|w| {
+            let mut end = w.to + extra;
+            for a in &self.t.absent {
+                if a.from <= end && a.to >= w.from {
+                    end = end.max(a.to + extra);
+                }
+            }
+            w.from <= to && end >= from
+        })
     }
 
     fn step_at(&self, at: f64) -> Option<&StepRun> {

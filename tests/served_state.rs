@@ -6,8 +6,7 @@
 //! that confirm an answer are slow (the fake Consul, which can slow them on
 //! demand).
 //!
-//! Each test is one of the paths of issue 22 by which a drained server went
-//! back into rotation.
+//! Each test is one way a drained server once went back into rotation.
 
 mod fake_consul;
 mod support;

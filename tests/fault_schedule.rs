@@ -5,22 +5,39 @@
 //! reloaded with SIGUSR2), a real one-server Consul that keeps its data
 //! across restarts, with ACLs on, and the agent binary: row and group writes,
 //! deletes, invalid values, transactions, agent SIGTERM and SIGKILL with
-//! restarts, HAProxy reloads, Consul restarts, and changes to the policy of
-//! the agent's token (narrowed, then restored). A thread reads `show servers
-//! state` every ~100 ms. Afterwards every reading is judged against what the
-//! README's KV contract and safety rules promise:
+//! restarts that keep the served-state file, lose it (a new empty state
+//! directory) or find it corrupt, HAProxy reloads, Consul restarts, and
+//! changes to the policy of the agent's token (narrowed, then restored). A
+//! thread reads `show servers state` every ~100 ms. Afterwards every reading
+//! is judged against what the README's KV contract and safety rules promise:
 //!
-//! - a server is never READY while the value that decides it (the first
-//!   identity on its agent-send line that has a key) has been `drain` or
-//!   `maint` for longer than [`GRACE`] of time the agent could see it,
-//!   except within one `agent-inter` (plus slack) after a HAProxy reload;
-//! - an invalid value keeps answering the key's last valid value while the
-//!   agent runs; with no valid value known to the running agent (it started
-//!   after the invalid write) it gets no answer, so HAProxy keeps its state:
-//!   a server may then go READY only through a reload;
+//! - a server is never READY while the value that decides it has been
+//!   `drain` or `maint` for longer than [`GRACE`] of time the agent could see
+//!   it, except within one `agent-inter` (plus slack) after a HAProxy reload;
+//! - the value that decides is that of the first identity on the agent-send
+//!   line that has a key, with one exception: a key whose value the agent
+//!   cannot know is skipped, and the next identity decides; if no later
+//!   identity has a key, there is no answer (HAProxy keeps its state, and a
+//!   server may go READY only through a reload);
+//! - a key's value is unknowable, until the key is written again, when the
+//!   key is invalid and the agent knows none of its valid values in the
+//!   key's current life: it started after the invalid write with no state
+//!   file (lost or corrupt), or the valid value was written and replaced
+//!   while it was away or blind. What an agent knows is what it or, through
+//!   restarts that kept the state file, the agents before it saw. An invalid
+//!   key with a known valid value answers that value. A key hidden from the
+//!   token keeps the value the agent last saw (below); one the agent never
+//!   saw because it was hidden, or because Consul lost it, is unknowable in
+//!   the same way. This schedule restarts no agent while the token is
+//!   narrowed, and its Consul keeps its data, so those two do not arise
+//!   here: tests/served_state.rs covers them;
 //! - while the token cannot read the whole prefix, or Consul is down, the
 //!   agent serves its last copy;
 //! - every server ends at its desired state and weight.
+//!
+//! The state directory is given to the agent in the environment
+//! (`GITLAB_HAPROXY_AGENT_STATE_DIR`). Seeds run [`PARALLEL`] at a time
+//! (`GHA_FAULT_PARALLEL`), each with its own ports and processes.
 //!
 //! The schedule is generated from the seed alone, so a seed replays the same
 //! steps: `scripts/fault-schedule.sh --steps N SEED`. `GHA_FAULT_SEEDS` (seeds
@@ -59,12 +76,17 @@ const RELOAD_SLACK: f64 = 1.0;
 /// the agent's copy (it reads within ~100 ms of a write).
 const SEEN: f64 = 0.3;
 
-/// The seeds CI runs, and their length: about two minutes in
-/// all. Together they have every fault kind (`ci_seeds_cover_every_fault_kind`),
-/// and each has a drain followed by an invalid value or a token narrowed
-/// while writes go on.
-const CI_SEEDS: &[u64] = &[4, 7, 10, 45, 53];
-const CI_STEPS: usize = 20;
+/// The seeds CI runs, and their length. Together they have every fault
+/// kind (`ci_seeds_cover_every_fault_kind`).
+const CI_SEEDS: &[u64] = &[4, 7, 10, 45, 53, 1, 2, 3, 5, 6];
+const CI_STEPS: usize = 60;
+
+/// The pause after each step, milliseconds: drawn in this range.
+const GAP_MS: (u64, u64) = (200, 600);
+
+/// Schedules run at once (`GHA_FAULT_PARALLEL` overrides), each with its
+/// own Consul, HAProxy, agent and ports.
+const PARALLEL: usize = 3;
 
 /// The enrolled servers: backend, server, agent-send identities in order.
 const SERVERS: &[(&str, &str, &[&str])] = &[
@@ -185,6 +207,29 @@ impl Policy {
     }
 }
 
+/// What an agent restart does to the served-state file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StateFile {
+    /// The same state directory, untouched: the new agent knows what the
+    /// old one served.
+    Kept,
+    /// A new, empty state directory (a new host, a lost volume): no memory.
+    Lost,
+    /// The same directory with the file overwritten by garbage: unreadable,
+    /// so no memory.
+    Corrupt,
+}
+
+impl StateFile {
+    fn name(self) -> &'static str {
+        match self {
+            StateFile::Kept => "state file kept",
+            StateFile::Lost => "state file lost",
+            StateFile::Corrupt => "state file corrupt",
+        }
+    }
+}
+
 /// One step of a schedule.
 #[derive(Debug, Clone, PartialEq)]
 enum Step {
@@ -199,8 +244,13 @@ enum Step {
     Txn {
         ops: Vec<(&'static str, Option<&'static str>)>,
     },
-    /// Stop the agent, keep it down for `down_ms`, start it again.
-    AgentRestart { signal: StopSignal, down_ms: u64 },
+    /// Stop the agent, keep it down for `down_ms`, start it again with its
+    /// state directory as `state` says.
+    AgentRestart {
+        signal: StopSignal,
+        down_ms: u64,
+        state: StateFile,
+    },
     /// SIGUSR2 to HAProxy's master: a new worker from the config.
     HaproxyReload,
     /// Stop Consul, keep it down for `down_ms`, start it on the same data.
@@ -226,14 +276,18 @@ impl Step {
             Step::Delete { key } if is_group(key) => "group delete",
             Step::Delete { .. } => "row delete",
             Step::Txn { .. } => "transaction",
-            Step::AgentRestart {
-                signal: StopSignal::Term,
-                ..
-            } => "agent SIGTERM + restart",
-            Step::AgentRestart {
-                signal: StopSignal::Kill,
-                ..
-            } => "agent SIGKILL + restart",
+            Step::AgentRestart { signal, state, .. } => match (signal, state) {
+                (StopSignal::Term, StateFile::Kept) => "agent SIGTERM + restart, state file kept",
+                (StopSignal::Term, StateFile::Lost) => "agent SIGTERM + restart, state file lost",
+                (StopSignal::Term, StateFile::Corrupt) => {
+                    "agent SIGTERM + restart, state file corrupt"
+                }
+                (StopSignal::Kill, StateFile::Kept) => "agent SIGKILL + restart, state file kept",
+                (StopSignal::Kill, StateFile::Lost) => "agent SIGKILL + restart, state file lost",
+                (StopSignal::Kill, StateFile::Corrupt) => {
+                    "agent SIGKILL + restart, state file corrupt"
+                }
+            },
             Step::HaproxyReload => "HAProxy reload",
             Step::ConsulRestart {
                 signal: StopSignal::Term,
@@ -265,8 +319,15 @@ impl Step {
                     .collect();
                 format!("txn [{}]", ops.join(", "))
             }
-            Step::AgentRestart { signal, down_ms } => {
-                format!("agent {signal:?}, down {down_ms} ms, restart")
+            Step::AgentRestart {
+                signal,
+                down_ms,
+                state,
+            } => {
+                format!(
+                    "agent {signal:?}, down {down_ms} ms, restart ({})",
+                    state.name()
+                )
             }
             Step::HaproxyReload => "HAProxy reload (USR2)".into(),
             Step::ConsulRestart { signal, down_ms } => {
@@ -330,6 +391,10 @@ fn generate(seed: u64, steps: usize) -> Vec<Planned> {
 /// the seed, the length and `without`).
 fn generate_without(seed: u64, steps: usize, without: &[&str]) -> Vec<Planned> {
     let mut rng = fastrand::Rng::with_seed(seed);
+    // The state file's fate at each agent restart comes from a stream of
+    // its own, so the other steps of a seed are what they were before
+    // restarts had a state file.
+    let mut files = fastrand::Rng::with_seed(seed ^ 0x5157_a7e0_f11e_5eed);
     let mut kv: BTreeMap<&'static str, &'static str> = BTreeMap::new();
     let mut narrowed_for: Option<usize> = None;
     let mut plan = Vec::with_capacity(steps + 1);
@@ -352,6 +417,11 @@ fn generate_without(seed: u64, steps: usize, without: &[&str]) -> Vec<Planned> {
                         StopSignal::Kill
                     },
                     down_ms: rng.u64(0..1500),
+                    state: match files.u8(..100) {
+                        0..=54 => StateFile::Kept,
+                        55..=84 => StateFile::Lost,
+                        _ => StateFile::Corrupt,
+                    },
                 },
                 55..=68 => Step::HaproxyReload,
                 69..=76 => Step::ConsulRestart {
@@ -389,9 +459,11 @@ fn generate_without(seed: u64, steps: usize, without: &[&str]) -> Vec<Planned> {
             (_, n) => n.map(|n| n + 1),
         };
         apply_to(&mut kv, &step);
+        // Drawn as before, then mapped onto GAP_MS.
+        let drawn = rng.u64(350..1000);
         plan.push(Planned {
             step,
-            gap_ms: rng.u64(350..1000),
+            gap_ms: GAP_MS.0 + (drawn - 350) * (GAP_MS.1 - GAP_MS.0) / 650,
         });
     }
     if narrowed_for.is_some() {
@@ -499,6 +571,9 @@ struct KvWrite {
 struct Instance {
     ready: f64,
     stop: f64,
+    /// Started with the state file the previous process left: it knows
+    /// what that one served.
+    remembers: bool,
 }
 
 /// A step as run.
@@ -555,6 +630,9 @@ struct Rig {
     http_port: u16,
     token_file: PathBuf,
     policy_id: String,
+    /// The agent's state directory now; replaced by an empty one when a
+    /// restart loses the file.
+    state_dir: TempDir,
     logs: Vec<String>,
     _dir: TempDir,
 }
@@ -602,6 +680,7 @@ impl Rig {
             http_port,
             token_file,
             policy_id,
+            state_dir: TempDir::new("fault-schedule-state"),
             logs: Vec::new(),
             _dir: dir,
         };
@@ -611,6 +690,7 @@ impl Rig {
         timeline.instances.push(Instance {
             ready,
             stop: f64::INFINITY,
+            remembers: false,
         });
         timeline.catchups.push((spawn, ready));
         rig
@@ -620,13 +700,18 @@ impl Rig {
         self.epoch.elapsed().as_secs_f64()
     }
 
-    /// Starts the agent on its ports and waits (up to 20 s) until it is
-    /// ready.
+    /// Starts the agent on its ports with its state directory (given in
+    /// the environment, `GITLAB_HAPROXY_AGENT_STATE_DIR`, as a settings
+    /// file would) and waits (up to 20 s) until it is ready.
     fn spawn_agent(&mut self) {
-        let agent = Agent::spawn_on(
+        let agent = Agent::spawn_env(
             &self.consul.url(),
             self.agent_port,
             self.http_port,
+            &[(
+                "GITLAB_HAPROXY_AGENT_STATE_DIR",
+                self.state_dir.path().to_str().unwrap(),
+            )],
             &[
                 "--consul-token-file",
                 self.token_file.to_str().unwrap(),
@@ -743,7 +828,11 @@ impl Rig {
                     });
                 }
             }
-            Step::AgentRestart { signal, down_ms } => {
+            Step::AgentRestart {
+                signal,
+                down_ms,
+                state,
+            } => {
                 let mut agent = self.agent.take().expect("agent running");
                 match signal {
                     StopSignal::Term => {
@@ -760,6 +849,11 @@ impl Rig {
                 if let Some(last) = timeline.instances.last_mut() {
                     last.stop = b;
                 }
+                match state {
+                    StateFile::Kept => {}
+                    StateFile::Lost => self.state_dir = TempDir::new("fault-schedule-state"),
+                    StateFile::Corrupt => corrupt_files(self.state_dir.path()),
+                }
                 std::thread::sleep(Duration::from_millis(*down_ms));
                 let spawn = self.now();
                 self.spawn_agent();
@@ -767,6 +861,7 @@ impl Rig {
                 timeline.instances.push(Instance {
                     ready,
                     stop: f64::INFINITY,
+                    remembers: *state == StateFile::Kept,
                 });
                 timeline.catchups.push((spawn, ready));
                 let y = self.catch_up(index, timeline);
@@ -832,6 +927,22 @@ impl Rig {
     }
 }
 
+/// Overwrites every file in `dir` with bytes no state file can be (and
+/// writes `served-state.json` so if there was none).
+fn corrupt_files(dir: &std::path::Path) {
+    let garbage = b"{\"served\": [not json\x00\xff";
+    let mut any = false;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            std::fs::write(entry.path(), garbage).unwrap();
+            any = true;
+        }
+    }
+    if !any {
+        std::fs::write(dir.join("served-state.json"), garbage).unwrap();
+    }
+}
+
 /// The answers the running agent may give for a server at one moment:
 /// `Some(state)`, or `None` for no answer.
 type Candidates = BTreeSet<Option<Desired>>;
@@ -884,36 +995,49 @@ enum Seen {
 }
 
 impl Model<'_> {
-    /// The agent instance running (or being restarted into) at `at`.
-    fn instance(&self, at: f64) -> Option<&Instance> {
-        self.t
+    /// The agent instance running (or being restarted into) at `at`, and
+    /// the ones before it whose memory it has through kept state files:
+    /// the agents whose copies add up to what it knows.
+    fn memory(&self, at: f64) -> Option<Vec<&Instance>> {
+        let i = self
+            .t
             .instances
             .iter()
-            .rev()
-            .find(|i| i.ready <= at && at < i.stop)
+            .rposition(|i| i.ready <= at && at < i.stop)?;
+        let mut out = vec![&self.t.instances[i]];
+        let mut j = i;
+        while j > 0 && self.t.instances[j].remembers {
+            j -= 1;
+            out.push(&self.t.instances[j]);
+        }
+        Some(out)
     }
 
-    /// Whether `inst` held a value current from `from` to `to` in its copy.
-    fn seen(&self, inst: &Instance, from: f64, to: f64) -> Seen {
-        if self
-            .t
-            .catchups
-            .iter()
-            .any(|&(x, y)| y >= inst.ready && y <= inst.stop && from <= x && to >= y)
-        {
-            return Seen::Yes;
-        }
-        // Time within [from, to] the instance was synced and could read.
-        let lo = from.max(inst.ready);
-        let hi = to.min(inst.stop);
-        if hi <= lo {
-            return Seen::No;
-        }
-        let mut visible = hi - lo;
-        for w in &self.t.blind {
-            let (l, h) = (w.from.max(lo), w.to.min(hi));
-            if h > l {
-                visible -= h - l;
+    /// Whether one of `memory` held a value current from `from` to `to` in
+    /// its copy.
+    fn seen(&self, memory: &[&Instance], from: f64, to: f64) -> Seen {
+        let mut visible = 0.0;
+        for inst in memory {
+            if self
+                .t
+                .catchups
+                .iter()
+                .any(|&(x, y)| y >= inst.ready && y <= inst.stop && from <= x && to >= y)
+            {
+                return Seen::Yes;
+            }
+            // Time within [from, to] the instance was synced and could read.
+            let lo = from.max(inst.ready);
+            let hi = to.min(inst.stop);
+            if hi <= lo {
+                continue;
+            }
+            visible += hi - lo;
+            for w in &self.t.blind {
+                let (l, h) = (w.from.max(lo), w.to.min(hi));
+                if h > l {
+                    visible -= h - l;
+                }
             }
         }
         if visible >= SEEN {
@@ -925,11 +1049,13 @@ impl Model<'_> {
         }
     }
 
-    /// The possible answers for a key whose value, after write `upto`
+    /// The possible held values of a key whose value, after write `upto`
     /// (index into `writes`), is invalid: its last valid value in the key's
-    /// current life that the instance running at `at` has seen.
-    fn hold(&self, key: &str, upto: usize, at: f64) -> Candidates {
-        let mut out = Candidates::new();
+    /// current life that the agent running at `at` knows (itself or through
+    /// kept state files), and `true` if it may know none (the key is then
+    /// unknowable, and skipped, until written again).
+    fn hold(&self, key: &str, upto: usize, memory: &[&Instance]) -> (BTreeSet<Desired>, bool) {
+        let mut out = BTreeSet::new();
         let history: Vec<&KvWrite> = self.t.writes[..=upto]
             .iter()
             .filter(|w| w.key == key)
@@ -938,27 +1064,22 @@ impl Model<'_> {
             .iter()
             .rposition(|w| w.value.is_none())
             .map_or(0, |p| p + 1);
-        let Some(inst) = self.instance(at) else {
-            out.insert(None);
-            return out;
-        };
         for i in (life..history.len().saturating_sub(1)).rev() {
             let Some(v) = history[i].value.and_then(parse) else {
                 continue;
             };
-            match self.seen(inst, history[i].a, history[i + 1].b) {
+            match self.seen(memory, history[i].a, history[i + 1].b) {
                 Seen::Yes => {
-                    out.insert(Some(v));
-                    return out;
+                    out.insert(v);
+                    return (out, false);
                 }
                 Seen::Maybe => {
-                    out.insert(Some(v));
+                    out.insert(v);
                 }
                 Seen::No => {}
             }
         }
-        out.insert(None);
-        out
+        (out, true)
     }
 
     /// The possible answers for `ids` with the KV as after write `upto`
@@ -969,28 +1090,54 @@ impl Model<'_> {
         kv: &BTreeMap<&'static str, (Option<&'static str>, usize)>,
         at: f64,
     ) -> (Candidates, String) {
-        for id in ids {
-            if let Some(&(Some(raw), upto)) = kv.get(id) {
-                return match parse(raw) {
-                    Some(d) => (Candidates::from([Some(d)]), format!("{id}={raw:?}")),
-                    None => {
-                        let held = self.hold(id, upto, at);
-                        let shown: Vec<String> = held
-                            .iter()
-                            .map(|d| d.map_or("no answer".into(), |d| format!("{d:?}")))
-                            .collect();
-                        (
-                            held,
-                            format!("{id}={raw:?} (invalid; held: {})", shown.join(" or ")),
-                        )
-                    }
+        self.answers_from(ids, kv, self.memory(at).as_deref(), false)
+    }
+
+    /// [`Model::answers`] for the identities `ids` with what the agent
+    /// knows (`None`: no agent runs), the ones before them skipped
+    /// (`skipped`: an invalid key with no value known came first, so no key
+    /// at all means no answer, not ready).
+    fn answers_from(
+        &self,
+        ids: &[&str],
+        kv: &BTreeMap<&'static str, (Option<&'static str>, usize)>,
+        memory: Option<&[&Instance]>,
+        skipped: bool,
+    ) -> (Candidates, String) {
+        for (n, id) in ids.iter().enumerate() {
+            let Some(&(Some(raw), upto)) = kv.get(id) else {
+                continue;
+            };
+            let Some(d) = parse(raw) else {
+                let Some(memory) = memory else {
+                    return (
+                        Candidates::from([None]),
+                        format!("{id}={raw:?} (invalid; no agent)"),
+                    );
                 };
-            }
+                let (held, unknowable) = self.hold(id, upto, memory);
+                let mut out: Candidates = held.iter().map(|d| Some(*d)).collect();
+                let mut shown: Vec<String> = held.iter().map(|d| format!("{d:?}")).collect();
+                if unknowable {
+                    let (rest, why) = self.answers_from(&ids[n + 1..], kv, Some(memory), true);
+                    out.extend(rest);
+                    shown.push(format!("skipped for {why}"));
+                }
+                return (
+                    out,
+                    format!("{id}={raw:?} (invalid; held: {})", shown.join(" or ")),
+                );
+            };
+            return (Candidates::from([Some(d)]), format!("{id}={raw:?}"));
         }
-        (
-            Candidates::from([Some(Desired::Ready(100))]),
-            "no key".into(),
-        )
+        if skipped {
+            (Candidates::from([None]), "no later key: no answer".into())
+        } else {
+            (
+                Candidates::from([Some(Desired::Ready(100))]),
+                "no key".into(),
+            )
+        }
     }
 
     /// A server's answers over time: (b, a, candidates, what decides, the
@@ -1060,12 +1207,21 @@ impl Model<'_> {
         }
     }
 
+    /// Whether `[from, to]` meets the time after a HAProxy reload in which
+    /// a server is READY until its first agent answer: one `agent-inter`
+    /// (plus slack) after the new worker, or, if the agent stopped before
+    /// HAProxy could ask it, until as long after the agent is back.
     fn in_reload_window(&self, from: f64, to: f64) -> bool {
         let extra = INTER_MS as f64 / 1000.0 + RELOAD_SLACK;
-        self.t
-            .reloads
-            .iter()
-            .any(|w| w.from <= to && w.to + extra >= from)
+        self.t.reloads.iter().any(|w| {
+            let mut end = w.to + extra;
+            for a in &self.t.absent {
+                if a.from <= end && a.to >= w.from {
+                    end = end.max(a.to + extra);
+                }
+            }
+            w.from <= to && end >= from
+        })
     }
 
     fn step_at(&self, at: f64) -> Option<&StepRun> {
@@ -1466,6 +1622,48 @@ fn without() -> Vec<&'static str> {
         .collect()
 }
 
+/// How many schedules run at once: `GHA_FAULT_PARALLEL`, else [`PARALLEL`].
+fn parallel() -> usize {
+    std::env::var("GHA_FAULT_PARALLEL")
+        .ok()
+        .map(|s| s.parse().expect("GHA_FAULT_PARALLEL: an integer"))
+        .unwrap_or(PARALLEL)
+        .max(1)
+}
+
+/// Runs the schedule of every seed, `parallel` at a time; the outcomes in
+/// the order of `seeds`, a harness panic as its message.
+fn run_all(
+    seeds: &[u64],
+    steps: usize,
+    without: &[&'static str],
+    parallel: usize,
+) -> Vec<(u64, Result<Outcome, String>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.min(seeds.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let Some(&seed) = seeds.get(i) else { break };
+                let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                    run_schedule(seed, steps, without)
+                }))
+                .map_err(|e| {
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_default()
+                });
+                done.lock().unwrap().push((i, seed, outcome));
+            });
+        }
+    });
+    let mut done = done.into_inner().unwrap();
+    done.sort_by_key(|(i, _, _)| *i);
+    done.into_iter().map(|(_, seed, o)| (seed, o)).collect()
+}
+
 fn seeds_and_steps() -> (Vec<u64>, usize) {
     let seeds = std::env::var("GHA_FAULT_SEEDS")
         .ok()
@@ -1500,8 +1698,6 @@ fn ci_seeds_cover_every_fault_kind() {
         "row delete",
         "group delete",
         "transaction",
-        "agent SIGTERM + restart",
-        "agent SIGKILL + restart",
         "HAProxy reload",
         "Consul SIGTERM + restart",
         "Consul SIGKILL + restart",
@@ -1511,6 +1707,20 @@ fn ci_seeds_cover_every_fault_kind() {
         "token restored",
     ] {
         assert!(kinds.contains(want), "no CI seed has a {want:?} step");
+    }
+    // Agent restarts by either signal, keeping, losing and corrupting the
+    // state file (not every pairing).
+    for want in [
+        "agent SIGTERM + restart",
+        "agent SIGKILL + restart",
+        "state file kept",
+        "state file lost",
+        "state file corrupt",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k.contains(want)),
+            "no CI seed has a {want:?} step"
+        );
     }
     // The same seed gives the same schedule.
     assert_eq!(generate(7, 40), generate(7, 40));
@@ -1534,18 +1744,14 @@ fn drained_servers_stay_out_under_a_seeded_fault_schedule() {
         format!("--steps {steps} --without {}", without.join(","))
     };
     let (mut total_steps, mut total_samples, mut total_violations) = (0, 0, 0);
+    let mut schedule_seconds = 0.0;
     let mut failed: Vec<(u64, String)> = Vec::new();
-    for &seed in &seeds {
-        let outcome =
-            std::panic::catch_unwind(AssertUnwindSafe(|| run_schedule(seed, steps, &without)));
+    let started = Instant::now();
+    let parallel = parallel();
+    for (seed, outcome) in run_all(&seeds, steps, &without, parallel) {
         let outcome = match outcome {
             Ok(o) => o,
-            Err(e) => {
-                let msg = e
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
+            Err(msg) => {
                 say!("seed {seed}: the harness failed: {msg}");
                 failed.push((seed, "harness failure".into()));
                 total_violations += 1;
@@ -1554,6 +1760,7 @@ fn drained_servers_stay_out_under_a_seeded_fault_schedule() {
         };
         total_steps += outcome.steps;
         total_samples += outcome.samples;
+        schedule_seconds += outcome.seconds;
         total_violations += outcome.violations.len();
         say!(
             "seed {seed}: {} steps, {} samples ({} failed reads), {} violations, {} servers with no single end state, {:.1} s",
@@ -1592,6 +1799,11 @@ fn drained_servers_stay_out_under_a_seeded_fault_schedule() {
     say!(
         "{} schedules, {total_steps} steps, {total_samples} samples, {total_violations} violations",
         seeds.len()
+    );
+    say!(
+        "{:.2} s per step within a schedule (start and end included); {:.1} s in all, {parallel} at a time",
+        schedule_seconds / total_steps.max(1) as f64,
+        started.elapsed().as_secs_f64()
     );
     for (seed, kinds) in &failed {
         say!("FAILED seed {seed} ({kinds}): replay with scripts/fault-schedule.sh {replay} {seed}");

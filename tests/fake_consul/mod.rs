@@ -15,6 +15,11 @@
 //! answered from the store at once and recorded apart
 //! ([`FakeConsul::key_reads`]). Every request is recorded on arrival with its
 //! time and its `index` and `wait` parameters, then with the reply chosen.
+//! `GET /v1/acl/token/self` answers as a Consul with ACLs off (401 `ACL
+//! support disabled`) unless [`FakeConsul::set_acl_enabled`] says otherwise.
+//! [`FakeConsul::set_slow_reads`] delays non-blocking GETs (no `index` or
+//! `index=0`: key reads, key lists, the token lookup; recursive reads of
+//! the prefix by a delay of their own) by a fixed time; each then succeeds.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, VecDeque};
@@ -179,6 +184,17 @@ pub struct Record {
     pub answered_at: Option<Instant>,
 }
 
+/// A read delayed by [`FakeConsul::set_slow_reads`].
+#[derive(Debug, Clone)]
+pub struct SlowRead {
+    /// Path and query, e.g. `/v1/kv/gitlab-haproxy-agent/state/canary?`.
+    pub target: String,
+    /// When it arrived.
+    pub at: Instant,
+    /// When it was answered; `None` while it waits.
+    pub answered_at: Option<Instant>,
+}
+
 #[derive(Default)]
 struct State {
     /// Full key -> (value, ModifyIndex).
@@ -190,6 +206,14 @@ struct State {
     /// Paths of plain (non-recursive) key reads, in order.
     key_reads: Vec<String>,
     key_lists: Vec<String>,
+    /// `GET /v1/acl/token/self` answers 200 (ACLs on) rather than 401.
+    acl_enabled: bool,
+    token_lookups: usize,
+    /// Delay before answering a non-blocking GET: one not recursive, one
+    /// recursive.
+    slow_reads: (Option<Duration>, Option<Duration>),
+    /// Every delayed read: path and query, arrived, answered.
+    slow_log: Vec<SlowRead>,
 }
 
 struct Inner {
@@ -360,6 +384,32 @@ impl FakeConsul {
         self.inner.state.lock().unwrap().key_lists.clone()
     }
 
+    /// Makes `GET /v1/acl/token/self` answer as Consul does with ACLs on
+    /// (200 and the token, here the anonymous one) or off (401 `ACL support
+    /// disabled`, the default).
+    pub fn set_acl_enabled(&self, enabled: bool) {
+        self.with_state(|s| s.acl_enabled = enabled);
+    }
+
+    /// How many times `GET /v1/acl/token/self` was asked.
+    pub fn token_lookups(&self) -> usize {
+        self.inner.state.lock().unwrap().token_lookups
+    }
+
+    /// Delays every non-blocking GET (no `index`, or `index=0`) before it
+    /// is answered as usual: by `delay` if it is not recursive (a key, a key
+    /// list, the token), by `prefix_delay` if it is a recursive read of a
+    /// prefix. `None` answers them at once. Blocking queries are never
+    /// delayed.
+    pub fn set_slow_reads(&self, delay: Option<Duration>, prefix_delay: Option<Duration>) {
+        self.with_state(|s| s.slow_reads = (delay, prefix_delay));
+    }
+
+    /// Every read delayed by [`FakeConsul::set_slow_reads`], in order.
+    pub fn slow_reads(&self) -> Vec<SlowRead> {
+        self.inner.state.lock().unwrap().slow_log.clone()
+    }
+
     /// Scripted replies not served yet.
     pub fn pending(&self) -> usize {
         self.inner.state.lock().unwrap().script.len()
@@ -459,6 +509,35 @@ async fn answer(inner: &Inner, req: Request<Incoming>) -> Response<FakeBody> {
     let at = Instant::now();
     let path = req.uri().path().to_string();
     let query = req.uri().query().unwrap_or("").to_string();
+    let blocking = query_param(&query, "index")
+        .and_then(|i| i.parse::<u64>().ok())
+        .is_some_and(|i| i > 0);
+    let slow = {
+        let mut s = inner.state.lock().unwrap();
+        let delay = if query_param(&query, "recurse").is_some() {
+            s.slow_reads.1
+        } else {
+            s.slow_reads.0
+        };
+        match delay {
+            Some(d) if !blocking && req.method() == hyper::Method::GET => {
+                s.slow_log.push(SlowRead {
+                    target: format!("{path}?{query}"),
+                    at,
+                    answered_at: None,
+                });
+                Some((d, s.slow_log.len() - 1))
+            }
+            _ => None,
+        }
+    };
+    if let Some((delay, n)) = slow {
+        tokio::time::sleep(delay).await;
+        inner.state.lock().unwrap().slow_log[n].answered_at = Some(Instant::now());
+    }
+    if path == "/v1/acl/token/self" {
+        return token_self(inner);
+    }
     if query_param(&query, "keys").is_some() {
         return key_list(inner, path);
     }
@@ -618,6 +697,31 @@ fn key_list(inner: &Inner, path: String) -> Response<FakeBody> {
         .header("Content-Type", "application/json")
         .header("X-Consul-Index", index)
         .body(FakeBody::full(body))
+        .unwrap()
+}
+
+/// `GET /v1/acl/token/self`: the anonymous token with ACLs on, Consul
+/// 1.8's 401 with ACLs off.
+fn token_self(inner: &Inner) -> Response<FakeBody> {
+    let mut s = inner.state.lock().unwrap();
+    s.token_lookups += 1;
+    if !s.acl_enabled {
+        return plain(401, "ACL support disabled");
+    }
+    let body = serde_json::json!({
+        "AccessorID": "00000000-0000-0000-0000-000000000002",
+        "SecretID": "anonymous",
+        "Description": "Anonymous Token",
+        "Policies": [],
+        "Local": false,
+        "CreateIndex": 5,
+        "ModifyIndex": 5,
+    });
+    Response::builder()
+        .status(200)
+        .header("Content-Type", "application/json")
+        .header("X-Consul-Index", s.index.to_string())
+        .body(FakeBody::full(serde_json::to_vec(&body).unwrap()))
         .unwrap()
 }
 

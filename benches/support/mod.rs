@@ -2,12 +2,14 @@
 //! real Consul, real HAProxy and the agent binary as child processes on free
 //! loopback ports, each stopped by its PID when dropped) plus what only the
 //! benchmark needs: agents of a given binary on their own prefix, bulk KV
-//! writes by transaction, and readers of /proc for CPU time, resident
-//! memory, open descriptors and context switches.
+//! writes by transaction, readers of /proc for CPU time, resident memory,
+//! open descriptors and context switches, and the machine description and
+//! recording every run shares.
 #![allow(dead_code)]
 
 pub mod floor;
 pub mod load;
+pub mod report;
 
 #[path = "../../tests/support/mod.rs"]
 mod harness;

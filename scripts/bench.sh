@@ -12,15 +12,24 @@
 #                                three-server Consul cluster with client
 #                                agents (benches/fleet.rs; about 20 minutes,
 #                                8 GB of memory, every core busy)
+#   ./scripts/bench.sh --consul-cost   instead: Consul requests and bytes per
+#                                KV change, the agent beside `consul watch
+#                                -type=keyprefix`, ACLs off and on, default
+#                                and stale reads (benches/consul_cost.rs;
+#                                about 2 minutes; needs only consul)
 #
 # Other options are passed to the benchmark: --no-record, --quick,
 # --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
 # measured beside this one); with --fleet: --agents N,N, --writes N,
-# --outage-secs S.
+# --outage-secs S; with --consul-cost: --keys N.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-for tool in consul haproxy; do
+tools="consul haproxy"
+if [ "${1:-}" = "--consul-cost" ]; then
+  tools=consul
+fi
+for tool in $tools; do
   if ! command -v "$tool" >/dev/null; then
     echo "bench.sh: $tool not found; run scripts/install-deps.sh as root first" >&2
     exit 1
@@ -33,5 +42,9 @@ if [ "${1:-}" = "--fleet" ]; then
   # Thousands of agents, each with its own descriptors and threads.
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
   exec cargo bench --locked --bench fleet -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
+fi
+if [ "${1:-}" = "--consul-cost" ]; then
+  shift
+  exec cargo bench --locked --bench consul_cost -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
 fi
 exec cargo bench --locked --bench agent -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"

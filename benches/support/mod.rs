@@ -2,12 +2,15 @@
 //! real Consul, real HAProxy and the agent binary as child processes on free
 //! loopback ports, each stopped by its PID when dropped) plus what only the
 //! benchmark needs: agents of a given binary on their own prefix, bulk KV
-//! writes by transaction, and readers of /proc for CPU time, resident
-//! memory, open descriptors and context switches.
+//! writes by transaction, readers of /proc for CPU time, resident memory,
+//! open descriptors and context switches, a counting proxy for Consul
+//! traffic, and the machine description and recording every run shares.
 #![allow(dead_code)]
 
 pub mod floor;
 pub mod load;
+pub mod proxy;
+pub mod report;
 
 #[path = "../../tests/support/mod.rs"]
 mod harness;
@@ -35,9 +38,42 @@ impl Consul {
         Consul(harness::Consul::start_with(&["-log-level", "warn"]))
     }
 
+    /// Starts Consul with ACLs on (default policy deny) and
+    /// `master_token` as the management token the harness's own requests
+    /// carry.
+    pub fn start_acl(master_token: &str) -> Consul {
+        Consul(harness::Consul::start_acl(master_token))
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         self.0.url()
+    }
+
+    /// The HTTP address.
+    pub fn addr(&self) -> SocketAddr {
+        self.0.addr()
+    }
+
+    /// Any HTTP request (with the management token when ACLs are on):
+    /// (status, headers by lower-case name, body).
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &[u8],
+    ) -> (u16, HashMap<String, String>, Vec<u8>) {
+        self.0.request(method, path, body)
+    }
+
+    /// Deletes the full key `key`.
+    pub fn delete(&self, key: &str) {
+        let (status, _, body) = self.0.request("DELETE", &format!("/v1/kv/{key}"), b"");
+        assert!(
+            status == 200 && body.trim_ascii() == b"true",
+            "DELETE {key}: {status} {}",
+            String::from_utf8_lossy(&body)
+        );
     }
 
     /// The PID.

@@ -422,7 +422,7 @@ impl Watcher {
                 metrics.consul_index_resets.inc();
                 warn!(
                     consul_index = index,
-                    previous, "X-Consul-Index went backwards: Consul's data may be older; drain, maint and weights that vanished or went ready are held"
+                    previous, "X-Consul-Index went backwards: Consul's data went backwards (a restart or a restore); drain and maint that would be undone are held"
                 );
             }
             Note::StoreChanged { previous, now } => {
@@ -430,7 +430,7 @@ impl Watcher {
                 warn!(
                     previous = %previous,
                     now = now.as_deref().unwrap_or("absent"),
-                    "the store id below the prefix vanished or changed: Consul lost its data; drain, maint and weights that vanished or went ready are held"
+                    "the store id below the prefix vanished or changed: Consul's data went backwards (a rebuilt or restarted store); drain and maint that would be undone are held"
                 );
             }
             Note::NotMoved { index } => warn!(
@@ -523,7 +523,7 @@ fn log_change(change: &Change, index: u64) {
         ),
         Change::Invalid { key, error, held } => match held {
             Some(state) => {
-                warn!(key = %key, error = %error, held = %state, consul_index = index, "invalid value; still answering the key's last valid state (held) until a valid one is written")
+                warn!(key = %key, error = %error, held = %state, consul_index = index, "invalid value; answering the key's last valid value (held) until a valid one is written")
             }
             None => {
                 warn!(key = %key, error = %error, consul_index = index, "invalid value with no valid state known: skipped, the next identity on the line decides")
@@ -547,9 +547,9 @@ fn log_change(change: &Change, index: u64) {
 /// opens an outage: the last state when there is one, no answer before.
 fn outage_note(serving: bool) -> &'static str {
     if serving {
-        "serving the last state"
+        "serving the last copy"
     } else {
-        "no state yet, answering nobody"
+        "not synced yet, answering nobody"
     }
 }
 
@@ -559,8 +559,8 @@ mod tests {
 
     #[test]
     fn an_outage_without_a_state_is_not_logged_as_serving_one() {
-        assert_eq!(outage_note(true), "serving the last state");
-        assert_eq!(outage_note(false), "no state yet, answering nobody");
+        assert_eq!(outage_note(true), "serving the last copy");
+        assert_eq!(outage_note(false), "not synced yet, answering nobody");
     }
 
     #[test]

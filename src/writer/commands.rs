@@ -405,8 +405,15 @@ impl Writer {
             .enumerate()
             .map(|(i, id)| {
                 let value = raw.get(id).map(|p| display_value(&p.value));
+                let skipped = matches!(
+                    snapshot.keys.get(*id).map(|k| &k.entry),
+                    Some(Entry::Invalid(_))
+                );
                 let role = match (deciding, &value) {
                     (Some(d), _) if d == i => "decides",
+                    (_, Some(_)) if skipped => {
+                        "skipped (an invalid value; the agent answers its last valid value if it knew one)"
+                    }
                     (Some(d), Some(_)) if i > d => "not read (an earlier identity decides)",
                     (_, None) => "no key",
                     (_, Some(_)) => "not read",
@@ -439,14 +446,30 @@ impl Writer {
             Answer::State {
                 state,
                 decided_by: Some(d),
-            } => (
-                Some(reply_text(state)),
-                format!(
-                    "{} (decided by key {} = {state})",
-                    reply_text(state),
-                    ids[d]
-                ),
-            ),
+            } => {
+                let skipped: Vec<String> = ids[..d]
+                    .iter()
+                    .filter_map(|id| match snapshot.keys.get(*id).map(|k| &k.entry) {
+                        Some(Entry::Invalid(e)) => {
+                            Some(format!("key {id} holds an invalid value ({e}), skipped"))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let skipped = if skipped.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", skipped.join("; "))
+                };
+                (
+                    Some(reply_text(state)),
+                    format!(
+                        "{} (decided by key {} = {state}{skipped})",
+                        reply_text(state),
+                        ids[d]
+                    ),
+                )
+            }
             Answer::State {
                 state,
                 decided_by: None,
@@ -462,8 +485,9 @@ impl Writer {
                 (
                     None,
                     format!(
-                        "none: key {} holds an invalid value ({why}); the agent closes the \
-                         connection and HAProxy keeps the server's current state",
+                        "none: key {} holds an invalid value ({why}) and no later identity \
+                         has a key; the agent closes the connection and HAProxy keeps the \
+                         server's current state",
                         ids[decided_by]
                     ),
                 )

@@ -10,7 +10,8 @@
 #     ready by the manifest's probes, no sooner than their thresholds allow;
 #  5. a drain written to KV reaches HAProxy in the pod within agent-inter;
 #  6. the agent container is restarted: HAProxy keeps running with its
-#     state, no drained or maintained server flips to ready, and the pod is
+#     state, no drained or maintained server flips to ready, the new agent
+#     starts from the state file in the pod's emptyDir, and the pod is
 #     ready again;
 #  7. the image serves a CPU profile that `go tool pprof` reads.
 #
@@ -213,6 +214,13 @@ samples=$(grep -c web-01 "$work/states.log" || true)
 [ "$samples" -ge 20 ] || fail "only $samples samples of HAProxy's state during the restart"
 bad=$(grep web-01 "$work/states.log" | grep -v "web-01 8 web-02 1 web-cny-01 0" | head -3 || true)
 [ -z "$bad" ] || fail "a server changed state while the agent restarted: $bad"
+# The restarted container answered from the state file the first one wrote
+# to the pod's emptyDir.
+in_pod curl -sf -m 5 http://127.0.0.1:9778/status | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["state_file"]
+sys.exit(0 if s["loaded"] and s["path"] == "/var/lib/gitlab-haproxy-agent/served-state.json" else 1)
+' || fail "the restarted agent did not start from its state file"
 say "agent restarted (PID $agent_pid -> $new_agent_pid), pod ready again $(( $(now_ms) - restart_ms - agent_inter_ms * 2 )) ms after the restart; HAProxy (PID $haproxy_pid) kept web-01 drained and web-02 in maint in all $samples samples"
 # --- 7. The image profiles itself, under agent-checks sent as fast as one
 # client can.

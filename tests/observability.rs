@@ -118,6 +118,10 @@ struct Rig {
 
 fn rig() -> Rig {
     let consul = Consul::start();
+    // A store the writer has written to has a store id; without one
+    // GitLabHAProxyAgentNoStoreId would be pending, and this is a healthy
+    // fleet.
+    consul.put("~store-id", "5f0c2a9e8d7b4c31a6e2f90b1d4c7e58");
     consul.put("canary", "drain");
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();

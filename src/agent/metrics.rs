@@ -168,8 +168,9 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_connections_in_flight`: agent-check connections
     /// being served.
     pub connections_in_flight: IntGauge,
-    /// `gitlab_haproxy_agent_connections_refused_total`: connections closed at
-    /// once because `--max-connections` were in flight.
+    /// `gitlab_haproxy_agent_connections_refused_total`: agent-check
+    /// connections closed unanswered at the `--max-connections` cap: the one
+    /// that had waited longest for its line, to make room for a new one.
     pub connections_refused: IntCounter,
     /// `gitlab_haproxy_agent_accept_errors_total`: failed accepts (EMFILE and
     /// the like), after each of which the responder backs off briefly.
@@ -372,7 +373,7 @@ impl Metrics {
 
         let connections_refused = IntCounter::with_opts(opts(
             "connections_refused_total",
-            "Agent-check connections closed at once because the connection cap was reached.",
+            "Agent-check connections closed unanswered at the connection cap: the one that had waited longest for its line, to make room.",
         ))
         .unwrap();
         reg(Box::new(connections_refused.clone()));

@@ -199,8 +199,21 @@ pub struct Metrics {
     /// `failed` (the profiler could not start or report).
     pub profiles: IntCounterVec,
     /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
-    /// because no complete request came within the header timeout.
+    /// because no complete request came within
+    /// [`crate::agent::http::REQUEST_READ_TIMEOUT`].
     pub http_idle_closed: IntCounter,
+    /// `gitlab_haproxy_agent_http_bad_requests_total`: HTTP requests refused
+    /// as malformed, too large or carrying a body (answered 400, 413, 431 or
+    /// 505 and closed).
+    pub http_bad_requests: IntCounter,
+    /// `gitlab_haproxy_agent_http_write_timeouts_total`: HTTP answers cut
+    /// off because the client had not read them within
+    /// [`crate::agent::http::WRITE_TIMEOUT`].
+    pub http_write_timeouts: IntCounter,
+    /// `gitlab_haproxy_agent_http_busy_total`: HTTP requests answered 503
+    /// because every serving slot stayed taken for
+    /// [`crate::agent::http::SLOT_WAIT`].
+    pub http_busy: IntCounter,
 }
 
 /// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
@@ -454,10 +467,31 @@ impl Metrics {
 
         let http_idle_closed = IntCounter::with_opts(opts(
             "http_idle_closed_total",
-            "HTTP connections closed because no complete request came within the header timeout.",
+            "HTTP connections closed because no complete request came within the request timeout.",
         ))
         .unwrap();
         reg(Box::new(http_idle_closed.clone()));
+
+        let http_bad_requests = IntCounter::with_opts(opts(
+            "http_bad_requests_total",
+            "HTTP requests refused as malformed, too large or carrying a body.",
+        ))
+        .unwrap();
+        reg(Box::new(http_bad_requests.clone()));
+
+        let http_write_timeouts = IntCounter::with_opts(opts(
+            "http_write_timeouts_total",
+            "HTTP answers cut off because the client did not read them within the write timeout.",
+        ))
+        .unwrap();
+        reg(Box::new(http_write_timeouts.clone()));
+
+        let http_busy = IntCounter::with_opts(opts(
+            "http_busy_total",
+            "HTTP requests answered 503 because every serving slot stayed taken for 2 s.",
+        ))
+        .unwrap();
+        reg(Box::new(http_busy.clone()));
 
         #[cfg(target_os = "linux")]
         reg(Box::new(
@@ -492,6 +526,9 @@ impl Metrics {
             consul_last_contact,
             profiles,
             http_idle_closed,
+            http_bad_requests,
+            http_write_timeouts,
+            http_busy,
         }
     }
 

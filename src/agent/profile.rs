@@ -17,14 +17,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Response, StatusCode};
 use pprof::protos::Message as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::http::Answer;
 use crate::agent::shared::Shared;
 
 /// Samples per second: 99, as pprof-rs and Go's default of 100 (an odd
@@ -105,14 +102,6 @@ impl Drop for Slot {
     }
 }
 
-fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
-}
-
 /// Serves one profile request: 200 with the profile after `seconds`; 400 for
 /// a bad `seconds`; 409 (with `Retry-After`) while another profile runs; 500
 /// if the profiler fails; 503 if the agent shuts down meanwhile. Each
@@ -122,26 +111,19 @@ pub async fn serve(
     query: Option<&str>,
     shared: &Shared,
     shutdown: &CancellationToken,
-) -> Response<Full<Bytes>> {
+) -> Answer {
     let count = |outcome: &str| shared.metrics.profiles.with_label_values(&[outcome]).inc();
     let seconds = match parse_seconds(query) {
         Ok(s) => s,
         Err(e) => {
             count("bad_request");
-            return plain(StatusCode::BAD_REQUEST, format!("{e}\n"));
+            return Answer::plain(400, format!("{e}\n"));
         }
     };
     let Some(slot) = Slot::take() else {
         count("busy");
-        let mut r = plain(
-            StatusCode::CONFLICT,
-            "a profile is already being taken; one at a time\n".into(),
-        );
-        r.headers_mut().insert(
-            RETRY_AFTER,
-            MAX_SECONDS.to_string().parse().expect("digits"),
-        );
-        return r;
+        return Answer::plain(409, "a profile is already being taken; one at a time\n")
+            .with_header("Retry-After", MAX_SECONDS.to_string());
     };
     info!(seconds, ?format, "CPU profile started");
     let guard = match pprof::ProfilerGuardBuilder::default()
@@ -153,8 +135,8 @@ pub async fn serve(
         Err(e) => {
             count("failed");
             warn!(error = %e, "cannot start the CPU profiler");
-            return plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
+            return Answer::plain(
+                500,
                 format!(
                     "cannot start the profiler: {e} (it needs a writable temporary \
                      directory, $TMPDIR or /tmp, when first used)\n"
@@ -167,7 +149,7 @@ pub async fn serve(
         _ = shutdown.cancelled() => {
             drop(guard);
             count("failed");
-            return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
+            return Answer::plain(503, "shutting down\n");
         }
     }
     // Symbolising is CPU work of its own: off the async workers.
@@ -183,19 +165,12 @@ pub async fn serve(
         Ok((content_type, body)) => {
             count("ok");
             info!(seconds, bytes = body.len(), "CPU profile served");
-            Response::builder()
-                .status(StatusCode::OK)
-                .header(CONTENT_TYPE, content_type)
-                .body(Full::new(Bytes::from(body)))
-                .expect("static response parts are valid")
+            Answer::new(200, content_type, body)
         }
         Err(e) => {
             count("failed");
             warn!(error = %e, "CPU profile failed");
-            plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("profile failed: {e}\n"),
-            )
+            Answer::plain(500, format!("profile failed: {e}\n"))
         }
     }
 }

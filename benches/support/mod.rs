@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod floor;
+pub mod junk;
 pub mod load;
 
 #[path = "../../tests/support/mod.rs"]

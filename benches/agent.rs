@@ -24,11 +24,12 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
+use support::junk::{self, Junk, JunkSpec};
 use support::load::{self, quantile, LoadResult, LoadSpec};
 use support::report::{machine, record};
 use support::{
-    ask, context_switches, cpu_us, fd_count, free_port, load_average, status_kib, thread_count,
-    wait_every, AdminStates, Agent, Consul, Haproxy, Proc, TempDir,
+    ask, context_switches, cpu_us, fd_count, free_port, load_average, metric_sum, status_kib,
+    thread_count, wait_every, AdminStates, Agent, Consul, Haproxy, Proc, TempDir,
 };
 
 const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
@@ -49,6 +50,13 @@ const RESPONDER_BEGIN: &str = "<!-- bench:responder:begin -->";
 const RESPONDER_END: &str = "<!-- bench:responder:end -->";
 const SOAK_BEGIN: &str = "<!-- bench:soak:begin -->";
 const SOAK_END: &str = "<!-- bench:soak:end -->";
+const HOSTILE_BEGIN: &str = "<!-- bench:hostile:begin -->";
+const HOSTILE_END: &str = "<!-- bench:hostile:end -->";
+/// The most CPU per answered check the agent may use beside the hostile
+/// clients, as a multiple of the same run's figure without them.
+const HOSTILE_CPU_RATIO_TARGET: f64 = 1.5;
+/// The slowest a probe may be at the 99th percentile beside them, in ms.
+const HOSTILE_PROBE_P99_MS: f64 = 100.0;
 
 /// The benchmark's options (after `--` with cargo bench); an unknown or
 /// malformed option is refused with clap's message and exit status 2.
@@ -99,6 +107,11 @@ struct Args {
     /// same alternating slices (responder cost and callgrind only).
     #[arg(long, value_name = "PATH")]
     baseline_bin: Option<PathBuf>,
+    /// Run only the hostile-clients phase (agent-checks at 5,000/s beside
+    /// idle, one-byte and slow-reading clients and a stream of new lines)
+    /// and record it in the "Hostile clients" section.
+    #[arg(long, conflicts_with_all = ["soak", "responder"])]
+    hostile: bool,
     /// Short phases for a smoke run; records nothing.
     #[arg(long)]
     quick: bool,
@@ -682,6 +695,200 @@ fn responder(args: &Args, consul: &Consul, report: &mut Report, runs: usize) {
     report.info(
         S,
         "agent resident memory after the load",
+        mib(status_kib(agent.pid(), "VmRSS")),
+    );
+}
+
+/// Agent-checks at 5,000/s with and without hostile clients beside them, in
+/// alternating slices of one run: 1,000 idle connections on the agent-check
+/// port, 200 clients holding one byte of an HTTP request, 64 clients that
+/// ask for `/status` and never read it (each reconnecting when the agent
+/// closes it) and 1,000 new agent-send lines per second, against a rows
+/// table already full. A prober asks `/-/ready` and `/-/healthy` every 20 ms
+/// throughout. Figures: the agent's CPU per answered check (its own run
+/// time over the slice, the junk's cost included) and probe latency.
+fn hostile(args: &Args, consul: &Consul, report: &mut Report) {
+    section("hostile clients");
+    const S: &str = "hostile clients";
+    let keys: Vec<(String, String)> = (0..100)
+        .map(|i| {
+            (
+                format!("{DEFAULT_PREFIX}web/web-{i:04}"),
+                "ready".to_string(),
+            )
+        })
+        .collect();
+    consul.put_many(&keys);
+    let agent = Agent::spawn(&args.agent_bin, &consul.url(), DEFAULT_PREFIX, &[]);
+    agent.wait_ready(Duration::from_secs(30));
+    wait_keys(&agent, 100);
+    let slice = Duration::from_secs(if args.quick { 2 } else { 5 });
+    let rounds = if args.quick { 1 } else { 2 };
+    let spec = LoadSpec {
+        threads: PACED_THREADS,
+        duration: slice,
+        rate: Some(TARGET_RATE),
+        lines: check_lines(),
+        expect: Some(support::floor::REPLY),
+    };
+    // Fill the rows table (16,384) with lines never asked again, so every
+    // new line from here on replaces one.
+    let fill = LoadSpec {
+        threads: MAX_THREADS,
+        duration: Duration::from_secs(30),
+        rate: None,
+        lines: Arc::new(
+            (0..17_000)
+                .map(|i| format!("fill/f-{i:05}\n").into_bytes())
+                .collect(),
+        ),
+        expect: None,
+    };
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let filler = scope.spawn(|| load::run(agent.listen, &fill, &stop));
+        let filled = wait_every(Duration::from_secs(30), Duration::from_millis(100), || {
+            (agent.metric_sum("gitlab_haproxy_agent_answers_total") >= 17_000.0).then_some(())
+        });
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = filler.join();
+        assert!(filled.is_some(), "the rows table did not fill");
+    });
+    let _ = measured(
+        agent.pid(),
+        agent.listen,
+        &LoadSpec {
+            duration: Duration::from_secs(1),
+            ..spec.clone()
+        },
+    );
+    let junk_spec = JunkSpec {
+        idle: 1_000,
+        one_byte: 200,
+        slow_readers: 64,
+        unique_lines_per_sec: 1_000.0,
+    };
+    let (mut clean, mut dirty) = (LoadResult::default(), LoadResult::default());
+    let (mut clean_ns, mut dirty_ns) = (0u64, 0u64);
+    let (mut clean_probes, mut dirty_probes) = (Vec::new(), Vec::new());
+    let (mut clean_failed, mut dirty_failed) = (0u64, 0u64);
+    let (mut junk_connections, mut junk_lines) = (0u64, 0u64);
+    let with_probes =
+        |result: &mut LoadResult, ns: &mut u64, probes: &mut Vec<u32>, failed: &mut u64| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let prober = junk::probe(agent.http, Duration::from_millis(20), stop.clone());
+            let (r, c) = measured(agent.pid(), agent.listen, &spec);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let (latencies, f) = prober.join().unwrap();
+            result.merge(r);
+            *ns += c;
+            probes.extend(latencies);
+            *failed += f;
+        };
+    for _ in 0..rounds {
+        with_probes(
+            &mut clean,
+            &mut clean_ns,
+            &mut clean_probes,
+            &mut clean_failed,
+        );
+        let junk = Junk::start(agent.listen, agent.http, junk_spec);
+        std::thread::sleep(Duration::from_secs(2));
+        with_probes(
+            &mut dirty,
+            &mut dirty_ns,
+            &mut dirty_probes,
+            &mut dirty_failed,
+        );
+        junk_connections += junk.connections.load(std::sync::atomic::Ordering::Relaxed);
+        junk_lines += junk.lines.load(std::sync::atomic::Ordering::Relaxed);
+        drop(junk);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    clean_probes.sort_unstable();
+    dirty_probes.sort_unstable();
+    let per_check = |ns: u64, r: &LoadResult| ns as f64 / 1e3 / r.answered.max(1) as f64;
+    let (clean_us, dirty_us) = (per_check(clean_ns, &clean), per_check(dirty_ns, &dirty));
+    let ratio = dirty_us / clean_us;
+    let who = |r: &LoadResult| {
+        format!(
+            "{:.0} checks/s, p50 {:.3} / p99 {:.3} ms, {} failed",
+            r.rate(),
+            r.quantile_ms(0.50),
+            r.quantile_ms(0.99),
+            r.failed
+        )
+    };
+    let probe_ms = |p: &[u32], q: f64| quantile(p, q) as f64 / 1000.0;
+    report.info(S, "agent-checks, 5,000/s, no junk", who(&clean));
+    report.judge(
+        S,
+        "agent-checks, 5,000/s, beside the junk",
+        who(&dirty),
+        "none failed",
+        dirty.failed == 0,
+    );
+    report.info(
+        S,
+        "agent CPU per answered check, no junk / beside the junk",
+        format!("{clean_us:.1} / {dirty_us:.1} µs"),
+    );
+    report.judge(
+        S,
+        "CPU per check beside the junk / without",
+        format!("{ratio:.2}x"),
+        format!("<= {HOSTILE_CPU_RATIO_TARGET}x"),
+        ratio <= HOSTILE_CPU_RATIO_TARGET,
+    );
+    report.info(
+        S,
+        "probes (/-/ready, /-/healthy), no junk",
+        format!(
+            "{} probes, p50 {:.2} / p99 {:.2} / max {:.2} ms, {clean_failed} failed",
+            clean_probes.len(),
+            probe_ms(&clean_probes, 0.5),
+            probe_ms(&clean_probes, 0.99),
+            probe_ms(&clean_probes, 1.0),
+        ),
+    );
+    let dirty_p99 = probe_ms(&dirty_probes, 0.99);
+    report.judge(
+        S,
+        "probes (/-/ready, /-/healthy), beside the junk",
+        format!(
+            "{} probes, p50 {:.2} / p99 {dirty_p99:.2} / max {:.2} ms, {dirty_failed} failed",
+            dirty_probes.len(),
+            probe_ms(&dirty_probes, 0.5),
+            probe_ms(&dirty_probes, 1.0),
+        ),
+        format!("p99 < {HOSTILE_PROBE_P99_MS:.0} ms, none failed"),
+        dirty_p99 < HOSTILE_PROBE_P99_MS && dirty_failed == 0 && !dirty_probes.is_empty(),
+    );
+    let metrics = agent.metrics();
+    let m = |name: &str| metric_sum(&metrics, name);
+    report.info(
+        S,
+        "junk sent",
+        format!(
+            "{junk_connections} connections, {junk_lines} new lines ({} idle, {} one-byte, {} slow readers held)",
+            junk_spec.idle, junk_spec.one_byte, junk_spec.slow_readers
+        ),
+    );
+    report.info(
+        S,
+        "agent counters after the run",
+        format!(
+            "connections_refused {:.0}, http_idle_closed {:.0}, http_write_timeouts {:.0}, http_busy {:.0}, rows_seen {:.0}",
+            m("gitlab_haproxy_agent_connections_refused_total"),
+            m("gitlab_haproxy_agent_http_idle_closed_total"),
+            m("gitlab_haproxy_agent_http_write_timeouts_total"),
+            m("gitlab_haproxy_agent_http_busy_total"),
+            m("gitlab_haproxy_agent_rows_seen"),
+        ),
+    );
+    report.info(
+        S,
+        "agent resident memory after the run",
         mib(status_kib(agent.pid(), "VmRSS")),
     );
 }
@@ -1449,6 +1656,27 @@ fn main() {
                 args.soak_secs
             );
             record(SOAK_BEGIN, SOAK_END, &body);
+        }
+        return;
+    }
+
+    if args.hostile {
+        let consul = Consul::start();
+        let mut report = Report::default();
+        hostile(&args, &consul, &mut report);
+        let table = report.table();
+        let load_after = load_average();
+        let took = started.elapsed().as_secs();
+        println!("{table}");
+        println!(
+            "{} targets missed; run took {took} s; 1-minute load average {load_before} before, {load_after} after",
+            report.misses()
+        );
+        if args.record() {
+            let body = format!(
+                "Recorded by `./scripts/bench.sh --hostile` in {took} s; 1-minute load average {load_before} before, {load_after} after.\n\n{machine}\n{table}"
+            );
+            record(HOSTILE_BEGIN, HOSTILE_END, &body);
         }
         return;
     }

@@ -8,6 +8,8 @@
 #   ./scripts/bench.sh           the default run
 #   ./scripts/bench.sh --soak    the 10-minute soak at 2,000 checks/s instead
 #   ./scripts/bench.sh --responder   only footprint and responder cost, 3 runs
+#   ./scripts/bench.sh --hostile     only agent-checks beside hostile clients
+#                                (idle, one-byte, slow readers, new lines)
 #   ./scripts/bench.sh --fleet   instead: 1,000 and 5,000 agents on a
 #                                three-server Consul cluster with client
 #                                agents (benches/fleet.rs; about 20 minutes,

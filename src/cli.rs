@@ -162,7 +162,8 @@ pub struct AgentArgs {
 
     /// Agent-check connections waiting for their line at once; a check whose
     /// line is there at accept needs no slot and is answered even at the cap;
-    /// one that would have to wait beyond it is closed unanswered.
+    /// at the cap, the connection that has waited longest for its line is
+    /// closed unanswered to make room for a new one.
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS",

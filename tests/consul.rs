@@ -78,20 +78,30 @@ fn silent_clients_cannot_hold_slots() {
         .map(|_| TcpStream::connect(agent.listen).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(50));
-    // Both slots are taken: a third client that would have to wait for its
-    // line is closed unanswered at once.
+    // Both slots are taken: a third client that has to wait for its line
+    // takes the slot of the one that has waited longest, which is closed
+    // unanswered at once.
+    let mut silent = silent.into_iter();
+    let mut oldest = silent.next().unwrap();
     let mut third = TcpStream::connect(agent.listen).unwrap();
-    third
+    oldest
         .set_read_timeout(Some(Duration::from_secs(3)))
         .unwrap();
     let start = Instant::now();
-    assert_eq!(third.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    assert_eq!(oldest.read(&mut [0u8; 16]).unwrap_or(0), 0);
     assert!(start.elapsed() < Duration::from_millis(250));
     assert_eq!(
         agent.metric("gitlab_haproxy_agent_connections_refused_total"),
         1.0
     );
-    // The silent clients are cut off at the check timeout, freeing the slots.
+    third.write_all(b"web/web-01\n").unwrap();
+    third
+        .set_read_timeout(Some(Duration::from_secs(3)))
+        .unwrap();
+    let mut reply = String::new();
+    let _ = third.read_to_string(&mut reply);
+    assert_eq!(reply, "ready 100%\n");
+    // The other silent client is cut off at the check timeout.
     for mut s in silent {
         s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let start = Instant::now();
@@ -323,8 +333,8 @@ fn version_and_bad_options() {
 }
 
 /// A check whose line is already in the socket when it is accepted needs no
-/// slot: it is answered even while silent clients hold every slot. Only a
-/// connection that would have to wait is refused.
+/// slot: it is answered even while silent clients hold every slot, and
+/// none of them is closed for it.
 #[test]
 fn a_check_whose_line_is_there_is_answered_at_the_cap() {
     let consul = Consul::start();

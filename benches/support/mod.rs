@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod floor;
+pub mod junk;
 pub mod load;
 pub mod proxy;
 pub mod report;

@@ -2,18 +2,16 @@
 //! `/-/healthy`, `/-/ready`, `/status` (JSON for humans and tools) and
 //! on-demand CPU profiles under `/debug/pprof/` ([`crate::agent::profile`]).
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+pub mod request;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::header::CONTENT_TYPE;
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
 use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
@@ -23,31 +21,177 @@ use crate::agent::shared::Shared;
 use crate::decision::served::ServedState;
 use crate::decision::HoldCause;
 use crate::model::snapshot::Entry;
+use request::{Method, Read, Request};
 
-/// HTTP connections served at once (a request being read or answered): 64.
-/// Scrapers, probes and humans, not traffic.
+/// Requests answered at once (an answer being built or written): 64, one
+/// of which is kept for probes ([`PROBE_SLOTS`]). Scrapers, probes and
+/// humans, not traffic.
 pub const MAX_HTTP_CONNECTIONS: usize = 64;
 
-/// Connections accepted but not yet sending (no byte of a request yet): 512.
-/// They hold no serving slot, so idle connections cannot lock the port
-/// out; past this many, new connections wait in the listen backlog (and are
-/// accepted as soon as one of these is closed) rather than being dropped.
+/// Serving slots kept for `/-/ready` and `/-/healthy`: 1. A probe's answer
+/// is a few bytes written at once, so one slot serves every probe within
+/// milliseconds, whatever holds the other slots.
+pub const PROBE_SLOTS: usize = 1;
+
+/// Connections whose request is being read at once: 512. They hold no
+/// serving slot. At this many, the one that has been reading longest is
+/// closed to make room for a new one (counted in
+/// `gitlab_haproxy_agent_http_idle_closed_total`), so connections that send
+/// nothing, or one byte, cannot keep a probe out.
 pub const MAX_HTTP_PENDING: usize = 512;
 
-/// Time a client has, from connecting, to send its first byte, and then its
-/// complete request headers: 2 s each. A kubelet probe or a Prometheus scrape
-/// sends its request at once.
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a client has, from connecting, to send its whole request head: 2 s.
+/// A kubelet probe or a Prometheus scrape sends it at once.
+pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Time a request other than a probe waits for a serving slot before it is
+/// answered 503 with `Retry-After: 1`: 2 s.
+pub const SLOT_WAIT: Duration = Duration::from_secs(2);
+
+/// Time the client has to read the whole answer: 10 s (a 5 MB `/status`
+/// takes milliseconds on a LAN). A client that reads slower is cut off and
+/// counted in `gitlab_haproxy_agent_http_write_timeouts_total`, so slow
+/// readers hold a slot for at most this long.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long answers being written may go on once shutdown begins: 2 s.
+const SHUTDOWN_WRITE_GRACE: Duration = Duration::from_secs(2);
+
+/// One answer: status, content type, extra headers, body. Always sent with
+/// `Content-Length` and `Connection: close`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The status code.
+    pub status: u16,
+    /// The `Content-Type`.
+    pub content_type: &'static str,
+    /// Extra headers, e.g. `Retry-After`.
+    pub headers: Vec<(&'static str, String)>,
+    /// The body (not sent for HEAD); shared, so that requests for the same
+    /// `/status` at once hold one copy.
+    pub body: Arc<[u8]>,
+}
+
+/// `text/plain; charset=utf-8`.
+pub const PLAIN: &str = "text/plain; charset=utf-8";
+
+impl Answer {
+    /// A plain-text answer.
+    pub fn plain(status: u16, body: impl Into<String>) -> Answer {
+        Answer::new(status, PLAIN, body.into().into_bytes())
+    }
+
+    /// An answer of `content_type` with `body`.
+    pub fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Answer {
+        Answer {
+            status,
+            content_type,
+            headers: Vec::new(),
+            body: body.into(),
+        }
+    }
+
+    /// The same answer with one more header.
+    pub fn with_header(mut self, name: &'static str, value: String) -> Answer {
+        self.headers.push((name, value));
+        self
+    }
+
+    /// The same answer with `body` as its body.
+    fn with_shared_body(mut self, body: Arc<[u8]>) -> Answer {
+        self.body = body;
+        self
+    }
+
+    /// The status line and headers, ending with the blank line.
+    fn head(&self) -> String {
+        let mut head = format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
+            self.status,
+            reason(self.status),
+            self.content_type,
+            self.body.len()
+        );
+        for (name, value) in &self.headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        head
+    }
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        413 => "Content Too Large",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        505 => "HTTP Version Not Supported",
+        _ => "",
+    }
+}
+
+/// Connections reading their request, oldest first, so the oldest can be
+/// closed at [`MAX_HTTP_PENDING`]. A connection cancels its own token once
+/// its request is read; cancelled entries are dropped from the front.
+#[derive(Default)]
+struct Readers(Mutex<VecDeque<CancellationToken>>);
+
+impl Readers {
+    fn push(&self) -> CancellationToken {
+        let token = CancellationToken::new();
+        let mut queue = self.0.lock().unwrap();
+        while queue.front().is_some_and(|t| t.is_cancelled()) {
+            queue.pop_front();
+        }
+        queue.push_back(token.clone());
+        token
+    }
+
+    /// Closes the connection that has been reading longest; false if none is.
+    fn close_oldest(&self) -> bool {
+        let mut queue = self.0.lock().unwrap();
+        while let Some(token) = queue.pop_front() {
+            if !token.is_cancelled() {
+                token.cancel();
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// What every connection task shares.
+struct Port {
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    /// Serving slots for every request but probes.
+    slots: Arc<Semaphore>,
+    /// The slots kept for probes.
+    probe_slots: Arc<Semaphore>,
+    /// Requests read and waiting for a slot.
+    queued: Arc<Semaphore>,
+    /// The last `/status` body and when its building began; held while one
+    /// is built, so requests at once share one build.
+    status: tokio::sync::Mutex<Option<(Instant, Arc<[u8]>)>>,
+}
 
 /// Serves the operator endpoints on `listener` until `shutdown`.
 ///
-/// One request per connection (`Connection: close`), so no keep-alive
-/// connection holds a slot between requests. Each connection waits, holding
-/// no serving slot, until its first byte arrives (at most
-/// [`HEADER_READ_TIMEOUT`]); then it waits for one of
-/// [`MAX_HTTP_CONNECTIONS`] slots and has [`HEADER_READ_TIMEOUT`] more for its
-/// headers. Connections closed for sending nothing in time are counted in
-/// `gitlab_haproxy_agent_http_idle_closed_total`.
+/// One request per connection (`Connection: close`), in three steps, each
+/// bounded: the whole request head is read within [`REQUEST_READ_TIMEOUT`]
+/// holding no serving slot (at most [`MAX_HTTP_PENDING`] at once, the
+/// oldest closed for a new one); then the request takes one of
+/// [`MAX_HTTP_CONNECTIONS`] serving slots (probes from the ones kept for
+/// them, others waiting at most [`SLOT_WAIT`]); then the answer is written
+/// within [`WRITE_TIMEOUT`]. Connections closed with no complete request
+/// are counted in `gitlab_haproxy_agent_http_idle_closed_total`, refused
+/// requests in `gitlab_haproxy_agent_http_bad_requests_total`.
 pub async fn serve(
     listener: TcpListener,
     shared: Arc<Shared>,
@@ -55,13 +199,16 @@ pub async fn serve(
     tracker: TaskTracker,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_HTTP_PENDING));
-    let slots = Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS));
+    let readers = Arc::new(Readers::default());
+    let port = Arc::new(Port {
+        shared,
+        shutdown: shutdown.clone(),
+        slots: Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS - PROBE_SLOTS)),
+        probe_slots: Arc::new(Semaphore::new(PROBE_SLOTS)),
+        queued: Arc::new(Semaphore::new(MAX_HTTP_PENDING)),
+        status: tokio::sync::Mutex::new(None),
+    });
     loop {
-        // Wait for room rather than dropping a connection at the cap.
-        let waiting = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            p = pending.clone().acquire_owned() => p.expect("the semaphore is never closed"),
-        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => r,
@@ -74,122 +221,186 @@ pub async fn serve(
                 continue;
             }
         };
-        tracker.spawn(serve_connection(
-            stream,
-            waiting,
-            slots.clone(),
-            shared.clone(),
-            shutdown.clone(),
-        ));
+        let reading = match pending.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::Closed) => unreachable!("the semaphore is never closed"),
+            Err(TryAcquireError::NoPermits) => {
+                // Make room: the oldest reader closes and frees its permit.
+                readers.close_oldest();
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    p = pending.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                }
+            }
+        };
+        let token = readers.push();
+        tracker.spawn(serve_connection(stream, reading, token, port.clone()));
     }
 }
 
-/// One connection: wait (holding only `waiting`) for its first byte, then
-/// for a serving slot, then serve one request.
+/// One connection: read its request (holding only `reading`), take a slot,
+/// answer, close.
 async fn serve_connection(
-    stream: TcpStream,
-    waiting: OwnedSemaphorePermit,
-    slots: Arc<Semaphore>,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
+    mut stream: TcpStream,
+    reading: OwnedSemaphorePermit,
+    token: CancellationToken,
+    port: Arc<Port>,
 ) {
-    // peek, not readable(): readiness can be reported before any byte is
-    // there; a peek returns only once one is (or at EOF, with 0).
-    let mut byte = [0u8; 1];
-    let first_byte = tokio::select! {
-        _ = shutdown.cancelled() => return,
-        r = tokio::time::timeout(HEADER_READ_TIMEOUT, stream.peek(&mut byte)) => r,
+    let metrics = &port.shared.metrics;
+    let read = tokio::select! {
+        _ = port.shutdown.cancelled() => return,
+        _ = token.cancelled() => Read::Incomplete,
+        r = request::read(&mut stream, REQUEST_READ_TIMEOUT) => r,
     };
-    if !matches!(first_byte, Ok(Ok(1))) {
-        shared.metrics.http_idle_closed.inc();
-        return;
-    }
-    let permit = tokio::select! {
-        _ = shutdown.cancelled() => return,
-        p = slots.acquire_owned() => p.expect("the semaphore is never closed"),
-    };
-    drop(waiting);
-    let service = {
-        let shared = shared.clone();
-        let shutdown = shutdown.clone();
-        hyper::service::service_fn(move |req: Request<Incoming>| {
-            let shared = shared.clone();
-            let shutdown = shutdown.clone();
-            async move {
-                let profile = match *req.method() {
-                    Method::GET => profile::Format::for_path(req.uri().path()),
-                    _ => None,
-                };
-                Ok::<_, Infallible>(match profile {
-                    Some(format) => {
-                        profile::serve(format, req.uri().query(), &shared, &shutdown).await
-                    }
-                    None => route(&req, &shared),
-                })
-            }
-        })
-    };
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .keep_alive(false)
-        .serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    tokio::select! {
-        r = conn.as_mut() => {
-            if r.is_err_and(|e| e.is_timeout()) {
-                shared.metrics.http_idle_closed.inc();
-            }
+    token.cancel();
+    drop(reading);
+    let request = match read {
+        Read::Request(request) => request,
+        Read::Incomplete => {
+            metrics.http_idle_closed.inc();
+            return;
         }
-        _ = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = tokio::time::timeout(Duration::from_secs(2), conn).await;
+        Read::Refused(refusal) => {
+            metrics.http_bad_requests.inc();
+            let answer = Answer::plain(refusal.status, format!("{}\n", refusal.reason));
+            write(&mut stream, &answer, false, &port).await;
+            return;
         }
-    }
-    drop(permit);
+    };
+    let slot = take_slot(&request, &port).await;
+    let answer = match &slot {
+        Some(_) => answer(&request, &port).await,
+        None if port.shutdown.is_cancelled() => return,
+        None => Answer::plain(503, "every serving slot is busy; try again\n")
+            .with_header("Retry-After", "1".into()),
+    };
+    write(&mut stream, &answer, request.method == Method::Head, &port).await;
+    drop(slot);
 }
 
-fn text(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, content_type)
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
+/// A serving slot for `request`: probes from the kept slots (or a free
+/// ordinary one), others waiting at most [`SLOT_WAIT`] (counted in
+/// `gitlab_haproxy_agent_http_busy_total` when none came). `None` when no
+/// slot came in time, or at shutdown.
+async fn take_slot(request: &Request, port: &Arc<Port>) -> Option<OwnedSemaphorePermit> {
+    if request.is_probe() {
+        if let Ok(slot) = port.slots.clone().try_acquire_owned() {
+            return Some(slot);
+        }
+        return tokio::select! {
+            _ = port.shutdown.cancelled() => None,
+            p = port.probe_slots.clone().acquire_owned() => p.ok(),
+        };
+    }
+    let waiting = port.queued.clone().try_acquire_owned().ok();
+    let slot = match waiting {
+        None => None,
+        Some(_waiting) => tokio::select! {
+            _ = port.shutdown.cancelled() => return None,
+            r = tokio::time::timeout(SLOT_WAIT, port.slots.clone().acquire_owned()) => r.ok().and_then(Result::ok),
+        },
+    };
+    if slot.is_none() {
+        port.shared.metrics.http_busy.inc();
+    }
+    slot
 }
 
-fn route(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
-    const PLAIN: &str = "text/plain; charset=utf-8";
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(StatusCode::METHOD_NOT_ALLOWED, PLAIN, "GET only\n".into());
+/// The answer to a request that parsed.
+async fn answer(request: &Request, port: &Port) -> Answer {
+    let (get, head) = (
+        request.method == Method::Get,
+        request.method == Method::Head,
+    );
+    if get {
+        if let Some(format) = profile::Format::for_path(&request.path) {
+            return profile::serve(
+                format,
+                request.query.as_deref(),
+                &port.shared,
+                &port.shutdown,
+            )
+            .await;
+        }
     }
-    match req.uri().path() {
+    if !get && !head {
+        return Answer::plain(405, "GET only\n").with_header("Allow", "GET, HEAD".into());
+    }
+    if request.path == "/status" {
+        return status_answer(port).await;
+    }
+    route(&request.path, &port.shared)
+}
+
+/// `/status`, built off the async workers (for 45,000 keys it is a few MB
+/// of JSON) and at most one at a time: a request that finds a body whose
+/// building began after it arrived takes that one, so it is never older
+/// than the request and a crowd of requests costs one build.
+async fn status_answer(port: &Port) -> Answer {
+    let arrived = Instant::now();
+    let mut last = port.status.lock().await;
+    if let Some((began, body)) = last.as_ref() {
+        if *began >= arrived {
+            return Answer::new(200, "application/json", Vec::new()).with_shared_body(body.clone());
+        }
+    }
+    let began = Instant::now();
+    let shared = port.shared.clone();
+    let built = tokio::task::spawn_blocking(move || {
+        let mut body =
+            serde_json::to_vec_pretty(&status(&shared)).expect("a JSON value always serialises");
+        body.push(b'\n');
+        Arc::<[u8]>::from(body)
+    })
+    .await;
+    match built {
+        Ok(body) => {
+            *last = Some((began, body.clone()));
+            Answer::new(200, "application/json", Vec::new()).with_shared_body(body)
+        }
+        Err(e) => Answer::plain(500, format!("building the status failed: {e}\n")),
+    }
+}
+
+/// Writes `answer` (without its body for HEAD) within [`WRITE_TIMEOUT`],
+/// then closes the sending side.
+async fn write(stream: &mut TcpStream, answer: &Answer, head_only: bool, port: &Port) {
+    let writing = async {
+        stream.write_all(answer.head().as_bytes()).await?;
+        if !head_only {
+            stream.write_all(&answer.body).await?;
+        }
+        stream.shutdown().await
+    };
+    tokio::pin!(writing);
+    let written = tokio::select! {
+        r = tokio::time::timeout(WRITE_TIMEOUT, &mut writing) => r,
+        _ = port.shutdown.cancelled() => tokio::time::timeout(SHUTDOWN_WRITE_GRACE, &mut writing).await,
+    };
+    if written.is_err() {
+        port.shared.metrics.http_write_timeouts.inc();
+    }
+}
+
+fn route(path: &str, shared: &Shared) -> Answer {
+    match path {
         "/metrics" => {
             shared.metrics.observe_seen(&shared.seen.summary());
-            text(
-                StatusCode::OK,
+            Answer::new(
+                200,
                 "text/plain; version=0.0.4; charset=utf-8",
-                shared.metrics.render(shared.started_at),
+                shared.metrics.render(shared.started_at).into_bytes(),
             )
         }
-        "/-/healthy" => text(StatusCode::OK, PLAIN, "OK\n".into()),
+        "/-/healthy" => Answer::plain(200, "OK\n"),
         "/-/ready" => {
             if shared.readiness.is_ready() {
-                text(StatusCode::OK, PLAIN, "ready\n".into())
+                Answer::plain(200, "ready\n")
             } else {
-                text(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    PLAIN,
-                    "not ready: waiting for the first Consul sync\n".into(),
-                )
+                Answer::plain(503, "not ready: waiting for the first Consul sync\n")
             }
         }
-        "/status" => {
-            let mut body = serde_json::to_string_pretty(&status(shared))
-                .expect("a JSON value always serialises");
-            body.push('\n');
-            text(StatusCode::OK, "application/json", body)
-        }
-        _ => text(StatusCode::NOT_FOUND, PLAIN, "not found\n".into()),
+        _ => Answer::plain(404, "not found\n"),
     }
 }
 
@@ -320,4 +531,107 @@ pub fn status(shared: &Shared) -> Value {
         },
         "rows": rows,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use proptest::prelude::*;
+    use tokio::io::AsyncReadExt as _;
+
+    /// Sends `bytes` to a fresh port, closes the sending side, and returns
+    /// what came back, with the port's shared state.
+    async fn exchange(bytes: Vec<u8>) -> (Vec<u8>, Arc<Shared>) {
+        let shared = Shared::new("http://127.0.0.1:1", "p/");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let server = tokio::spawn(serve(
+            listener,
+            shared.clone(),
+            shutdown.clone(),
+            tracker.clone(),
+        ));
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        // The server may answer and close before all is sent.
+        let _ = client.write_all(&bytes).await;
+        let _ = client.shutdown().await;
+        let mut out = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut out));
+        assert!(read.await.is_ok(), "no close within 5 s");
+        shutdown.cancel();
+        server.await.unwrap();
+        tracker.close();
+        tracker.wait().await;
+        (out, shared)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Any bytes over TCP: the port answers a request it reads with a
+        /// well-formed answer, refuses anything else with 400, 413, 431 or
+        /// 505 counted in `http_bad_requests_total`, or closes without an
+        /// answer counted in `http_idle_closed_total`; it never panics.
+        #[test]
+        fn any_bytes_are_answered_or_refused_and_counted(
+            prefix in proptest::sample::select(vec![&b""[..], b"GET /-/healthy HTTP/1.1\r\n", b"GET /metrics HTTP/1.0\n", b"HEAD /status HTTP/1.1\r\n"]),
+            tail in proptest::collection::vec(
+                prop_oneof![
+                    4 => proptest::sample::select(b"GET /HTP1.:\r\n a".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..600,
+            ),
+        ) {
+            let mut bytes = prefix.to_vec();
+            bytes.extend_from_slice(&tail);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let (out, shared) = rt.block_on(exchange(bytes.clone()));
+            let m = &shared.metrics;
+            let expected = match request::head_end(&bytes) {
+                None if bytes.len() >= request::MAX_REQUEST_HEAD => Some(Read::Refused(request::Refusal { status: 431, reason: "" })),
+                None => None,
+                Some(end) => Some(request::parse(&bytes[..end])),
+            };
+            match expected {
+                None => {
+                    prop_assert!(out.is_empty());
+                    prop_assert_eq!(m.http_idle_closed.get(), 1);
+                }
+                Some(Read::Refused(r)) => {
+                    let status_line = format!("HTTP/1.1 {} ", r.status);
+                    prop_assert!(out.starts_with(status_line.as_bytes()), "{:?}", String::from_utf8_lossy(&out));
+                    prop_assert_eq!(m.http_bad_requests.get(), 1);
+                }
+                Some(Read::Request(req)) => {
+                    let text = String::from_utf8_lossy(&out);
+                    prop_assert!(text.starts_with("HTTP/1.1 "), "{}", text);
+                    prop_assert!(text.contains("\r\nConnection: close\r\n"), "{}", text);
+                    let status: u16 = text[9..12].parse().unwrap();
+                    let want = match (&req.method, req.path.as_str()) {
+                        (Method::Other(_), _) => 405,
+                        (_, "/-/healthy" | "/metrics" | "/status") => 200,
+                        (_, "/-/ready") => 503,
+                        (Method::Get, p) if profile::Format::for_path(p).is_some() => status,
+                        _ => 404,
+                    };
+                    prop_assert_eq!(status, want, "{}", text);
+                    prop_assert_eq!(m.http_bad_requests.get() + m.http_idle_closed.get(), 0);
+                }
+                Some(Read::Incomplete) => unreachable!(),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn head_answers_carry_the_length_but_no_body() {
+        let (out, _) = exchange(b"HEAD /-/healthy HTTP/1.1\r\n\r\n".to_vec()).await;
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+        assert!(text.contains("Content-Length: 3\r\n"), "{text}");
+        assert!(text.ends_with("\r\n\r\n"), "{text}");
+    }
 }

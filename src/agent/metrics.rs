@@ -127,8 +127,9 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_connections_in_flight`: agent-check connections
     /// being served.
     pub connections_in_flight: IntGauge,
-    /// `gitlab_haproxy_agent_connections_refused_total`: connections closed at
-    /// once because `--max-connections` were in flight.
+    /// `gitlab_haproxy_agent_connections_refused_total`: agent-check
+    /// connections closed unanswered at the `--max-connections` cap: the one
+    /// that had waited longest for its line, to make room for a new one.
     pub connections_refused: IntCounter,
     /// `gitlab_haproxy_agent_accept_errors_total`: failed accepts (EMFILE and
     /// the like), after each of which the responder backs off briefly.
@@ -157,7 +158,8 @@ pub struct Metrics {
     /// `failed` (the profiler could not start or report).
     pub profiles: IntCounterVec,
     /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
-    /// because no complete request came within the header timeout.
+    /// because no complete request came within
+    /// [`crate::agent::http::REQUEST_READ_TIMEOUT`].
     pub http_idle_closed: IntCounter,
     /// `gitlab_haproxy_agent_held_keys{cause}`: keys answered with another
     /// state than Consul's, by cause (`invalid_value`, `rolled_back`,
@@ -181,6 +183,18 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_state_file_writes_total{result}`: writes of
     /// the state file, `ok` or `error`.
     pub state_file_writes: IntCounterVec,
+    /// `gitlab_haproxy_agent_http_bad_requests_total`: HTTP requests refused
+    /// as malformed, too large or carrying a body (answered 400, 413, 431 or
+    /// 505 and closed).
+    pub http_bad_requests: IntCounter,
+    /// `gitlab_haproxy_agent_http_write_timeouts_total`: HTTP answers cut
+    /// off because the client had not read them within
+    /// [`crate::agent::http::WRITE_TIMEOUT`].
+    pub http_write_timeouts: IntCounter,
+    /// `gitlab_haproxy_agent_http_busy_total`: HTTP requests answered 503
+    /// because every serving slot stayed taken for
+    /// [`crate::agent::http::SLOT_WAIT`].
+    pub http_busy: IntCounter,
 }
 
 /// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
@@ -353,7 +367,7 @@ impl Metrics {
 
         let connections_refused = IntCounter::with_opts(opts(
             "connections_refused_total",
-            "Agent-check connections closed at once because the connection cap was reached.",
+            "Agent-check connections closed unanswered at the connection cap: the one that had waited longest for its line, to make room.",
         ))
         .unwrap();
         reg(Box::new(connections_refused.clone()));
@@ -434,10 +448,31 @@ impl Metrics {
 
         let http_idle_closed = IntCounter::with_opts(opts(
             "http_idle_closed_total",
-            "HTTP connections closed because no complete request came within the header timeout.",
+            "HTTP connections closed because no complete request came within the request timeout.",
         ))
         .unwrap();
         reg(Box::new(http_idle_closed.clone()));
+
+        let http_bad_requests = IntCounter::with_opts(opts(
+            "http_bad_requests_total",
+            "HTTP requests refused as malformed, too large or carrying a body.",
+        ))
+        .unwrap();
+        reg(Box::new(http_bad_requests.clone()));
+
+        let http_write_timeouts = IntCounter::with_opts(opts(
+            "http_write_timeouts_total",
+            "HTTP answers cut off because the client did not read them within the write timeout.",
+        ))
+        .unwrap();
+        reg(Box::new(http_write_timeouts.clone()));
+
+        let http_busy = IntCounter::with_opts(opts(
+            "http_busy_total",
+            "HTTP requests answered 503 because every serving slot stayed taken for 2 s.",
+        ))
+        .unwrap();
+        reg(Box::new(http_busy.clone()));
 
         #[cfg(target_os = "linux")]
         reg(Box::new(
@@ -546,6 +581,9 @@ impl Metrics {
             store_id_present,
             state_file_loaded,
             state_file_writes,
+            http_bad_requests,
+            http_write_timeouts,
+            http_busy,
         }
     }
 

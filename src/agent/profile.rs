@@ -7,8 +7,11 @@
 //! [`SAMPLE_HZ`], each sample unwound in the signal handler. Its maintainers
 //! warn (tikv/pprof-rs#36) that libgcc's unwinder is not async-signal-safe,
 //! so the profiler is never on by itself: it runs only on request, for a
-//! bounded time ([`MAX_SECONDS`]), one profile at a time, and does not unwind
-//! through libc, libgcc, pthread or the vDSO (its blocklist). A static musl
+//! bounded time ([`MAX_SECONDS`]), one profile at a time, and takes no sample
+//! inside libgcc itself. Samples in libc, pthread and the vDSO are kept
+//! (glibc's and the vDSO's unwind tables let the unwinder step out of them),
+//! so the profile accounts for the system calls and the kernel time behind
+//! them, where the responder spends most of its CPU. A static musl
 //! build needs the `frame-pointer` feature and `-C force-frame-pointers=yes`
 //! instead: libunwind cannot step through musl's signal trampoline, and
 //! walking frame pointers from the interrupted context needs no unwinder at
@@ -17,14 +20,11 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::header::{CONTENT_TYPE, RETRY_AFTER};
-use hyper::{Response, StatusCode};
 use pprof::protos::Message as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::http::Answer;
 use crate::agent::shared::Shared;
 
 /// Samples per second: 99, as pprof-rs and Go's default of 100 (an odd
@@ -37,8 +37,12 @@ pub const DEFAULT_SECONDS: u64 = 30;
 /// The longest profile: 60 s. Longer requests answer 400.
 pub const MAX_SECONDS: u64 = 60;
 
-/// Libraries the unwinder must not walk through (tikv/pprof-rs#36).
-const BLOCKLIST: &[&str] = &["libc", "libgcc", "pthread", "vdso"];
+/// Libraries in which a sample is not taken: libgcc, whose unwinder is not
+/// reentrant (tikv/pprof-rs#36). pprof-rs drops a sample whose interrupted
+/// instruction lies in a listed library, so libc, pthread and the vDSO are
+/// not listed: the responder spends most of its time in system calls, and
+/// a sample taken there (kernel time included) is where the time went.
+const BLOCKLIST: &[&str] = &["libgcc"];
 
 /// Set while a profile is being taken: SIGPROF and its timer are
 /// process-wide, so there is one profiler.
@@ -88,6 +92,37 @@ pub fn parse_seconds(query: Option<&str>) -> Result<u64, String> {
     }
 }
 
+/// Checks that a file can be created in the temporary directory
+/// (`$TMPDIR`, else `/tmp`), as pprof-rs needs.
+///
+/// # Errors
+///
+/// A message naming the directory and the system error.
+pub fn temp_dir_usable() -> Result<(), String> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let dir = std::env::temp_dir();
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let path = dir.join(format!(
+        ".gitlab-haproxy-agent-{}-{n}.tmp",
+        std::process::id()
+    ));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)
+    {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&path);
+            Ok(())
+        }
+        Err(e) => Err(format!(
+            "no file can be created in the temporary directory {} ({e}); \
+             create it, make it writable or set TMPDIR, and ask again",
+            dir.display()
+        )),
+    }
+}
+
 /// Releases [`BUSY`] when the profile ends, however it ends.
 struct Slot;
 
@@ -105,44 +140,40 @@ impl Drop for Slot {
     }
 }
 
-fn plain(status: StatusCode, body: String) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header(CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from(body)))
-        .expect("static response parts are valid")
-}
-
 /// Serves one profile request: 200 with the profile after `seconds`; 400 for
 /// a bad `seconds`; 409 (with `Retry-After`) while another profile runs; 500
-/// if the profiler fails; 503 if the agent shuts down meanwhile. Each
+/// naming the cause if the profiler cannot start or report (a temporary
+/// directory that is missing or read-only: the next request after it is
+/// fixed succeeds); 503 if the agent shuts down meanwhile. Each
 /// outcome is counted in `gitlab_haproxy_agent_profiles_total`.
 pub async fn serve(
     format: Format,
     query: Option<&str>,
     shared: &Shared,
     shutdown: &CancellationToken,
-) -> Response<Full<Bytes>> {
+) -> Answer {
     let count = |outcome: &str| shared.metrics.profiles.with_label_values(&[outcome]).inc();
     let seconds = match parse_seconds(query) {
         Ok(s) => s,
         Err(e) => {
             count("bad_request");
-            return plain(StatusCode::BAD_REQUEST, format!("{e}\n"));
+            return Answer::plain(400, format!("{e}\n"));
         }
     };
     let Some(slot) = Slot::take() else {
         count("busy");
-        let mut r = plain(
-            StatusCode::CONFLICT,
-            "a profile is already being taken; one at a time\n".into(),
-        );
-        r.headers_mut().insert(
-            RETRY_AFTER,
-            MAX_SECONDS.to_string().parse().expect("digits"),
-        );
-        return r;
+        return Answer::plain(409, "a profile is already being taken; one at a time\n")
+            .with_header("Retry-After", MAX_SECONDS.to_string());
     };
+    // pprof-rs keeps its sample buffer in a temporary file and creates its
+    // one profiler on first use; if that fails, it stays failed until the
+    // process restarts. So the directory is checked first, and a request
+    // made while it is unusable leaves the profiler untouched.
+    if let Err(e) = temp_dir_usable() {
+        count("failed");
+        warn!(error = %e, "cannot start the CPU profiler");
+        return Answer::plain(500, format!("cannot start the profiler: {e}\n"));
+    }
     info!(seconds, ?format, "CPU profile started");
     let guard = match pprof::ProfilerGuardBuilder::default()
         .frequency(SAMPLE_HZ)
@@ -153,13 +184,15 @@ pub async fn serve(
         Err(e) => {
             count("failed");
             warn!(error = %e, "cannot start the CPU profiler");
-            return plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!(
-                    "cannot start the profiler: {e} (it needs a writable temporary \
-                     directory, $TMPDIR or /tmp, when first used)\n"
-                ),
-            );
+            let cause = match e {
+                pprof::Error::Running => {
+                    "the profiler did not stop after an earlier profile (its temporary \
+                     directory went away meanwhile); restart the agent to profile again"
+                        .to_string()
+                }
+                e => format!("{e}"),
+            };
+            return Answer::plain(500, format!("cannot start the profiler: {cause}\n"));
         }
     };
     tokio::select! {
@@ -167,13 +200,17 @@ pub async fn serve(
         _ = shutdown.cancelled() => {
             drop(guard);
             count("failed");
-            return plain(StatusCode::SERVICE_UNAVAILABLE, "shutting down\n".into());
+            return Answer::plain(503, "shutting down\n");
         }
     }
     // Symbolising is CPU work of its own: off the async workers.
     let rendered = tokio::task::spawn_blocking(move || {
         let _slot = slot;
-        let report = guard.report().build().map_err(|e| e.to_string())?;
+        let report = guard
+            .report()
+            .frames_post_processor(drop_profiler_frames)
+            .build()
+            .map_err(|e| e.to_string())?;
         drop(guard);
         render(&report, format)
     })
@@ -183,21 +220,35 @@ pub async fn serve(
         Ok((content_type, body)) => {
             count("ok");
             info!(seconds, bytes = body.len(), "CPU profile served");
-            Response::builder()
-                .status(StatusCode::OK)
-                .header(CONTENT_TYPE, content_type)
-                .body(Full::new(Bytes::from(body)))
-                .expect("static response parts are valid")
+            Answer::new(200, content_type, body)
         }
         Err(e) => {
             count("failed");
             warn!(error = %e, "CPU profile failed");
-            plain(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("profile failed: {e}\n"),
-            )
+            Answer::plain(500, format!("profile failed: {e}\n"))
         }
     }
+}
+
+/// Drops the profiler's own frames (the unwinder called from the signal
+/// handler) from the leaf end of a sample, so each sample's leaf is the
+/// function that was interrupted. pprof-rs drops the handler and the
+/// signal trampoline itself, but not the frames the handler called when they
+/// are not inlined.
+fn drop_profiler_frames(frames: &mut pprof::Frames) {
+    let ours = frames
+        .frames
+        .iter()
+        .take_while(|symbols| {
+            symbols.iter().any(|s| {
+                let name = s.name();
+                ["backtrace::", "pprof::", "<pprof::", "<backtrace::"]
+                    .iter()
+                    .any(|p| name.starts_with(p))
+            })
+        })
+        .count();
+    frames.frames.drain(..ours);
 }
 
 /// The flame graph of a profile with no samples: an idle agent spends no

@@ -40,9 +40,11 @@ const WAKER: Token = Token(usize::MAX - 1);
 #[derive(Debug, Clone, Copy)]
 pub struct ResponderConfig {
     /// Connections waiting for their line at once; a connection whose line
-    /// is there at accept needs no slot and is answered at the cap too, one
-    /// that would have to wait beyond it is closed at once, unanswered.
-    /// Default 1024.
+    /// is there at accept needs no slot and is answered at the cap too. At
+    /// the cap, a connection that has to wait takes the slot of the one that
+    /// has waited longest, which is closed unanswered (counted in
+    /// `gitlab_haproxy_agent_connections_refused_total`), so silent clients
+    /// cannot keep HAProxy's checks out. Default 1024.
     pub max_connections: usize,
     /// Time a client has to send its line. Default 500 ms, well under the
     /// 2 s agent-inter: a silent client cannot hold a slot.
@@ -248,12 +250,14 @@ impl Responder {
         match read_line(&mut &stream, &mut self.scratch[..], &mut filled) {
             Progress::Line(len) => answer(&stream, &self.scratch[..len], &self.shared),
             Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
-            Progress::Pending if self.open >= self.config.max_connections => {
-                // It would have to wait, and no slot is free.
-                self.shared.metrics.connections_refused.inc();
-                return;
+            Progress::Pending => {
+                if self.open >= self.config.max_connections && !self.close_oldest() {
+                    // No slot and none to free (a cap of zero).
+                    self.shared.metrics.connections_refused.inc();
+                    return;
+                }
+                return self.wait_for_line(stream, started, filled);
             }
-            Progress::Pending => return self.wait_for_line(stream, started, filled),
         }
         drop(stream);
         observe(&self.shared, started);
@@ -321,6 +325,25 @@ impl Responder {
                 self.close(slot);
             }
         }
+    }
+
+    /// Closes, unanswered, the connection that has waited longest for its
+    /// line, to make room at the cap: it has had the most time to send a
+    /// line and has not, while HAProxy sends its line right after
+    /// connecting. Counted in `connections_refused_total`. Returns false if
+    /// no connection is waiting.
+    fn close_oldest(&mut self) -> bool {
+        // Every connection gets the same timeout from its accept, so the
+        // earliest live deadline is the oldest waiting connection's.
+        if self.next_deadline().is_none() {
+            return false;
+        }
+        let Some((slot, _)) = self.deadlines.pop_front() else {
+            return false;
+        };
+        self.shared.metrics.connections_refused.inc();
+        self.close(slot);
+        true
     }
 
     /// The earliest deadline of a connection still waiting.
@@ -496,6 +519,11 @@ impl<K: Copy> DeadlineQueue<K> {
             self.queue.pop_front();
         }
         None
+    }
+
+    /// Removes and returns the key of the earliest deadline, due or not.
+    fn pop_front(&mut self) -> Option<K> {
+        self.queue.pop_front().map(|(_, key)| key)
     }
 
     /// Removes and returns the key of the earliest deadline if it is at or
@@ -706,26 +734,29 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn refuses_connections_beyond_the_cap() {
+    async fn at_the_cap_the_oldest_silent_connection_makes_room() {
         let (listener, addr) = bound();
         let shared = synced();
         let config = ResponderConfig {
-            max_connections: 1,
+            max_connections: 2,
             check_timeout: Duration::from_secs(2),
         };
         let running = start(listener, &shared, config);
-        let mut waiting = Client::connect(addr).await.unwrap();
+        let oldest = Client::connect(addr).await.unwrap();
         assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
-        // A connection that would have to wait for its line gets no slot.
-        let over = Client::connect(addr).await.unwrap();
-        assert_eq!(reply(over).await, "");
+        let mut second = Client::connect(addr).await.unwrap();
+        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 2).await);
+        // A check accepted before its line arrives needs a slot: the oldest
+        // connection, silent since, is closed to free one.
+        let mut check = Client::connect(addr).await.unwrap();
+        assert_eq!(reply(oldest).await, "");
         assert!(eventually(|| shared.metrics.connections_refused.get() == 1).await);
-        waiting.write_all(b"web/web-01\n").await.unwrap();
-        assert_eq!(reply(waiting).await, "ready 100%\n");
-        // The slot is free again.
-        let mut next = Client::connect(addr).await.unwrap();
-        next.write_all(b"canary\n").await.unwrap();
-        assert_eq!(reply(next).await, "drain 100%\n");
+        check.write_all(b"canary\n").await.unwrap();
+        assert_eq!(reply(check).await, "drain 100%\n");
+        // The second one kept its slot.
+        second.write_all(b"web/web-01\n").await.unwrap();
+        assert_eq!(reply(second).await, "ready 100%\n");
+        assert_eq!(shared.metrics.connections_refused.get(), 1);
         running.stop().await;
     }
 

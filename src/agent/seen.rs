@@ -3,9 +3,11 @@
 //! asking, and that it was answered from a given Consul index, without one
 //! metric series per server.
 
-use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
+
+use lru::LruCache;
 
 use crate::model::value::AnswerKind;
 
@@ -16,8 +18,12 @@ pub const SEEN_WINDOW: Duration = Duration::from_secs(60);
 /// Rows not asked about for this long are forgotten: 10 minutes.
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
 
-/// At most this many rows are remembered (about ten times the fleet's
-/// largest load balancer); lines beyond it are answered but not recorded.
+/// At most this many rows are remembered: 16,384, about ten times the
+/// fleet's largest load balancer. A new line beyond it pushes out the row
+/// asked about least recently, in constant time, so a flood of unique
+/// lines costs each check no more than a known line does. HAProxy asks
+/// about every enrolled row each agent-inter, so its rows stay unless more
+/// than this many new lines arrive within one agent-inter.
 pub const MAX_ROWS: usize = 16_384;
 
 /// One remembered agent-send line.
@@ -52,16 +58,26 @@ pub struct SeenSummary {
     pub lowest_index: Option<u64>,
 }
 
-/// The rows seen, behind one short-held lock.
-#[derive(Debug, Default)]
+/// The rows seen, least recently asked first, behind one short-held lock.
+#[derive(Debug)]
 pub struct Seen {
-    rows: Mutex<HashMap<Box<str>, SeenRow>>,
+    rows: Mutex<LruCache<Box<str>, SeenRow>>,
+}
+
+impl Default for Seen {
+    fn default() -> Self {
+        let cap = NonZeroUsize::new(MAX_ROWS).expect("MAX_ROWS is not zero");
+        Seen {
+            rows: Mutex::new(LruCache::new(cap)),
+        }
+    }
 }
 
 impl Seen {
     /// Records that `line` (identities joined by single spaces) was asked
     /// about now and answered `answer` from the snapshot at `index` (0:
-    /// none yet).
+    /// none yet). Constant time: at [`MAX_ROWS`] the row asked about least
+    /// recently is forgotten to make room.
     pub fn record(&self, line: &str, kind: AnswerKind, answer: Option<&str>, index: u64) {
         let now = Instant::now();
         let mut rows = self.rows.lock().unwrap();
@@ -75,13 +91,7 @@ impl Seen {
             }
             return;
         }
-        if rows.len() >= MAX_ROWS {
-            rows.retain(|_, r| now.duration_since(r.last_asked) < FORGET_AFTER);
-            if rows.len() >= MAX_ROWS {
-                return;
-            }
-        }
-        rows.insert(
+        rows.push(
             line.into(),
             SeenRow {
                 last_asked: now,
@@ -105,9 +115,15 @@ impl Seen {
     pub fn summary(&self) -> SeenSummary {
         let now = Instant::now();
         let mut rows = self.rows.lock().unwrap();
-        rows.retain(|_, r| now.duration_since(r.last_asked) < FORGET_AFTER);
+        // Least recently asked first: the rows to forget are at that end.
+        while rows
+            .peek_lru()
+            .is_some_and(|(_, r)| now.duration_since(r.last_asked) >= FORGET_AFTER)
+        {
+            rows.pop_lru();
+        }
         let mut summary = SeenSummary::default();
-        for row in rows.values() {
+        for (_, row) in rows.iter() {
             if now.duration_since(row.last_asked) >= SEEN_WINDOW {
                 continue;
             }
@@ -152,6 +168,47 @@ mod tests {
         assert_eq!(rows[0].1.answer, None);
         assert_eq!(rows[0].1.kind, AnswerKind::Invalid);
         assert_eq!(rows[0].1.index, 12);
+    }
+
+    /// Time to record each of `lines` once (the fastest of three rounds).
+    fn record_time(seen: &Seen, lines: &[String]) -> std::time::Duration {
+        (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                for line in lines {
+                    seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1);
+                }
+                t.elapsed()
+            })
+            .min()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_flood_of_new_lines_costs_no_more_than_known_ones_when_full() {
+        let seen = Seen::default();
+        let known: Vec<String> = (0..MAX_ROWS).map(|i| format!("web/web-{i}")).collect();
+        for line in &known {
+            seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1);
+        }
+        let asked_again = record_time(&seen, &known[..2_000]);
+        let mut n = 0;
+        let new_lines: Vec<String> = (0..6_000)
+            .map(|_| {
+                n += 1;
+                format!("flood/f-{n}")
+            })
+            .collect();
+        let flood = (0..3)
+            .map(|round| record_time(&seen, &new_lines[round * 2_000..][..2_000]))
+            .min()
+            .unwrap();
+        assert!(
+            flood < asked_again * 4 + std::time::Duration::from_millis(5),
+            "2,000 new lines took {flood:?}, 2,000 known ones {asked_again:?}"
+        );
+        // Bounded all the same.
+        assert!(seen.rows().len() <= MAX_ROWS);
     }
 
     #[test]

@@ -220,6 +220,62 @@ mod tests {
         );
     }
 
+    use proptest::prelude::*;
+
+    /// What the grammar says of one word, written out independently of
+    /// [`validate_identity`].
+    fn is_identity(word: &str) -> bool {
+        let allowed = |c: char| c.is_ascii_alphanumeric() || "._-:".contains(c);
+        let part = |p: &str| !p.is_empty() && p != "." && p != ".." && p.chars().all(allowed);
+        let parts: Vec<&str> = word.split('/').collect();
+        word.len() <= MAX_IDENTITY_LEN
+            && matches!(parts.len(), 1 | 2)
+            && parts.iter().all(|p| part(p))
+    }
+
+    proptest! {
+        /// Any bytes: no panic, and a line is taken exactly when it is
+        /// UTF-8 with 1 to 16 words, each a group or a row key; what is
+        /// taken is its words in order.
+        #[test]
+        fn any_bytes_are_parsed_or_refused_as_the_grammar_says(
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    4 => proptest::sample::select(b"abz09._-:/ \t\r".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..MAX_LINE,
+            )
+        ) {
+            let result = parse_line(&bytes);
+            let text = std::str::from_utf8(bytes.strip_suffix(b"\r").unwrap_or(&bytes));
+            let expected = match text {
+                Err(_) => None,
+                Ok(text) => {
+                    let words: Vec<&str> = text.split([' ', '\t']).filter(|w| !w.is_empty()).collect();
+                    let ok = !words.is_empty() && words.len() <= MAX_IDENTITIES && words.iter().all(|w| is_identity(w));
+                    ok.then_some(words)
+                }
+            };
+            prop_assert_eq!(result.ok(), expected);
+        }
+
+        /// Lines of valid identities parse to those identities.
+        #[test]
+        fn lines_of_identities_parse_to_them(
+            ids in proptest::collection::vec("[a-z0-9:_-][a-z0-9.:_-]{0,20}(/[a-z0-9:_-][a-z0-9.:_-]{0,20})?", 1..=MAX_IDENTITIES),
+            tab in any::<bool>(),
+            cr in any::<bool>(),
+        ) {
+            let mut line = ids.join(if tab { "\t" } else { " " });
+            if cr {
+                line.push('\r');
+            }
+            let parsed = parse_line(line.as_bytes());
+            prop_assert_eq!(parsed, Ok(ids.iter().map(String::as_str).collect::<Vec<_>>()));
+        }
+    }
+
     #[test]
     fn refuses_bad_lines() {
         assert_eq!(parse_line(b""), Err(BadLine::Empty));

@@ -278,6 +278,64 @@ mod tests {
         assert_eq!(AdminState::Weight(256).reply().as_bytes(), b"ready 256%\n");
     }
 
+    use proptest::prelude::*;
+
+    /// The grammar written out independently of [`parse_value`]: one of
+    /// the three words or `N%` (0 to 256), any ASCII case, surrounding
+    /// whitespace ignored.
+    fn expected(bytes: &[u8]) -> Option<AdminState> {
+        let text = std::str::from_utf8(bytes).ok()?.trim().to_ascii_lowercase();
+        match text.as_str() {
+            "ready" => Some(AdminState::Ready),
+            "drain" => Some(AdminState::Drain),
+            "maint" => Some(AdminState::Maint),
+            _ => {
+                let digits = text.strip_suffix('%')?;
+                if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                let n = digits.trim_start_matches('0');
+                if n.len() > 3 {
+                    return None;
+                }
+                let n: u16 = if n.is_empty() { 0 } else { n.parse().ok()? };
+                (n <= MAX_WEIGHT_PERCENT).then_some(AdminState::Weight(n))
+            }
+        }
+    }
+
+    proptest! {
+        /// Any bytes: no panic, taken exactly as the grammar says, and a
+        /// refusal always says why.
+        #[test]
+        fn any_bytes_are_parsed_or_refused_as_the_grammar_says(
+            bytes in proptest::collection::vec(
+                prop_oneof![
+                    4 => proptest::sample::select(b"readyDRAINmt%0123456789 \t\n+-.".to_vec()),
+                    1 => any::<u8>(),
+                ],
+                0..40,
+            )
+        ) {
+            let parsed = parse_value(&bytes);
+            prop_assert_eq!(parsed.clone().ok(), expected(&bytes));
+            if let Err(e) = parsed {
+                prop_assert!(!e.to_string().is_empty());
+            }
+        }
+
+        /// Every weight in range parses, with any zero padding, case and
+        /// surrounding whitespace; its reply names it.
+        #[test]
+        fn weights_in_range_parse_and_reply(n in 0u16..=MAX_WEIGHT_PERCENT, zeros in 0usize..4, pad in "[ \t\n]{0,3}") {
+            let text = format!("{pad}{}{n}%{pad}", "0".repeat(zeros));
+            prop_assert_eq!(parse_value(text.as_bytes()), Ok(AdminState::Weight(n)));
+            let reply = format!("ready {n}%\n");
+            let line = AdminState::Weight(n).reply();
+            prop_assert_eq!(line.as_bytes(), reply.as_bytes());
+        }
+    }
+
     #[test]
     fn display_round_trips_through_parse() {
         for s in [

@@ -151,7 +151,8 @@ pub struct AgentArgs {
     /// What to do when the first Consul read has not succeeded within
     /// --startup-timeout: `exit` 1 (the service manager restarts the agent),
     /// or `retry` (stay up and unready, answer nobody, keep retrying with
-    /// backoff; for a Kubernetes sidecar).
+    /// backoff; for a Kubernetes sidecar). An agent that started from its
+    /// state file keeps answering from it and retries, whatever this says.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_ON_STARTUP_TIMEOUT", value_enum, default_value_t = OnStartupTimeout::Exit)]
     pub on_startup_timeout: OnStartupTimeout,
 

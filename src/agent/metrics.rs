@@ -325,7 +325,7 @@ impl Metrics {
 
         let rollback_held_keys = IntGauge::with_opts(opts(
             "rollback_held_keys",
-            "Keys answered with their value from before Consul's index went backwards (drain, maint or a weight that vanished or went to ready), until written again or released.",
+            "Keys answered with their state from before Consul lost its data (drain or maint that would be undone, or a ready or weight that appeared), until written again or released.",
         ))
         .unwrap();
         reg(Box::new(rollback_held_keys.clone()));

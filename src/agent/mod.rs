@@ -67,7 +67,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         consul_addr = %config.consul.addr,
         prefix = %config.consul.prefix,
         version = env!("CARGO_PKG_VERSION"),
-        "starting; no answers until the first Consul sync"
+        "starting; no answers until the state file or the first Consul answer"
     );
 
     responder::serve(
@@ -104,6 +104,12 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         restored,
     );
     let serving = shared.snapshot.load().is_some();
+    if serving {
+        // Answering already, from the state file: to systemd the agent is
+        // up (a HAProxy reload is as safe now as during a Consul outage),
+        // while /-/ready waits for Consul.
+        notify::ready("answering from the state file; Consul not read yet");
+    }
 
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;

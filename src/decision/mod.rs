@@ -14,9 +14,13 @@
 //! - **Lost data** (a `-dev` restart, a rebuilt cluster, an old snapshot
 //!   restored): the index went backwards, the [`STORE_ID_KEY`] the state had
 //!   vanished or changed (whatever the index), or an answer that did not
-//!   move past the served index shows other keys or values. Keys that served drain, maint or a
-//!   weight and are now missing or `ready` are held (`rolled_back`) until
-//!   written again or released by `state release-rollback`.
+//!   move past the served index shows a key rewritten (with ACLs off, any
+//!   difference). A value from such a store that would put a server back
+//!   in rotation is not applied: drain or maint left for anything else, a
+//!   `ready` or a weight that appears where there was nothing (held
+//!   `rolled_back`) until the key is written again or `state
+//!   release-rollback`. A weight keeps its server in rotation either way
+//!   and follows Consul.
 //! - **Invalid values**: held at the key's last valid state, or skipped
 //!   (the next identity on the line decides) when none is known.
 //! - **Filtered views** (ACLs): Consul drops keys a token may not read from

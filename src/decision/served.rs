@@ -19,9 +19,10 @@ pub use crate::model::identity::STORE_ID_KEY;
 pub enum HoldCause {
     /// Consul's value is invalid; the last valid state is answered.
     InvalidValue,
-    /// Consul lost its data (the index went backwards, or the store id
-    /// changed or vanished) and the key vanished or went to `ready`; its
-    /// state from before is answered until the key is written again or
+    /// Consul lost its data (see [`crate::decision`]) and the value it shows
+    /// now would put servers back in rotation (drain or maint left, or a
+    /// `ready` or weight appeared); the state from before is answered
+    /// (possibly none: held absent) until the key is written again or
     /// `state release-rollback`.
     RolledBack,
     /// The token may no longer read the key (a direct read answers 403);

@@ -155,3 +155,54 @@ fn watchdog_keeps_beating_while_the_first_read_is_retried() {
         .wait_exit(Duration::from_secs(10))
         .expect("exits");
 }
+
+/// An agent restarted with its state file while Consul is away answers from
+/// the file at once, tells systemd READY (it serves what it would through
+/// any Consul outage) while `/-/ready` stays 503, and outlives
+/// `--startup-timeout` instead of exiting.
+#[test]
+fn a_restart_from_the_state_file_is_ready_to_systemd_without_consul() {
+    let dir = TempDir::new("notify-state");
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let consul_port = free_port();
+    {
+        let consul = Consul::start_on(consul_port, &[]);
+        consul.put("canary", "drain");
+        let mut first = Agent::spawn_env(
+            &consul.url(),
+            free_port(),
+            free_port(),
+            &[],
+            &["--state-dir", state.to_str().unwrap()],
+        );
+        first.wait_ready();
+        assert_eq!(first.ask("web/web-cny-01 canary"), "drain 100%\n");
+        first.proc().signal("TERM");
+        first.proc().wait_exit(Duration::from_secs(10)).expect("exits");
+    }
+    let path = dir.path().join("notify.sock");
+    let socket = UnixDatagram::bind(&path).unwrap();
+    let mut agent = Agent::spawn_env(
+        &format!("http://127.0.0.1:{consul_port}"),
+        free_port(),
+        free_port(),
+        &[("NOTIFY_SOCKET", path.to_str().unwrap())],
+        &["--state-dir", state.to_str().unwrap(), "--startup-timeout", "1s"],
+    );
+    let seen = until(&socket, Duration::from_secs(10), |m| {
+        m.lines().any(|l| l == "READY=1")
+    });
+    assert!(
+        seen.last().unwrap().contains("STATUS=answering from the state file"),
+        "{seen:?}"
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    assert_eq!(agent.http_get("/-/ready").unwrap().0, 503);
+    // Past --startup-timeout: still up, still answering.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(agent.proc().try_wait().is_none(), "{}", agent.log());
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    agent.proc().signal("TERM");
+    agent.proc().wait_exit(Duration::from_secs(10)).expect("exits");
+}

@@ -47,7 +47,7 @@ class RecipeTest < Minitest::Test
 
   # Receiver for a recipe file.
   class Recorder
-    TYPES = %i[directory remote_file apt_repository apt_preference package template service].freeze
+    TYPES = %i[directory remote_file apt_repository apt_preference package template service execute file].freeze
     attr_reader :node, :resources, :included
 
     def initialize(node)
@@ -226,6 +226,36 @@ class RecipeTest < Minitest::Test
     assert_equal '/usr/sbin/haproxy -c -q -f %{path}', cfg.properties[:verify]
     assert_includes cfg.notifies, [:reload, 'service[haproxy]', :delayed]
     assert_equal %i[enable start], r.find(:service, 'haproxy').properties[:action]
+  end
+
+  GUARD = '/etc/systemd/system/haproxy.service.d/gitlab-haproxy-agent.conf'
+  RELOAD = 'execute[systemd daemon-reload for the haproxy drop-in]'
+
+  # The drop-in that makes HAProxy's reload ask the agent first comes before
+  # haproxy.cfg (whose change notifies the reload), and goes away with the
+  # agent.
+  def test_haproxy_recipe_guards_the_reload_with_the_agent_only
+    r = recorder.run('haproxy')
+    names = r.resources.map { |x| "#{x.type}[#{x.name}]" }
+    assert_operator names.index("template[#{GUARD}]"), :<, names.index('template[/etc/haproxy/haproxy.cfg]')
+    guard = r.find(:template, GUARD)
+    assert_equal 'haproxy-reload-guard.conf.erb', guard.properties[:source]
+    assert_equal({ agent_bin: '/usr/bin/gitlab-haproxy-agent', haproxy_bin: '/usr/sbin/haproxy',
+                   agent_addr: '127.0.0.1:9777', http_addr: '127.0.0.1:9778',
+                   override_file: '/run/gitlab-haproxy-agent-allow-haproxy-reload' }, guard.properties[:variables])
+    assert_includes guard.notifies, [:run, RELOAD, :immediately]
+    assert_equal :nothing, r.find(:execute, 'systemd daemon-reload for the haproxy drop-in').properties[:action]
+    text = ChefStandIn.render('haproxy-reload-guard.conf.erb', nil, guard.properties[:variables])
+    assert_equal ['', '/usr/bin/gitlab-haproxy-agent check-ready --agent-addr 127.0.0.1:9777 ' \
+                      '--http-addr 127.0.0.1:9778 --override-file /run/gitlab-haproxy-agent-allow-haproxy-reload',
+                  '/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS', '/bin/kill -USR2 $MAINPID'],
+                 text.lines.filter_map { |l| l.chomp.delete_prefix!('ExecReload=') }
+
+    r = recorder('agent' => { 'enable' => false }).run('haproxy')
+    gone = r.find(:file, GUARD)
+    assert_equal :delete, gone.properties[:action]
+    assert_includes gone.notifies, [:run, RELOAD, :immediately]
+    assert_raises(RuntimeError) { r.find(:template, GUARD) }
   end
 
   def test_haproxy_recipe_fails_before_changing_anything

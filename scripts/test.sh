@@ -43,10 +43,11 @@ suite "cargo test" cargo test --all-targets --locked --no-fail-fast
 # fault schedule with two of its CI seeds (both change the token policy while
 # writes go on; seed 10 reloads HAProxy then), about 45 s each.
 for v in 3.0 3.2; do
-  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule)" env \
+  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule, runtime_commands, reload_guard)" env \
     GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$v/bin/haproxy" \
     GHA_FAULT_SEEDS="4 10" \
-    cargo test --locked --test haproxy --test cookbook_e2e --test fault_schedule
+    cargo test --locked --test haproxy --test cookbook_e2e --test fault_schedule \
+    --test runtime_commands --test reload_guard
 done
 [ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh

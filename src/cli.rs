@@ -474,6 +474,13 @@ pub enum StateCommand {
         /// /etc/haproxy/haproxy.cfg, when it exists].
         #[arg(long, value_name = "PATH")]
         haproxy_config: Option<PathBuf>,
+        /// Also show what this running HAProxy (its stats socket, `show
+        /// stat`) has for the server now: its status and weight, and
+        /// whether its agent check was forced down at runtime (`set server
+        /// B/S agent down`), which keeps it DOWN whatever the agent answers
+        /// until `set server B/S agent up`.
+        #[arg(long, value_name = "PATH")]
+        haproxy_socket: Option<PathBuf>,
     },
     /// Release, on every agent, the keys held since Consul's data went
     /// backwards (index reset: a -dev restart, a rebuilt cluster, an old

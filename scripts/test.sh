@@ -53,6 +53,7 @@ done
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh
 suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck'
 [ -x debian/tests/static.sh ] && suite "package (static)" debian/tests/static.sh
+[ -x debian/tests/apt-repo.sh ] && suite "apt repository signing key" debian/tests/apt-repo.sh
 [ -x debian/tests/nspawn.sh ] && suite "package (systemd)" debian/tests/nspawn.sh
 [ -x deploy/kubernetes/test.sh ] && suite "kubernetes sidecar (podman)" deploy/kubernetes/test.sh
 

@@ -179,6 +179,21 @@ class RecipeTest < Minitest::Test
       refute run.call(two), "a key with another fingerprint (#{two_fpr}) is refused"
       refute run.call(both), 'a file with a second key beside the pinned one is refused'
       refute run.call(File.join(dir, 'missing.asc')), 'no file is refused'
+      empty = File.join(dir, 'empty.asc')
+      File.write(empty, '')
+      refute run.call(empty), 'a file with no key is refused'
+
+      # A rotation: both fingerprints listed; the file may hold both, or
+      # either one, but no other key.
+      r = recorder('apt' => { 'key_fingerprint' => [one_fpr, two_fpr.downcase] }).run('agent')
+      verify = r.find(:remote_file, KEYRING).properties[:verify]
+      assert run.call(both), 'both keys of a rotation'
+      assert run.call(one), 'the old key alone'
+      assert run.call(two), 'the new key alone'
+      three, = new_key(dir, 'three')
+      with_third = File.join(dir, 'with-third.asc')
+      File.write(with_third, File.read(both) + File.read(three))
+      refute run.call(with_third), 'a key not listed beside the listed ones is refused'
     end
   end
 
@@ -191,6 +206,12 @@ class RecipeTest < Minitest::Test
     end
     assert_refused("#{ATTR}.apt.key_fingerprint", /40 hex digits/) do
       recorder('apt' => { 'key_fingerprint' => '36926C95' }).run('agent')
+    end
+    assert_refused("#{ATTR}.apt.key_fingerprint", /list of them/) do
+      recorder('apt' => { 'key_fingerprint' => ['0123456789ABCDEF0123456789ABCDEF01234567', 'x'] }).run('agent')
+    end
+    assert_refused("#{ATTR}.apt.key_fingerprint", /list of them/) do
+      recorder('apt' => { 'key_fingerprint' => [] }).run('agent')
     end
     assert_refused("#{ATTR}.package.version", /Debian version/) do
       recorder('package' => { 'version' => 'latest' }).run('agent')

@@ -18,7 +18,9 @@
 #     for longer than the old start limit allowed) never locks the unit out:
 #     once the port is free it becomes active by itself;
 #   - reinstall and upgrade keep an edited /etc/default file and restart the
-#     unit; remove, install (with Consul unreachable), purge, install again
+#     running unit; an upgrade leaves a stopped unit stopped and a masked
+#     (frozen) one stopped and masked, which the cookbook's guard skips;
+#     unmask and start thaw it; remove, install (with Consul unreachable), purge, install again
 #     (settings written first, as the cookbook does) all succeed;
 #   - the apt mirror (scripts/apt-repo.sh, served on loopback HTTP): a
 #     repository signed with another key, or unsigned, is refused by
@@ -36,7 +38,7 @@
 #                (default /var/cache/gitlab-haproxy-agent-test)
 #   DEBOOTSTRAP_MIRROR=url   mirror for debootstrap (default: its own)
 # Needs: systemd-container, debootstrap, consul, curl, jq, iproute2, aptly,
-# gnupg (gpg, gpgv), python3.
+# gnupg (gpg, gpgv), python3, ruby.
 
 # Functions are mostly called through check/wait_for (SC2317); '$' in single
 # quotes is meant for dpkg-query, awk and inner shells (SC2016).
@@ -76,7 +78,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "nspawn.sh: run as root (systemd-nspawn, nsenter)" >&2
 	exit 1
 fi
-for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock aptly gpg gpgv gpgconf python3; do
+for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock aptly gpg gpgv gpgconf python3 ruby; do
 	command -v "$tool" >/dev/null || {
 		fail "tool '$tool' is missing (scripts/install-deps.sh installs it)"
 		finish
@@ -569,6 +571,40 @@ for step in "reinstall:/root/package.deb:$version" "upgrade:/root/newer.deb:$new
 	check "$what: still answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
 done
 
+# --- a stopped or frozen agent stays stopped ----------------------------------------------------
+# Upgrades use try-restart; the runbook's freeze is `systemctl mask --now`,
+# its thaw `systemctl unmask` + `systemctl start`; the cookbook's guard
+# (GitlabHaproxyAgent::Service::MASKED) skips a masked unit.
+masked_guard=$(ruby -e 'require ARGV[0]; print GitlabHaproxyAgent::Service::MASKED' \
+	"$repo/cookbook/gitlab-haproxy-agent/libraries/service.rb")
+cookbook_skips() { in_ct sh -c "$masked_guard"; }
+inactive_no_pid() { [ "$(state)" = inactive ] && [ "$(main_pid)" = 0 ]; }
+in_ct systemctl stop "$unit"
+check "stopped: inactive" inactive_no_pid
+check "stopped, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+sleep 2
+check "stopped, upgrade: still inactive, no process ($(state), MainPID $(main_pid))" inactive_no_pid
+check "stopped: the cookbook would start it (not masked)" not cookbook_skips
+in_ct systemctl start --no-block "$unit"
+check "started again: active" wait_for 60 is_active
+check "freeze: systemctl mask --now succeeds" in_ct systemctl mask --now "$unit"
+check "freeze: inactive" inactive_no_pid
+check "frozen: the cookbook's guard skips the unit" cookbook_skips
+check "frozen, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+sleep 2
+check "frozen, upgrade: still inactive ($(state), MainPID $(main_pid))" inactive_no_pid
+check "frozen, upgrade: still masked ($(prop UnitFileState))" test "$(prop UnitFileState)" = masked
+check "frozen: systemctl start is refused" not in_ct systemctl start "$unit"
+check "thaw: systemctl unmask succeeds" in_ct systemctl unmask "$unit"
+check "thaw: enabled again ($(in_ct systemctl is-enabled "$unit"))" \
+	test "$(in_ct systemctl is-enabled "$unit")" = enabled
+in_ct systemctl start --no-block "$unit"
+check "thaw: active after systemctl start" wait_for 60 is_active
+check "thaw: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+pid=$(main_pid)
+check "running, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+check "running, upgrade: restarted (try-restart) and active" wait_for 60 restarted_since "$pid"
+
 # --- remove, install, purge, install again ---------------------------------------------------------
 check "remove: dpkg -r succeeds" dpkg_ct -r "$pkg"
 check "remove: unit stopped" not is_active
@@ -605,6 +641,10 @@ use_repo() { # use_repo NAME: the node's source points at $mirror/NAME
 		>"$root$sources"
 }
 apt_update() { # output in $work/apt-update.log
+	# The lists fetched before are dropped: the mirror's files may change
+	# within the second of the last fetch, and python's http.server answers
+	# If-Modified-Since by whole seconds (304, the old index kept).
+	rm -f "$root"/var/lib/apt/lists/127.0.0.1*
 	in_ct apt-get update -o Dir::Etc::SourceList="$sources" -o Dir::Etc::SourceParts=/dev/null \
 		-o APT::Get::List-Cleanup=0 >"$work/apt-update.log" 2>&1
 }

@@ -8,7 +8,8 @@
 # mirror's key for that source only, at the pinned version when
 # package.version is set; attributes/apt.rb), writes its settings to
 # /etc/default/gitlab-haproxy-agent and keeps the service enabled and
-# running, restarted when the settings or the package change. A restart is
+# running, restarted when the settings or the package change, unless an
+# operator masked it (froze the agent). A restart is
 # harmless to traffic: while the port is closed HAProxy keeps each server's
 # last state.
 
@@ -106,9 +107,12 @@ package 'gitlab-haproxy-agent' do
   action :install
 end
 
+# A masked unit is an agent an operator froze: no action and no restart
+# touches it (guards apply to notified actions too) until it is unmasked.
 service 'gitlab-haproxy-agent' do
   supports status: true, restart: true
   action [:enable, :start]
+  not_if GitlabHaproxyAgent::Service::MASKED
   subscribes :restart, 'template[/etc/default/gitlab-haproxy-agent]', :delayed
   subscribes :restart, 'package[gitlab-haproxy-agent]', :delayed
 end

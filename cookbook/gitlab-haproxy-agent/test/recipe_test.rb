@@ -138,6 +138,9 @@ class RecipeTest < Minitest::Test
 
     service = r.find(:service, 'gitlab-haproxy-agent')
     assert_equal %i[enable start], service.properties[:action]
+    # A frozen (masked) agent is neither enabled, started nor restarted.
+    assert_equal GitlabHaproxyAgent::Service::MASKED, service.properties[:not_if]
+    assert_includes service.properties[:not_if], 'gitlab-haproxy-agent.service'
     assert_includes service.subscribes, [:restart, 'template[/etc/default/gitlab-haproxy-agent]', :delayed]
     assert_includes service.subscribes, [:restart, 'package[gitlab-haproxy-agent]', :delayed]
   end

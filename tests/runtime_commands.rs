@@ -127,5 +127,7 @@ fn runtime_agent_down_is_not_undone_by_replies_and_explain_reports_it() {
     h.command("set server web/web-01 agent down");
     h.wait_server("web", "web-01", CONVERGE, |s| s.op_state == 0);
     h.reload();
-    h.wait_server("web", "web-01", CONVERGE, |s| s.op_state == 2 && s.is_drain());
+    h.wait_server("web", "web-01", CONVERGE, |s| {
+        s.op_state == 2 && s.is_drain()
+    });
 }

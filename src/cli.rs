@@ -42,6 +42,46 @@ pub enum Command {
     /// Read and write desired state in Consul KV (the writer CLI): validated
     /// values, compare-and-set, drain -> wait -> maint sequences.
     State(StateArgs),
+    /// Exit 0 when the local agent is ready and answering, 69 when not: for
+    /// HAProxy's ExecReload (the cookbook's drop-in), so that a reload,
+    /// which starts every server READY, is refused while no agent would put
+    /// the drained ones back.
+    ///
+    /// Ready: `/-/ready` on the agent's HTTP port answers 200 (synced with
+    /// Consul). Answering: the agent-check port answers the line
+    /// `check-ready` (a group name, seen on `/status` for 10 minutes). A
+    /// file at --override-file younger than --override-max-age lets the
+    /// reload through anyway (exit 0, with a warning), for the day the agent
+    /// itself is what is broken.
+    CheckReady(CheckReadyArgs),
+}
+
+/// Default override file of `check-ready` (under /run: gone at reboot).
+pub const DEFAULT_RELOAD_OVERRIDE: &str = "/run/gitlab-haproxy-agent-allow-haproxy-reload";
+
+/// Options of `check-ready`.
+#[derive(Debug, Args, Clone)]
+pub struct CheckReadyArgs {
+    /// The agent-check address to ask [default: --listen, i.e.
+    /// $GITLAB_HAPROXY_AGENT_LISTEN, else 127.0.0.1:9777]; an unspecified
+    /// address (0.0.0.0, ::) is asked on loopback.
+    #[arg(long, value_name = "IP:PORT")]
+    pub agent_addr: Option<SocketAddr>,
+    /// The agent's HTTP address [default: --http-listen, i.e.
+    /// $GITLAB_HAPROXY_AGENT_HTTP_LISTEN, else 127.0.0.1:9778].
+    #[arg(long, value_name = "IP:PORT")]
+    pub http_addr: Option<SocketAddr>,
+    /// Time each of the two questions may take.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// A file whose presence lets the reload through while the agent is not
+    /// ready (`touch` it, reload, remove it).
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_RELOAD_OVERRIDE)]
+    pub override_file: PathBuf,
+    /// An override file older than this (by its modification time) is
+    /// ignored, so one left behind does not disarm the check for good.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub override_max_age: Duration,
 }
 
 /// How to reach Consul; shared by the daemon and the writer (global, so they
@@ -444,6 +484,13 @@ pub enum StateCommand {
         /// /etc/haproxy/haproxy.cfg, when it exists].
         #[arg(long, value_name = "PATH")]
         haproxy_config: Option<PathBuf>,
+        /// Also show what this running HAProxy (its stats socket, `show
+        /// stat`) has for the server now: its status and weight, and
+        /// whether its agent check was forced down at runtime (`set server
+        /// B/S agent down`), which keeps it DOWN whatever the agent answers
+        /// until `set server B/S agent up`.
+        #[arg(long, value_name = "PATH")]
+        haproxy_socket: Option<PathBuf>,
     },
     /// Release, on every agent, the keys held since Consul's data went
     /// backwards (index reset: a -dev restart, a rebuilt cluster, an old

@@ -23,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod check_ready;
 pub mod cli;
 pub mod consul;
 pub mod decision;

@@ -79,8 +79,14 @@ fn main() -> ExitCode {
             return usage_error(&message);
         }
     };
-    if let Some(Command::State(state)) = &cli.command {
-        return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
+    match &cli.command {
+        Some(Command::State(state)) => {
+            return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
+        }
+        Some(Command::CheckReady(args)) => {
+            return gitlab_haproxy_agent::check_ready::main(&cli.agent, args);
+        }
+        None => {}
     }
     let config = match AgentConfig::from_cli(&cli, &fallbacks()) {
         Ok(c) => c,

@@ -18,13 +18,19 @@
 #     for longer than the old start limit allowed) never locks the unit out:
 #     once the port is free it becomes active by itself;
 #   - reinstall and upgrade keep an edited /etc/default file and restart the
-#     unit; remove, install (with Consul unreachable), purge, install again
+#     running unit; an upgrade leaves a stopped unit stopped and a masked
+#     (frozen) one stopped and masked, which the cookbook's guard skips;
+#     unmask and start thaw it; remove, install (with Consul unreachable), purge, install again
 #     (settings written first, as the cookbook does) all succeed;
 #   - the apt mirror (scripts/apt-repo.sh, served on loopback HTTP): a
 #     repository signed with another key, or unsigned, is refused by
 #     apt-get update; from the signed one apt-get installs the package with
 #     signed-by, a version pin holds it, and apt-get upgrade takes the newer
-#     version once it is published.
+#     version once it is published;
+#   - a key rotation (runbook "Rotating the apt signing key"): a node that
+#     installed from the old key takes the key file with both keys, then
+#     upgrades from the mirror signed by the new key; a node with the old
+#     key alone is refused; at the end the new key alone is enough.
 #
 # Usage: debian/tests/nspawn.sh        (as root)
 #   DEB=path     test this .deb instead of building one with `cargo deb`
@@ -32,7 +38,7 @@
 #                (default /var/cache/gitlab-haproxy-agent-test)
 #   DEBOOTSTRAP_MIRROR=url   mirror for debootstrap (default: its own)
 # Needs: systemd-container, debootstrap, consul, curl, jq, iproute2, aptly,
-# gnupg, python3.
+# gnupg (gpg, gpgv), python3, ruby.
 
 # Functions are mostly called through check/wait_for (SC2317); '$' in single
 # quotes is meant for dpkg-query, awk and inner shells (SC2016).
@@ -72,7 +78,7 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "nspawn.sh: run as root (systemd-nspawn, nsenter)" >&2
 	exit 1
 fi
-for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock aptly gpg gpgconf python3; do
+for tool in systemd-nspawn debootstrap nsenter consul curl jq ss dpkg-deb flock aptly gpg gpgv gpgconf python3 ruby; do
 	command -v "$tool" >/dev/null || {
 		fail "tool '$tool' is missing (scripts/install-deps.sh installs it)"
 		finish
@@ -195,14 +201,16 @@ log "ports: consul http $consul_http, agent $agent_port, agent http $http_port, 
 # Throwaway keys; the repositories are served from $work/www on loopback.
 # Each starts with the current version only; the newer one is published
 # later, as a release would be.
-new_key() { # new_key GNUPGHOME: prints the fingerprint of a new signing key
+new_key() { # new_key GNUPGHOME: prints the fingerprint of a new signing key (the last made)
 	install -d -m 0700 "$1"
-	GNUPGHOME=$1 gpg --batch --passphrase '' --quick-gen-key \
+	GNUPGHOME=$1 gpg --batch --yes --passphrase '' --quick-gen-key \
 		"gitlab-haproxy-agent test <apt@example.invalid>" ed25519 sign never 2>/dev/null &&
-		GNUPGHOME=$1 gpg --batch --with-colons --list-secret-keys | awk -F: '$1 == "fpr" { print $10; exit }'
+		GNUPGHOME=$1 gpg --batch --with-colons --list-secret-keys |
+		awk -F: '$1 == "sec" { p = 1; next } $1 == "fpr" && p { f = $10; p = 0 } END { print f }'
 }
-publish() { # publish GNUPGHOME KEY OUT_DIR DEB_DIR: scripts/apt-repo.sh, output in the log
-	GNUPGHOME=$1 APT_REPO_KEY=$2 APT_REPO_DEBS=$4 "$repo/scripts/apt-repo.sh" "$3" >>"$work/apt-repo.log" 2>&1 || {
+publish() { # publish GNUPGHOME KEY OUT_DIR DEB_DIR [OVERLAP_KEY]: scripts/apt-repo.sh, output in the log
+	GNUPGHOME=$1 APT_REPO_KEY=$2 APT_REPO_DEBS=$4 APT_REPO_OVERLAP_KEY=${5:-} \
+		"$repo/scripts/apt-repo.sh" "$3" >>"$work/apt-repo.log" 2>&1 || {
 		tail -n 20 "$work/apt-repo.log"
 		return 1
 	}
@@ -563,6 +571,40 @@ for step in "reinstall:/root/package.deb:$version" "upgrade:/root/newer.deb:$new
 	check "$what: still answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
 done
 
+# --- a stopped or frozen agent stays stopped ----------------------------------------------------
+# Upgrades use try-restart; the runbook's freeze is `systemctl mask --now`,
+# its thaw `systemctl unmask` + `systemctl start`; the cookbook's guard
+# (GitlabHaproxyAgent::Service::MASKED) skips a masked unit.
+masked_guard=$(ruby -e 'require ARGV[0]; print GitlabHaproxyAgent::Service::MASKED' \
+	"$repo/cookbook/gitlab-haproxy-agent/libraries/service.rb")
+cookbook_skips() { in_ct sh -c "$masked_guard"; }
+inactive_no_pid() { [ "$(state)" = inactive ] && [ "$(main_pid)" = 0 ]; }
+in_ct systemctl stop "$unit"
+check "stopped: inactive" inactive_no_pid
+check "stopped, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+sleep 2
+check "stopped, upgrade: still inactive, no process ($(state), MainPID $(main_pid))" inactive_no_pid
+check "stopped: the cookbook would start it (not masked)" not cookbook_skips
+in_ct systemctl start --no-block "$unit"
+check "started again: active" wait_for 60 is_active
+check "freeze: systemctl mask --now succeeds" in_ct systemctl mask --now "$unit"
+check "freeze: inactive" inactive_no_pid
+check "frozen: the cookbook's guard skips the unit" cookbook_skips
+check "frozen, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+sleep 2
+check "frozen, upgrade: still inactive ($(state), MainPID $(main_pid))" inactive_no_pid
+check "frozen, upgrade: still masked ($(prop UnitFileState))" test "$(prop UnitFileState)" = masked
+check "frozen: systemctl start is refused" not in_ct systemctl start "$unit"
+check "thaw: systemctl unmask succeeds" in_ct systemctl unmask "$unit"
+check "thaw: enabled again ($(in_ct systemctl is-enabled "$unit"))" \
+	test "$(in_ct systemctl is-enabled "$unit")" = enabled
+in_ct systemctl start --no-block "$unit"
+check "thaw: active after systemctl start" wait_for 60 is_active
+check "thaw: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+pid=$(main_pid)
+check "running, upgrade: dpkg -i succeeds" dpkg_ct -i /root/newer.deb
+check "running, upgrade: restarted (try-restart) and active" wait_for 60 restarted_since "$pid"
+
 # --- remove, install, purge, install again ---------------------------------------------------------
 check "remove: dpkg -r succeeds" dpkg_ct -r "$pkg"
 check "remove: unit stopped" not is_active
@@ -599,6 +641,10 @@ use_repo() { # use_repo NAME: the node's source points at $mirror/NAME
 		>"$root$sources"
 }
 apt_update() { # output in $work/apt-update.log
+	# The lists fetched before are dropped: the mirror's files may change
+	# within the second of the last fetch, and python's http.server answers
+	# If-Modified-Since by whole seconds (304, the old index kept).
+	rm -f "$root"/var/lib/apt/lists/127.0.0.1*
 	in_ct apt-get update -o Dir::Etc::SourceList="$sources" -o Dir::Etc::SourceParts=/dev/null \
 		-o APT::Get::List-Cleanup=0 >"$work/apt-update.log" 2>&1
 }
@@ -663,9 +709,45 @@ check "install after purge: the token written first is kept" \
 check "install after purge: active on its first start" wait_for 60 is_active
 check "install after purge: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
 
-# A release: the newer version joins the mirror, the current one stays.
-check "publish: scripts/apt-repo.sh adds $newer_version to the signed mirror" \
-	publish "$work/gnupg" "$apt_key" "$work/www/signed" "$work/debs-2"
+# A key rotation, as the runbook's "Rotating the apt signing key" does it:
+# the new key joins the same keyring under the same user ID; the mirror,
+# still signed by the old key, publishes both public keys; the node takes
+# the key file (as Chef would); then the release is signed by the new key.
+keyring=/etc/apt/keyrings/$pkg.asc
+key_count() { gpg --batch --with-colons --show-keys "$root$keyring" 2>/dev/null | grep -c '^pub:'; }
+signed_by() { # signed_by FPR: the mirror's InRelease verifies with FPR's public key alone
+	GNUPGHOME=$work/gnupg gpg --batch --export "$1" >"$work/one-key.gpg" &&
+		gpgv --status-fd 1 --keyring "$work/one-key.gpg" "$work/www/signed/dists/bookworm/InRelease" \
+			2>/dev/null | grep -q "VALIDSIG $1 "
+}
+next_key=$(new_key "$work/gnupg")
+check "rotation: a new key $next_key beside the old one, same user ID" \
+	test -n "$next_key" -a "$next_key" != "$apt_key"
+check "rotation: the mirror, signed by the old key, publishes both public keys" \
+	publish "$work/gnupg" "$apt_key" "$work/www/signed" "$work/debs-1" "$next_key"
+install -m 0644 "$work/www/signed/release.asc" "$root$keyring"
+check "rotation: the node's key file holds both keys ($(key_count))" test "$(key_count)" -eq 2
+check "rotation: apt-get update succeeds with both keys" apt_update || cat "$work/apt-update.log"
+
+# A release: the newer version joins the mirror, the current one stays,
+# signed by the new key (the old one stays in release.asc for the overlap).
+check "publish: scripts/apt-repo.sh adds $newer_version to the mirror, signed by the new key" \
+	publish "$work/gnupg" "$next_key" "$work/www/signed" "$work/debs-2" "$apt_key"
+check "publish: it says 'signed by $next_key'" \
+	grep -q "signed by $next_key" "$work/apt-repo.log"
+check "publish: InRelease verifies with the new key alone" signed_by "$next_key"
+check "publish: not with the old key" not signed_by "$apt_key"
+# A node that never took the new key cannot read the mirror any more: the
+# overlap is what keeps the fleet updating.
+GNUPGHOME=$work/gnupg gpg --batch --armor --export "$apt_key" >"$work/old-only.asc"
+install -m 0644 "$work/old-only.asc" "$root$keyring"
+if apt_update; then
+	fail "rotation: a node with the old key only refuses the new signature"
+else
+	check "rotation: a node with the old key only refuses the new signature (NO_PUBKEY ${next_key: -16})" \
+		update_log_has "NO_PUBKEY ${next_key: -16}"
+fi
+install -m 0644 "$work/www/signed/release.asc" "$root$keyring"
 # A rebuilt .deb under a version already published is refused, nothing changed.
 dpkg-deb -R "$deb" "$work/rebuilt"
 printf '\n' >>"$work/rebuilt/usr/share/doc/$pkg/copyright"
@@ -696,5 +778,14 @@ check "upgrade: version $newer_version installed" installed_is "$newer_version"
 check "upgrade: the settings written first are kept" test "$(sha /etc/default/$pkg)" = "$preset_sha"
 check "upgrade: unit restarted and active" wait_for 60 restarted_since "$pid"
 check "upgrade: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+
+# The end of the overlap: release.asc holds the new key only, and the node
+# reads the mirror with it alone.
+check "rotation done: the mirror publishes the new key only" \
+	publish "$work/gnupg" "$next_key" "$work/www/signed" "$work/debs-2"
+install -m 0644 "$work/www/signed/release.asc" "$root$keyring"
+check "rotation done: the node's key file holds one key" test "$(key_count)" -eq 1
+check "rotation done: apt-get update succeeds" apt_update || cat "$work/apt-update.log"
+check "rotation done: candidate $newer_version" test "$(candidate)" = "$newer_version"
 
 finish

@@ -23,6 +23,7 @@ max_exposure=5.0
 
 work=$(mktemp -d /tmp/$pkg-static.XXXXXX)
 cleanup() { rm -rf "$work"; }
+not() { ! "$@"; }
 trap cleanup EXIT
 
 clean_clone=0
@@ -89,7 +90,10 @@ check "/etc/default/$pkg is a conffile" grep -qx "/etc/default/$pkg" "$work/cont
 check "Depends names adduser (postinst creates the user with it)" \
 	grep -Eq '^Depends:.*\badduser\b' "$work/control/control"
 check "postinst creates the system user" grep -q 'adduser --system' "$work/control/postinst"
-check "postinst enables and starts the unit" grep -q "deb-systemd-invoke .*$unit" "$work/control/postinst"
+check "postinst starts the unit on a first install" grep -q "deb-systemd-invoke start .*$unit" "$work/control/postinst"
+check "postinst restarts it on upgrade only if it runs (try-restart)" \
+	grep -q "deb-systemd-invoke try-restart .*$unit" "$work/control/postinst"
+check "postinst never restarts unconditionally" not grep -Eq "deb-systemd-invoke (restart|\\\$_dh_action)" "$work/control/postinst"
 check "postrm cleans up on purge" grep -q 'purge' "$work/control/postrm"
 
 directive() { # directive Key value: the unit has exactly the line Key=value

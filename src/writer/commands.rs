@@ -12,6 +12,7 @@ use super::confirm;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::execute::Writer;
 use super::haproxy;
+use super::live;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
 use super::progress::Confirmation;
@@ -134,7 +135,16 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         StateCommand::Explain {
             identities,
             haproxy_config,
-        } => writer.explain(identities, haproxy_config.as_deref()).await,
+            haproxy_socket,
+        } => {
+            writer
+                .explain(
+                    identities,
+                    haproxy_config.as_deref(),
+                    haproxy_socket.as_deref(),
+                )
+                .await
+        }
         StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
         StateCommand::Status(status) => writer.status(status).await,
     };
@@ -345,8 +355,12 @@ impl Writer {
         &self,
         identities: &[String],
         config: Option<&Path>,
+        socket: Option<&Path>,
     ) -> Result<(), Failure> {
         let mut line = identities.join(" ");
+        // `<backend>/<server>` of the server, for --haproxy-socket: the one
+        // found in the configuration, else the row key given first.
+        let mut server_id = identities.first().filter(|i| is_row_key(i)).cloned();
         let lone_row_key = identities.len() == 1 && is_row_key(&identities[0]);
         let explicit = config.is_some();
         let mut config = config_path(config).filter(|_| lone_row_key);
@@ -359,9 +373,12 @@ impl Writer {
                 .find(|s| s.row_key() == Some(line.as_str()))
                 .or_else(|| servers.iter().find(|s| s.id() == line))
                 .filter(|s| !s.identities().is_empty())
-                .map(|s| s.identities().join(" "));
+                .map(|s| (s.id(), s.identities().join(" ")));
             match found {
-                Some(found) => line = found,
+                Some((id, found)) => {
+                    server_id = Some(id);
+                    line = found;
+                }
                 // The default configuration is this load balancer's; the
                 // server may be another's: answered as with none.
                 None if !explicit => config = None,
@@ -493,9 +510,31 @@ impl Writer {
                 )
             }
         };
+        let live = match (socket, &server_id) {
+            (Some(path), Some(id)) => {
+                let (backend, server) = id.split_once('/').unwrap_or((id.as_str(), ""));
+                match live::server_from_socket(path, backend, server)? {
+                    Some(live) => Some(live),
+                    None => {
+                        return Err(Failure::invalid(format!(
+                            "HAProxy at {} has no server {id}",
+                            path.display()
+                        )))
+                    }
+                }
+            }
+            (Some(_), None) => {
+                return Err(Failure::usage(
+                    "--haproxy-socket needs the server's row key <backend>/<server> first"
+                        .to_string(),
+                ))
+            }
+            _ => None,
+        };
         if self.json {
             self.print_json(json!({
                 "ok": true,
+                "haproxy": live,
                 "line": line,
                 "line_from": config.as_ref().map(|p| p.display().to_string()),
                 "reply": reply,
@@ -518,6 +557,9 @@ impl Writer {
             .collect();
         print!("{}", table(&["IDENTITY", "VALUE", "ROLE"], &table_rows));
         println!("Consul index {}.", answer.index);
+        if let (Some(live), Some(path)) = (&live, socket) {
+            println!("{}", live.describe(path));
+        }
         Ok(())
     }
 }

@@ -544,6 +544,11 @@ pub fn with_admin_flag_from_socket(
 
 /// The raw answer to `show servers state` on the stats socket at `path`.
 fn show_servers_state(path: &Path) -> Result<String, SourceError> {
+    socket_command(path, "show servers state")
+}
+
+/// The raw answer to one command on the stats socket at `path`.
+pub(super) fn socket_command(path: &Path, command: &str) -> Result<String, SourceError> {
     let io = |e: std::io::Error| SourceError::Io {
         what: "HAProxy stats socket",
         path: path.display().to_string(),
@@ -552,7 +557,9 @@ fn show_servers_state(path: &Path) -> Result<String, SourceError> {
     let mut stream = UnixStream::connect(path).map_err(io)?;
     stream.set_read_timeout(Some(SOCKET_TIMEOUT)).map_err(io)?;
     stream.set_write_timeout(Some(SOCKET_TIMEOUT)).map_err(io)?;
-    stream.write_all(b"show servers state\n").map_err(io)?;
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .map_err(io)?;
     let mut out = String::new();
     stream.read_to_string(&mut out).map_err(io)?;
     Ok(out)

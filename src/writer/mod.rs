@@ -18,6 +18,7 @@ pub mod error;
 mod execute;
 pub mod fleet;
 pub mod haproxy;
+pub mod live;
 pub mod output;
 pub mod plan;
 mod progress;

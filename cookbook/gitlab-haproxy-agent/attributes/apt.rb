@@ -14,9 +14,10 @@ default['gitlab-haproxy-agent']['apt']['uri'] = nil
 # by the source's signed-by, so it vouches for this repository only, never
 # for the node's other sources. Must be set by the role.
 default['gitlab-haproxy-agent']['apt']['key'] = nil
-# Full fingerprint of that key (40 hex digits). When set, a downloaded key
-# file holding anything but this one key fails the Chef run before apt uses
-# it. nil: the key is trusted as the mirror serves it.
+# Full fingerprint of that key (40 hex digits), or, during a key rotation,
+# a list of the old and the new one. When set, a downloaded key file holding
+# a key not listed here (or none) fails the Chef run before apt uses it.
+# nil: the key is trusted as the mirror serves it.
 default['gitlab-haproxy-agent']['apt']['key_fingerprint'] = nil
 # The suite (apt-repo.sh's APT_REPO_SUITE). nil: the node's release codename.
 default['gitlab-haproxy-agent']['apt']['distribution'] = nil

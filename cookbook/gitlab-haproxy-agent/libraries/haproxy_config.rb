@@ -31,6 +31,12 @@ module GitlabHaproxyAgent
        'agent options come from the agent attributes through AgentCheck only (no server is enrolled by hand)'],
     ].freeze
     WEIGHT = /(?:\A|\s)weight\s+(\S+)/.freeze
+    DISABLED = /(\A|\s)disabled(\s|\z)/.freeze
+    DEFAULT_SERVER = /\A\s*default-server\s/.freeze
+    # HAProxy starts a `disabled` server in MAINT and the agent's first
+    # `ready` puts it in service (`ready` clears MAINT whoever set it).
+    DISABLED_WHY = "starts the server in MAINT and the agent's first 'ready' puts it in service; keep a " \
+                   'server out with `gitlab-haproxy-agent state set <backend>/<server> maint` instead'
 
     module_function
 
@@ -47,6 +53,9 @@ module GitlabHaproxyAgent
       backends_attr = present(hash_attr(haproxy['backends'], 'haproxy.backends'))
       plan = enabled ? agent_plan(agent, backends_attr.keys.map(&:to_s)) : nil
 
+      if plan && backends_attr.keys.any? { |name| !plan[:excluded].include?(name.to_s) }
+        refuse_disabled_default_server!(haproxy['defaults'], 'haproxy.defaults')
+      end
       frontends_attr = present(hash_attr(haproxy['frontends'], 'haproxy.frontends'))
       check_proxy_names!(frontends_attr.keys.map(&:to_s), backends_attr.keys.map(&:to_s))
 
@@ -140,6 +149,7 @@ module GitlabHaproxyAgent
       lines = lines_attr(attrs['options'], "#{attr}.options")
       enrolled = plan && !plan[:excluded].include?(name)
       if enrolled
+        refuse_disabled_default_server!(attrs['options'], "#{attr}.options")
         lines.each do |line|
           next unless line.match?(/\A\s*(server|server-template)\s/)
 
@@ -247,9 +257,8 @@ module GitlabHaproxyAgent
       base = ["#{head} #{address}", options].reject(&:empty?).join(' ')
       return Server.new(name: name, base: base, agent: nil) unless plan
 
-      if options.match?(/(\A|\s)disabled(\s|\z)/)
-        raise ConfigError, "#{ATTR}.#{attr}.options: 'disabled' on an enrolled server is undone by the agent's " \
-                           "'ready'; write maint for it in Consul instead"
+      if options.match?(DISABLED)
+        raise ConfigError, "#{ATTR}.#{attr}.options: 'disabled' on an enrolled server #{DISABLED_WHY}"
       end
       weight, weight_attr = configured_weight(attrs, options, attr, backend_lines, backend, defaults)
       agent = AgentCheck.server_options(
@@ -314,6 +323,19 @@ module GitlabHaproxyAgent
         line = line.strip
         check_line!(line, "#{attr}.#{name}")
         lines << line unless line.empty?
+      end
+    end
+
+    # `disabled` on a default-server line reaches every server after it: of
+    # its backend, or (in defaults) of every backend.
+    def refuse_disabled_default_server!(lines, attr)
+      return unless lines.is_a?(Hash)
+
+      lines.each do |name, line|
+        next unless line.is_a?(String) && line.match?(DEFAULT_SERVER) && line.match?(DISABLED)
+
+        raise ConfigError, "#{ATTR}.#{attr}.#{name}: #{line.strip.inspect}: 'disabled' on a default-server line " \
+                           "that reaches enrolled servers #{DISABLED_WHY}"
       end
     end
 

@@ -8,7 +8,8 @@
 # mirror's key for that source only, at the pinned version when
 # package.version is set; attributes/apt.rb), writes its settings to
 # /etc/default/gitlab-haproxy-agent and keeps the service enabled and
-# running, restarted when the settings or the package change. A restart is
+# running, restarted when the settings or the package change, unless an
+# operator masked it (froze the agent). A restart is
 # harmless to traffic: while the port is closed HAProxy keeps each server's
 # last state.
 
@@ -26,11 +27,14 @@ keyring = '/etc/apt/keyrings/gitlab-haproxy-agent.asc'
   raise GitlabHaproxyAgent::ConfigError,
         "gitlab-haproxy-agent.apt.#{name} must be #{what} (http or https), got #{apt_attrs[name].inspect}"
 end
-fingerprint = apt_attrs['key_fingerprint']&.to_s&.delete(' ')&.upcase
-if fingerprint && !fingerprint.match?(/\A[0-9A-F]{40}\z/)
+# One fingerprint, or a list during a key rotation (the old key and the new).
+fingerprints = apt_attrs['key_fingerprint'].nil? ? nil : Array(apt_attrs['key_fingerprint'])
+fingerprints&.map! { |f| f.to_s.delete(' ').upcase }
+if fingerprints && (fingerprints.empty? || !fingerprints.all? { |f| f.match?(/\A[0-9A-F]{40}\z/) })
   raise GitlabHaproxyAgent::ConfigError,
         'gitlab-haproxy-agent.apt.key_fingerprint must be the full fingerprint of the signing key ' \
-        "(40 hex digits, `gpg --show-keys release.asc`), got #{apt_attrs['key_fingerprint'].inspect}"
+        '(40 hex digits, `gpg --show-keys release.asc`), or a list of them during a key rotation, ' \
+        "got #{apt_attrs['key_fingerprint'].inspect}"
 end
 # Debian policy 5.6.12: [epoch:]upstream[-revision], starting with a digit.
 if pin_version && !pin_version.to_s.match?(/\A([0-9]+:)?[0-9][A-Za-z0-9.+~:-]*\z/)
@@ -46,17 +50,23 @@ directory '/etc/apt/keyrings' do
   mode '0755'
 end
 
-# Fetched at every run; with a fingerprint set, a file that is not exactly
-# that one key is refused (the old file stays) and the run fails.
+# Fetched at every run; with fingerprints set, a file holding no key or a key
+# not listed is refused (the old file stays) and the run fails. During a
+# rotation the file holds both keys (scripts/apt-repo.sh's
+# APT_REPO_OVERLAP_KEY) and apt trusts either.
 remote_file keyring do
   source apt_attrs['key']
   owner 'root'
   group 'root'
   mode '0644' # apt reads it as _apt
-  if fingerprint
+  if fingerprints
+    # The first fpr after each pub is that primary key's; subkeys' are not
+    # checked (they belong to a listed key).
+    listed = fingerprints.map { |f| "ok[\"#{f}\"] = 1" }.join('; ')
     verify "gpg --batch --no-autostart --show-keys --with-colons %{path} | awk -F: '" \
-           "$1 == \"pub\" { n++ } $1 == \"fpr\" && f == \"\" { f = $10 } " \
-           "END { exit !(n == 1 && f == \"#{fingerprint}\") }'"
+           "BEGIN { #{listed} } " \
+           "$1 == \"pub\" { n++; p = 1; next } $1 == \"fpr\" && p { p = 0; if (!($10 in ok)) bad++ } " \
+           "END { exit !(n >= 1 && bad == 0) }'"
   end
 end
 
@@ -97,9 +107,12 @@ package 'gitlab-haproxy-agent' do
   action :install
 end
 
+# A masked unit is an agent an operator froze: no action and no restart
+# touches it (guards apply to notified actions too) until it is unmasked.
 service 'gitlab-haproxy-agent' do
   supports status: true, restart: true
   action [:enable, :start]
+  not_if GitlabHaproxyAgent::Service::MASKED
   subscribes :restart, 'template[/etc/default/gitlab-haproxy-agent]', :delayed
   subscribes :restart, 'package[gitlab-haproxy-agent]', :delayed
 end

@@ -47,7 +47,7 @@ class RecipeTest < Minitest::Test
 
   # Receiver for a recipe file.
   class Recorder
-    TYPES = %i[directory remote_file apt_repository apt_preference package template service].freeze
+    TYPES = %i[directory remote_file apt_repository apt_preference package template service execute file].freeze
     attr_reader :node, :resources, :included
 
     def initialize(node)
@@ -138,6 +138,9 @@ class RecipeTest < Minitest::Test
 
     service = r.find(:service, 'gitlab-haproxy-agent')
     assert_equal %i[enable start], service.properties[:action]
+    # A frozen (masked) agent is neither enabled, started nor restarted.
+    assert_equal GitlabHaproxyAgent::Service::MASKED, service.properties[:not_if]
+    assert_includes service.properties[:not_if], 'gitlab-haproxy-agent.service'
     assert_includes service.subscribes, [:restart, 'template[/etc/default/gitlab-haproxy-agent]', :delayed]
     assert_includes service.subscribes, [:restart, 'package[gitlab-haproxy-agent]', :delayed]
   end
@@ -179,6 +182,21 @@ class RecipeTest < Minitest::Test
       refute run.call(two), "a key with another fingerprint (#{two_fpr}) is refused"
       refute run.call(both), 'a file with a second key beside the pinned one is refused'
       refute run.call(File.join(dir, 'missing.asc')), 'no file is refused'
+      empty = File.join(dir, 'empty.asc')
+      File.write(empty, '')
+      refute run.call(empty), 'a file with no key is refused'
+
+      # A rotation: both fingerprints listed; the file may hold both, or
+      # either one, but no other key.
+      r = recorder('apt' => { 'key_fingerprint' => [one_fpr, two_fpr.downcase] }).run('agent')
+      verify = r.find(:remote_file, KEYRING).properties[:verify]
+      assert run.call(both), 'both keys of a rotation'
+      assert run.call(one), 'the old key alone'
+      assert run.call(two), 'the new key alone'
+      three, = new_key(dir, 'three')
+      with_third = File.join(dir, 'with-third.asc')
+      File.write(with_third, File.read(both) + File.read(three))
+      refute run.call(with_third), 'a key not listed beside the listed ones is refused'
     end
   end
 
@@ -191,6 +209,12 @@ class RecipeTest < Minitest::Test
     end
     assert_refused("#{ATTR}.apt.key_fingerprint", /40 hex digits/) do
       recorder('apt' => { 'key_fingerprint' => '36926C95' }).run('agent')
+    end
+    assert_refused("#{ATTR}.apt.key_fingerprint", /list of them/) do
+      recorder('apt' => { 'key_fingerprint' => ['0123456789ABCDEF0123456789ABCDEF01234567', 'x'] }).run('agent')
+    end
+    assert_refused("#{ATTR}.apt.key_fingerprint", /list of them/) do
+      recorder('apt' => { 'key_fingerprint' => [] }).run('agent')
     end
     assert_refused("#{ATTR}.package.version", /Debian version/) do
       recorder('package' => { 'version' => 'latest' }).run('agent')
@@ -226,6 +250,36 @@ class RecipeTest < Minitest::Test
     assert_equal '/usr/sbin/haproxy -c -q -f %{path}', cfg.properties[:verify]
     assert_includes cfg.notifies, [:reload, 'service[haproxy]', :delayed]
     assert_equal %i[enable start], r.find(:service, 'haproxy').properties[:action]
+  end
+
+  GUARD = '/etc/systemd/system/haproxy.service.d/gitlab-haproxy-agent.conf'
+  RELOAD = 'execute[systemd daemon-reload for the haproxy drop-in]'
+
+  # The drop-in that makes HAProxy's reload ask the agent first comes before
+  # haproxy.cfg (whose change notifies the reload), and goes away with the
+  # agent.
+  def test_haproxy_recipe_guards_the_reload_with_the_agent_only
+    r = recorder.run('haproxy')
+    names = r.resources.map { |x| "#{x.type}[#{x.name}]" }
+    assert_operator names.index("template[#{GUARD}]"), :<, names.index('template[/etc/haproxy/haproxy.cfg]')
+    guard = r.find(:template, GUARD)
+    assert_equal 'haproxy-reload-guard.conf.erb', guard.properties[:source]
+    assert_equal({ agent_bin: '/usr/bin/gitlab-haproxy-agent', haproxy_bin: '/usr/sbin/haproxy',
+                   agent_addr: '127.0.0.1:9777', http_addr: '127.0.0.1:9778',
+                   override_file: '/run/gitlab-haproxy-agent-allow-haproxy-reload' }, guard.properties[:variables])
+    assert_includes guard.notifies, [:run, RELOAD, :immediately]
+    assert_equal :nothing, r.find(:execute, 'systemd daemon-reload for the haproxy drop-in').properties[:action]
+    text = ChefStandIn.render('haproxy-reload-guard.conf.erb', nil, guard.properties[:variables])
+    assert_equal ['', '/usr/bin/gitlab-haproxy-agent check-ready --agent-addr 127.0.0.1:9777 ' \
+                      '--http-addr 127.0.0.1:9778 --override-file /run/gitlab-haproxy-agent-allow-haproxy-reload',
+                  '/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS', '/bin/kill -USR2 $MAINPID'],
+                 text.lines.filter_map { |l| l.chomp.delete_prefix!('ExecReload=') }
+
+    r = recorder('agent' => { 'enable' => false }).run('haproxy')
+    gone = r.find(:file, GUARD)
+    assert_equal :delete, gone.properties[:action]
+    assert_includes gone.notifies, [:run, RELOAD, :immediately]
+    assert_raises(RuntimeError) { r.find(:template, GUARD) }
   end
 
   def test_haproxy_recipe_fails_before_changing_anything

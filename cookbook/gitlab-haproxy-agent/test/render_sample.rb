@@ -18,6 +18,13 @@
 #   --disable-agent                 agent.enable false              SAMPLE_AGENT_ENABLE=false
 #   --role PATH                     another role JSON               SAMPLE_ROLE
 #
+# With --reload-guard it prints instead the systemd drop-in for HAProxy's unit
+# (templates/default/haproxy-reload-guard.conf.erb) for the same attributes,
+# with these too:
+#   --http-listen 127.0.0.1:PORT    settings.http_listen
+#   --agent-bin PATH / --haproxy-bin PATH / --override-file PATH
+#                                   what the drop-in runs and reads
+#
 # Only 127.0.0.1 addresses are accepted. Exits 2 on a bad option and 1 when
 # the cookbook refuses the attributes (the message names the attribute).
 
@@ -59,6 +66,7 @@ opts = {
   stats_socket: ENV['SAMPLE_STATS_SOCKET'],
   enable: ENV['SAMPLE_AGENT_ENABLE'].nil? ? nil : !%w[0 false no].include?(ENV['SAMPLE_AGENT_ENABLE'].downcase),
   role: ENV['SAMPLE_ROLE'] || ChefStandIn::SAMPLE_ROLE,
+  guard: {},
 }
 cli_servers = []
 cli_binds = []
@@ -74,6 +82,11 @@ begin
     o.on('--stats-socket PATH') { |v| opts[:stats_socket] = v }
     o.on('--disable-agent') { opts[:enable] = false }
     o.on('--role PATH') { |v| opts[:role] = v }
+    o.on('--reload-guard') { opts[:reload_guard] = true }
+    o.on('--http-listen ADDR') { |v| opts[:http_listen] = loopback!(v, '--http-listen') }
+    o.on('--agent-bin PATH') { |v| opts[:guard][:agent_bin] = v }
+    o.on('--haproxy-bin PATH') { |v| opts[:guard][:haproxy_bin] = v }
+    o.on('--override-file PATH') { |v| opts[:guard][:override_file] = v }
   end.parse!(ARGV)
 rescue OptionParser::ParseError => e
   fail_usage(e.message)
@@ -125,8 +138,15 @@ agent['addr'] = opts[:agent_addr] if opts[:agent_addr]
 agent['inter'] = opts[:agent_inter] if opts[:agent_inter]
 agent['enable'] = opts[:enable] unless opts[:enable].nil?
 haproxy['stats_socket'] = opts[:stats_socket] if opts[:stats_socket]
+base['gitlab-haproxy-agent']['settings']['http_listen'] = opts[:http_listen] if opts[:http_listen]
 
 begin
+  if opts[:reload_guard]
+    vars = GitlabHaproxyAgent::ReloadGuard.variables(base['gitlab-haproxy-agent'], **opts[:guard])
+    fail_usage('--reload-guard: the agent is not enabled, so there is no drop-in') unless vars
+    $stdout.write(ChefStandIn.render('haproxy-reload-guard.conf.erb', ChefStandIn::Node.new(base), vars))
+    exit 0
+  end
   $stdout.write(ChefStandIn.render('haproxy.cfg.erb', ChefStandIn::Node.new(base)))
 rescue GitlabHaproxyAgent::ConfigError => e
   warn "render_sample: #{e.message}"

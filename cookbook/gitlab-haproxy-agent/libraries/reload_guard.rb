@@ -1,0 +1,36 @@
+# frozen_string_literal: true
+
+require_relative 'haproxy_config'
+require_relative 'settings'
+
+# The systemd drop-in for HAProxy's unit that makes a reload ask the local
+# agent first (`gitlab-haproxy-agent check-ready`). Plain Ruby (no Chef API).
+module GitlabHaproxyAgent
+  module ReloadGuard
+    DIR = '/etc/systemd/system/haproxy.service.d'
+    PATH = "#{DIR}/gitlab-haproxy-agent.conf"
+    # Under /run: gone at reboot. The binary's default, written out so the
+    # drop-in shows it.
+    OVERRIDE_FILE = '/run/gitlab-haproxy-agent-allow-haproxy-reload'
+    DEFAULT_HTTP_LISTEN = '127.0.0.1:9778'
+
+    module_function
+
+    # The template's variables, or nil when the agent is not enabled (no
+    # drop-in: nothing would answer the check).
+    def variables(attrs, agent_bin: '/usr/bin/gitlab-haproxy-agent', haproxy_bin: '/usr/sbin/haproxy',
+                  override_file: OVERRIDE_FILE)
+      agent = attrs['agent'] || {}
+      return nil unless HaproxyConfig.enabled?(agent['enable'])
+
+      env = Settings.environment(agent, attrs['settings']).to_h
+      {
+        agent_bin: agent_bin,
+        haproxy_bin: haproxy_bin,
+        agent_addr: env.fetch('GITLAB_HAPROXY_AGENT_LISTEN'),
+        http_addr: env.fetch('GITLAB_HAPROXY_AGENT_HTTP_LISTEN', DEFAULT_HTTP_LISTEN),
+        override_file: override_file,
+      }
+    end
+  end
+end

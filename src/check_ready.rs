@@ -1,0 +1,197 @@
+//! `gitlab-haproxy-agent check-ready`: whether the local agent is ready
+//! (`/-/ready` on its HTTP port) and answering (one agent-check line on its
+//! port). HAProxy's reload runs it first (the cookbook's systemd drop-in):
+//! a reload starts every server READY, and only an answering agent puts the
+//! drained ones back.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use crate::cli::{AgentArgs, CheckReadyArgs};
+
+/// Exit status when the agent is not ready or not answering (EX_UNAVAILABLE).
+pub const NOT_READY: u8 = 69;
+
+/// The agent-send line asked: a group name no key is expected to have.
+pub const PROBE_LINE: &[u8] = b"check-ready\n";
+
+/// What the check found.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Ready and answering: the reply to the probe line.
+    Ready(String),
+    /// Not ready or not answering (why), but an override file is in force.
+    Overridden(String),
+    /// Not ready or not answering: why.
+    NotReady(String),
+}
+
+/// Runs the check and prints what it found (stderr for refusals and
+/// overrides, so that the reload's journal shows them).
+pub fn main(agent: &AgentArgs, args: &CheckReadyArgs) -> ExitCode {
+    let agent_addr = loopback_if_unspecified(args.agent_addr.unwrap_or(agent.listen));
+    let http_addr = loopback_if_unspecified(args.http_addr.unwrap_or(agent.http_listen));
+    match check(agent_addr, http_addr, args) {
+        Outcome::Ready(reply) => {
+            println!(
+                "check-ready: the agent is ready (http://{http_addr}/-/ready) and answering on \
+                 {agent_addr} ({reply:?})"
+            );
+            ExitCode::SUCCESS
+        }
+        Outcome::Overridden(why) => {
+            eprintln!(
+                "check-ready: WARNING: {why}; allowed anyway because the override file {} is \
+                 present: servers drained or in maint will be READY after a HAProxy reload until \
+                 the agent answers. Remove the file once done.",
+                args.override_file.display()
+            );
+            ExitCode::SUCCESS
+        }
+        Outcome::NotReady(why) => {
+            eprintln!(
+                "check-ready: refused: {why}. A HAProxy reload now would put every drained or \
+                 maint server back in service until the agent answers. Bring the agent back \
+                 (systemctl status gitlab-haproxy-agent; runbook \"Agent down\"), or, if the \
+                 agent itself is what is broken and HAProxy must reload, `touch {}` (honoured \
+                 for {}) and reload again.",
+                args.override_file.display(),
+                humantime::format_duration(args.override_max_age)
+            );
+            ExitCode::from(NOT_READY)
+        }
+    }
+}
+
+/// Asks the agent, then looks at the override file when the agent fails.
+pub fn check(agent_addr: SocketAddr, http_addr: SocketAddr, args: &CheckReadyArgs) -> Outcome {
+    let why = match ready(http_addr, args.timeout).and_then(|()| answer(agent_addr, args.timeout)) {
+        Ok(reply) => return Outcome::Ready(reply),
+        Err(why) => why,
+    };
+    match override_age(&args.override_file) {
+        Some(age) if age <= args.override_max_age => Outcome::Overridden(why),
+        Some(age) => Outcome::NotReady(format!(
+            "{why} (the override file {} is {} old, older than {}: ignored)",
+            args.override_file.display(),
+            humantime::format_duration(Duration::from_secs(age.as_secs())),
+            humantime::format_duration(args.override_max_age)
+        )),
+        None => Outcome::NotReady(why),
+    }
+}
+
+/// The age of the override file, `None` when there is none. A file dated in
+/// the future counts as new.
+fn override_age(path: &Path) -> Option<Duration> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some(
+        SystemTime::now()
+            .duration_since(modified)
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+fn loopback_if_unspecified(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
+fn connect(addr: SocketAddr, timeout: Duration, what: &str) -> Result<TcpStream, String> {
+    let stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("the agent's {what} {addr} cannot be reached ({e})"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| format!("the agent's {what} {addr}: {e}"))?;
+    Ok(stream)
+}
+
+/// Reads at most `max` bytes until the peer closes, or up to and including
+/// the first LF when `line`.
+fn read_bounded(stream: &mut TcpStream, max: usize, line: bool) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 512];
+    while out.len() < max {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if line && out.contains(&b'\n') {
+            break;
+        }
+    }
+    Ok(out)
+}
+
+/// `GET /-/ready` answers 200.
+fn ready(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
+    let url = format!("http://{addr}/-/ready");
+    let mut stream = connect(addr, timeout, "HTTP port")?;
+    stream
+        .write_all(b"GET /-/ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .map_err(|e| format!("{url}: {e}"))?;
+    let raw = read_bounded(&mut stream, 4096, false).map_err(|e| format!("{url}: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let status = text
+        .lines()
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse::<u16>().ok());
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.trim())
+        .unwrap_or("")
+        .lines()
+        .next()
+        .unwrap_or("");
+    match status {
+        Some(200) => Ok(()),
+        Some(code) => Err(format!(
+            "the agent is not ready ({url} answered {code}: {body})"
+        )),
+        None => Err(format!("{url} gave no HTTP answer")),
+    }
+}
+
+/// The agent-check port answers [`PROBE_LINE`] with a line.
+fn answer(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    let mut stream = connect(addr, timeout, "agent-check port")?;
+    stream
+        .write_all(PROBE_LINE)
+        .map_err(|e| format!("the agent-check port {addr}: {e}"))?;
+    let raw = read_bounded(&mut stream, 1024, true)
+        .map_err(|e| format!("the agent-check port {addr} did not answer ({e})"))?;
+    let text = String::from_utf8_lossy(&raw);
+    match text.split_once('\n') {
+        Some((line, _)) => Ok(line.trim_end_matches('\r').to_string()),
+        None => Err(format!(
+            "the agent-check port {addr} closed without an answer"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unspecified_addresses_are_asked_on_loopback() {
+        let a: SocketAddr = "0.0.0.0:9777".parse().unwrap();
+        assert_eq!(
+            loopback_if_unspecified(a),
+            "127.0.0.1:9777".parse().unwrap()
+        );
+        let a: SocketAddr = "[::]:9777".parse().unwrap();
+        assert_eq!(loopback_if_unspecified(a), "[::1]:9777".parse().unwrap());
+        let a: SocketAddr = "127.0.0.2:9777".parse().unwrap();
+        assert_eq!(loopback_if_unspecified(a), a);
+    }
+}

@@ -1,0 +1,184 @@
+//! HAProxy's reload as the cookbook's systemd drop-in runs it (its
+//! ExecReload= lines in order, stopping at the first that fails, with
+//! `$CONFIG`, `$EXTRAOPTS` and `$MAINPID` as systemd sets them) against a
+//! real HAProxy in master-worker mode, a real agent and Consul: a reload
+//! while the agent is down would put every drained and maint server in
+//! service, so it is refused; with the agent ready it goes through and the
+//! agent puts the states back; a fresh override file lets it through, a
+//! stale one does not.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use support::{
+    free_port, haproxy_bin, haproxy_config, server_line, wait_for, Agent, Consul, Haproxy,
+    ServerState, TempDir,
+};
+
+const INTER_MS: u64 = 200;
+const CONVERGE: Duration = Duration::from_secs(5);
+const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
+
+/// The drop-in rendered by the cookbook for these ports, its ExecReload=
+/// commands after the reset line.
+fn exec_reload(agent_port: u16, http_port: u16, override_file: &Path) -> Vec<String> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("cookbook/gitlab-haproxy-agent/test/render_sample.rb");
+    let out = Command::new("ruby")
+        .arg(script)
+        .args(["--reload-guard", "--agent-port", &agent_port.to_string()])
+        .args(["--http-listen", &format!("127.0.0.1:{http_port}")])
+        .args(["--agent-bin", AGENT_BIN, "--haproxy-bin", &haproxy_bin()])
+        .arg("--override-file")
+        .arg(override_file)
+        .output()
+        .expect("ruby runs render_sample.rb");
+    assert!(
+        out.status.success(),
+        "render_sample.rb --reload-guard: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("ExecReload="))
+        .collect();
+    assert_eq!(
+        lines.first(),
+        Some(&""),
+        "the drop-in resets ExecReload= first:\n{text}"
+    );
+    lines[1..].iter().map(|l| l.to_string()).collect()
+}
+
+/// What `systemctl reload` does with the unit's ExecReload= lines: each in
+/// turn, the first failure ends the reload. Ok, or the failing command's
+/// output.
+fn systemd_reload(commands: &[String], config: &Path, main_pid: u32) -> Result<(), String> {
+    for command in commands {
+        let out = Command::new("sh")
+            .args(["-c", command])
+            .env("CONFIG", config)
+            .env("EXTRAOPTS", "")
+            .env("MAINPID", main_pid.to_string())
+            .output()
+            .unwrap();
+        if !out.status.success() {
+            return Err(format!(
+                "{command}: {}\n{}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn drained(s: &ServerState) -> bool {
+    s.is_drain() && !s.is_maint()
+}
+
+fn maint(s: &ServerState) -> bool {
+    s.is_maint()
+}
+
+fn touch(path: &Path, age: Duration) {
+    let f = std::fs::File::create(path).unwrap();
+    f.set_modified(SystemTime::now() - age).unwrap();
+}
+
+#[test]
+fn a_reload_that_would_undrain_is_refused_unless_overridden() {
+    let consul = Consul::start();
+    consul.put("web/web-01", "drain");
+    consul.put("web/web-02", "maint");
+    let (port, http_port) = (free_port(), free_port());
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &[]);
+    agent.wait_ready();
+    let mut backends = String::from("backend web\n");
+    for s in ["web-01", "web-02", "web-03"] {
+        backends.push_str(&server_line("web", s, &[], port, INTER_MS));
+    }
+    let mut haproxy = Haproxy::start(&haproxy_config(&backends));
+    let config: PathBuf = haproxy.socket().with_file_name("haproxy.cfg");
+    let master = haproxy.proc().pid();
+    haproxy.wait_server("web", "web-01", CONVERGE, drained);
+    haproxy.wait_server("web", "web-02", CONVERGE, maint);
+
+    let dir = TempDir::new("reload-guard");
+    let override_file = dir.path().join("allow-haproxy-reload");
+    let reload = exec_reload(port, http_port, &override_file);
+
+    // Agent ready and answering: the reload goes through, and the agent
+    // puts the states back on the new worker.
+    let worker = haproxy.worker_pid();
+    systemd_reload(&reload, &config, master).expect("reload with the agent ready");
+    let new = wait_for(Duration::from_secs(10), || {
+        haproxy.worker_pid().filter(|p| Some(*p) != worker)
+    });
+    assert!(new.is_some(), "the reload started a new worker");
+    haproxy.wait_server("web", "web-01", CONVERGE, drained);
+    haproxy.wait_server("web", "web-02", CONVERGE, maint);
+
+    // Agent up but not synced (Consul unreachable): refused.
+    assert!(agent.terminate().is_some());
+    let dead_consul = format!("http://127.0.0.1:{}", free_port());
+    let mut unsynced = Agent::spawn_on(
+        &dead_consul,
+        port,
+        http_port,
+        &["--on-startup-timeout", "retry"],
+    );
+    assert!(
+        wait_for(CONVERGE, || unsynced
+            .http_get("/-/ready")
+            .filter(|r| r.0 == 503))
+        .is_some(),
+        "the agent serves /-/ready (503) while unsynced:\n{}",
+        unsynced.log()
+    );
+    let worker = haproxy.worker_pid();
+    let refused = systemd_reload(&reload, &config, master).expect_err("refused while unsynced");
+    assert!(refused.contains("check-ready"), "{refused}");
+    assert!(refused.contains("not ready"), "{refused}");
+    assert!(refused.contains("503"), "{refused}");
+    assert!(unsynced.terminate().is_some());
+
+    // Agent stopped: refused, the message says why and how to override, no
+    // new worker, and the servers keep their states.
+    let refused = systemd_reload(&reload, &config, master).expect_err("refused while stopped");
+    assert!(refused.contains("refused"), "{refused}");
+    assert!(refused.contains("cannot be reached"), "{refused}");
+    assert!(
+        refused.contains(&format!("touch {}", override_file.display())),
+        "{refused}"
+    );
+    // An override file left behind long ago does not count.
+    touch(&override_file, Duration::from_secs(2 * 3600));
+    let refused = systemd_reload(&reload, &config, master).expect_err("a stale override");
+    assert!(refused.contains("ignored"), "{refused}");
+    std::thread::sleep(Duration::from_millis(3 * INTER_MS));
+    assert_eq!(haproxy.worker_pid(), worker, "no reload happened");
+    assert!(drained(&haproxy.server("web", "web-01")));
+    assert!(maint(&haproxy.server("web", "web-02")));
+
+    // A fresh override lets the reload through (with a warning): and that
+    // reload does what the check is there to prevent.
+    touch(&override_file, Duration::ZERO);
+    systemd_reload(&reload, &config, master).expect("reload with an override");
+    let new = wait_for(Duration::from_secs(10), || {
+        haproxy.worker_pid().filter(|p| Some(*p) != worker)
+    });
+    assert!(new.is_some(), "the overridden reload started a new worker");
+    std::thread::sleep(Duration::from_millis(3 * INTER_MS));
+    for s in ["web-01", "web-02"] {
+        assert!(
+            haproxy.server("web", s).is_ready_full_weight(),
+            "{s} is READY after a reload with no agent"
+        );
+    }
+}

@@ -112,6 +112,8 @@ const ROW_KEYS: &[&str] = &[
     "api/api-03",
 ];
 const GROUP_KEYS: &[&str] = &["canary", "zone-a", "zone-b"];
+/// A key on no agent-send line, written only by [`Rig::policy_barrier`].
+const NUDGE_KEY: &str = "barrier-nudge";
 
 /// Valid values as operators write them (case and whitespace vary).
 const VALID: &[&str] = &[
@@ -767,6 +769,24 @@ impl Rig {
         }
     }
 
+    /// A barrier after a policy change. A blocking query parked before the
+    /// change keeps the policy it started with, and a policy change moves
+    /// neither Consul's index nor the agent's `last_error`, so
+    /// [`Rig::barrier`] alone passes at once while the agent still reads
+    /// under the old policy (seed 4: parked under web/ only 0.2 s before the
+    /// restore, it stayed parked until after the next narrowing). Two writes
+    /// to [`NUDGE_KEY`], each waited for: the first ends the parked query;
+    /// an answer at the second's index comes from a read sent after that,
+    /// under the policy in force, and shows every key it allows.
+    fn policy_barrier(&self) -> Result<(f64, f64), String> {
+        let x = self.now();
+        for value in ["ready", "100%"] {
+            self.kv_write(NUDGE_KEY, Some(value));
+            self.barrier()?;
+        }
+        Ok((x, self.now()))
+    }
+
     fn kv_write(&self, key: &str, value: Option<&str>) {
         let path = format!("/v1/kv/{PREFIX}{key}");
         let (status, _, body) = match value {
@@ -886,7 +906,16 @@ impl Rig {
             }
             Step::Restore => {
                 self.set_policy(Policy::Full);
-                let y = self.catch_up(index, timeline);
+                let y = match self.policy_barrier() {
+                    Ok((x, y)) => {
+                        timeline.catchups.push((x, y));
+                        y
+                    }
+                    Err(e) => {
+                        timeline.findings.push(format!("after step #{index}: {e}"));
+                        self.now()
+                    }
+                };
                 if let Some((_, from)) = narrowed.take() {
                     timeline.blind.push(Window { from, to: y });
                 }

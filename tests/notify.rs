@@ -179,7 +179,10 @@ fn a_restart_from_the_state_file_is_ready_to_systemd_without_consul() {
         first.wait_ready();
         assert_eq!(first.ask("web/web-cny-01 canary"), "drain 100%\n");
         first.proc().signal("TERM");
-        first.proc().wait_exit(Duration::from_secs(10)).expect("exits");
+        first
+            .proc()
+            .wait_exit(Duration::from_secs(10))
+            .expect("exits");
     }
     let path = dir.path().join("notify.sock");
     let socket = UnixDatagram::bind(&path).unwrap();
@@ -188,13 +191,20 @@ fn a_restart_from_the_state_file_is_ready_to_systemd_without_consul() {
         free_port(),
         free_port(),
         &[("NOTIFY_SOCKET", path.to_str().unwrap())],
-        &["--state-dir", state.to_str().unwrap(), "--startup-timeout", "1s"],
+        &[
+            "--state-dir",
+            state.to_str().unwrap(),
+            "--startup-timeout",
+            "1s",
+        ],
     );
     let seen = until(&socket, Duration::from_secs(10), |m| {
         m.lines().any(|l| l == "READY=1")
     });
     assert!(
-        seen.last().unwrap().contains("STATUS=answering from the state file"),
+        seen.last()
+            .unwrap()
+            .contains("STATUS=answering from the state file"),
         "{seen:?}"
     );
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
@@ -204,5 +214,8 @@ fn a_restart_from_the_state_file_is_ready_to_systemd_without_consul() {
     assert!(agent.proc().try_wait().is_none(), "{}", agent.log());
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     agent.proc().signal("TERM");
-    agent.proc().wait_exit(Duration::from_secs(10)).expect("exits");
+    agent
+        .proc()
+        .wait_exit(Duration::from_secs(10))
+        .expect("exits");
 }

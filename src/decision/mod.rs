@@ -35,8 +35,11 @@
 //!   read access to the whole prefix is checked (`~read-check`, 403 for a
 //!   token that may not read it). An answer whose index moved past every
 //!   ModifyIndex it shows, with no delete to explain it, is replaced by one
-//!   fresh read. An answer at the same index that shows other keys (a query
-//!   parked under a narrower policy) is applied like a change.
+//!   fresh read; so is one that lacked keys a direct read then shows
+//!   present (filtered by the older policy of a parked query), when its
+//!   index is past theirs too: it may hide a key the state does not hold.
+//!   An answer at the same index that shows other keys (a query parked
+//!   under a narrower policy) is applied like a change.
 //! - **Stale reads** ([`stale`]): an answer from a server that is behind,
 //!   cut off or leaderless is held and confirmed by a default read.
 //!
@@ -321,6 +324,10 @@ struct Pending {
     /// A direct read showed a key present or absent: the store id is read
     /// after them, to know they came from the store that gave the answer.
     store_check: StoreCheck,
+    /// The answer's index moved past the one blocked on, and it was not
+    /// itself a fresh read replacing a refused answer: rule 5 applies once
+    /// its direct reads are in.
+    may_refuse: bool,
 }
 
 /// The check that direct reads came from the store that gave the answer.
@@ -588,6 +595,7 @@ impl Core {
             self.token_checked = None;
             return self.prefix_read(Delay::None);
         }
+        let may_refuse = acl_on && !rolled_back && !self.fresh && moved;
         self.fresh = false;
 
         let empty = answer.pairs.is_empty();
@@ -602,6 +610,7 @@ impl Core {
             probes: BTreeMap::new(),
             probe_stale: false,
             store_check: StoreCheck::None,
+            may_refuse,
         });
         self.proceed(now, out)
     }
@@ -661,6 +670,18 @@ impl Core {
             return self.ask(Request::Key { key, stale }, Delay::None);
         }
         let p = self.pending.take().expect("pending answer");
+        // 5, after the direct reads: keys the answer lacked that a direct
+        // read shows present were filtered, not deleted (a query parked
+        // under an older, narrower policy). Such an answer may hide writes
+        // to keys the state does not hold, which no direct read asks for:
+        // if its index moved past every ModifyIndex it and the direct reads
+        // show, with no 404 to explain it, read once more, fresh.
+        if p.may_refuse && hides_writes(&p) {
+            out.notes.push(Note::Refused(Refused::HidesWrites));
+            self.full_read = true;
+            self.fresh = true;
+            return self.prefix_read(Delay::None);
+        }
         self.finish(p, now, out)
     }
 
@@ -770,6 +791,25 @@ impl Core {
         }
         self.prefix_read(Delay::MinInterval)
     }
+}
+
+/// Whether a pending answer whose direct reads are in may hide a write:
+/// some key it lacked is present, none is absent (a delete's tombstone
+/// would explain the index) or forbidden, and its index is past every
+/// ModifyIndex shown.
+fn hides_writes(p: &Pending) -> bool {
+    let mut latest = p.view.latest_shown;
+    let mut present = false;
+    for probe in p.probes.values() {
+        match probe {
+            Probe::Present(k) => {
+                present = true;
+                latest = latest.max(k.modify_index);
+            }
+            Probe::Absent | Probe::Forbidden => return false,
+        }
+    }
+    present && p.view.index > latest
 }
 
 #[cfg(test)]

@@ -769,3 +769,45 @@ fn the_same_index_with_a_key_rewritten_is_lost_data_but_a_filtered_view_is_not()
     assert!(out.notes.contains(&Note::NotMoved { index: 5 }));
     assert_eq!(served(&c, "canary"), Some(Drain));
 }
+
+#[test]
+fn an_answer_filtered_by_an_older_policy_is_read_once_more() {
+    // A query parked under a policy that hid the whole prefix wakes on a
+    // write to a key the state does not hold: it shows nothing, the keys
+    // it lacked are all present, and its index is past every ModifyIndex
+    // seen: it may hide that write. One fresh read shows it.
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(33, &[("canary", "256%", 28), ("web/web-03", "50", 33)]),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(&mut c, prefix(35, &[]));
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &key("web/web-03"));
+    let present = |k, v, m| Response::Key {
+        read: KeyRead::Present(pair(k, v, m)),
+        index: Some(m),
+    };
+    let out = step(&mut c, present("web/web-03", "50", 33));
+    assert_eq!(asks(&out), &key("canary"));
+    let out = step(&mut c, present("canary", "256%", 28));
+    assert_eq!(asks(&out), &key("~store-id"));
+    let out = no_store_id(&mut c, 35);
+    assert!(out.notes.contains(&Note::Refused(Refused::HidesWrites)));
+    assert_eq!(asks(&out), &blocks_on(0));
+    let out = step(
+        &mut c,
+        prefix(
+            35,
+            &[
+                ("canary", "256%", 28),
+                ("web/web-03", "50", 33),
+                ("web/web-04", "drain", 35),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/web-04"), Some(Drain));
+    assert_eq!(asks(&out), &blocks_on(35));
+}

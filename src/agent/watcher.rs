@@ -416,7 +416,7 @@ impl Watcher {
             Note::FirstSync => {
                 metrics.synced.set(1);
                 self.shared.readiness.set(ReadyStep::Synced);
-                info!(consul_addr = %self.client.addr(), "first Consul answer applied; answering agent-checks from Consul's state");
+                info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks from Consul's state");
             }
             Note::IndexReset { previous, index } => {
                 metrics.consul_index_resets.inc();
@@ -514,6 +514,12 @@ fn log_change(change: &Change, index: u64) {
         s.map_or_else(|| "none".to_string(), |s| s.to_string())
     };
     match change {
+        Change::Served { key, from, to: None } => info!(
+            key = %key,
+            previous = %show(*from),
+            consul_index = index,
+            "key removed (or skipped); servers fall back to their next key or ready"
+        ),
         Change::Served { key, from, to } => info!(
             key = %key,
             value = %show(*to),

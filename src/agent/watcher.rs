@@ -514,7 +514,11 @@ fn log_change(change: &Change, index: u64) {
         s.map_or_else(|| "none".to_string(), |s| s.to_string())
     };
     match change {
-        Change::Served { key, from, to: None } => info!(
+        Change::Served {
+            key,
+            from,
+            to: None,
+        } => info!(
             key = %key,
             previous = %show(*from),
             consul_index = index,

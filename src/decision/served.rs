@@ -285,7 +285,7 @@ impl ServedState {
                     Some(Probe::Present(k)) => Some(k.clone()),
                     _ => None,
                 });
-            let forbidden = view.keys.get(key).is_none()
+            let forbidden = !view.keys.contains_key(key)
                 && matches!(input.probes.get(key), Some(Probe::Forbidden));
             let record = merge_key(prev, shown, forbidden, release_all, input);
             note_changes(key, prev, record.as_ref(), &mut changes);

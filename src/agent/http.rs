@@ -388,7 +388,7 @@ async fn write(stream: &mut TcpStream, answer: &Answer, head_only: bool, port: &
 fn seen_summary(shared: &Shared) -> crate::agent::seen::SeenSummary {
     let snapshot = shared.snapshot.load();
     shared.seen.summary(|line| {
-        snapshot.as_ref().as_ref().map_or(true, |s| {
+        snapshot.as_ref().as_ref().is_none_or(|s| {
             matches!(
                 s.lookup(crate::model::identity::identities(line)).kind(),
                 AnswerKind::Drain | AnswerKind::Maint

@@ -70,7 +70,8 @@ pub struct SeenRow {
     /// answer; `None` when none did (default, unsynced).
     pub decided_by: Option<u16>,
     /// Observed ask interval: a moving average (weight 1/4 to the newest
-    /// gap) of the gaps between asks; `None` until asked twice.
+    /// gap, each gap capped at four intervals) of the gaps between asks;
+    /// `None` until asked twice.
     pub interval: Option<Duration>,
 }
 
@@ -176,10 +177,14 @@ impl Seen {
         let decided_by = decided_by.and_then(|p| u16::try_from(p).ok());
         let mut rows = self.rows.lock().unwrap();
         if let Some(row) = rows.get_mut(line) {
+            // A silence is not a rhythm: a gap counts for at most four
+            // intervals (the first for at most the floor), so a row asked
+            // again after an outage keeps its short deadline, while a longer
+            // agent-inter is still followed within a few asks.
             let gap = now.saturating_duration_since(row.last_asked);
             row.interval = Some(match row.interval {
-                None => gap,
-                Some(i) => (i * 3 + gap) / 4,
+                None => gap.min(NOT_ASKED_FLOOR),
+                Some(i) => (i * 3 + gap.min(i * 4)) / 4,
             });
             row.last_asked = now;
             row.last_asked_wall = SystemTime::now();
@@ -403,7 +408,8 @@ mod tests {
             ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, Some(0));
             ask(&seen, t0, s, "api/api-02", AnswerKind::Ready, None);
         }
-        // Asked every 20 s: its deadline is 60 s.
+        // Asked twice 20 s apart: a first gap counts for at most the floor,
+        // so its interval is 10 s and its deadline 30 s.
         for s in [0, 20] {
             ask(
                 &seen,
@@ -416,13 +422,13 @@ mod tests {
         }
         let at = |s| t0 + Duration::from_secs(s);
         assert_eq!(seen.summary_at(at(30), |_| true).out_not_asked, 0);
-        // 11 s silent: past api-01's 10 s, not web-01's 60 s; a ready row
+        // 11 s silent: past api-01's 10 s, not web-01's 30 s; a ready row
         // is never counted.
         assert_eq!(seen.summary_at(at(31), |_| true).out_not_asked, 1);
-        assert_eq!(seen.summary_at(at(79), |_| true).out_not_asked, 1);
-        assert_eq!(seen.summary_at(at(81), |_| true).out_not_asked, 2);
+        assert_eq!(seen.summary_at(at(49), |_| true).out_not_asked, 1);
+        assert_eq!(seen.summary_at(at(51), |_| true).out_not_asked, 2);
         // Brought back (the current state answers it ready): not counted.
-        let back = seen.summary_at(at(81), |line| line != "api/api-01");
+        let back = seen.summary_at(at(51), |line| line != "api/api-01");
         assert_eq!(back.out_not_asked, 1);
         // Past FORGET_AFTER an out row still out is kept and still counted,
         // the ready one is forgotten.
@@ -457,7 +463,7 @@ mod tests {
             ask(&seen, t0, s, "web/web-01", AnswerKind::Drain, None);
         }
         // A longer agent-inter: after a few asks the deadline follows it.
-        for s in (70..=250).step_by(30) {
+        for s in (70..=550).step_by(30) {
             ask(&seen, t0, s, "web/web-01", AnswerKind::Drain, None);
         }
         let row = &seen.rows()[0].1;
@@ -467,6 +473,22 @@ mod tests {
             "{i:?}"
         );
         assert!(row.deadline() > Duration::from_secs(75));
+    }
+
+    #[test]
+    fn an_outage_does_not_stretch_the_deadline() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        for s in (0..=40).step_by(2) {
+            ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, None);
+        }
+        // Five minutes silent (a wrong agent-port), then asked again.
+        for s in (340..=344).step_by(2) {
+            ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, None);
+        }
+        assert_eq!(seen.rows()[0].1.deadline(), NOT_ASKED_FLOOR);
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(seen.summary_at(at(355), |_| true).out_not_asked, 1);
     }
 
     #[test]

@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{free_port, haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, TempDir};
+use support::{
+    free_port, haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, ServerState, TempDir,
+};
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -184,73 +186,133 @@ fn get(prom: &str, path: &str) -> Option<Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
 
-#[test]
-fn real_prometheus_evaluates_every_rule_and_panel() {
-    let rig = rig();
-    let dir = TempDir::new("prometheus");
-    let port = free_port();
-    // The rule files as shipped, but evaluated every second so a short test
-    // sees every group evaluated a few times.
-    let rules: Vec<String> = rule_files()
-        .iter()
-        .map(|f| {
-            let path = dir.path().join(Path::new(f).file_name().unwrap());
-            let text = std::fs::read_to_string(f).unwrap();
-            let fast: String = text
-                .lines()
-                .map(|l| {
-                    if l.trim_start().starts_with("interval:") {
-                        l.split("interval:").next().unwrap().to_string() + "interval: 1s"
-                    } else {
-                        l.to_string()
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("\n");
-            std::fs::write(&path, fast).unwrap();
-            format!("  - {}", path.display())
-        })
-        .collect();
-    let config = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}\nscrape_configs:\n  - job_name: gitlab-haproxy-agent\n    static_configs:\n      - targets: ['{}']\n        labels:\n          environment: test\n          fqdn: lb-01.test\n",
-        rules.join("\n"),
-        rig.agent.http
-    );
-    let cfg = dir.path().join("prometheus.yml");
-    std::fs::write(&cfg, config).unwrap();
-    let check = Command::new("promtool")
-        .arg("check")
-        .arg("config")
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stdout)
-    );
+/// A real Prometheus scraping `target` every second (labels environment
+/// "test", fqdn "lb-01.test") and evaluating the shipped rule files every
+/// second; with `short_for`, every `for:` is cut to 5 s so a test sees an
+/// alert fire. Killed by PID when dropped; its log is printed if a test
+/// panics.
+struct Prometheus {
+    child: std::process::Child,
+    url: String,
+    dir: TempDir,
+}
 
-    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let mut prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("data").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    let prom = format!("http://127.0.0.1:{port}");
-    let result = std::panic::catch_unwind(|| {
-        // A few scrapes and rule evaluations, with traffic in between.
+impl Prometheus {
+    fn start(target: std::net::SocketAddr, short_for: bool) -> Prometheus {
+        let dir = TempDir::new("prometheus");
+        let port = free_port();
+        let rules: Vec<String> = rule_files()
+            .iter()
+            .map(|f| {
+                let path = dir.path().join(Path::new(f).file_name().unwrap());
+                let text = std::fs::read_to_string(f).unwrap();
+                let fast: String = text
+                    .lines()
+                    .map(|l| {
+                        let indent = &l[..l.len() - l.trim_start().len()];
+                        if l.trim_start().starts_with("interval:") {
+                            format!("{indent}interval: 1s")
+                        } else if short_for && l.trim_start().starts_with("for:") {
+                            format!("{indent}for: 5s")
+                        } else {
+                            l.to_string()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                std::fs::write(&path, fast).unwrap();
+                format!("  - {}", path.display())
+            })
+            .collect();
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n{}\nscrape_configs:\n  - job_name: gitlab-haproxy-agent\n    static_configs:\n      - targets: ['{}']\n        labels:\n          environment: test\n          fqdn: lb-01.test\n",
+            rules.join("\n"),
+            target
+        );
+        let cfg = dir.path().join("prometheus.yml");
+        std::fs::write(&cfg, config).unwrap();
+        let check = Command::new("promtool")
+            .arg("check")
+            .arg("config")
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        assert!(
+            check.status.success(),
+            "{}",
+            String::from_utf8_lossy(&check.stdout)
+        );
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", cfg.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            dir,
+        }
+    }
+
+    /// Waits up to 30 s for five scrapes of the agent.
+    fn wait_scraped(&self) {
         let scraped = wait_for(Duration::from_secs(30), || {
-            let v = try_query(&prom, "count_over_time(gitlab_haproxy_agent_synced[1m])")?;
+            let v = try_query(
+                &self.url,
+                "count_over_time(gitlab_haproxy_agent_synced[1m])",
+            )?;
             let n: f64 = v["data"]["result"][0]["value"][1].as_str()?.parse().ok()?;
             (n >= 5.0).then_some(())
         });
         assert!(scraped.is_some(), "Prometheus did not scrape the agent");
+    }
+
+    /// The alerts pending or firing, as (name, state, labels).
+    fn alerts(&self) -> Vec<(String, String, Value)> {
+        let alerts = get(&self.url, "/api/v1/alerts").unwrap_or_default();
+        alerts["data"]["alerts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| {
+                (
+                    a["labels"]["alertname"].as_str().unwrap_or("").to_string(),
+                    a["state"].as_str().unwrap_or("").to_string(),
+                    a["labels"].clone(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "{}",
+                std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+            );
+        }
+    }
+}
+
+#[test]
+fn real_prometheus_evaluates_every_rule_and_panel() {
+    let rig = rig();
+    let prometheus = Prometheus::start(rig.agent.http, false);
+    let prom = prometheus.url.clone();
+    {
+        // A few scrapes and rule evaluations, with traffic in between.
+        prometheus.wait_scraped();
         rig.consul.put("web/web-01", "maint");
         std::thread::sleep(Duration::from_secs(3));
 
@@ -301,14 +363,151 @@ fn real_prometheus_evaluates_every_rule_and_panel() {
                 "no data for {key}; empty panels: {empty:#?}"
             );
         }
-    });
-    let _ = prometheus.kill();
-    let _ = prometheus.wait();
-    if let Err(e) = result {
-        eprintln!(
-            "{}",
-            std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default()
-        );
-        std::panic::resume_unwind(e);
     }
+}
+
+/// Backends `web` (web-01, web-02) asking the agent on `web_port` and `api`
+/// (api-01, api-cny-01 in group canary) asking on `api_port`, every 200 ms.
+fn two_backends(web_port: u16, api_port: u16) -> String {
+    let mut b = String::from("backend web\n");
+    b.push_str(&server_line("web", "web-01", &[], web_port, 200));
+    b.push_str(&server_line("web", "web-02", &["zone-b"], web_port, 200));
+    b.push_str("\nbackend api\n");
+    b.push_str(&server_line("api", "api-01", &["zone-b"], api_port, 200));
+    b.push_str(&server_line(
+        "api",
+        "api-cny-01",
+        &["canary"],
+        api_port,
+        200,
+    ));
+    haproxy_config(&b)
+}
+
+/// Issue 18, defect 4: one backend reloaded with a wrong agent-port puts its
+/// server in maint back in traffic while the rest of the node still asks
+/// the agent (rows_seen stays above 0). The agent counts the silent maint
+/// row once it is silent past its deadline (10 s at agent-inter 200 ms),
+/// a real Prometheus fires the page on it, and it clears when HAProxy asks
+/// again.
+#[test]
+fn a_backend_reloaded_onto_a_wrong_agent_port_pages() {
+    let consul = Consul::start();
+    consul.put("~store-id", "5f0c2a9e8d7b4c31a6e2f90b1d4c7e58");
+    consul.put("api/api-cny-01", "maint");
+    consul.put("zone-b", "drain");
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let haproxy = Haproxy::start(&two_backends(port, port));
+    let cfg_path = haproxy.socket().with_file_name("haproxy.cfg");
+    assert!(cfg_path.exists(), "{}", cfg_path.display());
+    let converge = Duration::from_secs(10);
+    haproxy.wait_server("api", "api-cny-01", converge, ServerState::is_maint);
+    haproxy.wait_server("api", "api-01", converge, ServerState::is_drain);
+    haproxy.wait_server("web", "web-02", converge, ServerState::is_drain);
+    wait_for(converge, || {
+        (agent.metric("gitlab_haproxy_agent_rows_seen") == 4.0).then_some(())
+    })
+    .expect("HAProxy asks about the four servers");
+    // The groups the rows name, and what each decides.
+    let metrics = agent.metrics();
+    for line in [
+        "gitlab_haproxy_agent_group_rows{answer=\"drain\",group=\"zone-b\"} 2",
+        "gitlab_haproxy_agent_group_decided_rows{answer=\"drain\",group=\"zone-b\"} 2",
+        "gitlab_haproxy_agent_group_rows{answer=\"maint\",group=\"canary\"} 1",
+        "gitlab_haproxy_agent_groups_over_cap 0",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+    assert!(
+        !metrics.contains("group_decided_rows{answer=\"maint\",group=\"canary\"}"),
+        "the row key decides api-cny-01, not canary:\n{metrics}"
+    );
+    let prometheus = Prometheus::start(agent.http, true);
+    prometheus.wait_scraped();
+    assert_eq!(agent.metric("gitlab_haproxy_agent_out_rows_not_asked"), 0.0);
+
+    // The api backend reloaded onto a port nobody listens on.
+    let wrong = free_port();
+    let cfg = two_backends(port, wrong).replace("{SOCKET}", haproxy.socket().to_str().unwrap());
+    std::fs::write(&cfg_path, cfg).unwrap();
+    haproxy.reload();
+    let reloaded = std::time::Instant::now();
+    // What the page is about: the new worker starts every server READY and
+    // nothing takes the api servers out again.
+    haproxy.wait_server(
+        "api",
+        "api-cny-01",
+        converge,
+        ServerState::is_ready_full_weight,
+    );
+    haproxy.wait_server("api", "api-01", converge, ServerState::is_ready_full_weight);
+    haproxy.wait_server("web", "web-02", converge, ServerState::is_drain);
+
+    let counted = wait_for(Duration::from_secs(25), || {
+        (agent.metric("gitlab_haproxy_agent_out_rows_not_asked") == 2.0).then(|| reloaded.elapsed())
+    })
+    .unwrap_or_else(|| panic!("the silent rows were not counted:\n{}", agent.metrics()));
+    // Not before the 10 s floor (less the last ask's 200 ms), and soon after.
+    assert!(
+        counted >= Duration::from_millis(9_500) && counted < Duration::from_secs(15),
+        "counted {counted:?} after the reload"
+    );
+    // The node still asks about web: the node-wide signals stay quiet.
+    assert_eq!(agent.metric("gitlab_haproxy_agent_rows_seen"), 4.0);
+    let status: Value = serde_json::from_str(&agent.http_get("/status").unwrap().1).unwrap();
+    assert_eq!(status["out_rows_not_asked"], 2);
+    let silent: BTreeSet<&str> = status["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["not_asked"] == true)
+        .map(|r| r["agent_send"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        silent,
+        BTreeSet::from(["api/api-01 zone-b", "api/api-cny-01 canary"])
+    );
+
+    // The page, through a real Prometheus evaluating the shipped rule
+    // (its for: cut to 5 s).
+    let fired = wait_for(Duration::from_secs(30), || {
+        prometheus.alerts().into_iter().find(|(name, state, _)| {
+            name == "GitLabHAProxyAgentDrainNotApplied" && state == "firing"
+        })
+    })
+    .unwrap_or_else(|| panic!("no page; alerts: {:?}", prometheus.alerts()));
+    assert_eq!(fired.2["pager"], "pagerduty");
+    assert_eq!(fired.2["severity"], "s2");
+    assert_eq!(fired.2["fqdn"], "lb-01.test");
+    assert!(
+        !prometheus
+            .alerts()
+            .iter()
+            .any(|(name, _, _)| name == "GitLabHAProxyAgentNodeNotAsked"),
+        "{:?}",
+        prometheus.alerts()
+    );
+
+    // Fixed and reloaded: HAProxy asks again, the servers go back out, the
+    // count clears and the page resolves.
+    let cfg = two_backends(port, port).replace("{SOCKET}", haproxy.socket().to_str().unwrap());
+    std::fs::write(&cfg_path, cfg).unwrap();
+    haproxy.reload();
+    haproxy.wait_server("api", "api-cny-01", converge, ServerState::is_maint);
+    wait_for(converge, || {
+        (agent.metric("gitlab_haproxy_agent_out_rows_not_asked") == 0.0).then_some(())
+    })
+    .expect("asked again: not counted");
+    wait_for(Duration::from_secs(20), || {
+        (!prometheus
+            .alerts()
+            .iter()
+            .any(|(name, _, _)| name == "GitLabHAProxyAgentDrainNotApplied"))
+        .then_some(())
+    })
+    .unwrap_or_else(|| panic!("page not resolved: {:?}", prometheus.alerts()));
 }

@@ -21,6 +21,7 @@ use crate::agent::shared::Shared;
 use crate::decision::served::ServedState;
 use crate::decision::HoldCause;
 use crate::model::snapshot::Entry;
+use crate::model::value::AnswerKind;
 use request::{Method, Read, Request};
 
 /// Requests answered at once (an answer being built or written): 64, one
@@ -382,10 +383,24 @@ async fn write(stream: &mut TcpStream, answer: &Answer, head_only: bool, port: &
     }
 }
 
+/// The rows seen, judged against the state served now: a silent row counts
+/// as out only while the current snapshot still answers it drain or maint.
+fn seen_summary(shared: &Shared) -> crate::agent::seen::SeenSummary {
+    let snapshot = shared.snapshot.load();
+    shared.seen.summary(|line| {
+        snapshot.as_ref().as_ref().is_none_or(|s| {
+            matches!(
+                s.lookup(crate::model::identity::identities(line)).kind(),
+                AnswerKind::Drain | AnswerKind::Maint
+            )
+        })
+    })
+}
+
 fn route(path: &str, shared: &Shared) -> Answer {
     match path {
         "/metrics" => {
-            shared.metrics.observe_seen(&shared.seen.summary());
+            shared.metrics.observe_seen(&seen_summary(shared));
             Answer::new(
                 200,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -494,17 +509,22 @@ pub fn status(shared: &Shared) -> Value {
         .as_deref()
         .map_or_else(|| json!({}), |s| held_json(s, &mut invalid));
     let state_file = shared.state_file.lock().unwrap().clone();
+    let summary = seen_summary(shared);
     let rows: Vec<Value> = shared
         .seen
         .rows()
         .into_iter()
         .map(|(line, row)| {
+            let silent = row.last_asked.elapsed();
             json!({
                 "agent_send": line,
                 "last_asked": unix(row.last_asked_wall),
-                "last_asked_age_seconds": row.last_asked.elapsed().as_secs_f64(),
+                "last_asked_age_seconds": silent.as_secs_f64(),
                 "answer": row.answer,
                 "kind": row.kind.as_str(),
+                "decided_by": row.decided_by.and_then(|p| crate::model::identity::identities(&line).nth(usize::from(p))),
+                "ask_interval_seconds": row.interval.map(|i| i.as_secs_f64()),
+                "not_asked": silent > row.deadline(),
             })
         })
         .collect();
@@ -530,6 +550,7 @@ pub fn status(shared: &Shared) -> Value {
             "write_error": state_file.write_error,
         },
         "rows": rows,
+        "out_rows_not_asked": summary.out_not_asked,
     })
 }
 

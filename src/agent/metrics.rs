@@ -140,6 +140,20 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
     /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
     rows_answered: [IntGauge; ROWS_ANSWERED_STATES.len()],
+    /// `gitlab_haproxy_agent_out_rows_not_asked`: rows last answered drain
+    /// or maint, still so in the current state, that HAProxy stopped asking
+    /// about ([`crate::agent::seen::SeenRow::deadline`]).
+    out_rows_not_asked: IntGauge,
+    /// `gitlab_haproxy_agent_group_rows{group,answer}`: rows asked about in
+    /// the last 60 s whose line names the group, by their last answer;
+    /// only non-zero series.
+    group_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_group_decided_rows{group,answer}`: those of
+    /// them whose last answer the group's key decided; only non-zero series.
+    group_decided_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_groups_over_cap`: groups left out of the two
+    /// above beyond [`crate::agent::seen::MAX_GROUPS`].
+    groups_over_cap: IntGauge,
     /// `gitlab_haproxy_agent_answered_index`: the lowest snapshot index
     /// among the last answers to those rows (0 when there are none).
     answered_index: IntGauge,
@@ -406,6 +420,45 @@ impl Metrics {
         .unwrap();
         reg(Box::new(answered_index.clone()));
 
+        let out_rows_not_asked = IntGauge::with_opts(opts(
+            "out_rows_not_asked",
+            "Rows last answered drain or maint (and still so in Consul) that HAProxy stopped asking \
+             about: silent for more than 3 of their ask intervals, at least 10 s. HAProxy is likely \
+             serving those servers again.",
+        ))
+        .unwrap();
+        reg(Box::new(out_rows_not_asked.clone()));
+
+        let group_rows = IntGaugeVec::new(
+            opts(
+                "group_rows",
+                "Rows received in the last 60 seconds whose agent-send line names the group, by their \
+                 last answer (non-zero series only).",
+            ),
+            &["group", "answer"],
+        )
+        .unwrap();
+        reg(Box::new(group_rows.clone()));
+
+        let group_decided_rows = IntGaugeVec::new(
+            opts(
+                "group_decided_rows",
+                "Rows received in the last 60 seconds whose last answer the group's key decided, by \
+                 answer (non-zero series only).",
+            ),
+            &["group", "answer"],
+        )
+        .unwrap();
+        reg(Box::new(group_decided_rows.clone()));
+
+        let groups_over_cap = IntGauge::with_opts(opts(
+            "groups_over_cap",
+            "Groups named by rows received in the last 60 seconds but left out of group_rows and \
+             group_decided_rows beyond the cap of 200 groups.",
+        ))
+        .unwrap();
+        reg(Box::new(groups_over_cap.clone()));
+
         let last_check_timestamp = Gauge::with_opts(opts(
             "last_check_timestamp_seconds",
             "Unix time of the last agent-check received.",
@@ -569,6 +622,10 @@ impl Metrics {
             rows_seen,
             rows_answered,
             answered_index,
+            out_rows_not_asked,
+            group_rows,
+            group_decided_rows,
+            groups_over_cap,
             last_check_timestamp,
             stale_answers_held,
             consul_last_contact,
@@ -608,9 +665,29 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets `rows_seen`, `rows_answered` and `answered_index` from the rows
-    /// seen (at scrape time).
+    /// Sets `rows_seen`, `rows_answered`, `answered_index`,
+    /// `out_rows_not_asked` and the group gauges from the rows seen (at
+    /// scrape time).
     pub fn observe_seen(&self, summary: &SeenSummary) {
+        self.out_rows_not_asked.set(summary.out_not_asked as i64);
+        self.groups_over_cap.set(summary.groups_over_cap as i64);
+        self.group_rows.reset();
+        self.group_decided_rows.reset();
+        for (group, rows) in &summary.groups {
+            for kind in ROWS_ANSWERED_STATES {
+                let (naming, decided) = (rows.naming[kind as usize], rows.decided[kind as usize]);
+                if naming > 0 {
+                    self.group_rows
+                        .with_label_values(&[group, kind.as_str()])
+                        .set(naming as i64);
+                }
+                if decided > 0 {
+                    self.group_decided_rows
+                        .with_label_values(&[group, kind.as_str()])
+                        .set(decided as i64);
+                }
+            }
+        }
         self.rows_seen.set(summary.rows as i64);
         for (gauge, kind) in self.rows_answered.iter().zip(ROWS_ANSWERED_STATES) {
             gauge.set(summary.by_kind[kind as usize] as i64);
@@ -725,6 +802,38 @@ mod tests {
         assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"drain\"} 2\n"));
         assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"unsynced\"} 1\n"));
         assert!(text.contains("gitlab_haproxy_agent_rows_answered{state=\"ready\"} 0\n"));
+        assert!(text.contains("gitlab_haproxy_agent_out_rows_not_asked 0\n"));
+    }
+
+    #[test]
+    fn group_gauges_follow_the_summary_and_drop_groups_gone() {
+        use crate::agent::seen::GroupRows;
+        let m = Metrics::new();
+        let mut zone = GroupRows::default();
+        zone.naming[AnswerKind::Drain as usize] = 2;
+        zone.naming[AnswerKind::Ready as usize] = 1;
+        zone.decided[AnswerKind::Drain as usize] = 2;
+        let summary = SeenSummary {
+            rows: 3,
+            out_not_asked: 1,
+            groups: vec![("zone-b".to_string(), zone)],
+            groups_over_cap: 4,
+            ..SeenSummary::default()
+        };
+        m.observe_seen(&summary);
+        let text = m.render(unix_now());
+        for line in [
+            "gitlab_haproxy_agent_out_rows_not_asked 1\n",
+            "gitlab_haproxy_agent_groups_over_cap 4\n",
+            "gitlab_haproxy_agent_group_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
+            "gitlab_haproxy_agent_group_rows{answer=\"ready\",group=\"zone-b\"} 1\n",
+            "gitlab_haproxy_agent_group_decided_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
+        ] {
+            assert!(text.contains(line), "missing {line}");
+        }
+        assert!(!text.contains("group_decided_rows{answer=\"ready\""));
+        m.observe_seen(&SeenSummary::default());
+        assert!(!m.render(unix_now()).contains("zone-b"));
     }
 
     #[test]

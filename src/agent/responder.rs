@@ -462,23 +462,25 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     let snapshot = shared.snapshot.load();
     let Some(snapshot) = snapshot.as_ref() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
-        shared.seen.record(row, AnswerKind::Unsynced, None, 0);
+        shared.seen.record(row, AnswerKind::Unsynced, None, 0, None);
         return None;
     };
     let answer = snapshot.lookup(identities(text));
     let kind = answer.kind();
     shared.metrics.answers(kind).inc();
     match answer {
-        Answer::Invalid { .. } => {
-            shared.seen.record(row, kind, None, snapshot.index);
+        Answer::Invalid { decided_by } => {
+            shared
+                .seen
+                .record(row, kind, None, snapshot.index, Some(decided_by));
             None
         }
-        Answer::State { state, .. } => {
+        Answer::State { state, decided_by } => {
             let reply = state.reply();
             let text = std::str::from_utf8(reply.as_bytes()).unwrap_or_default();
             shared
                 .seen
-                .record(row, kind, Some(text.trim_end()), snapshot.index);
+                .record(row, kind, Some(text.trim_end()), snapshot.index, decided_by);
             Some(reply)
         }
     }

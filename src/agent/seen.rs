@@ -1,8 +1,11 @@
 //! Which agent-send lines (one per enrolled server) HAProxy asked about, when,
 //! what it was answered and from which snapshot: proof that HAProxy is still
 //! asking, and that it was answered from a given Consul index, without one
-//! metric series per server.
+//! metric series per server. It also says which rows answered drain or
+//! maint HAProxy has stopped asking about (those servers are back in
+//! traffic), and which groups the rows name.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime};
@@ -17,6 +20,29 @@ pub const SEEN_WINDOW: Duration = Duration::from_secs(60);
 
 /// Rows not asked about for this long are forgotten: 10 minutes.
 pub const FORGET_AFTER: Duration = Duration::from_secs(600);
+
+/// A row last answered drain or maint, not asked for this long, is
+/// remembered past [`FORGET_AFTER`] while the current state still answers
+/// it drain or maint, so the page about it does not clear on its own: 24 h.
+pub const OUT_FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// A row is "not asked" when silent for more than three of its observed
+/// ask intervals, and never for less than this: 10 s (five default
+/// agent-inters of 2 s; a reload restarts HAProxy's checks at a random point
+/// of their interval).
+pub const NOT_ASKED_FLOOR: Duration = Duration::from_secs(10);
+
+/// How many observed intervals of silence make a row "not asked": 3.
+pub const NOT_ASKED_INTERVALS: u32 = 3;
+
+/// The deadline of a row asked only once (no interval observed yet): 30 s.
+pub const NOT_ASKED_UNKNOWN: Duration = Duration::from_secs(30);
+
+/// At most this many groups are exported with their own label value: 200.
+/// The rest are counted in `gitlab_haproxy_agent_groups_over_cap`, so a
+/// misconfigured fleet naming a group per server cannot blow up the series
+/// count.
+pub const MAX_GROUPS: usize = 200;
 
 /// At most this many rows are remembered: 16,384, about ten times the
 /// fleet's largest load balancer. A new line beyond it pushes out the row
@@ -40,12 +66,51 @@ pub struct SeenRow {
     /// X-Consul-Index of the snapshot the last answer came from; 0 when no
     /// snapshot was applied yet.
     pub index: u64,
+    /// Position on the line of the identity whose key decided the last
+    /// answer; `None` when none did (default, unsynced).
+    pub decided_by: Option<u16>,
+    /// Observed ask interval: a moving average (weight 1/4 to the newest
+    /// gap, each gap capped at four intervals) of the gaps between asks;
+    /// `None` until asked twice.
+    pub interval: Option<Duration>,
+}
+
+impl SeenRow {
+    /// How long this row may stay silent before it counts as not asked:
+    /// [`NOT_ASKED_INTERVALS`] observed intervals, at least
+    /// [`NOT_ASKED_FLOOR`]; [`NOT_ASKED_UNKNOWN`] before an interval is known.
+    pub fn deadline(&self) -> Duration {
+        self.interval.map_or(NOT_ASKED_UNKNOWN, |i| {
+            (i * NOT_ASKED_INTERVALS).max(NOT_ASKED_FLOOR)
+        })
+    }
+
+    /// Whether the last answer took the server out of rotation.
+    pub fn answered_out(&self) -> bool {
+        matches!(self.kind, AnswerKind::Drain | AnswerKind::Maint)
+    }
+}
+
+/// Rows naming one group, asked about within [`SEEN_WINDOW`], by the kind of
+/// their last answer ([`AnswerKind::ALL`] order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupRows {
+    /// Rows whose line names the group.
+    pub naming: [usize; AnswerKind::ALL.len()],
+    /// Rows whose last answer the group's key decided.
+    pub decided: [usize; AnswerKind::ALL.len()],
+}
+
+impl GroupRows {
+    fn total(&self) -> usize {
+        self.naming.iter().sum()
+    }
 }
 
 /// What the rows asked about within [`SEEN_WINDOW`] were last answered,
 /// computed at scrape time for the `rows_seen`, `rows_answered` and
 /// `answered_index` gauges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SeenSummary {
     /// Rows asked about within the window.
     pub rows: usize,
@@ -56,6 +121,16 @@ pub struct SeenSummary {
     /// them was last answered from a snapshot at or past it. `None` when no
     /// row was asked about within the window.
     pub lowest_index: Option<u64>,
+    /// Rows last answered drain or maint, still answered so by the current
+    /// state, and silent past their deadline ([`SeenRow::deadline`]):
+    /// servers HAProxy is likely serving again.
+    pub out_not_asked: usize,
+    /// Groups (identities without `/`) named by rows asked about within
+    /// the window, the [`MAX_GROUPS`] named by the most rows (ties by
+    /// name), sorted by name.
+    pub groups: Vec<(String, GroupRows)>,
+    /// Groups beyond [`MAX_GROUPS`], left out of `groups`.
+    pub groups_over_cap: usize,
 }
 
 /// The rows seen, least recently asked first, behind one short-held lock.
@@ -76,16 +151,46 @@ impl Default for Seen {
 impl Seen {
     /// Records that `line` (identities joined by single spaces) was asked
     /// about now and answered `answer` from the snapshot at `index` (0:
-    /// none yet). Constant time: at [`MAX_ROWS`] the row asked about least
-    /// recently is forgotten to make room.
-    pub fn record(&self, line: &str, kind: AnswerKind, answer: Option<&str>, index: u64) {
-        let now = Instant::now();
+    /// none yet), decided by the identity at position `decided_by`.
+    /// Constant time: at [`MAX_ROWS`] the row asked about least recently is
+    /// forgotten to make room.
+    pub fn record(
+        &self,
+        line: &str,
+        kind: AnswerKind,
+        answer: Option<&str>,
+        index: u64,
+        decided_by: Option<usize>,
+    ) {
+        self.record_at(Instant::now(), line, kind, answer, index, decided_by);
+    }
+
+    fn record_at(
+        &self,
+        now: Instant,
+        line: &str,
+        kind: AnswerKind,
+        answer: Option<&str>,
+        index: u64,
+        decided_by: Option<usize>,
+    ) {
+        let decided_by = decided_by.and_then(|p| u16::try_from(p).ok());
         let mut rows = self.rows.lock().unwrap();
         if let Some(row) = rows.get_mut(line) {
+            // A silence is not a rhythm: a gap counts for at most four
+            // intervals (the first for at most the floor), so a row asked
+            // again after an outage keeps its short deadline, while a longer
+            // agent-inter is still followed within a few asks.
+            let gap = now.saturating_duration_since(row.last_asked);
+            row.interval = Some(match row.interval {
+                None => gap.min(NOT_ASKED_FLOOR),
+                Some(i) => (i * 3 + gap.min(i * 4)) / 4,
+            });
             row.last_asked = now;
             row.last_asked_wall = SystemTime::now();
             row.kind = kind;
             row.index = index;
+            row.decided_by = decided_by;
             if row.answer.as_deref() != answer {
                 row.answer = answer.map(str::to_string);
             }
@@ -99,6 +204,8 @@ impl Seen {
                 answer: answer.map(str::to_string),
                 kind,
                 index,
+                decided_by,
+                interval: None,
             },
         );
     }
@@ -106,31 +213,69 @@ impl Seen {
     /// Rows asked about within [`SEEN_WINDOW`]; forgets rows older than
     /// [`FORGET_AFTER`].
     pub fn count_recent(&self) -> usize {
-        self.summary().rows
+        self.summary(|_| false).rows
     }
 
-    /// What the rows asked about within [`SEEN_WINDOW`] were last answered;
-    /// forgets rows older than [`FORGET_AFTER`]. One pass over the rows,
+    /// What the rows asked about within [`SEEN_WINDOW`] were last answered,
+    /// which groups they name, and how many rows answered drain or maint
+    /// are no longer asked about. `still_out(line)` tells whether the
+    /// current state still answers `line` drain or maint: a row brought
+    /// back (or whose key was cleared) after HAProxy stopped asking is not
+    /// counted. Forgets rows older than [`FORGET_AFTER`], except those
+    /// still out, kept up to [`OUT_FORGET_AFTER`]. One pass over the rows,
     /// at scrape time: the agent-check path pays nothing for it.
-    pub fn summary(&self) -> SeenSummary {
-        let now = Instant::now();
+    pub fn summary(&self, still_out: impl Fn(&str) -> bool) -> SeenSummary {
+        self.summary_at(Instant::now(), still_out)
+    }
+
+    fn summary_at(&self, now: Instant, still_out: impl Fn(&str) -> bool) -> SeenSummary {
         let mut rows = self.rows.lock().unwrap();
-        // Least recently asked first: the rows to forget are at that end.
-        while rows
-            .peek_lru()
-            .is_some_and(|(_, r)| now.duration_since(r.last_asked) >= FORGET_AFTER)
-        {
-            rows.pop_lru();
-        }
         let mut summary = SeenSummary::default();
-        for (_, row) in rows.iter() {
-            if now.duration_since(row.last_asked) >= SEEN_WINDOW {
+        let mut forget = Vec::new();
+        let mut groups: HashMap<&str, GroupRows> = HashMap::new();
+        for (line, row) in rows.iter() {
+            let silent = now.saturating_duration_since(row.last_asked);
+            // Asked only about rows the deadline has passed for: a lookup
+            // per silent out row, not per row.
+            let out = row.answered_out() && silent > row.deadline() && still_out(line);
+            if silent >= FORGET_AFTER && !(out && silent < OUT_FORGET_AFTER) {
+                forget.push(line.clone());
+                continue;
+            }
+            if out {
+                summary.out_not_asked += 1;
+            }
+            if silent >= SEEN_WINDOW {
                 continue;
             }
             summary.rows += 1;
             summary.by_kind[row.kind as usize] += 1;
             summary.lowest_index =
                 Some(summary.lowest_index.map_or(row.index, |i| i.min(row.index)));
+            for (pos, identity) in crate::model::identity::identities(line).enumerate() {
+                if identity.contains('/') {
+                    continue;
+                }
+                let g = groups.entry(identity).or_default();
+                g.naming[row.kind as usize] += 1;
+                if row.decided_by.is_some_and(|d| usize::from(d) == pos) {
+                    g.decided[row.kind as usize] += 1;
+                }
+            }
+        }
+        let mut groups: Vec<(&str, GroupRows)> = groups.into_iter().collect();
+        if groups.len() > MAX_GROUPS {
+            groups.sort_by(|a, b| b.1.total().cmp(&a.1.total()).then(a.0.cmp(b.0)));
+            summary.groups_over_cap = groups.len() - MAX_GROUPS;
+            groups.truncate(MAX_GROUPS);
+        }
+        groups.sort_by(|a, b| a.0.cmp(b.0));
+        summary.groups = groups
+            .into_iter()
+            .map(|(name, g)| (name.to_string(), g))
+            .collect();
+        for line in forget {
+            rows.pop(&line);
         }
         summary
     }
@@ -159,9 +304,10 @@ mod tests {
             AnswerKind::Ready,
             Some("ready 100%"),
             7,
+            None,
         );
-        seen.record("web/web-02", AnswerKind::Drain, Some("drain 100%"), 9);
-        seen.record("web/web-01 canary", AnswerKind::Invalid, None, 12);
+        seen.record("web/web-02", AnswerKind::Drain, Some("drain 100%"), 9, None);
+        seen.record("web/web-01 canary", AnswerKind::Invalid, None, 12, None);
         assert_eq!(seen.count_recent(), 2);
         let rows = seen.rows();
         assert_eq!(rows[0].0, "web/web-01 canary");
@@ -176,7 +322,7 @@ mod tests {
             .map(|_| {
                 let t = Instant::now();
                 for line in lines {
-                    seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1);
+                    seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1, None);
                 }
                 t.elapsed()
             })
@@ -189,7 +335,7 @@ mod tests {
         let seen = Seen::default();
         let known: Vec<String> = (0..MAX_ROWS).map(|i| format!("web/web-{i}")).collect();
         for line in &known {
-            seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1);
+            seen.record(line, AnswerKind::Ready, Some("ready 100%"), 1, None);
         }
         let asked_again = record_time(&seen, &known[..2_000]);
         let mut n = 0;
@@ -214,16 +360,17 @@ mod tests {
     #[test]
     fn summary_counts_last_answers_and_the_lowest_index() {
         let seen = Seen::default();
-        assert_eq!(seen.summary(), SeenSummary::default());
+        assert_eq!(seen.summary(|_| false), SeenSummary::default());
         seen.record(
             "web/web-01 canary",
             AnswerKind::Ready,
             Some("ready 100%"),
             7,
+            None,
         );
-        seen.record("web/web-02", AnswerKind::Drain, Some("drain 100%"), 9);
-        seen.record("web/web-03", AnswerKind::Drain, Some("drain 100%"), 9);
-        let summary = seen.summary();
+        seen.record("web/web-02", AnswerKind::Drain, Some("drain 100%"), 9, None);
+        seen.record("web/web-03", AnswerKind::Drain, Some("drain 100%"), 9, None);
+        let summary = seen.summary(|_| false);
         assert_eq!(summary.rows, 3);
         assert_eq!(summary.lowest_index, Some(7));
         assert_eq!(summary.by_kind[AnswerKind::Drain as usize], 2);
@@ -235,13 +382,177 @@ mod tests {
             AnswerKind::Maint,
             Some("maint 100%"),
             11,
+            None,
         );
-        let summary = seen.summary();
+        let summary = seen.summary(|_| false);
         assert_eq!(summary.lowest_index, Some(9));
         assert_eq!(summary.by_kind[AnswerKind::Ready as usize], 0);
         assert_eq!(summary.by_kind[AnswerKind::Maint as usize], 1);
         // A row asked before the first sync holds the lowest at 0.
-        seen.record("web/web-04", AnswerKind::Unsynced, None, 0);
-        assert_eq!(seen.summary().lowest_index, Some(0));
+        seen.record("web/web-04", AnswerKind::Unsynced, None, 0, None);
+        assert_eq!(seen.summary(|_| false).lowest_index, Some(0));
+    }
+
+    /// Records `line` as asked at `t0 + secs` seconds.
+    fn ask(seen: &Seen, t0: Instant, secs: u64, line: &str, kind: AnswerKind, by: Option<usize>) {
+        let at = t0 + Duration::from_secs(secs);
+        seen.record_at(at, line, kind, Some(kind.as_str()), 5, by);
+    }
+
+    #[test]
+    fn an_out_row_is_not_asked_past_three_of_its_intervals() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        // Asked every 2 s until 20 s: its deadline is the 10 s floor.
+        for s in (0..=20).step_by(2) {
+            ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, Some(0));
+            ask(&seen, t0, s, "api/api-02", AnswerKind::Ready, None);
+        }
+        // Asked twice 20 s apart: a first gap counts for at most the floor,
+        // so its interval is 10 s and its deadline 30 s.
+        for s in [0, 20] {
+            ask(
+                &seen,
+                t0,
+                s,
+                "web/web-01 zone-b",
+                AnswerKind::Drain,
+                Some(1),
+            );
+        }
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(seen.summary_at(at(30), |_| true).out_not_asked, 0);
+        // 11 s silent: past api-01's 10 s, not web-01's 30 s; a ready row
+        // is never counted.
+        assert_eq!(seen.summary_at(at(31), |_| true).out_not_asked, 1);
+        assert_eq!(seen.summary_at(at(49), |_| true).out_not_asked, 1);
+        assert_eq!(seen.summary_at(at(51), |_| true).out_not_asked, 2);
+        // Brought back (the current state answers it ready): not counted.
+        let back = seen.summary_at(at(51), |line| line != "api/api-01");
+        assert_eq!(back.out_not_asked, 1);
+        // Past FORGET_AFTER an out row still out is kept and still counted,
+        // the ready one is forgotten.
+        let late = seen.summary_at(at(20 + 700), |_| true);
+        assert_eq!(late.out_not_asked, 2);
+        assert_eq!(seen.rows().len(), 2);
+        // Once its key is cleared it is forgotten.
+        let cleared = seen.summary_at(at(20 + 701), |line| line != "api/api-01");
+        assert_eq!(cleared.out_not_asked, 1);
+        assert_eq!(seen.rows().len(), 1);
+        // And past OUT_FORGET_AFTER even a row still out goes.
+        let day = seen.summary_at(at(20) + OUT_FORGET_AFTER, |_| true);
+        assert_eq!(day.out_not_asked, 0);
+        assert!(seen.rows().is_empty());
+    }
+
+    #[test]
+    fn a_row_asked_once_has_the_unknown_deadline() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        ask(&seen, t0, 0, "api/api-01", AnswerKind::Drain, Some(0));
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(seen.summary_at(at(30), |_| true).out_not_asked, 0);
+        assert_eq!(seen.summary_at(at(31), |_| true).out_not_asked, 1);
+    }
+
+    #[test]
+    fn the_interval_follows_the_asks() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        for s in (0..=40).step_by(2) {
+            ask(&seen, t0, s, "web/web-01", AnswerKind::Drain, None);
+        }
+        // A longer agent-inter: after a few asks the deadline follows it.
+        for s in (70..=550).step_by(30) {
+            ask(&seen, t0, s, "web/web-01", AnswerKind::Drain, None);
+        }
+        let row = &seen.rows()[0].1;
+        let i = row.interval.unwrap();
+        assert!(
+            i > Duration::from_secs(25) && i < Duration::from_secs(31),
+            "{i:?}"
+        );
+        assert!(row.deadline() > Duration::from_secs(75));
+    }
+
+    #[test]
+    fn an_outage_does_not_stretch_the_deadline() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        for s in (0..=40).step_by(2) {
+            ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, None);
+        }
+        // Five minutes silent (a wrong agent-port), then asked again.
+        for s in (340..=344).step_by(2) {
+            ask(&seen, t0, s, "api/api-01", AnswerKind::Maint, None);
+        }
+        assert_eq!(seen.rows()[0].1.deadline(), NOT_ASKED_FLOOR);
+        let at = |s| t0 + Duration::from_secs(s);
+        assert_eq!(seen.summary_at(at(355), |_| true).out_not_asked, 1);
+    }
+
+    #[test]
+    fn groups_count_the_rows_naming_them_and_those_they_decide() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        // zone-b decides s1 (drain); s2's row key decides it (ready) though
+        // it names zone-b; s3 names canary and zone-b, canary decides maint.
+        ask(&seen, t0, 0, "web/s1 zone-b", AnswerKind::Drain, Some(1));
+        ask(&seen, t0, 0, "web/s2 zone-b", AnswerKind::Ready, Some(0));
+        ask(
+            &seen,
+            t0,
+            0,
+            "web/s3 canary zone-b",
+            AnswerKind::Maint,
+            Some(1),
+        );
+        let summary = seen.summary_at(t0 + Duration::from_secs(1), |_| true);
+        assert_eq!(summary.groups_over_cap, 0);
+        let names: Vec<&str> = summary.groups.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["canary", "zone-b"]);
+        let zone = &summary.groups[1].1;
+        let k = |kind: AnswerKind| kind as usize;
+        assert_eq!(zone.naming[k(AnswerKind::Drain)], 1);
+        assert_eq!(zone.naming[k(AnswerKind::Ready)], 1);
+        assert_eq!(zone.naming[k(AnswerKind::Maint)], 1);
+        assert_eq!(zone.decided[k(AnswerKind::Drain)], 1);
+        assert_eq!(zone.decided.iter().sum::<usize>(), 1);
+        let canary = &summary.groups[0].1;
+        assert_eq!(canary.decided[k(AnswerKind::Maint)], 1);
+    }
+
+    #[test]
+    fn groups_are_capped_and_the_overflow_counted() {
+        let seen = Seen::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_GROUPS + 50 {
+            ask(
+                &seen,
+                t0,
+                0,
+                &format!("web/s{i} g{i:04}"),
+                AnswerKind::Ready,
+                None,
+            );
+        }
+        // A group named by many rows is kept whatever its name.
+        for i in 0..5 {
+            ask(
+                &seen,
+                t0,
+                0,
+                &format!("api/a{i} zzz"),
+                AnswerKind::Ready,
+                None,
+            );
+        }
+        let summary = seen.summary_at(t0, |_| true);
+        assert_eq!(summary.groups.len(), MAX_GROUPS);
+        assert_eq!(summary.groups_over_cap, 51);
+        assert!(summary
+            .groups
+            .iter()
+            .any(|(n, g)| n == "zzz" && g.total() == 5));
     }
 }

@@ -1046,6 +1046,11 @@ impl Model<'_> {
     /// its copy.
     fn seen(&self, memory: &[&Instance], from: f64, to: f64) -> Seen {
         let mut visible = 0.0;
+        // Time the instance ran, blind or not: a token narrowed to web/
+        // still shows web/ keys, and an agent that holds none outside it
+        // applies such answers, so a value current only while blind may
+        // have been seen all the same.
+        let mut running = 0.0;
         for inst in memory {
             if self
                 .t
@@ -1062,6 +1067,7 @@ impl Model<'_> {
                 continue;
             }
             visible += hi - lo;
+            running += hi - lo;
             for w in &self.t.blind {
                 let (l, h) = (w.from.max(lo), w.to.min(hi));
                 if h > l {
@@ -1071,7 +1077,7 @@ impl Model<'_> {
         }
         if visible >= SEEN {
             Seen::Yes
-        } else if visible > 0.0 {
+        } else if visible > 0.0 || running > 0.0 {
             Seen::Maybe
         } else {
             Seen::No

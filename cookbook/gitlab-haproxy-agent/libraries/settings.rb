@@ -22,6 +22,7 @@ module GitlabHaproxyAgent
       'min_query_interval' => 'GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL',
       'consistency' => 'GITLAB_HAPROXY_AGENT_CONSISTENCY',
       'max_stale' => 'GITLAB_HAPROXY_AGENT_MAX_STALE',
+      'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
     }.freeze
     # Values are written unquoted: both systemd and a POSIX shell read them

@@ -258,7 +258,8 @@ fn reads_show_parsed_state_and_flag_invalid_values() {
     run.says("INVALID");
     run.says("4 keys, 2 invalid");
     assert!(
-        run.row("web/web-02").contains("none (frozen)"),
+        run.row("web/web-02")
+            .contains("last valid value (held), or skipped"),
         "{}",
         run.stdout
     );

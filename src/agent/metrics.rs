@@ -251,7 +251,7 @@ impl Metrics {
 
         let synced = IntGauge::with_opts(opts(
             "synced",
-            "1 once the first Consul snapshot is applied, 0 before.",
+            "1 once the first Consul answer is applied, 0 before (also while answering from the state file).",
         ))
         .unwrap();
         reg(Box::new(synced.clone()));

@@ -68,10 +68,12 @@ impl StateFile {
     pub fn save(&self, prefix: &str, state: &ServedState) -> std::io::Result<()> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
-        let text = state.to_file(prefix);
         let result = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(text.as_bytes())?;
+            let f = File::create(&tmp)?;
+            let mut writer = std::io::BufWriter::new(f);
+            state.write_file(prefix, &mut writer)?;
+            writer.flush()?;
+            let f = writer.into_inner().map_err(|e| e.into_error())?;
             f.sync_all()?;
             fs::rename(&tmp, &self.path)?;
             File::open(dir)?.sync_all()

@@ -114,8 +114,8 @@ impl Watcher {
             },
             restored,
         );
-        if let Some(served) = core.served() {
-            publish(&shared, served);
+        if let Some(served) = core.served_shared() {
+            publish(&shared, &served);
             info!(
                 keys = served.keys.len(),
                 consul_index = served.index,
@@ -254,9 +254,9 @@ impl Watcher {
             metrics.consul_request(ConsulOutcome::Ok);
         }
         if output.served_changed {
-            if let Some(served) = self.core.served() {
-                self.persist(served).await;
-                publish(&self.shared, served);
+            if let Some(served) = self.core.served_shared() {
+                self.persist(&served).await;
+                publish(&self.shared, &served);
             }
         }
         if applied {
@@ -308,12 +308,12 @@ impl Watcher {
 
     /// Writes the state file (before the state is served; a failure is
     /// counted and logged, and the state is served all the same).
-    async fn persist(&self, served: &ServedState) {
+    async fn persist(&self, served: &Arc<ServedState>) {
         let Some(file) = self.state_file.clone() else {
             return;
         };
         let prefix = self.config.prefix.clone();
-        let state = served.clone();
+        let state = Arc::clone(served);
         let result = tokio::task::spawn_blocking(move || file.save(&prefix, &state)).await;
         let result = match result {
             Ok(r) => r.map_err(|e| e.to_string()),
@@ -416,7 +416,7 @@ impl Watcher {
             Note::FirstSync => {
                 metrics.synced.set(1);
                 self.shared.readiness.set(ReadyStep::Synced);
-                info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks from Consul's state");
+                info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
             }
             Note::IndexReset { previous, index } => {
                 metrics.consul_index_resets.inc();
@@ -484,7 +484,7 @@ fn unix_now_secs() -> u64 {
 
 /// Swaps the served state in: the snapshot the responder answers from, the
 /// state `/status` shows, and the gauges.
-pub fn publish(shared: &Shared, served: &ServedState) {
+pub fn publish(shared: &Shared, served: &Arc<ServedState>) {
     use crate::decision::HoldCause;
     let metrics = &shared.metrics;
     metrics.consul_index.set(served.index as i64);
@@ -505,7 +505,7 @@ pub fn publish(shared: &Shared, served: &ServedState) {
     metrics
         .store_id_present
         .set(i64::from(served.store_id.is_some()));
-    *shared.served.lock().unwrap() = Some(Arc::new(served.clone()));
+    *shared.served.lock().unwrap() = Some(Arc::clone(served));
     shared.snapshot.store(Some(Arc::new(served.snapshot())));
 }
 

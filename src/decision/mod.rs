@@ -51,6 +51,7 @@ pub mod served;
 pub mod stale;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
@@ -345,7 +346,8 @@ enum StoreCheck {
 #[derive(Debug)]
 pub struct Core {
     config: CoreConfig,
-    served: Option<ServedState>,
+    /// Shared with the daemon, which publishes it without a copy.
+    served: Option<Arc<ServedState>>,
     synced: bool,
     /// The index to block on; `None` before any state.
     current: Option<u64>,
@@ -372,7 +374,7 @@ impl Core {
     pub fn new(config: CoreConfig, restored: Option<ServedState>) -> Core {
         Core {
             current: restored.as_ref().map(|s| s.index),
-            served: restored,
+            served: restored.map(Arc::new),
             synced: false,
             full_read: true,
             fresh: false,
@@ -388,7 +390,12 @@ impl Core {
 
     /// The state served now; `None` before any.
     pub fn served(&self) -> Option<&ServedState> {
-        self.served.as_ref()
+        self.served.as_deref()
+    }
+
+    /// The state served now, shared: what the daemon publishes and writes.
+    pub fn served_shared(&self) -> Option<Arc<ServedState>> {
+        self.served.clone()
     }
 
     /// Whether a Consul answer has been applied since the start.
@@ -492,15 +499,18 @@ impl Core {
         let stale_read = matches!(self.asked, Some(Request::Prefix { stale: true, .. }));
         let full = self.full_read;
         let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
+        let (raw_index, empty) = (answer.index, answer.pairs.is_empty());
+        // The view holds what is needed: the pairs go now, not after the
+        // direct reads (a 10,000-key answer is a few MB).
+        drop(answer);
 
         // 1. A stale answer that could move the state backwards is held.
         if stale_read {
-            if let Some(reason) =
-                hold_reason(self.current, answer.index, &meta, self.config.max_stale)
+            if let Some(reason) = hold_reason(self.current, raw_index, &meta, self.config.max_stale)
             {
                 out.notes.push(Note::StaleHeld {
                     reason,
-                    index: answer.index,
+                    index: raw_index,
                     served_index: self.current.unwrap_or(0),
                 });
                 self.confirm_default = true;
@@ -598,7 +608,6 @@ impl Core {
         let may_refuse = acl_on && !rolled_back && !self.fresh && moved;
         self.fresh = false;
 
-        let empty = answer.pairs.is_empty();
         let read_check =
             (acl_on && (empty || self.token_checked != Some(token_load))).then_some(token_load);
         self.pending = Some(Pending {
@@ -768,16 +777,18 @@ impl Core {
             probes: p.probes,
             now,
         };
-        let base = self.served.clone().unwrap_or_default();
-        let (next, changes) = base.merge(&p.view, &input);
+        let (next, changes) = match self.served.as_deref() {
+            Some(base) => base.merge(&p.view, &input),
+            None => ServedState::default().merge(&p.view, &input),
+        };
         let backwards = self.current.is_some_and(|c| p.view.index < c);
-        out.served_changed = self.served.as_ref() != Some(&next);
+        out.served_changed = self.served.as_deref() != Some(&next);
         out.notes.push(Note::Applied {
             index: next.index,
             changes,
         });
         self.current = Some(next.index);
-        self.served = Some(next);
+        self.served = Some(Arc::new(next));
         if !self.synced {
             self.synced = true;
             out.notes.push(Note::FirstSync);

@@ -550,36 +550,64 @@ pub enum StateFileError {
     },
 }
 
+/// The file written, borrowing from the state (no copy of it is made).
+#[derive(Serialize)]
+struct FileOut<'a> {
+    version: u32,
+    prefix: &'a str,
+    index: u64,
+    store_id: Option<&'a str>,
+    release_mark: Option<u64>,
+    keys: KeysOut<'a>,
+}
+
+struct KeysOut<'a>(&'a BTreeMap<Box<str>, KeyRecord>);
+
+impl Serialize for KeysOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (k, r) in self.0 {
+            map.serialize_entry(
+                &**k,
+                &FileKey {
+                    value: r.consul.as_ref().map(|c| c.value.to_string()),
+                    modify_index: r.consul.as_ref().map(|c| c.modify_index),
+                    served: r.served.map(|s| s.to_string()),
+                    hold: r.hold.map(|h| h.cause),
+                    hold_since: r.hold.map(|h| h.since),
+                },
+            )?;
+        }
+        map.end()
+    }
+}
+
 impl ServedState {
-    /// The served state as the JSON text of `served-state.json` (format
-    /// version 1), for the watched `prefix`.
-    pub fn to_file(&self, prefix: &str) -> String {
-        let keys = self
-            .keys
-            .iter()
-            .map(|(k, r)| {
-                (
-                    k.to_string(),
-                    FileKey {
-                        value: r.consul.as_ref().map(|c| c.value.to_string()),
-                        modify_index: r.consul.as_ref().map(|c| c.modify_index),
-                        served: r.served.map(|s| s.to_string()),
-                        hold: r.hold.map(|h| h.cause),
-                        hold_since: r.hold.map(|h| h.since),
-                    },
-                )
-            })
-            .collect();
-        let file = FileV1 {
+    /// Writes the served state as `served-state.json` (format version 1)
+    /// for the watched `prefix`, streamed: no copy of the state is made.
+    ///
+    /// # Errors
+    ///
+    /// The writer's I/O error.
+    pub fn write_file<W: std::io::Write>(&self, prefix: &str, writer: W) -> std::io::Result<()> {
+        let file = FileOut {
             version: 1,
-            prefix: prefix.to_string(),
+            prefix,
             index: self.index,
-            store_id: self.store_id.as_deref().map(str::to_string),
+            store_id: self.store_id.as_deref(),
             release_mark: self.release_mark,
-            keys,
+            keys: KeysOut(&self.keys),
         };
-        // Plain data: serialising cannot fail.
-        serde_json::to_string_pretty(&file).unwrap_or_default()
+        serde_json::to_writer(writer, &file).map_err(std::io::Error::other)
+    }
+
+    /// The served state as the JSON text of `served-state.json`.
+    pub fn to_file(&self, prefix: &str) -> String {
+        let mut out = Vec::new();
+        // Writing to memory cannot fail.
+        let _ = self.write_file(prefix, &mut out);
+        String::from_utf8(out).unwrap_or_default()
     }
 
     /// Reads `served-state.json` text written by [`ServedState::to_file`]

@@ -214,7 +214,9 @@ impl Writer {
             rows.len(),
             if rows.len() == 1 { "" } else { "s" },
             if invalid > 0 {
-                " (the servers an invalid key decides get no answer and keep their state)"
+                " (an agent that knew a valid value of an invalid key answers it; one that did \
+                 not skips the key: the next identity on the line decides, and a server with no \
+                 later key keeps its state)"
             } else {
                 ""
             },

@@ -76,13 +76,15 @@ pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value
     v
 }
 
-/// The REPLY column for a key the agent holds invalid: a server whose first
-/// key it is gets no answer (frozen in its current state), but no server can
-/// name a key that is not a valid identity.
+/// The REPLY column for a key holding an invalid value: an agent that knew
+/// a valid value answers that (held); one that did not skips the key, and the
+/// next identity on the line decides (a server with no later key gets no
+/// answer and keeps its state); no server can name a key that is not a valid
+/// identity.
 pub(super) fn invalid_reply(e: &InvalidValue) -> String {
     match e {
         InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
-        _ => "none (frozen)".to_string(),
+        _ => "last valid value (held), or skipped".to_string(),
     }
 }
 

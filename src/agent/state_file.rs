@@ -114,7 +114,7 @@ mod tests {
                 pair("p/~store-id", "abc", 1),
             ],
         );
-        let (state, _) = ServedState::default().merge(&view, &MergeInput::default());
+        let (state, _) = ServedState::default().merge(view, &MergeInput::default());
         file.save("p/", &state).unwrap();
         match file.load("p/") {
             Loaded::State(s) => assert_eq!(s, state),

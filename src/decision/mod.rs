@@ -777,11 +777,11 @@ impl Core {
             probes: p.probes,
             now,
         };
-        let (next, changes) = match self.served.as_deref() {
-            Some(base) => base.merge(&p.view, &input),
-            None => ServedState::default().merge(&p.view, &input),
-        };
         let backwards = self.current.is_some_and(|c| p.view.index < c);
+        let (next, changes) = match self.served.as_deref() {
+            Some(base) => base.merge(p.view, &input),
+            None => ServedState::default().merge(p.view, &input),
+        };
         out.served_changed = self.served.as_deref() != Some(&next);
         out.notes.push(Note::Applied {
             index: next.index,

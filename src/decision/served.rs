@@ -52,8 +52,9 @@ impl HoldCause {
 /// A key as the last applied Consul answer (or direct read) showed it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConsulKey {
-    /// The value as text (lossy UTF-8), for logs, `/status` and the file.
-    pub value: Box<str>,
+    /// An invalid value as text (lossy UTF-8), for the file; `None` for a
+    /// valid one, whose canonical spelling stands for it.
+    pub value: Option<Box<str>>,
     /// The parsed value.
     pub entry: Entry,
     /// Consul's ModifyIndex of the key.
@@ -76,8 +77,12 @@ impl ConsulKey {
                 },
             }
         };
+        let value = match entry {
+            Entry::Valid(_) => None,
+            Entry::Invalid(_) => Some(String::from_utf8_lossy(raw).into()),
+        };
         ConsulKey {
-            value: String::from_utf8_lossy(raw).into(),
+            value,
             entry,
             modify_index,
         }
@@ -257,7 +262,7 @@ impl ServedState {
     ///   `invalid_value`), or is skipped if none is known;
     /// - a key the answer lacks is deleted, unless a direct read answered
     ///   403 (held `hidden`) or showed it (its value applies).
-    pub fn merge(&self, view: &AnswerView, input: &MergeInput) -> (ServedState, Vec<Change>) {
+    pub fn merge(&self, view: AnswerView, input: &MergeInput) -> (ServedState, Vec<Change>) {
         let mut changes = Vec::new();
         let release_all = !input.rolled_back
             && view.release_mark.is_some()
@@ -272,31 +277,40 @@ impl ServedState {
                 changes.push(Change::ReleasedAll { keys: n });
             }
         }
+        let AnswerView {
+            index,
+            keys: mut shown_keys,
+            store_id,
+            release_mark,
+            ..
+        } = view;
         let mut keys = BTreeMap::new();
-        let names: std::collections::BTreeSet<&Box<str>> =
-            self.keys.keys().chain(view.keys.keys()).collect();
-        for key in names {
-            let prev = self.keys.get(key);
-            let shown = view
-                .keys
-                .get(key)
-                .cloned()
-                .or_else(|| match input.probes.get(key) {
-                    Some(Probe::Present(k)) => Some(k.clone()),
-                    _ => None,
-                });
-            let forbidden = !view.keys.contains_key(key)
-                && matches!(input.probes.get(key), Some(Probe::Forbidden));
+        let mut one = |key: Box<str>, prev: Option<&KeyRecord>, in_answer: Option<ConsulKey>| {
+            let forbidden =
+                in_answer.is_none() && matches!(input.probes.get(&key), Some(Probe::Forbidden));
+            let shown = in_answer.or_else(|| match input.probes.get(&key) {
+                Some(Probe::Present(k)) => Some(k.clone()),
+                _ => None,
+            });
             let record = merge_key(prev, shown, forbidden, release_all, input);
-            note_changes(key, prev, record.as_ref(), &mut changes);
+            note_changes(&key, prev, record.as_ref(), &mut changes);
             if let Some(record) = record {
-                keys.insert(key.clone(), record);
+                keys.insert(key, record);
             }
+        };
+        // The keys served before, then the answer's new ones; the answer's
+        // entries are moved, not copied (a 10,000-key answer is a few MB).
+        for (key, prev) in &self.keys {
+            let in_answer = shown_keys.remove(key);
+            one(key.clone(), Some(prev), in_answer);
+        }
+        for (key, in_answer) in shown_keys {
+            one(key, None, Some(in_answer));
         }
         let next = ServedState {
-            index: view.index,
-            store_id: view.store_id.clone(),
-            release_mark: view.release_mark,
+            index,
+            store_id,
+            release_mark,
             keys,
         };
         (next, changes)
@@ -571,7 +585,11 @@ impl Serialize for KeysOut<'_> {
             map.serialize_entry(
                 &**k,
                 &FileKey {
-                    value: r.consul.as_ref().map(|c| c.value.to_string()),
+                    value: r.consul.as_ref().map(|c| match (&c.value, &c.entry) {
+                        (Some(v), _) => v.to_string(),
+                        (None, Entry::Valid(state)) => state.to_string(),
+                        (None, Entry::Invalid(_)) => String::new(),
+                    }),
                     modify_index: r.consul.as_ref().map(|c| c.modify_index),
                     served: r.served.map(|s| s.to_string()),
                     hold: r.hold.map(|h| h.cause),

@@ -76,7 +76,6 @@ impl ConsulClient {
     /// When the HTTP client cannot be built (no usable TLS-free backend).
     pub fn new(addr: &str, token: TokenSource, connect_timeout: Duration) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
-            .gzip(true)
             .connect_timeout(connect_timeout)
             .pool_max_idle_per_host(2)
             .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
@@ -161,7 +160,10 @@ impl ConsulClient {
     /// when `index > 0`: Consul holds the request until the prefix's index
     /// passes `index` or `wait` (plus jitter) ends (api-docs/features/blocking).
     /// `index == 0` answers at once. Asks for gzip, as Consul's own clients
-    /// do. Checks nothing beyond the answer's shape: the decision core
+    /// do, and inflates the answer into a buffer of the size the gzip
+    /// trailer gives (one allocation, where a growing buffer would double
+    /// its way to a 10,000-key answer). Checks nothing beyond the answer's
+    /// shape: the decision core
     /// ([`crate::decision`]) asks for the read checks it needs.
     ///
     /// A 404 is a prefix with no keys: a valid, empty answer with an index.
@@ -194,6 +196,7 @@ impl ConsulClient {
             .http
             .get(&url)
             .headers(self.headers()?)
+            .header(reqwest::header::ACCEPT_ENCODING, "gzip")
             .timeout(timeout)
             .send()
             .await
@@ -201,10 +204,16 @@ impl ConsulClient {
         let status = response.status();
         let header_index = consul_index(response.headers());
         let meta = ReadMeta::from_headers(response.headers());
-        let body = response
+        let gzipped = response
+            .headers()
+            .get(reqwest::header::CONTENT_ENCODING)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+        let raw = response
             .bytes()
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
+        let body = if gzipped { gunzip(&raw)? } else { raw.to_vec() };
+        drop(raw);
         if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
             return Err(status_error(status, &body));
         }
@@ -321,6 +330,33 @@ impl ConsulClient {
             && String::from_utf8_lossy(&body).contains("ACL support disabled");
         Ok(!disabled)
     }
+}
+
+/// Most bytes an inflated answer may take: 64 MiB, far above any prefix
+/// (Consul caps a value at 512 KiB; 10,000 keys are about 2.5 MB).
+const MAX_INFLATED: usize = 64 << 20;
+
+/// Inflates a gzip answer into one buffer sized by the gzip trailer's ISIZE
+/// (the inflated length modulo 2^32, RFC 1952), capped at [`MAX_INFLATED`].
+fn gunzip(raw: &[u8]) -> Result<Vec<u8>, ConsulError> {
+    use std::io::Read as _;
+    let hint = raw
+        .len()
+        .checked_sub(4)
+        .map(|at| u32::from_le_bytes([raw[at], raw[at + 1], raw[at + 2], raw[at + 3]]) as usize)
+        .unwrap_or(0)
+        .min(MAX_INFLATED);
+    let mut out = Vec::with_capacity(hint);
+    flate2::read::GzDecoder::new(raw)
+        .take(MAX_INFLATED as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| ConsulError::Decode(format!("gzip answer: {e}")))?;
+    if out.len() > MAX_INFLATED {
+        return Err(ConsulError::Decode(format!(
+            "gzip answer inflates past {MAX_INFLATED} bytes"
+        )));
+    }
+    Ok(out)
 }
 
 /// `X-Consul-Index`: `None` when missing, `Some(None)` when not a number.
@@ -479,6 +515,24 @@ mod tests {
         assert_eq!(consistency_param(Consistency::Default), "");
         assert_eq!(consistency_param(Consistency::Stale), "&stale");
         assert_eq!(Consistency::default(), Consistency::Default);
+    }
+
+    #[test]
+    fn a_gzip_answer_inflates_exactly_and_a_broken_one_is_refused() {
+        use std::io::Write as _;
+        let text = br#"[{"Key":"p/canary","Value":"ZHJhaW4=","ModifyIndex":7}]"#.repeat(100);
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&text).unwrap();
+        let gz = enc.finish().unwrap();
+        let out = gunzip(&gz).unwrap();
+        assert_eq!(out, text);
+        assert_eq!(
+            out.capacity(),
+            text.len(),
+            "one allocation of the trailer's size"
+        );
+        assert!(gunzip(&gz[..gz.len() / 2]).is_err());
+        assert!(gunzip(b"not gzip").is_err());
     }
 
     #[test]

@@ -67,13 +67,15 @@ impl ConsulKey {
     /// whatever its value.
     pub fn parse(rel: &str, raw: &[u8], modify_index: u64) -> ConsulKey {
         let entry = if rel.ends_with('/') {
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(rel.into())))
+            Entry::Invalid(Box::new(InvalidValue::Key(InvalidIdentity::BadShape(
+                rel.into(),
+            ))))
         } else {
             match validate_identity(rel) {
-                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+                Err(e) => Entry::Invalid(Box::new(InvalidValue::Key(e))),
                 Ok(()) => match parse_value(raw) {
                     Ok(s) => Entry::Valid(s),
-                    Err(e) => Entry::Invalid(e),
+                    Err(e) => Entry::Invalid(Box::new(e)),
                 },
             }
         };
@@ -454,7 +456,7 @@ fn merge_key(
     };
     let (served, hold) = match &c.entry {
         // A key no agent-send line can name is never answered.
-        Entry::Invalid(InvalidValue::Key(_)) => (None, None),
+        Entry::Invalid(e) if matches!(**e, InvalidValue::Key(_)) => (None, None),
         Entry::Invalid(_) => match prev_served {
             Some(state) => (Some(state), hold(HoldCause::InvalidValue)),
             None => (None, None),
@@ -500,7 +502,7 @@ fn note_changes(
             if prev_mi != Some(c.modify_index) {
                 changes.push(Change::Invalid {
                     key: key.into(),
-                    error: error.clone(),
+                    error: (**error).clone(),
                     held: to,
                 });
             }

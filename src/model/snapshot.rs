@@ -31,8 +31,9 @@ pub enum Entry {
     Valid(AdminState),
     /// A value the agent refuses, with no valid state known: the lookup
     /// skips the key (the next identity decides); a server whose only keys
-    /// are such gets no answer, so HAProxy keeps its current state.
-    Invalid(InvalidValue),
+    /// are such gets no answer, so HAProxy keeps its current state. Boxed:
+    /// rare, and an entry stays two words for every key held.
+    Invalid(Box<InvalidValue>),
 }
 
 /// One key below the prefix, as held in a snapshot.
@@ -150,15 +151,15 @@ pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
             if pair.value.is_empty() {
                 continue;
             }
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(
+            Entry::Invalid(Box::new(InvalidValue::Key(InvalidIdentity::BadShape(
                 rel.to_string(),
-            )))
+            ))))
         } else {
             match validate_identity(rel) {
-                Err(e) => Entry::Invalid(InvalidValue::Key(e)),
+                Err(e) => Entry::Invalid(Box::new(InvalidValue::Key(e))),
                 Ok(()) => match parse_value(&pair.value) {
                     Ok(state) => Entry::Valid(state),
-                    Err(e) => Entry::Invalid(e),
+                    Err(e) => Entry::Invalid(Box::new(e)),
                 },
             }
         };
@@ -234,7 +235,7 @@ mod tests {
             .map(|(k, v)| {
                 let entry = match parse_value(v) {
                     Ok(s) => Entry::Valid(s),
-                    Err(e) => Entry::Invalid(e),
+                    Err(e) => Entry::Invalid(Box::new(e)),
                 };
                 (
                     (*k).into(),
@@ -321,12 +322,12 @@ mod tests {
             Entry::Valid(AdminState::Weight(50))
         );
         assert!(matches!(
-            snap.keys["a/b/c"].entry,
-            Entry::Invalid(InvalidValue::Key(_))
+            &snap.keys["a/b/c"].entry,
+            Entry::Invalid(e) if matches!(**e, InvalidValue::Key(_))
         ));
         assert!(matches!(
-            snap.keys["web/web-07/"].entry,
-            Entry::Invalid(InvalidValue::Key(InvalidIdentity::BadShape(_)))
+            &snap.keys["web/web-07/"].entry,
+            Entry::Invalid(e) if matches!(**e, InvalidValue::Key(InvalidIdentity::BadShape(_)))
         ));
         assert_eq!(snap.invalid_count(), 3);
     }

@@ -349,8 +349,6 @@ pub struct Core {
     /// Shared with the daemon, which publishes it without a copy.
     served: Option<Arc<ServedState>>,
     synced: bool,
-    /// The index to block on; `None` before any state.
-    current: Option<u64>,
     /// The next prefix read is a full read (index 0).
     full_read: bool,
     /// The last full read was a fresh read replacing a refused answer.
@@ -373,7 +371,6 @@ impl Core {
     /// at once, and judged against the first answer).
     pub fn new(config: CoreConfig, restored: Option<ServedState>) -> Core {
         Core {
-            current: restored.as_ref().map(|s| s.index),
             served: restored.map(Arc::new),
             synced: false,
             full_read: true,
@@ -386,6 +383,12 @@ impl Core {
             asked: None,
             config,
         }
+    }
+
+    /// The index of the state served, which the next blocking read waits
+    /// on; `None` before any state.
+    fn current(&self) -> Option<u64> {
+        self.served.as_deref().map(|s| s.index)
     }
 
     /// The state served now; `None` before any.
@@ -426,7 +429,7 @@ impl Core {
         let index = if self.full_read {
             0
         } else {
-            self.current.unwrap_or(0)
+            self.current().unwrap_or(0)
         };
         let stale = self.stale_now();
         self.ask(Request::Prefix { index, stale }, delay)
@@ -506,12 +509,13 @@ impl Core {
 
         // 1. A stale answer that could move the state backwards is held.
         if stale_read {
-            if let Some(reason) = hold_reason(self.current, raw_index, &meta, self.config.max_stale)
+            if let Some(reason) =
+                hold_reason(self.current(), raw_index, &meta, self.config.max_stale)
             {
                 out.notes.push(Note::StaleHeld {
                     reason,
                     index: raw_index,
-                    served_index: self.current.unwrap_or(0),
+                    served_index: self.current().unwrap_or(0),
                 });
                 self.confirm_default = true;
                 self.full_read = true;
@@ -524,16 +528,15 @@ impl Core {
         }
 
         // 2. No change: the same index showing the same keys.
-        if !full && Some(view.index) == self.current && self.shows_the_same(&view) {
+        if !full && Some(view.index) == self.current() && self.shows_the_same(&view) {
             out.notes.push(Note::NotModified);
             self.failures = 0;
             return self.prefix_read(Delay::MinInterval);
         }
 
         // 3. Lost data.
-        let served_index = self.served.as_ref().map(|s| s.index);
         let mut rolled_back = false;
-        if let Some(previous) = self.current.filter(|c| view.index < *c) {
+        if let Some(previous) = self.current().filter(|c| view.index < *c) {
             out.notes.push(Note::IndexReset {
                 previous,
                 index: view.index,
@@ -557,7 +560,7 @@ impl Core {
         // (a query parked under another one): only a key shown with another
         // ModifyIndex tells then.
         if !rolled_back
-            && served_index.is_some_and(|i| view.index <= i)
+            && self.current().is_some_and(|i| view.index <= i)
             && self.rewritten(&view, acl_on)
         {
             out.notes.push(Note::NotMoved { index: view.index });
@@ -589,7 +592,7 @@ impl Core {
 
         // 5. An index moved past every key shown, with nothing deleted to
         // explain it, may hide a write: read once more, fresh.
-        let moved = self.current.is_some_and(|c| view.index > c);
+        let moved = self.current().is_some_and(|c| view.index > c);
         if acl_on
             && !rolled_back
             && !self.fresh
@@ -777,7 +780,7 @@ impl Core {
             probes: p.probes,
             now,
         };
-        let backwards = self.current.is_some_and(|c| p.view.index < c);
+        let backwards = self.current().is_some_and(|c| p.view.index < c);
         let (next, changes) = match self.served.as_deref() {
             Some(base) => base.merge(p.view, &input),
             None => ServedState::default().merge(p.view, &input),
@@ -787,7 +790,6 @@ impl Core {
             index: next.index,
             changes,
         });
-        self.current = Some(next.index);
         self.served = Some(Arc::new(next));
         if !self.synced {
             self.synced = true;

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::identity::{is_control_key, validate_identity, InvalidIdentity};
-use crate::model::snapshot::{Entry, KeyState, KvPair, Snapshot};
+use crate::model::identity::{is_control_key, InvalidIdentity};
+use crate::model::snapshot::{parse_entry, Entry, KeyState, KvPair, Snapshot};
 use crate::model::value::{parse_value, AdminState, InvalidValue};
 
 pub use crate::model::identity::STORE_ID_KEY;
@@ -62,23 +62,19 @@ pub struct ConsulKey {
 }
 
 impl ConsulKey {
-    /// Parses one key (relative to the prefix) and its raw value. A key that
-    /// is not an identity (a folder with a value, `a/b/c`) is invalid
-    /// whatever its value.
+    /// Parses one key (relative to the prefix) and its raw value
+    /// ([`parse_entry`]); a folder key without a value, which an answer never
+    /// keeps, is invalid here.
     pub fn parse(rel: &str, raw: &[u8], modify_index: u64) -> ConsulKey {
-        let entry = if rel.ends_with('/') {
+        let entry = parse_entry(rel, raw).unwrap_or_else(|| {
             Entry::Invalid(Box::new(InvalidValue::Key(InvalidIdentity::BadShape(
                 rel.into(),
             ))))
-        } else {
-            match validate_identity(rel) {
-                Err(e) => Entry::Invalid(Box::new(InvalidValue::Key(e))),
-                Ok(()) => match parse_value(raw) {
-                    Ok(s) => Entry::Valid(s),
-                    Err(e) => Entry::Invalid(Box::new(e)),
-                },
-            }
-        };
+        });
+        ConsulKey::new(entry, raw, modify_index)
+    }
+
+    fn new(entry: Entry, raw: &[u8], modify_index: u64) -> ConsulKey {
         let value = match entry {
             Entry::Valid(_) => None,
             Entry::Invalid(_) => Some(String::from_utf8_lossy(raw).into()),
@@ -168,14 +164,12 @@ impl AnswerView {
             if is_control_key(rel) {
                 continue;
             }
-            // An empty folder key only marks the folder; with a value it is
-            // a typo that must show.
-            if (rel.is_empty() || rel.ends_with('/')) && pair.value.is_empty() {
+            let Some(entry) = parse_entry(rel, &pair.value) else {
                 continue;
-            }
+            };
             view.keys.insert(
                 rel.into(),
-                ConsulKey::parse(rel, &pair.value, pair.modify_index),
+                ConsulKey::new(entry, &pair.value, pair.modify_index),
             );
         }
         view

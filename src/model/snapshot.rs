@@ -130,6 +130,29 @@ impl Snapshot {
     }
 }
 
+/// The entry of one key below the prefix (`rel`, relative) holding `raw`;
+/// `None` for a folder key without a value, which only marks the folder. A
+/// folder key with a value is a typo (`consul kv put .../web/web-07/ maint`)
+/// that must show, not vanish; a key that is not an identity is invalid
+/// whatever its value.
+pub fn parse_entry(rel: &str, raw: &[u8]) -> Option<Entry> {
+    if rel.is_empty() || rel.ends_with('/') {
+        if raw.is_empty() {
+            return None;
+        }
+        return Some(Entry::Invalid(Box::new(InvalidValue::Key(
+            InvalidIdentity::BadShape(rel.to_string()),
+        ))));
+    }
+    Some(match validate_identity(rel) {
+        Err(e) => Entry::Invalid(Box::new(InvalidValue::Key(e))),
+        Ok(()) => match parse_value(raw) {
+            Ok(state) => Entry::Valid(state),
+            Err(e) => Entry::Invalid(Box::new(e)),
+        },
+    })
+}
+
 /// Builds a snapshot from the `pairs` of one prefix answer at Consul index
 /// `index` (clamped to 1). Keys are made relative to `prefix`; folder keys
 /// (ending in `/`) and the agent's control keys ([`is_control_key`]) are
@@ -144,24 +167,8 @@ pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
         if is_control_key(rel) {
             continue;
         }
-        let entry = if rel.is_empty() || rel.ends_with('/') {
-            // A folder key. Empty, it only marks the folder; with a value it
-            // is a typo (`consul kv put .../web/web-07/ maint`) that must
-            // show, not vanish.
-            if pair.value.is_empty() {
-                continue;
-            }
-            Entry::Invalid(Box::new(InvalidValue::Key(InvalidIdentity::BadShape(
-                rel.to_string(),
-            ))))
-        } else {
-            match validate_identity(rel) {
-                Err(e) => Entry::Invalid(Box::new(InvalidValue::Key(e))),
-                Ok(()) => match parse_value(&pair.value) {
-                    Ok(state) => Entry::Valid(state),
-                    Err(e) => Entry::Invalid(Box::new(e)),
-                },
-            }
+        let Some(entry) = parse_entry(rel, &pair.value) else {
+            continue;
         };
         keys.insert(
             rel.into(),

@@ -7,7 +7,7 @@
 
 mod support;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,36 +102,13 @@ fn stallers(
 ) -> JoinHandle<usize> {
     let stop = stop.clone();
     std::thread::spawn(move || {
-        let open = || -> Option<TcpStream> {
+        let open = |_| -> Option<TcpStream> {
             let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
             s.write_all(bytes).ok()?;
             s.set_nonblocking(true).ok()?;
             Some(s)
         };
-        let mut conns: Vec<Option<TcpStream>> = (0..n).map(|_| open()).collect();
-        let mut made = n;
-        let mut buf = [0u8; 512];
-        while !stop.load(Ordering::Relaxed) {
-            for c in conns.iter_mut() {
-                let closed = match c {
-                    None => true,
-                    Some(s) => loop {
-                        match s.read(&mut buf) {
-                            Ok(0) => break true,
-                            Ok(_) => continue,
-                            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-                            Err(_) => break true,
-                        }
-                    },
-                };
-                if closed {
-                    *c = open();
-                    made += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        made
+        n + support::hold_connections(n, open, &stop, Duration::from_millis(20))
     })
 }
 

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -190,30 +190,7 @@ fn hold_idle(addr: SocketAddr, n: usize, stop: Arc<AtomicBool>) -> std::thread::
             s.set_nonblocking(true).ok()?;
             Some(s)
         };
-        let mut conns: Vec<Option<TcpStream>> = (0..n).map(open).collect();
-        let mut reopened = 0;
-        let mut buf = [0u8; 4096];
-        while !stop.load(Ordering::Relaxed) {
-            for (i, c) in conns.iter_mut().enumerate() {
-                let closed = match c {
-                    None => true,
-                    Some(s) => loop {
-                        match s.read(&mut buf) {
-                            Ok(0) => break true,
-                            Ok(_) => continue,
-                            Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
-                            Err(_) => break true,
-                        }
-                    },
-                };
-                if closed {
-                    *c = open(i);
-                    reopened += 1;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        reopened
+        support::hold_connections(n, open, &stop, Duration::from_millis(250))
     })
 }
 

@@ -902,3 +902,40 @@ pub fn haproxy_config(backends: &str) -> String {
 }
 
 pub mod schedule;
+
+/// Keeps `n` connections made by `open(i)` (set non-blocking) open until
+/// `stop`: every `every`, each is drained of what the agent sent, and one the
+/// agent closed is opened again, as a client that reconnects would. Returns
+/// how many connections were opened again.
+pub fn hold_connections(
+    n: usize,
+    open: impl Fn(usize) -> Option<std::net::TcpStream>,
+    stop: &std::sync::atomic::AtomicBool,
+    every: Duration,
+) -> usize {
+    use std::io::{ErrorKind, Read};
+    let mut conns: Vec<_> = (0..n).map(&open).collect();
+    let mut reopened = 0;
+    let mut buf = [0u8; 4096];
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for (i, c) in conns.iter_mut().enumerate() {
+            let closed = match c {
+                None => true,
+                Some(s) => loop {
+                    match s.read(&mut buf) {
+                        Ok(0) => break true,
+                        Ok(_) => continue,
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => break false,
+                        Err(_) => break true,
+                    }
+                },
+            };
+            if closed {
+                *c = open(i);
+                reopened += 1;
+            }
+        }
+        std::thread::sleep(every);
+    }
+    reopened
+}

@@ -124,18 +124,6 @@ pub enum Request {
     },
 }
 
-impl Request {
-    /// Whether the request goes to the Raft leader (no `stale`).
-    pub fn to_leader(&self) -> bool {
-        match self {
-            Request::AclProbe => true,
-            Request::Prefix { stale, .. }
-            | Request::Key { stale, .. }
-            | Request::ReadCheck { stale } => !stale,
-        }
-    }
-}
-
 /// How long the daemon waits before it sends the next request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Delay {

@@ -511,8 +511,9 @@ fn note_changes(
     }
 }
 
-/// The file format of the served state (`served-state.json`), version 1.
-#[derive(Debug, Serialize, Deserialize)]
+/// The file format of the served state (`served-state.json`), version 1,
+/// as read ([`FileOut`] writes it).
+#[derive(Debug, Deserialize)]
 struct FileV1 {
     version: u32,
     prefix: String,

@@ -718,18 +718,6 @@ fn the_same_index_showing_other_keys_is_applied() {
 }
 
 #[test]
-fn requests_name_their_consistency() {
-    assert!(Request::AclProbe.to_leader());
-    assert!(blocks_on(3).to_leader());
-    assert!(!Request::Prefix {
-        index: 3,
-        stale: true
-    }
-    .to_leader());
-    assert!(!Request::ReadCheck { stale: true }.to_leader());
-}
-
-#[test]
 fn the_same_index_with_a_key_rewritten_is_lost_data_but_a_filtered_view_is_not() {
     let mut c = started(true, false, None);
     step(

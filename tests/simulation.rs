@@ -103,6 +103,9 @@ enum Event {
     /// Consul becomes unreachable, or reachable again.
     ConsulDown,
     ConsulUp,
+    /// Consul restarted with ACLs turned on, or off, its data kept: the
+    /// request in flight fails.
+    AclRestart,
     /// Data loss: `-dev` restart, a store rebuilt at a higher index, an old
     /// snapshot restored.
     DevRestart,
@@ -247,6 +250,8 @@ struct Sim {
     follower: Store,
     old: Option<Store>,
     up: bool,
+    /// The request in flight was cut by a restart.
+    cut: bool,
     policy: Policy,
     /// The policy the blocking query parked with.
     parked: Option<Policy>,
@@ -295,6 +300,7 @@ impl Sim {
             follower: Store::fresh(),
             old: None,
             up: true,
+            cut: false,
             policy: Policy::default(),
             parked: None,
             core,
@@ -445,7 +451,7 @@ impl Sim {
     }
 
     fn respond(&mut self, follower: bool, lagging: bool) -> Option<Response> {
-        if !self.up {
+        if !self.up || std::mem::take(&mut self.cut) {
             self.parked = None;
             return Some(Response::Failed { forbidden: false });
         }
@@ -626,6 +632,7 @@ impl Sim {
             }
             Event::WaitEnd => {
                 if self.up
+                    && !self.cut
                     && matches!(self.next.request, Request::Prefix { index, .. } if index > 0)
                 {
                     let policy = self.parked.take().unwrap_or_else(|| self.policy.clone());
@@ -692,6 +699,11 @@ impl Sim {
             }
             Event::ConsulDown => self.up = false,
             Event::ConsulUp => self.up = true,
+            Event::AclRestart => {
+                self.acl = !self.acl;
+                self.cut = true;
+                self.parked = None;
+            }
             Event::DevRestart => self.lose_data(Store::fresh()),
             Event::Rebuild { ahead } => {
                 let next = Store {
@@ -787,6 +799,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             958..=963 => Event::AllowPrefix,
             964..=973 => Event::Restart { keep_file: true },
             974..=976 => Event::Restart { keep_file: false },
+            985..=989 => Event::AclRestart,
             _ => Event::Reload,
         })
         .collect();
@@ -967,6 +980,15 @@ fn without_the_store_id_a_store_rebuilt_ahead_undrains() {
         ..Rules::default()
     };
     finds_a_violation(rules, true, "the store id");
+}
+
+#[test]
+fn without_asking_about_acls_after_a_failure_a_restart_with_acls_on_undrains() {
+    let rules = Rules {
+        acl_reprobe: false,
+        ..Rules::default()
+    };
+    finds_a_violation(rules, true, "the ACL probe after a failure");
 }
 
 #[test]

@@ -30,7 +30,8 @@
 //!   read, so a direct read from a store that lost data meanwhile is not
 //!   taken for the answer's. With ACLs disabled
 //!   (`GET /v1/acl/token/self` answers 401 "ACL support disabled", asked at
-//!   start and after every failure) nothing is filtered and no key is read.
+//!   start and, after a failure, once the next read succeeds, before it is
+//!   applied) nothing is filtered and no key is read.
 //!   After every 404 and with each token read from its file, the token's
 //!   read access to the whole prefix is checked (`~read-check`, 403 for a
 //!   token that may not read it). An answer whose index moved past every
@@ -84,6 +85,9 @@ pub struct Rules {
     pub probe_missing: bool,
     /// Treat a vanished or changed [`STORE_ID_KEY`] as lost data.
     pub store_id: bool,
+    /// Ask about ACLs again after a failure (Consul may have restarted with
+    /// ACLs turned on).
+    pub acl_reprobe: bool,
 }
 
 impl Default for Rules {
@@ -91,6 +95,7 @@ impl Default for Rules {
         Rules {
             probe_missing: true,
             store_id: true,
+            acl_reprobe: true,
         }
     }
 }
@@ -330,6 +335,16 @@ enum StoreCheck {
     Asked,
 }
 
+/// A prefix answer with what the core needs to judge it.
+#[derive(Debug)]
+struct PrefixRead {
+    answer: PrefixAnswer,
+    meta: ReadMeta,
+    token_load: u64,
+    /// It was a `?stale` read.
+    stale: bool,
+}
+
 /// The decision core of one agent. See the module documentation.
 #[derive(Debug)]
 pub struct Core {
@@ -349,6 +364,9 @@ pub struct Core {
     confirm_default: bool,
     failures: u32,
     pending: Option<Pending>,
+    /// A prefix answer that came while the ACL state was unknown (the first
+    /// read after a failure), applied once the ACL probe answers.
+    awaiting_acl: Option<PrefixRead>,
     /// The last request handed out.
     asked: Option<Request>,
 }
@@ -368,6 +386,7 @@ impl Core {
             confirm_default: true,
             failures: 0,
             pending: None,
+            awaiting_acl: None,
             asked: None,
             config,
         }
@@ -441,7 +460,10 @@ impl Core {
             Response::Acl { enabled } => {
                 self.acl = Some(enabled);
                 out.notes.push(Note::Acl { enabled });
-                self.prefix_read(Delay::None)
+                match self.awaiting_acl.take() {
+                    Some(read) => self.on_prefix(read, now, &mut out),
+                    None => self.prefix_read(Delay::None),
+                }
             }
             Response::ReadCheck { allowed } => {
                 if !allowed {
@@ -461,33 +483,51 @@ impl Core {
                 answer,
                 meta,
                 token_load,
-            } => self.on_prefix(answer, meta, token_load, now, &mut out),
+            } => {
+                let read = PrefixRead {
+                    answer,
+                    meta,
+                    token_load,
+                    stale: matches!(self.asked, Some(Request::Prefix { stale: true, .. })),
+                };
+                self.on_prefix(read, now, &mut out)
+            }
         };
         out
     }
 
+    /// After a failure the ACL state is unknown again (Consul may have come
+    /// back with ACLs turned on or off), so the next full read is applied
+    /// only once the ACL probe has answered. The probe follows the read
+    /// that succeeds rather than preceding every retry: an outage costs one
+    /// request per retry, and the recovery one more.
     fn fail(&mut self, forbidden: bool, out: &mut Output) -> Next {
         self.failures = self.failures.saturating_add(1);
         self.pending = None;
+        self.awaiting_acl = None;
         self.full_read = true;
         self.fresh = false;
-        self.acl = None;
+        if self.config.rules.acl_reprobe {
+            self.acl = None;
+        }
         if forbidden {
             out.reload_token = true;
             self.token_checked = None;
         }
-        self.ask(Request::AclProbe, Delay::Backoff(self.failures))
+        self.prefix_read(Delay::Backoff(self.failures))
     }
 
-    fn on_prefix(
-        &mut self,
-        answer: PrefixAnswer,
-        meta: ReadMeta,
-        token_load: u64,
-        now: u64,
-        out: &mut Output,
-    ) -> Next {
-        let stale_read = matches!(self.asked, Some(Request::Prefix { stale: true, .. }));
+    fn on_prefix(&mut self, read: PrefixRead, now: u64, out: &mut Output) -> Next {
+        if self.acl.is_none() {
+            self.awaiting_acl = Some(read);
+            return self.ask(Request::AclProbe, Delay::None);
+        }
+        let PrefixRead {
+            answer,
+            meta,
+            token_load,
+            stale: stale_read,
+        } = read;
         let full = self.full_read;
         let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
         let (raw_index, empty) = (answer.index, answer.pairs.is_empty());

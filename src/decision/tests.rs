@@ -142,22 +142,31 @@ fn index_rules_follow_consul_docs() {
 }
 
 #[test]
-fn a_failure_backs_off_asks_about_acls_again_and_reads_in_full() {
+fn a_failure_backs_off_reads_in_full_and_asks_about_acls_before_applying() {
     let mut c = started(false, false, None);
     step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    // Each retry is one request: the full read.
     for n in 1..=3 {
         let out = step(&mut c, Response::Failed { forbidden: false });
-        assert_eq!(asks(&out), &Request::AclProbe);
+        assert_eq!(asks(&out), &blocks_on(0));
         assert_eq!(out.next.delay, Delay::Backoff(n));
         assert!(!out.reload_token);
     }
     let out = step(&mut c, Response::Failed { forbidden: true });
     assert!(out.reload_token, "a 403 reads the token file again");
-    let out = step(&mut c, Response::Acl { enabled: false });
+    // The read that succeeds waits for the ACL probe, which may itself fail.
+    let out = step(&mut c, prefix(10, &[("x", "ready", 10)]));
+    assert_eq!(asks(&out), &Request::AclProbe);
+    assert_eq!(out.next.delay, Delay::None);
+    assert!(!out.served_changed);
+    let out = step(&mut c, Response::Failed { forbidden: false });
     assert_eq!(asks(&out), &blocks_on(0));
+    assert_eq!(out.next.delay, Delay::Backoff(5));
+    let out = step(&mut c, prefix(10, &[("x", "ready", 10)]));
+    assert_eq!(asks(&out), &Request::AclProbe);
     // Back at the same index with other data (a restarted Consul): lost
     // data, the drain is held.
-    step(&mut c, prefix(10, &[("x", "ready", 10)]));
+    step(&mut c, Response::Acl { enabled: false });
     assert_eq!(served(&c, "canary"), Some(Drain));
     assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
     assert_eq!(c.failures(), 0);
@@ -582,6 +591,28 @@ fn stale_answers_that_could_go_backwards_are_confirmed_by_the_leader() {
             }
         );
     }
+    // After a failure, the stale read that succeeds waits for the ACL probe
+    // and is still judged as stale.
+    let out = step(&mut c, Response::Failed { forbidden: false });
+    assert_eq!(
+        asks(&out),
+        &Request::Prefix {
+            index: 0,
+            stale: true
+        }
+    );
+    let out = step(&mut c, prefix_meta(1, &[], FRESH));
+    assert_eq!(asks(&out), &Request::AclProbe);
+    let out = step(&mut c, Response::Acl { enabled: false });
+    assert!(matches!(
+        out.notes[1],
+        Note::StaleHeld {
+            reason: HoldReason::LowerIndex,
+            ..
+        }
+    ));
+    assert_eq!(asks(&out), &blocks_on(0));
+    assert_eq!(hold(&c, "canary"), None);
 }
 
 #[test]

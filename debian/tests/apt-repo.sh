@@ -24,7 +24,7 @@ repo=$(cd "$here/../.." && pwd)
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$here/lib.sh"
 finish() {
-	echo "$passed passed, $failed failed"
+	tally
 	[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 	exit $?
 }

@@ -56,7 +56,7 @@ cache_tar=$cache_dir/bookworm-minbase.tar
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$here/lib.sh"
 finish() {
-	echo "$passed passed, $failed failed"
+	tally
 	[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
 	exit $?
 }

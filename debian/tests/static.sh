@@ -45,7 +45,7 @@ if [ -z "$deb" ]; then
 		src=$work/clone
 		git clone --quiet "$repo" "$src" || {
 			fail "git clone of $repo"
-			echo "$passed passed, $failed failed"
+			tally
 			exit 1
 		}
 		# A target folder of its own, kept between runs for the compiled
@@ -59,13 +59,13 @@ if [ -z "$deb" ]; then
 	else
 		tail -n 30 "$work/cargo-deb.log"
 		fail "cargo deb"
-		echo "$passed passed, $failed failed"
+		tally
 		exit 1
 	fi
 fi
 if [ ! -f "$deb" ]; then
 	fail "no .deb at '$deb'"
-	echo "$passed passed, $failed failed"
+	tally
 	exit 1
 fi
 
@@ -189,5 +189,5 @@ check "shellcheck packaged maintainer scripts" \
 	shellcheck -s sh "$work/control/postinst" "$work/control/postrm" "$work/control/prerm"
 check "shellcheck test scripts" shellcheck "$repo"/debian/tests/*.sh
 
-echo "$passed passed, $failed failed"
+tally
 [ "$failed" -eq 0 ]

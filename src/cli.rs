@@ -94,7 +94,8 @@ pub struct ConsulArgs {
         long,
         global = true,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_ADDR",
-        value_name = "URL"
+        value_name = "URL",
+        help_heading = GLOBAL_OPTIONS
     )]
     pub consul_addr: Option<String>,
 
@@ -105,12 +106,19 @@ pub struct ConsulArgs {
         long,
         global = true,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE",
-        value_name = "PATH"
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
     )]
     pub consul_token_file: Option<PathBuf>,
 
     /// KV prefix holding desired state (always treated as ending in `/`).
-    #[arg(long, global = true, env = "GITLAB_HAPROXY_AGENT_PREFIX", default_value = DEFAULT_PREFIX)]
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_PREFIX",
+        default_value = DEFAULT_PREFIX,
+        help_heading = GLOBAL_OPTIONS
+    )]
     pub prefix: String,
 }
 
@@ -278,12 +286,17 @@ Exit status:
        refused, or a selection with no server to write; nothing written
        (EX_DATAERR). Also `drain --haproxy-socket` when HAProxy did not put
        a server in DRAIN (drain was written, maint was not), or not in
-       MAINT after maint was written (something else decides it first)
+       MAINT after maint was written (something else decides it first).
+       Also a group (--zone, --group, canary, `set` of a group key) that
+       no load balancer names, by --prometheus: the groups that exist are
+       listed closest first (--new-group writes it anyway)
   66   the HAProxy configuration or stats socket cannot be read (EX_NOINPUT)
-  68   written, but not confirmed: with --confirm-prometheus, not every
-       agent answered from the write's index within --confirm-timeout (the
-       lagging agents are named; the next step is not written), or
-       Prometheus could not be asked. `status`: an agent lags (EX_NOHOST)
+  68   written, but not confirmed: with --prometheus, not every agent
+       answered from the write's index within --confirm-timeout (the
+       lagging agents are named; the next step is not written), servers
+       naming the written group are decided by another key (named;
+       --accept-overridden takes them), or Prometheus could not be asked.
+       `status`: an agent lags (EX_NOHOST)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
   75   conflict: a key changed since it was read; it was not overwritten
        (EX_TEMPFAIL)
@@ -304,8 +317,28 @@ drain, maint or N% (0..=256).";
 pub struct StateArgs {
     /// Print one JSON object on stdout instead of tables (progress and
     /// errors still go to stderr).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = GLOBAL_OPTIONS)]
     pub json: bool,
+
+    /// The Prometheus that scrapes every agent (its base URL, plain http,
+    /// e.g. `http://prometheus:9090`) [default: none]. With it, a write
+    /// first checks that some load balancer names the group it writes
+    /// (see --new-group), then confirms each write step: every agent holds
+    /// a snapshot at or past the write's ModifyIndex and answers the
+    /// servers the write decides from it (else exit 68, the lagging agents
+    /// and the servers another key decides named; the next step is not
+    /// written); `state status` and `release-rollback` show what the agents
+    /// hold. `--confirm-prometheus` is the former name. An empty value is
+    /// none.
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL",
+        alias = "confirm-prometheus",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub prometheus: Option<String>,
 
     /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
     /// With --agent-read-delay it sets the shortest --drain-wait and
@@ -316,6 +349,7 @@ pub struct StateArgs {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "GITLAB_HAPROXY_AGENT_AGENT_INTER",
         default_value = "2s",
         value_parser = humantime::parse_duration
@@ -328,6 +362,7 @@ pub struct StateArgs {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL_OPTIONS,
         env = "GITLAB_HAPROXY_AGENT_READ_DELAY",
         default_value = "1s",
         value_parser = humantime::parse_duration
@@ -544,6 +579,10 @@ pub enum CanaryAction {
     },
 }
 
+/// The `--help` heading of the options every `state` command takes, listed
+/// after the command's own (its selectors first).
+pub const GLOBAL_OPTIONS: &str = "Global options";
+
 /// Options of every command that writes.
 #[derive(Debug, Args, Clone)]
 pub struct WriteOpts {
@@ -551,6 +590,15 @@ pub struct WriteOpts {
     /// write nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Write a group key (`--zone`, `--group`, `canary`, `set` of a group)
+    /// that no load balancer names yet. Without it, when --prometheus is
+    /// set and answers, a group no agent has been asked about in the last
+    /// hour is refused (exit 65, nothing written, the groups that exist
+    /// listed closest first). Prometheus unset, unreachable or without
+    /// agents: the group is not checked, a warning says so, and the write
+    /// goes on (a drain is never held up by monitoring).
+    #[arg(long)]
+    pub new_group: bool,
     /// Confirmation of each write step by the fleet, through Prometheus.
     #[command(flatten)]
     pub confirm: ConfirmArgs,
@@ -564,13 +612,19 @@ pub const DEFAULT_PROMETHEUS_SELECTOR: &str = r#"job="gitlab-haproxy-agent""#;
 /// Prometheus (see [`crate::writer::confirm`]).
 #[derive(Debug, Args, Clone, Default)]
 pub struct ConfirmArgs {
-    /// After each write step, ask the Prometheus at URL (its base, plain
-    /// http, e.g. `http://prometheus:9090`) whether every agent holds a snapshot at or
-    /// past the write's ModifyIndex and has answered the rows HAProxy asks
-    /// about from it; wait up to --confirm-timeout, else name the agents
-    /// that lag and exit 68 (the next step is not written).
-    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    /// The global `--prometheus` (or `--confirm-prometheus`, or
+    /// `$GITLAB_HAPROXY_AGENT_PROMETHEUS_URL`), copied here by the writer:
+    /// confirmation runs when it is set and not empty.
+    #[arg(skip)]
     pub confirm_prometheus: Option<String>,
+    /// Go on although some servers that name the written group are decided
+    /// by another key (their row key, or a group earlier on their
+    /// agent-send line); they are still named. Without it, once every agent
+    /// is at the write's index, such servers fail the confirmation of a
+    /// drain or maint step (exit 68, the next step not written); a step
+    /// that takes servers back only names them.
+    #[arg(long)]
+    pub accept_overridden: bool,
     /// How long to wait for every agent to confirm each write step. Make it
     /// longer than the scrape interval plus agent-inter.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
@@ -590,8 +644,9 @@ pub struct ConfirmArgs {
 /// Options of `state status`.
 #[derive(Debug, Args, Clone)]
 pub struct StatusArgs {
-    /// The Prometheus that scrapes every agent (its base URL).
-    #[arg(long, value_name = "URL", env = "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")]
+    /// The global `--prometheus`, copied here by the writer (required by
+    /// `state status`).
+    #[arg(skip)]
     pub prometheus: String,
     /// PromQL label matchers that select the agents' scrape targets.
     #[arg(

@@ -143,13 +143,15 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert!(
         run.stderr
             .contains("canary disable: drain: confirmed: 2/2 agents at index >= ")
-            && run.stderr.contains(", 2 rows answered drain (after "),
+            && run
+                .stderr
+                .contains("; canary: 2/2 servers naming it answer drain (after "),
         "{run:?}"
     );
     assert!(
         run.stderr.contains(&format!(
-            "canary disable: maint: confirmed: 2/2 agents at index >= {maint_index}, 2 rows \
-             answered maint"
+            "canary disable: maint: confirmed: 2/2 agents at index >= {maint_index}; canary: 2/2 \
+             servers naming it answer maint"
         )),
         "{run:?}"
     );
@@ -187,7 +189,9 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert!(
         run.stderr
             .contains("canary enable: clear: confirmed: 2/2 agents at index >= ")
-            && run.stderr.contains(", 4 rows answered ready (after "),
+            && run
+                .stderr
+                .contains("; canary: 2/2 servers naming it answer ready (after "),
         "{run:?}"
     );
 

@@ -151,6 +151,10 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_group_decided_rows{group,answer}`: those of
     /// them whose last answer the group's key decided; only non-zero series.
     group_decided_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_group_overridden_rows{group,row,key}`: rows
+    /// naming the group whose answer another key decided, at most
+    /// [`crate::agent::seen::MAX_OVERRIDDEN_PER_GROUP`] per group.
+    group_overridden_rows: IntGaugeVec,
     /// `gitlab_haproxy_agent_groups_over_cap`: groups left out of the two
     /// above beyond [`crate::agent::seen::MAX_GROUPS`].
     groups_over_cap: IntGauge,
@@ -451,6 +455,18 @@ impl Metrics {
         .unwrap();
         reg(Box::new(group_decided_rows.clone()));
 
+        let group_overridden_rows = IntGaugeVec::new(
+            opts(
+                "group_overridden_rows",
+                "Rows received in the last 60 seconds whose agent-send line names the group but \
+                 whose last answer another key decided: row is the line's first identity, key the \
+                 identity that decided (at most 10 per group).",
+            ),
+            &["group", "row", "key"],
+        )
+        .unwrap();
+        reg(Box::new(group_overridden_rows.clone()));
+
         let groups_over_cap = IntGauge::with_opts(opts(
             "groups_over_cap",
             "Groups named by rows received in the last 60 seconds but left out of group_rows and \
@@ -625,6 +641,7 @@ impl Metrics {
             out_rows_not_asked,
             group_rows,
             group_decided_rows,
+            group_overridden_rows,
             groups_over_cap,
             last_check_timestamp,
             stale_answers_held,
@@ -673,7 +690,13 @@ impl Metrics {
         self.groups_over_cap.set(summary.groups_over_cap as i64);
         self.group_rows.reset();
         self.group_decided_rows.reset();
+        self.group_overridden_rows.reset();
         for (group, rows) in &summary.groups {
+            for (row, key, n) in &rows.overridden {
+                self.group_overridden_rows
+                    .with_label_values(&[group, row, key])
+                    .set(*n as i64);
+            }
             for kind in ROWS_ANSWERED_STATES {
                 let (naming, decided) = (rows.naming[kind as usize], rows.decided[kind as usize]);
                 if naming > 0 {
@@ -813,6 +836,7 @@ mod tests {
         zone.naming[AnswerKind::Drain as usize] = 2;
         zone.naming[AnswerKind::Ready as usize] = 1;
         zone.decided[AnswerKind::Drain as usize] = 2;
+        zone.overridden = vec![("web/s2".to_string(), "web/s2".to_string(), 1)];
         let summary = SeenSummary {
             rows: 3,
             out_not_asked: 1,
@@ -828,6 +852,7 @@ mod tests {
             "gitlab_haproxy_agent_group_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
             "gitlab_haproxy_agent_group_rows{answer=\"ready\",group=\"zone-b\"} 1\n",
             "gitlab_haproxy_agent_group_decided_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
+            "gitlab_haproxy_agent_group_overridden_rows{group=\"zone-b\",key=\"web/s2\",row=\"web/s2\"} 1\n",
         ] {
             assert!(text.contains(line), "missing {line}");
         }

@@ -44,6 +44,12 @@ pub const NOT_ASKED_UNKNOWN: Duration = Duration::from_secs(30);
 /// count.
 pub const MAX_GROUPS: usize = 200;
 
+/// At most this many (row, deciding key) pairs are exported per group in
+/// `gitlab_haproxy_agent_group_overridden_rows`: 10, so that the series stay
+/// bounded by the number of groups; the writer names them and counts the
+/// rest from `group_rows` and `group_decided_rows`.
+pub const MAX_OVERRIDDEN_PER_GROUP: usize = 10;
+
 /// At most this many rows are remembered: 16,384, about ten times the
 /// fleet's largest load balancer. A new line beyond it pushes out the row
 /// asked about least recently, in constant time, so a flood of unique
@@ -93,12 +99,17 @@ impl SeenRow {
 
 /// Rows naming one group, asked about within [`SEEN_WINDOW`], by the kind of
 /// their last answer ([`AnswerKind::ALL`] order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GroupRows {
     /// Rows whose line names the group.
     pub naming: [usize; AnswerKind::ALL.len()],
     /// Rows whose last answer the group's key decided.
     pub decided: [usize; AnswerKind::ALL.len()],
+    /// Rows naming the group whose last answer another key decided (their
+    /// row key, or a group earlier on the line): (the line's first
+    /// identity, the deciding identity, rows), at most
+    /// [`MAX_OVERRIDDEN_PER_GROUP`] pairs, sorted.
+    pub overridden: Vec<(String, String, usize)>,
 }
 
 impl GroupRows {
@@ -252,14 +263,29 @@ impl Seen {
             summary.by_kind[row.kind as usize] += 1;
             summary.lowest_index =
                 Some(summary.lowest_index.map_or(row.index, |i| i.min(row.index)));
-            for (pos, identity) in crate::model::identity::identities(line).enumerate() {
+            let identities: Vec<&str> = crate::model::identity::identities(line).collect();
+            for (pos, identity) in identities.iter().enumerate() {
                 if identity.contains('/') {
                     continue;
                 }
                 let g = groups.entry(identity).or_default();
                 g.naming[row.kind as usize] += 1;
-                if row.decided_by.is_some_and(|d| usize::from(d) == pos) {
-                    g.decided[row.kind as usize] += 1;
+                match row.decided_by.map(usize::from) {
+                    Some(d) if d == pos => g.decided[row.kind as usize] += 1,
+                    // Decided earlier on the line: name the row and the key.
+                    Some(d) if d < pos => {
+                        let by = identities[d];
+                        let first = identities[0];
+                        let full = g.overridden.len() >= MAX_OVERRIDDEN_PER_GROUP;
+                        match g.overridden.iter_mut().find(|o| o.0 == first && o.1 == by) {
+                            Some(o) => o.2 += 1,
+                            None if !full => {
+                                g.overridden.push((first.to_string(), by.to_string(), 1))
+                            }
+                            None => {}
+                        }
+                    }
+                    _ => {}
                 }
             }
         }
@@ -272,7 +298,10 @@ impl Seen {
         groups.sort_by(|a, b| a.0.cmp(b.0));
         summary.groups = groups
             .into_iter()
-            .map(|(name, g)| (name.to_string(), g))
+            .map(|(name, mut g)| {
+                g.overridden.sort();
+                (name.to_string(), g)
+            })
             .collect();
         for line in forget {
             rows.pop(&line);
@@ -518,8 +547,16 @@ mod tests {
         assert_eq!(zone.naming[k(AnswerKind::Maint)], 1);
         assert_eq!(zone.decided[k(AnswerKind::Drain)], 1);
         assert_eq!(zone.decided.iter().sum::<usize>(), 1);
+        assert_eq!(
+            zone.overridden,
+            [
+                ("web/s2".to_string(), "web/s2".to_string(), 1),
+                ("web/s3".to_string(), "canary".to_string(), 1)
+            ]
+        );
         let canary = &summary.groups[0].1;
         assert_eq!(canary.decided[k(AnswerKind::Maint)], 1);
+        assert!(canary.overridden.is_empty());
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
             )
         }
     };
-    let confirm = match confirm::of_command(&args.command) {
+    let confirm = match confirm::of_command(args) {
         Ok(c) => c,
         Err(f) => return report_failure(args.json, &f),
     };
@@ -72,6 +72,9 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         json: args.json,
         confirm,
     };
+    if let Err(f) = writer.check_group(args).await {
+        return report_failure(args.json, &f);
+    }
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
         StateCommand::List => writer.list().await,
@@ -146,7 +149,13 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
                 .await
         }
         StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
-        StateCommand::Status(status) => writer.status(status).await,
+        StateCommand::Status(status) => {
+            let status = crate::cli::StatusArgs {
+                prometheus: args.prometheus.clone().unwrap_or_default(),
+                ..status.clone()
+            };
+            writer.status(&status).await
+        }
     };
     match result {
         Ok(()) => exit::OK,

@@ -21,10 +21,11 @@ use tokio_util::sync::CancellationToken;
 use super::error::{exit, Failure};
 use super::execute::Writer;
 use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
+use super::groups;
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::Confirmation;
-use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
+use crate::cli::{CanaryAction, ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::model::value::AnswerKind;
 
@@ -49,8 +50,8 @@ pub enum Unconfirmed {
 ///
 /// A usage failure (exit 64) for a URL that is not an `http://` URL, before
 /// anything is written.
-pub fn of_command(command: &StateCommand) -> Result<Option<ConfirmArgs>, Failure> {
-    let write = match command {
+pub fn of_command(args: &StateArgs) -> Result<Option<ConfirmArgs>, Failure> {
+    let write = match &args.command {
         StateCommand::Set { write, .. }
         | StateCommand::Clear { write, .. }
         | StateCommand::Drain { write, .. }
@@ -66,13 +67,15 @@ pub fn of_command(command: &StateCommand) -> Result<Option<ConfirmArgs>, Failure
         // confirm per row; `state status` shows the fleet after it.
         | StateCommand::ReleaseRollback { .. } => return Ok(None),
     };
-    match write.confirm.confirm_prometheus.as_deref().map(str::trim) {
+    match args.prometheus.as_deref().map(str::trim) {
         None | Some("") => Ok(None),
         Some(url) => {
-            check_url(url).map_err(|e| {
-                Failure::usage(format!("--confirm-prometheus: {e}; nothing written"))
-            })?;
-            Ok(Some(write.confirm.clone()))
+            check_url(url)
+                .map_err(|e| Failure::usage(format!("--prometheus: {e}; nothing written")))?;
+            Ok(Some(ConfirmArgs {
+                confirm_prometheus: Some(url.to_string()),
+                ..write.confirm.clone()
+            }))
         }
     }
 }
@@ -117,6 +120,7 @@ impl ConfirmArgs {
         action: &str,
         index: u64,
         state: AnswerKind,
+        group: Option<&str>,
         cancel: &CancellationToken,
     ) -> Result<Option<Confirmation>, Unconfirmed> {
         let Some(base) = &self.confirm_prometheus else {
@@ -129,13 +133,19 @@ impl ConfirmArgs {
         err_line(&waiting_text(action, index, base, self.confirm_timeout));
         loop {
             let last = tokio::select! {
-                f = fetch_fleet(&http, base, &self.confirm_selector) => f,
+                f = groups::fetch_with_group(&http, base, &self.confirm_selector, group) => f,
                 _ = cancel.cancelled() => return Err(Unconfirmed::Interrupted),
             };
             let waited = started.elapsed();
             match &last {
-                Ok(fleet) => {
-                    let verdict = fleet.verdict(index, Some(state));
+                Ok((fleet, rows)) => {
+                    let mut verdict = fleet.verdict(index, Some(state));
+                    if let (Some(key), Some(rows)) = (group, rows) {
+                        groups::apply(&mut verdict, key, rows, state, self.accept_overridden);
+                    }
+                    if let Some(text) = groups::overridden_text(&verdict) {
+                        return Err(failed("overridden", text));
+                    }
                     if verdict.all_confirmed() {
                         err_line(&confirmed_text(action, &verdict, waited));
                         return Ok(Some(Confirmation {
@@ -193,11 +203,13 @@ pub fn headline(verdict: &Verdict<'_>) -> String {
         verdict.confirmed.len() + verdict.lagging.len(),
         verdict.index,
     );
-    if let Some(state) = verdict.state {
-        text.push_str(&format!(
+    match (verdict.state, &verdict.group) {
+        (Some(state), Some(g)) => text.push_str(&groups::describe(g, state)),
+        (Some(state), None) => text.push_str(&format!(
             ", {} answered {state}",
             plural(verdict.rows as usize, "row", "rows")
-        ));
+        )),
+        _ => {}
     }
     text
 }
@@ -399,7 +411,11 @@ impl Writer {
             Change::Clear => None,
         };
         let step = format!("{action}: {}", change.describe());
-        self.confirm_step(&step, written, change_answer(change), cancel)
+        let group = match keys {
+            [key] if !key.contains('/') => Some(key.as_str()),
+            _ => None,
+        };
+        self.confirm_step(&step, written, change_answer(change), group, cancel)
             .await
     }
 
@@ -430,6 +446,7 @@ impl Writer {
                 &step,
                 known.map(|p| p.modify_index),
                 change_answer(change),
+                (!key.contains('/')).then_some(key),
                 &never,
             )
             .await;
@@ -453,6 +470,7 @@ impl Writer {
         action: &str,
         known: Option<u64>,
         state: AnswerKind,
+        group: Option<&str>,
         cancel: &CancellationToken,
     ) -> Result<Option<Confirmation>, Unconfirmed> {
         let Some(confirm) = &self.confirm else {
@@ -461,12 +479,18 @@ impl Writer {
         let index = index_after(&self.client, &self.prefix, known)
             .await
             .map_err(|e| Unconfirmed::Failed(e.into()))?;
-        confirm.confirm(action, index, state, cancel).await
+        confirm.confirm(action, index, state, group, cancel).await
     }
 
     /// `state status`: reads the prefix's index from Consul and shows every
     /// agent against it; exit 68 (`not_confirmed`) when one lags.
     pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
+        if args.prometheus.trim().is_empty() {
+            return Err(Failure::usage(
+                "state status asks the Prometheus that scrapes the agents: give --prometheus URL \
+                 (or set GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)",
+            ));
+        }
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
         let index = index_after(&self.client, &self.prefix, None).await?;

@@ -20,7 +20,7 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How far back an agent's last scraped values are looked up, so that an
 /// agent whose target is down is still shown with its last index and last
 /// sync: 1 hour.
-const LOOKBACK: &str = "1h";
+pub(super) const LOOKBACK: &str = "1h";
 
 /// Checks that `url` is a Prometheus base URL this client can ask: plain
 /// `http://` (the build has no TLS backend, as for Consul).
@@ -136,14 +136,58 @@ pub struct Verdict<'a> {
     pub confirmed: Vec<&'a AgentView>,
     /// Agents that lag, with why.
     pub lagging: Vec<(&'a AgentView, Lag)>,
-    /// Rows the confirmed agents last answered `state` (0 without one).
+    /// Rows the confirmed agents last answered `state` (0 without one); for
+    /// a group write, the rows naming the group that its key decides and
+    /// that answer `state`.
     pub rows: u64,
+    /// For a group write: the servers the key decides, and those another
+    /// key decides (see [`super::groups`]).
+    pub group: Option<GroupVerdict>,
+}
+
+/// How the rows naming a written group key stand, over the confirmed
+/// agents.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GroupVerdict {
+    /// The group key written.
+    pub key: String,
+    /// Rows whose agent-send line names the key.
+    pub naming: u64,
+    /// Of those, rows the key decides that answer the written state.
+    pub answering: u64,
+    /// Rows the key decides that still answer something else (held, or
+    /// not yet answered since the write).
+    pub other_answer: u64,
+    /// Rows naming the key that another key decides.
+    pub overridden_rows: u64,
+    /// Which: (agent, row, deciding key, rows), as far as the agents export
+    /// them.
+    pub overridden: Vec<(String, String, String, u64)>,
+    /// Overridden rows make the write fail: it takes servers out (drain,
+    /// maint) and `--accept-overridden` was not given.
+    pub overridden_block: bool,
+    /// Agents confirmed by their index alone: their HAProxy names no row
+    /// with the key (nothing enrolled there), so it asked them nothing
+    /// about it.
+    pub by_index_only: Vec<String>,
+}
+
+impl GroupVerdict {
+    /// Every row the key decides answers the written state, and no row is
+    /// kept from it by another key (unless accepted).
+    pub fn holds(&self) -> bool {
+        self.other_answer == 0 && !(self.overridden_block && self.overridden_rows > 0)
+    }
 }
 
 impl Verdict<'_> {
-    /// True when there is at least one agent and none lags.
+    /// True when there is at least one agent, none lags, and for a group
+    /// write every row the key decides answers the written state and none
+    /// naming it is kept by another key (unless accepted).
     pub fn all_confirmed(&self) -> bool {
-        !self.confirmed.is_empty() && self.lagging.is_empty()
+        !self.confirmed.is_empty()
+            && self.lagging.is_empty()
+            && self.group.as_ref().is_none_or(GroupVerdict::holds)
     }
 }
 
@@ -222,6 +266,7 @@ impl Fleet {
             confirmed,
             lagging,
             rows,
+            group: None,
         }
     }
 }
@@ -260,12 +305,14 @@ fn fill(
 }
 
 /// A series' labels.
-type Labels = BTreeMap<String, String>;
+pub(super) type Labels = BTreeMap<String, String>;
 
 /// One sample of an instant vector.
-struct Sample {
-    labels: Labels,
-    value: f64,
+pub(super) struct Sample {
+    /// Its labels.
+    pub(super) labels: Labels,
+    /// Its value.
+    pub(super) value: f64,
 }
 
 fn target_key(labels: &Labels) -> (String, String) {
@@ -275,7 +322,7 @@ fn target_key(labels: &Labels) -> (String, String) {
     )
 }
 
-fn as_index(v: f64) -> u64 {
+pub(super) fn as_index(v: f64) -> u64 {
     if v.is_finite() && v > 0.0 {
         v as u64
     } else {
@@ -286,7 +333,7 @@ fn as_index(v: f64) -> u64 {
 /// The samples of one instant-vector answer
 /// (`{"status":"success","data":{"resultType":"vector","result":[...]}}`,
 /// Prometheus HTTP API): labels and value.
-fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
+pub(super) fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
     if answer["status"] != "success" {
         return Err(format!(
             "query for {what} failed: {} {}",
@@ -332,14 +379,34 @@ pub async fn fetch_fleet(
     base: &str,
     selector: &str,
 ) -> Result<Fleet, FetchError> {
-    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
     let mut answers = Vec::with_capacity(6);
     for query in queries(selector) {
+        answers.push(instant_query(http, base, &query).await?);
+    }
+    Fleet::from_answers(&answers).map_err(|e| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    })
+}
+
+/// One instant query (`/api/v1/query`) to the Prometheus at `base`: its
+/// answer, with `"status": "success"`.
+///
+/// # Errors
+///
+/// As [`fetch_fleet`].
+pub(super) async fn instant_query(
+    http: &reqwest::Client,
+    base: &str,
+    query: &str,
+) -> Result<Value, FetchError> {
+    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
+    {
         let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
             message: format!("bad Prometheus URL {base:?}: {e}"),
             lasting: true,
         })?;
-        url.query_pairs_mut().append_pair("query", &query);
+        url.query_pairs_mut().append_pair("query", query);
         let passing = |message: String| FetchError {
             message,
             lasting: false,
@@ -380,12 +447,8 @@ pub async fn fetch_fleet(
                 lasting,
             });
         }
-        answers.push(value);
+        Ok(value)
     }
-    Fleet::from_answers(&answers).map_err(|e| FetchError {
-        message: format!("Prometheus at {base}: {e}"),
-        lasting: false,
-    })
 }
 
 /// Why Prometheus could not be asked.

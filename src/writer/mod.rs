@@ -17,6 +17,7 @@ pub mod confirm;
 pub mod error;
 mod execute;
 pub mod fleet;
+pub mod groups;
 pub mod haproxy;
 pub mod live;
 pub mod output;

@@ -1,0 +1,547 @@
+//! Which groups the load balancers name, as the agents export them to the
+//! Prometheus that scrapes them (`gitlab_haproxy_agent_group_rows`,
+//! `..._group_decided_rows`, `..._group_overridden_rows`): a write of a
+//! group key that no load balancer names is refused before anything is
+//! written, and the confirmation of a group write counts the servers the key
+//! decides ([`GroupVerdict`]).
+//!
+//! The rule when the names cannot be had: the check refuses only on
+//! evidence (Prometheus answered, agents are scraped, none names the
+//! group). Without --prometheus, with Prometheus unreachable or without
+//! agents, it says it could not check and the write goes on: a drain is
+//! never held up by monitoring.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::error::Failure;
+use super::execute::Writer;
+use super::fleet::{
+    as_index, fetch_fleet, http_client, instant_query, samples, FetchError, Fleet, GroupVerdict,
+    Lag, Verdict, LOOKBACK,
+};
+use super::output::err_line;
+use super::select::{Target, CANARY_KEY};
+use crate::cli::{CanaryAction, StateArgs, StateCommand, DEFAULT_PROMETHEUS_SELECTOR};
+use crate::model::value::{parse_value, AnswerKind};
+
+/// At most this many existing groups are listed, closest first, when a
+/// group is refused: 8.
+const SUGGESTIONS: usize = 8;
+
+/// The groups the agents matched by a selector name.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct FleetGroups {
+    /// Agent targets matched (`up`).
+    pub agents: usize,
+    /// Groups named on an agent-send line some agent was asked about
+    /// within the last hour.
+    pub names: BTreeSet<String>,
+    /// Some agent names more groups than it exports
+    /// (`gitlab_haproxy_agent_groups_over_cap` above 0): a group missing
+    /// from `names` may still exist.
+    pub over_cap: bool,
+}
+
+/// PromQL label matchers: `selector` and `extra`, either possibly empty.
+fn matchers(selector: &str, extra: &str) -> String {
+    let parts: Vec<&str> = [selector.trim(), extra]
+        .into_iter()
+        .filter(|p| !p.is_empty())
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// `group="KEY"`, quoted for PromQL.
+fn group_matcher(key: &str) -> String {
+    format!(
+        "group=\"{}\"",
+        key.replace('\\', "\\\\").replace('"', "\\\"")
+    )
+}
+
+/// Asks Prometheus at `base` which groups the agents matched by `selector`
+/// name (within [`LOOKBACK`], so a load balancer down for minutes still
+/// counts).
+///
+/// # Errors
+///
+/// Prometheus unreachable or refusing a query ([`FetchError`]).
+pub async fn fleet_groups(
+    http: &reqwest::Client,
+    base: &str,
+    selector: &str,
+) -> Result<FleetGroups, FetchError> {
+    let m = matchers(selector, "");
+    let up = instant_query(http, base, &format!("up{m}")).await?;
+    let names = instant_query(
+        http,
+        base,
+        &format!(
+            "group by (group) (last_over_time(gitlab_haproxy_agent_group_rows{m}[{LOOKBACK}]))"
+        ),
+    )
+    .await?;
+    let over = instant_query(
+        http,
+        base,
+        &format!("max(last_over_time(gitlab_haproxy_agent_groups_over_cap{m}[{LOOKBACK}]))"),
+    )
+    .await?;
+    let bad = |e: String| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    };
+    Ok(FleetGroups {
+        agents: samples(&up, "up").map_err(bad)?.len(),
+        names: samples(&names, "group_rows")
+            .map_err(bad)?
+            .into_iter()
+            .filter_map(|s| s.labels.get("group").cloned())
+            .collect(),
+        over_cap: samples(&over, "groups_over_cap")
+            .map_err(bad)?
+            .iter()
+            .any(|s| s.value > 0.0),
+    })
+}
+
+/// `names` closest to `key` first (Damerau-Levenshtein distance, then
+/// name), at most [`SUGGESTIONS`].
+pub fn closest<'a>(key: &str, names: impl IntoIterator<Item = &'a String>) -> Vec<&'a str> {
+    let mut by: Vec<(usize, &str)> = names
+        .into_iter()
+        .map(|n| (strsim::damerau_levenshtein(key, n), n.as_str()))
+        .collect();
+    by.sort();
+    by.into_iter().take(SUGGESTIONS).map(|(_, n)| n).collect()
+}
+
+/// The failure (exit 65, nothing written) for a group no load balancer
+/// names.
+pub fn unknown_group(key: &str, base: &str, groups: &FleetGroups) -> Failure {
+    let listed = closest(key, &groups.names);
+    let more = groups.names.len().saturating_sub(listed.len());
+    Failure::new(
+        super::error::exit::DATAERR,
+        "unknown_group",
+        format!(
+            "no load balancer names the group {key}: none of the {} agents Prometheus at {base} \
+             scrapes was asked about a server naming it in the last {LOOKBACK}. {}; nothing \
+             written. If {key} is new (no server names it yet), add --new-group",
+            groups.agents,
+            if listed.is_empty() {
+                "They name no group at all".to_string()
+            } else {
+                format!(
+                    "The groups that exist, closest first: {}{}",
+                    listed.join(", "),
+                    if more > 0 {
+                        format!(" (and {more} more)")
+                    } else {
+                        String::new()
+                    }
+                )
+            }
+        ),
+    )
+}
+
+/// The group key a command writes, whether it takes servers out, and
+/// whether it may pass when the key is present in Consul (taking a key back
+/// is how a mistyped one is cleaned up); `None` for a command that writes no
+/// group key.
+fn group_write(command: &StateCommand) -> Option<(String, bool)> {
+    match command {
+        StateCommand::Drain { select, .. } => Target::check_selector(select)
+            .ok()
+            .flatten()
+            .map(|g| (g, false)),
+        StateCommand::Undrain { select, .. } => Target::check_selector(select)
+            .ok()
+            .flatten()
+            .map(|g| (g, true)),
+        StateCommand::Canary { action } => Some((
+            CANARY_KEY.to_string(),
+            matches!(action, CanaryAction::Enable { .. }),
+        )),
+        StateCommand::Set { key, value, .. }
+            if !key.contains('/') && super::error::check_key(key).is_ok() =>
+        {
+            // `set` to ready takes servers back, like undrain.
+            let back = parse_value(value.as_bytes()).is_ok_and(|v| v.kind() == AnswerKind::Ready);
+            Some((key.clone(), back))
+        }
+        _ => None,
+    }
+}
+
+impl Writer {
+    /// Before a write of a group key: refuses (exit 65) a group that no
+    /// load balancer names, by Prometheus at `--prometheus`, unless
+    /// `--new-group`. Says on stderr when it could not check, and goes on.
+    ///
+    /// # Errors
+    ///
+    /// `unknown_group` (65); Consul's failure reading the key for a write
+    /// that takes servers back.
+    pub(super) async fn check_group(&self, args: &StateArgs) -> Result<(), Failure> {
+        let Some((key, back)) = group_write(&args.command) else {
+            return Ok(());
+        };
+        let write = match &args.command {
+            StateCommand::Set { write, .. }
+            | StateCommand::Drain { write, .. }
+            | StateCommand::Undrain { write, .. } => write,
+            StateCommand::Canary { action } => match action {
+                CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. } => write,
+            },
+            _ => return Ok(()),
+        };
+        if write.new_group {
+            return Ok(());
+        }
+        let could_not = |why: &str| {
+            err_line(&format!(
+                "warning: could not check that a load balancer names the group {key}: {why}; \
+                 going on (a mistyped group would select no server)"
+            ));
+        };
+        let Some(base) = args
+            .prometheus
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            could_not(
+                "no Prometheus is set (--prometheus URL or GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)",
+            );
+            return Ok(());
+        };
+        let selector = if write.confirm.confirm_selector.is_empty() {
+            DEFAULT_PROMETHEUS_SELECTOR
+        } else {
+            &write.confirm.confirm_selector
+        };
+        let http = match http_client() {
+            Ok(h) => h,
+            Err(e) => {
+                could_not(&e);
+                return Ok(());
+            }
+        };
+        let groups = match fleet_groups(&http, base, selector).await {
+            Ok(g) => g,
+            Err(e) => {
+                could_not(&e.message);
+                return Ok(());
+            }
+        };
+        if groups.names.contains(&key) {
+            return Ok(());
+        }
+        if groups.agents == 0 {
+            could_not(&format!(
+                "Prometheus at {base} has no target matching {{{selector}}}"
+            ));
+            return Ok(());
+        }
+        if groups.over_cap {
+            could_not(&format!(
+                "an agent names more groups than it exports (gitlab_haproxy_agent_groups_over_cap \
+                 > 0 at {base}), so {key} may exist"
+            ));
+            return Ok(());
+        }
+        if back && self.client.get_key(&self.full(&key)).await?.is_some() {
+            // Taking back a key nobody names removes a harmless mistake.
+            return Ok(());
+        }
+        Err(unknown_group(&key, base, &groups))
+    }
+}
+
+/// How one agent's rows name the written group key (instant values).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentGroup {
+    /// Rows naming the key (`group_rows`, every answer).
+    pub naming: u64,
+    /// Those rows by answer.
+    pub naming_by: BTreeMap<String, u64>,
+    /// Rows the key decides, by answer (`group_decided_rows`).
+    pub decided: BTreeMap<String, u64>,
+    /// (row, deciding key, rows) from `group_overridden_rows`.
+    pub overridden: Vec<(String, String, u64)>,
+}
+
+/// The fleet, and how each agent's rows (by `instance`) name `key`, when a
+/// group key was written.
+///
+/// # Errors
+///
+/// As [`fetch_fleet`].
+pub(super) async fn fetch_with_group(
+    http: &reqwest::Client,
+    base: &str,
+    selector: &str,
+    key: Option<&str>,
+) -> Result<(Fleet, Option<BTreeMap<String, AgentGroup>>), FetchError> {
+    let fleet = fetch_fleet(http, base, selector).await?;
+    let Some(key) = key else {
+        return Ok((fleet, None));
+    };
+    let m = matchers(selector, &group_matcher(key));
+    let mut agents: BTreeMap<String, AgentGroup> = BTreeMap::new();
+    let bad = |e: String| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    };
+    for (metric, what) in [
+        ("gitlab_haproxy_agent_group_rows", 0),
+        ("gitlab_haproxy_agent_group_decided_rows", 1),
+        ("gitlab_haproxy_agent_group_overridden_rows", 2),
+    ] {
+        let answer = instant_query(http, base, &format!("{metric}{m}")).await?;
+        for s in samples(&answer, metric).map_err(bad)? {
+            let Some(instance) = s.labels.get("instance") else {
+                continue;
+            };
+            let a = agents.entry(instance.clone()).or_default();
+            let n = as_index(s.value);
+            let label = |l: &str| s.labels.get(l).cloned().unwrap_or_default();
+            match what {
+                0 => {
+                    a.naming += n;
+                    *a.naming_by.entry(label("answer")).or_default() += n;
+                }
+                1 => *a.decided.entry(label("answer")).or_default() += n,
+                _ => a.overridden.push((label("row"), label("key"), n)),
+            }
+        }
+    }
+    Ok((fleet, Some(agents)))
+}
+
+/// Counts, into `verdict`, the servers a write of the group key `key`
+/// decides: agents whose HAProxy names no row with the key confirm by their
+/// index alone (a node with nothing enrolled is not lagging); rows naming
+/// the key that another key decides are named, and block the confirmation
+/// when the write takes servers out (`state` drain or maint) unless
+/// `accept`.
+pub fn apply(
+    verdict: &mut Verdict<'_>,
+    key: &str,
+    rows: &BTreeMap<String, AgentGroup>,
+    state: AnswerKind,
+    accept: bool,
+) {
+    let naming = |instance: &str| rows.get(instance).map_or(0, |r| r.naming);
+    let mut g = GroupVerdict {
+        key: key.to_string(),
+        overridden_block: !accept && matches!(state, AnswerKind::Drain | AnswerKind::Maint),
+        ..GroupVerdict::default()
+    };
+    let lagging = std::mem::take(&mut verdict.lagging);
+    for (agent, lag) in lagging {
+        if naming(&agent.instance) == 0 && matches!(lag, Lag::NotAsked | Lag::AnsweredBehind) {
+            g.by_index_only.push(agent.name());
+            verdict.confirmed.push(agent);
+        } else {
+            verdict.lagging.push((agent, lag));
+        }
+    }
+    for agent in &verdict.confirmed {
+        let Some(r) = rows.get(&agent.instance) else {
+            continue;
+        };
+        let decided: u64 = r.decided.values().sum();
+        let named: u64 = r.overridden.iter().map(|o| o.2).sum();
+        g.naming += r.naming;
+        if state == AnswerKind::Ready {
+            // Taking servers back (ready, or the key removed, when rows
+            // fall through to the keys after it on their line): count the
+            // rows naming it that answer ready; those a key earlier on the
+            // line keeps are named.
+            g.answering += r.naming_by.get(state.as_str()).copied().unwrap_or(0);
+            g.overridden_rows += named;
+        } else {
+            let answering = r.decided.get(state.as_str()).copied().unwrap_or(0);
+            g.answering += answering;
+            g.other_answer += decided - answering;
+            g.overridden_rows += r.naming.saturating_sub(decided).max(named);
+        }
+        for (row, by, n) in &r.overridden {
+            g.overridden
+                .push((agent.name(), row.clone(), by.clone(), *n));
+        }
+    }
+    verdict.rows = g.answering;
+    verdict.group = Some(g);
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// `; zone-b: 2/3 servers naming it answer drain, 1 decided by another
+/// key, 1 agent confirmed by its index alone (...)`.
+pub fn describe(g: &GroupVerdict, state: &str) -> String {
+    let mut text = format!(
+        "; {}: {}/{} naming it answer {state}",
+        g.key,
+        g.answering,
+        plural(g.naming, "server", "servers")
+    );
+    if g.other_answer > 0 {
+        text.push_str(&format!(
+            ", {} it decides still {} another answer",
+            plural(g.other_answer, "server", "servers"),
+            if g.other_answer == 1 { "gets" } else { "get" }
+        ));
+    }
+    if g.overridden_rows > 0 {
+        text.push_str(&format!(
+            ", {} decided by another key: {}",
+            plural(g.overridden_rows, "server", "servers"),
+            overridden_list(g)
+        ));
+    }
+    if !g.by_index_only.is_empty() {
+        text.push_str(&format!(
+            "; confirmed by index alone (their HAProxy names no server with {}): {}",
+            g.key,
+            g.by_index_only.join(", ")
+        ));
+    }
+    text
+}
+
+/// `web/s1 (by web/s1 on lb-01), ...`.
+fn overridden_list(g: &GroupVerdict) -> String {
+    let named: Vec<String> = g
+        .overridden
+        .iter()
+        .map(|(agent, row, by, _)| format!("{row} (decided by {by}, on {agent})"))
+        .collect();
+    if named.is_empty() {
+        "not named by the agents".to_string()
+    } else {
+        named.join(", ")
+    }
+}
+
+/// The failure text when servers naming the key are kept from it by
+/// another key, once every agent is at the index: exit 68 `overridden`.
+pub fn overridden_text(verdict: &Verdict<'_>) -> Option<String> {
+    let g = verdict.group.as_ref()?;
+    if !verdict.lagging.is_empty() || g.other_answer > 0 || g.holds() {
+        return None;
+    }
+    Some(format!(
+        "not confirmed: {} naming {} {} decided by another key, so this write does not move \
+         {}: {}. The write is in Consul; the next step is not written. Clear or change those \
+         keys (`state explain`, `state clear`), or re-run the same command with \
+         --accept-overridden to go on without them",
+        plural(g.overridden_rows, "server", "servers"),
+        g.key,
+        if g.overridden_rows == 1 { "is" } else { "are" },
+        if g.overridden_rows == 1 { "it" } else { "them" },
+        overridden_list(g),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fleet::tests::{vector, JOB};
+    use super::*;
+
+    fn fleet() -> Fleet {
+        let a = [JOB, ("instance", "10.0.0.1:9101")];
+        let b = [JOB, ("instance", "10.0.0.2:9101")];
+        Fleet::from_answers(&[
+            vector(&[("up", &a, "1"), ("up", &b, "1")]),
+            vector(&[("", &a, "50"), ("", &b, "50")]),
+            vector(&[("", &a, "50"), ("", &b, "0")]),
+            vector(&[("", &a, "1"), ("", &b, "1")]),
+            vector(&[("", &a, "3"), ("", &b, "0")]),
+            vector(&[]),
+        ])
+        .unwrap()
+    }
+
+    fn rows(decided: u64, overridden: &[(&str, &str)]) -> BTreeMap<String, AgentGroup> {
+        let mut a = AgentGroup {
+            naming: decided + overridden.len() as u64,
+            ..AgentGroup::default()
+        };
+        a.naming_by.insert("drain".into(), a.naming);
+        a.decided.insert("drain".into(), decided);
+        for (r, k) in overridden {
+            a.overridden.push((r.to_string(), k.to_string(), 1));
+        }
+        BTreeMap::from([("10.0.0.1:9101".to_string(), a)])
+    }
+
+    #[test]
+    fn a_node_with_nothing_enrolled_confirms_by_index() {
+        let fleet = fleet();
+        let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
+        assert!(!verdict.all_confirmed(), "b is not asked anything");
+        apply(
+            &mut verdict,
+            "zone-b",
+            &rows(2, &[]),
+            AnswerKind::Drain,
+            false,
+        );
+        assert!(verdict.all_confirmed());
+        assert_eq!(verdict.rows, 2);
+        let text = describe(verdict.group.as_ref().unwrap(), "drain");
+        assert!(
+            text.contains("zone-b: 2/2 servers naming it answer drain"),
+            "{text}"
+        );
+        assert!(text.contains("index alone"), "{text}");
+    }
+
+    #[test]
+    fn a_server_kept_by_its_row_key_blocks_a_drain_unless_accepted() {
+        let fleet = fleet();
+        let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
+        apply(
+            &mut verdict,
+            "zone-b",
+            &rows(1, &[("web/s1", "web/s1")]),
+            AnswerKind::Drain,
+            false,
+        );
+        assert!(!verdict.all_confirmed());
+        let text = overridden_text(&verdict).unwrap();
+        assert!(
+            text.contains("1 server naming zone-b is decided by another key")
+                && text.contains("web/s1 (decided by web/s1, on 10.0.0.1:9101)"),
+            "{text}"
+        );
+        let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
+        apply(
+            &mut verdict,
+            "zone-b",
+            &rows(1, &[("web/s1", "web/s1")]),
+            AnswerKind::Drain,
+            true,
+        );
+        assert!(verdict.all_confirmed());
+        assert!(overridden_text(&verdict).is_none());
+    }
+
+    #[test]
+    fn the_closest_names_come_first() {
+        let names: BTreeSet<String> = ["canary", "zone-us-east1-b", "zone-us-east1-c", "zone-b"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            closest("zone-us-east-1b", &names),
+            ["zone-us-east1-b", "zone-us-east1-c", "zone-b", "canary"]
+        );
+        assert_eq!(closest("canray", &names)[0], "canary");
+    }
+}

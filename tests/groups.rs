@@ -1,0 +1,275 @@
+//! Group writes checked and confirmed through a real Prometheus scraping
+//! real agents asked by real HAProxies, the writer run as from a console
+//! node (no haproxy.cfg): a group or zone no load balancer names is
+//! refused with the names that exist; a zone drain whose member its row key
+//! keeps in service exits non-zero naming it; a node with nothing enrolled
+//! confirms by its index and does not block.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use support::prometheus::Prometheus;
+use support::{haproxy_config, server_line, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+
+/// HAProxy's agent-inter in these tests.
+const INTER_MS: u64 = 200;
+
+#[derive(Debug)]
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+/// The writer as on a console node: no HAProxy configuration; Prometheus
+/// from `GITLAB_HAPROXY_AGENT_PROMETHEUS_URL` when `prometheus` is given.
+fn cli(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
+    let mut cmd = Command::new(AGENT_BIN);
+    cmd.env_clear()
+        .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
+        .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
+        .env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            "/nonexistent/haproxy.cfg",
+        )
+        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url());
+    if let Some(url) = prometheus {
+        cmd.env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", url);
+    }
+    let out = cmd
+        .arg("state")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the CLI");
+    Run {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn absent(consul: &Consul, key: &str) -> bool {
+    let (status, _, _) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+    status == 404
+}
+
+fn value(consul: &Consul, key: &str) -> String {
+    let (_, _, body) = consul.request("GET", &format!("/v1/kv/{PREFIX}{key}?raw"), b"");
+    String::from_utf8_lossy(&body).into_owned()
+}
+
+/// An agent and the HAProxy that asks it about `servers` (backend web:
+/// name, groups).
+fn lb(consul: &Consul, servers: &[(&str, &[&str])]) -> (Agent, Haproxy) {
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    for (name, groups) in servers {
+        backends.push_str(&server_line("web", name, groups, port, INTER_MS));
+    }
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    (agent, haproxy)
+}
+
+#[test]
+fn a_mistyped_zone_or_group_is_refused_with_the_names_that_exist() {
+    let consul = Consul::start();
+    let (agent, _haproxy) = lb(
+        &consul,
+        &[
+            ("web-01", &["zone-us-east1-b"]),
+            ("web-02", &["zone-us-east1-c"]),
+            ("web-cny-01", &["canary", "zone-us-east1-b"]),
+        ],
+    );
+    let prometheus = Prometheus::start(&[agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "count by (instance) (gitlab_haproxy_agent_group_rows)",
+            1,
+            |v| v == 3.0
+        ),
+        "Prometheus did not see the three groups:\n{}",
+        prometheus.log()
+    );
+
+    // The zone is us-east1-b: nothing written, the real names listed,
+    // closest first.
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &["drain", "--zone", "us-east-1b", "--drain-wait", "1s"],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("no load balancer names the group zone-us-east-1b")
+            && run.stderr.contains(
+                "The groups that exist, closest first: zone-us-east1-b, zone-us-east1-c, canary"
+            )
+            && run.stderr.contains("--new-group"),
+        "{run:?}"
+    );
+    assert!(absent(&consul, "zone-us-east-1b"), "written: {run:?}");
+
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &["drain", "--group", "canray", "--drain-wait", "1s", "--json"],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    assert_eq!(report["error"]["kind"], "unknown_group", "{report}");
+    assert!(run.stderr.contains("closest first: canary, "), "{run:?}");
+    assert!(absent(&consul, "canray"));
+
+    // `set` of a group key, and the former option name.
+    let run = cli(
+        &consul,
+        None,
+        &[
+            "set",
+            "zone-us-east-1b",
+            "maint",
+            "--confirm-prometheus",
+            &prom,
+        ],
+    );
+    assert_eq!(run.code, 65, "{run:?}");
+    assert!(absent(&consul, "zone-us-east-1b"));
+
+    // A new group, said so: written, and confirmed by index alone (no
+    // server names it yet).
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &["set", "zone-us-east1-d", "drain", "--new-group"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(value(&consul, "zone-us-east1-d"), "drain");
+    assert!(
+        run.stderr
+            .contains("zone-us-east1-d: 0/0 servers naming it answer drain"),
+        "{run:?}"
+    );
+
+    // The real zone passes the check.
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &["drain", "--zone", "us-east1-b", "--dry-run"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+
+    // Without Prometheus, and with a Prometheus that does not answer: the
+    // group is not checked, a warning says so, the write goes on.
+    let run = cli(
+        &consul,
+        None,
+        &["drain", "--zone", "us-east-1b", "--dry-run"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains(
+            "warning: could not check that a load balancer names the group zone-us-east-1b: no \
+             Prometheus is set"
+        ),
+        "{run:?}"
+    );
+    let nobody = format!("http://127.0.0.1:{}", support::free_port());
+    let run = cli(
+        &consul,
+        Some(&nobody),
+        &["drain", "--zone", "us-east-1b", "--dry-run"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("could not check")
+            && run
+                .stderr
+                .contains(&format!("Prometheus at {nobody} did not answer")),
+        "{run:?}"
+    );
+}
+
+#[test]
+fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_not_block() {
+    let consul = Consul::start();
+    consul.put("web/web-01", "ready");
+    let (one, haproxy) = lb(&consul, &[("web-01", &["zone-b"]), ("web-02", &["zone-b"])]);
+    // A node with nothing enrolled yet: its agent runs, no HAProxy asks it.
+    let two = Agent::start(&consul.url(), &[]);
+    let prometheus = Prometheus::start(&[one.http, two.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_group_rows{group=\"zone-b\"}",
+            1,
+            |v| v == 2.0
+        ),
+        "Prometheus did not see zone-b:\n{}",
+        prometheus.log()
+    );
+
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--drain-wait",
+            "1s",
+            "--confirm-timeout",
+            "20s",
+        ],
+    );
+    assert_eq!(run.code, 68, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("1 server naming zone-b is decided by another key")
+            && run.stderr.contains(&format!(
+                "web/web-01 (decided by web/web-01, on {} (lb-1.test))",
+                one.http
+            ))
+            && run.stderr.contains("--accept-overridden"),
+        "{run:?}"
+    );
+    // The drain step is in Consul; maint was not written.
+    assert_eq!(value(&consul, "zone-b"), "drain");
+    assert!(haproxy.server("web", "web-01").is_ready_full_weight());
+
+    // Accepted: the sequence goes on; the empty node confirms by index.
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &[
+            "drain",
+            "--zone",
+            "b",
+            "--drain-wait",
+            "1s",
+            "--confirm-timeout",
+            "20s",
+            "--accept-overridden",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(value(&consul, "zone-b"), "maint");
+    assert!(
+        run.stderr
+            .contains("zone-b: 1/2 servers naming it answer maint")
+            && run.stderr.contains(&format!(
+                "confirmed by index alone (their HAProxy names no server with zone-b): {} \
+                 (lb-2.test)",
+                two.http
+            )),
+        "{run:?}"
+    );
+}

@@ -11,6 +11,10 @@
 #          and instance, and Slack.
 #   lb-02: synced, asked about no rows -> GitLabHAProxyAgentNotAsked (s3):
 #          must reach Slack and never PagerDuty.
+#   lb-03: synced, HAProxy asks nothing, 3 rows in drain not asked -> both
+#          GitLabHAProxyAgentDrainNotApplied and GitLabHAProxyAgentNodeNotAsked
+#          fire (checked in Prometheus); one cause, one page: only
+#          DrainNotApplied reaches PagerDuty (the inhibit rule).
 #
 # Test copies, each made by one sed below and checked to have changed:
 #   rules:        every "for:" set to 5s (the shipped ones are 5 to 15 minutes);
@@ -122,6 +126,12 @@ scrape_configs:
           instance: lb-02.gprd.example:9778
           environment: gprd
           fqdn: lb-02.gprd.example
+      - targets: ['127.0.0.1:$stub_port']
+        labels:
+          __metrics_path__: /agent/lb-03
+          instance: lb-03.gprd.example:9778
+          environment: gprd
+          fqdn: lb-03.gprd.example
 EOF
 
 # --- the loopback server: agent targets, PagerDuty, Slack ------------------------
@@ -146,6 +156,12 @@ def agent(node):
         return {**common, "gitlab_haproxy_agent_last_sync_timestamp_seconds": now - 5,
                 "gitlab_haproxy_agent_last_sync_age_seconds": 5,
                 "gitlab_haproxy_agent_rows_seen": 0}
+    if node == "lb-03":  # HAProxy stopped asking; it had 3 servers in drain
+        return {**common, "gitlab_haproxy_agent_last_sync_timestamp_seconds": now - 5,
+                "gitlab_haproxy_agent_last_sync_age_seconds": 5,
+                "gitlab_haproxy_agent_rows_seen": 0,
+                'gitlab_haproxy_agent_rows_answered{state="drain"}': 3,
+                "gitlab_haproxy_agent_out_rows_not_asked": 3}
     return None
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -204,7 +220,7 @@ log "Prometheus on 127.0.0.1:$prom_port, Alertmanager on 127.0.0.1:$am_port, tar
 # --- wait for both notifications, then judge them --------------------------------
 check=$(
   cat <<'PY'
-import json, sys
+import json, sys, urllib.parse, urllib.request
 want_runbook = ("https://gitlab.com/gitlab-com/gl-infra/gitlab-haproxy-agent/-/blob/main/"
                 "runbook/README.md#consul-sync-stale")
 key, final = sys.argv[2], sys.argv[3] == "final"
@@ -226,11 +242,28 @@ for b in pages:
         errors.append(f"page links {b.get('links')!r} lack the runbook")
     if "lb-01.gprd.example:9778" not in details.get("instances", "").split():
         errors.append(f"page instances {details.get('instances')!r} lack lb-01.gprd.example:9778")
-    if "lb-02" in json.dumps(b):
+    if "lb-02" in json.dumps(b) or "lb-03" in json.dumps(b):
         errors.append("page names lb-02, which has no paging alert")
 for b in pd:
     if "GitLabHAProxyAgentNotAsked" in json.dumps(b):
         errors.append("GitLabHAProxyAgentNotAsked (s3, no pager label) reached PagerDuty")
+    if "GitLabHAProxyAgentNodeNotAsked" in json.dumps(b):
+        errors.append("GitLabHAProxyAgentNodeNotAsked paged although DrainNotApplied fires "
+                      "for the same instance (inhibit rule)")
+if not any(b.get("event_action") == "trigger"
+           and "GitLabHAProxyAgentDrainNotApplied" in b.get("payload", {}).get("summary", "")
+           for b in pd):
+    errors.append("no PagerDuty trigger for GitLabHAProxyAgentDrainNotApplied (lb-03)")
+# The inhibition is not vacuous: NodeNotAsked does fire for lb-03.
+query = urllib.parse.quote('ALERTS{alertname="GitLabHAProxyAgentNodeNotAsked",alertstate="firing"}')
+try:
+    with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[4]}/api/v1/query?query={query}",
+                                timeout=5) as r:
+        firing = json.load(r)["data"]["result"]
+except Exception as e:
+    firing = []
+if not any(s["metric"].get("instance") == "lb-03.gprd.example:9778" for s in firing):
+    errors.append("GitLabHAProxyAgentNodeNotAsked is not firing for lb-03 in Prometheus")
 for name in ("GitLabHAProxyAgentConsulSyncStale", "GitLabHAProxyAgentNotAsked"):
     if not any(name in s for s in slack):
         errors.append(f"no Slack message for {name}")
@@ -248,13 +281,13 @@ sys.exit(1 if errors else 0)
 PY
 )
 deadline=$((SECONDS + 60))
-until python3 -c "$check" "$notifications" "$routing_key" poll 2>/dev/null; do
+until python3 -c "$check" "$notifications" "$routing_key" poll "$prom_port" 2>/dev/null; do
   [ "$SECONDS" -lt "$deadline" ] || break
   for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || die "a process exited"; done
   sleep 1
 done
 # Let a wrongly routed notification that is still on its way arrive too.
 sleep 2
-python3 -c "$check" "$notifications" "$routing_key" final | sed 's/^/alertmanager-e2e: /' ||
+python3 -c "$check" "$notifications" "$routing_key" final "$prom_port" | sed 's/^/alertmanager-e2e: /' ||
   die "notifications (in $notifications) are wrong"
 log "OK"

@@ -273,3 +273,118 @@ fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_n
         "{run:?}"
     );
 }
+
+fn status(agent: &Agent) -> serde_json::Value {
+    let (code, body) = agent.http_get("/status").expect("/status answers");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// `canary` = `maintenance` (a break-glass typo) while the agents knew
+/// `maint`: the agent answers the held `maint 100%`, and `/status`, `state
+/// list`, `get`, `explain` and `status` all say so in the same words; after
+/// Consul loses its data, `release-rollback --dry-run` names what it would
+/// release. Without Prometheus the writer says it cannot know.
+#[test]
+fn every_surface_tells_what_the_agents_hold_in_the_same_words() {
+    let mut consul = Consul::start();
+    consul.put("~store-id", "5f0c2a9e8d7b4c31a6e2f90b1d4c7e58");
+    consul.put("canary", "maint");
+    consul.put("web/web-02", "drain");
+    // Past where a restarted dev Consul starts, so the loss shows.
+    for i in 0..10 {
+        consul.put("web/web-09", if i % 2 == 0 { "drain" } else { "ready" });
+    }
+    let (agent, haproxy) = lb(&consul, &[("web-cny-01", &["canary"]), ("web-02", &[])]);
+    haproxy.wait_server("web", "web-cny-01", Duration::from_secs(10), |s| {
+        s.is_maint()
+    });
+    consul.put("canary", "maintenance");
+    let held = "maint 100% (held: invalid value)";
+    let ok = support::wait_for(Duration::from_secs(10), || {
+        (status(&agent)["held"]["canary"]["answer"] == held).then_some(())
+    });
+    assert!(ok.is_some(), "{}", status(&agent));
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "maint 100%\n");
+    let prometheus = Prometheus::start(&[agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_held_key{key=\"canary\",cause=\"invalid_value\",state=\"maint\"}",
+            1,
+            |v| v == 1.0
+        ),
+        "Prometheus did not see canary held:\n{}",
+        prometheus.log()
+    );
+    let on_all = format!("{held} on 1/1 agents");
+
+    let run = cli(&consul, Some(&prom), &["list"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains(&format!(
+            "Held by the agents (Prometheus at {prom}, 1 agents):"
+        )) && run.stdout.contains(&format!("  canary: {on_all}")),
+        "{run:?}"
+    );
+    let run = cli(&consul, Some(&prom), &["get", "canary"]);
+    assert!(run.stdout.contains(&format!("agents: {on_all}")), "{run:?}");
+    let run = cli(
+        &consul,
+        Some(&prom),
+        &["explain", "web/web-cny-01", "canary"],
+    );
+    assert!(
+        run.stdout
+            .contains(&format!("agents: key canary: {on_all}")),
+        "{run:?}"
+    );
+    let run = cli(&consul, Some(&prom), &["status"]);
+    assert!(
+        run.stdout.contains(&format!("  canary: {on_all}")),
+        "{run:?}"
+    );
+    let run = cli(&consul, Some(&prom), &["release-rollback", "--dry-run"]);
+    assert!(run.stdout.contains("it would release nothing"), "{run:?}");
+
+    // Without Prometheus: said, not guessed.
+    let run = cli(&consul, None, &["list"]);
+    assert!(
+        run.stdout.contains(
+            "What the agents hold is not known here: no Prometheus is set (--prometheus URL or \
+             GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)"
+        ) && run.stdout.contains(
+            "  canary: an agent that knew a valid value answers it (held: invalid value); one \
+             that did not skips the key"
+        ),
+        "{run:?}"
+    );
+
+    // Consul loses its data: the agent holds web/web-02 at drain.
+    consul.restart();
+    let ok = support::wait_for(Duration::from_secs(20), || {
+        (status(&agent)["held"]["web/web-02"]["cause"] == "rolled_back").then_some(())
+    });
+    assert!(ok.is_some(), "{}", status(&agent));
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(20),
+            "gitlab_haproxy_agent_held_key{key=\"web/web-02\",cause=\"rolled_back\"}",
+            1,
+            |v| v == 1.0
+        ),
+        "Prometheus did not see web/web-02 held"
+    );
+    let run = cli(&consul, Some(&prom), &["release-rollback", "--dry-run"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("  web/web-02: drain 100% (held: rolled back) on 1/1 agents"),
+        "{run:?}"
+    );
+    assert_eq!(
+        status(&agent)["held"]["web/web-02"]["answer"],
+        "drain 100% (held: rolled back)"
+    );
+}

@@ -467,6 +467,7 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 "state": state_text,
                 "reply": reply,
                 "cause": hold.cause.as_str(),
+                "answer": crate::decision::held_answer(record.served, hold.cause),
                 "detail": detail,
                 "consul_modify_index": consul_modify_index,
                 "since": hold.since as f64,

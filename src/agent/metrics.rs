@@ -183,6 +183,10 @@ pub struct Metrics {
     /// state than Consul's, by cause (`invalid_value`, `rolled_back`,
     /// `hidden`).
     pub held_keys: IntGaugeVec,
+    /// `gitlab_haproxy_agent_held_key{key,cause,state}`: 1 per held key,
+    /// the first [`MAX_HELD_KEYS_EXPORTED`] by key; `state` is the state
+    /// answered (`none`: held absent).
+    pub held_key: IntGaugeVec,
     /// `gitlab_haproxy_agent_key_reads_total{result}`: direct reads of keys
     /// an answer lacked, by result (`present`, `absent`, `forbidden`).
     pub key_reads: IntCounterVec,
@@ -214,6 +218,11 @@ pub struct Metrics {
     /// [`crate::agent::http::SLOT_WAIT`].
     pub http_busy: IntCounter,
 }
+
+/// At most this many held keys get a `gitlab_haproxy_agent_held_key`
+/// series: 100, so a rollback that holds thousands of keys stays cheap to
+/// scrape; `gitlab_haproxy_agent_held_keys{cause}` counts them all.
+pub const MAX_HELD_KEYS_EXPORTED: usize = 100;
 
 /// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
 /// answer kind a seen row can have (a bad request is never a row).
@@ -561,6 +570,17 @@ impl Metrics {
         }
         reg(Box::new(held_keys.clone()));
 
+        let held_key = IntGaugeVec::new(
+            opts(
+                "held_key",
+                "1 per key answered with another state than Consul's: its cause and the state \
+                 answered (none: held absent); at most 100 keys, the rest counted in held_keys.",
+            ),
+            &["key", "cause", "state"],
+        )
+        .unwrap();
+        reg(Box::new(held_key.clone()));
+
         let key_reads = IntCounterVec::new(
             opts(
                 "key_reads_total",
@@ -649,6 +669,7 @@ impl Metrics {
             profiles,
             http_idle_closed,
             held_keys,
+            held_key,
             key_reads,
             filtered_answers,
             store_changes,

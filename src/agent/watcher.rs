@@ -496,6 +496,18 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>) {
             .with_label_values(&[cause.as_str()])
             .set(served.held_count(cause) as i64);
     }
+    metrics.held_key.reset();
+    let held = served
+        .keys
+        .iter()
+        .filter_map(|(key, record)| Some((key, record, record.hold?)));
+    for (key, record, hold) in held.take(crate::agent::metrics::MAX_HELD_KEYS_EXPORTED) {
+        let state = record.served.map_or("none".to_string(), |s| s.to_string());
+        metrics
+            .held_key
+            .with_label_values(&[key, hold.cause.as_str(), &state])
+            .set(1);
+    }
     metrics
         .invalid_held_keys
         .set(served.held_count(HoldCause::InvalidValue) as i64);

@@ -56,8 +56,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
+pub use served::{held_answer, HoldCause, STORE_ID_KEY};
 use served::{AnswerView, Change, ConsulKey, MergeInput, Probe, ServedState};
-pub use served::{HoldCause, STORE_ID_KEY};
 use stale::{hold_reason, HoldReason};
 
 /// What the core needs to know of the agent's settings.

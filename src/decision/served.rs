@@ -47,6 +47,39 @@ impl HoldCause {
             HoldCause::Hidden => "hidden",
         }
     }
+
+    /// The cause in words, as every surface says it: `invalid value`,
+    /// `rolled back`, `hidden from the token`.
+    pub fn words(self) -> &'static str {
+        match self {
+            HoldCause::InvalidValue => "invalid value",
+            HoldCause::RolledBack => "rolled back",
+            HoldCause::Hidden => "hidden from the token",
+        }
+    }
+
+    /// The cause named by [`HoldCause::as_str`].
+    pub fn from_label(label: &str) -> Option<HoldCause> {
+        HoldCause::ALL.into_iter().find(|c| c.as_str() == label)
+    }
+}
+
+/// What a held key answers, in the one phrase `/status`, the writer (`state
+/// list`, `get`, `explain`, `status`, `release-rollback`) and the runbook
+/// use: `maint 100% (held: invalid value)`, or for a key held absent,
+/// `no answer from this key, the next identity decides (held: rolled back)`.
+pub fn held_answer(served: Option<AdminState>, cause: HoldCause) -> String {
+    match served {
+        Some(state) => format!(
+            "{} (held: {})",
+            String::from_utf8_lossy(state.reply().as_bytes()).trim_end(),
+            cause.words()
+        ),
+        None => format!(
+            "no answer from this key, the next identity decides (held: {})",
+            cause.words()
+        ),
+    }
 }
 
 /// A key as the last applied Consul answer (or direct read) showed it.

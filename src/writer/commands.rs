@@ -66,11 +66,17 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         Ok(c) => c,
         Err(f) => return report_failure(args.json, &f),
     };
+    let selector = match &args.command {
+        StateCommand::Status(s) => Some(s.selector.as_str()),
+        _ => confirm.as_ref().map(|c| c.confirm_selector.as_str()),
+    };
+    let holds = super::held::Source::of(args.prometheus.as_deref(), selector);
     let writer = Writer {
         client,
         prefix: config.prefix,
         json: args.json,
         confirm,
+        holds,
     };
     if let Err(f) = writer.check_group(args).await {
         return report_failure(args.json, &f);
@@ -167,9 +173,15 @@ impl Writer {
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;
+        let invalid = pair
+            .as_ref()
+            .is_some_and(|p| parse_value(&p.value).is_err());
+        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             let mut v = key_json(key, pair.as_ref());
             v["ok"] = json!(true);
+            v["held"] = holds.json();
+            v["agents"] = json!(holds.key_phrase(key, invalid));
             self.print_json(v);
             return Ok(());
         }
@@ -178,6 +190,12 @@ impl Writer {
                 "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
             ),
             Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None)),
+        }
+        if let Some(phrase) = holds.key_phrase(key, invalid) {
+            println!("agents: {phrase}");
+            if let super::held::Holds::Unknown(why) = &holds {
+                println!("(what the agents hold is not known here: {why})");
+            }
         }
         Ok(())
     }
@@ -198,6 +216,17 @@ impl Writer {
             .collect();
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let invalid = snapshot.invalid_count();
+        let invalid_keys: Vec<String> = rows
+            .iter()
+            .filter(|(k, _)| {
+                matches!(
+                    snapshot.keys.get(k.as_str()).map(|s| &s.entry),
+                    Some(Entry::Invalid(_))
+                )
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             self.print_json(json!({
                 "ok": true,
@@ -205,6 +234,8 @@ impl Writer {
                 "consul_index": answer.index,
                 "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot)).collect::<Vec<_>>(),
                 "invalid": invalid,
+                "held": holds.json(),
+                "agents": holds.phrases(&invalid_keys),
             }));
             return Ok(());
         }
@@ -215,6 +246,9 @@ impl Writer {
                  token that may not read the prefix sees no keys either. Consul index {}.",
                 self.prefix, answer.index
             );
+            if let Some(section) = holds.section(&[]) {
+                println!("{section}");
+            }
             return Ok(());
         }
         print!("{}", key_table(&rows, Some(&snapshot)));
@@ -231,6 +265,9 @@ impl Writer {
             },
             answer.index
         );
+        if let Some(section) = holds.section(&invalid_keys) {
+            println!("{section}");
+        }
         Ok(())
     }
 
@@ -478,9 +515,11 @@ impl Writer {
                 let skipped: Vec<String> = ids[..d]
                     .iter()
                     .filter_map(|id| match snapshot.keys.get(*id).map(|k| &k.entry) {
-                        Some(Entry::Invalid(e)) => {
-                            Some(format!("key {id} holds an invalid value ({e}), skipped"))
-                        }
+                        Some(Entry::Invalid(e)) => Some(format!(
+                            "key {id} holds an invalid value ({e}), skipped where no valid \
+                             value of it is known; an agent that knew one answers that \
+                             (held: invalid value)"
+                        )),
                         _ => None,
                     })
                     .collect();
@@ -513,14 +552,29 @@ impl Writer {
                 (
                     None,
                     format!(
-                        "none: key {} holds an invalid value ({why}) and no later identity \
-                         has a key; the agent closes the connection and HAProxy keeps the \
-                         server's current state",
+                        "key {} holds an invalid value ({why}): an agent that knew a valid \
+                         value of it answers that (held: invalid value); one that did not \
+                         answers nothing, since no later identity has a key, and HAProxy \
+                         keeps the server's current state",
                         ids[decided_by]
                     ),
                 )
             }
         };
+        // What the agents hold for the identities read before the one that
+        // decides (or all of them): a held key decides where it is held.
+        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let read = deciding.map_or(ids.len(), |d| d + 1);
+        let agents: Vec<(String, String)> = ids[..read]
+            .iter()
+            .filter_map(|id| {
+                let bad = matches!(
+                    snapshot.keys.get(*id).map(|k| &k.entry),
+                    Some(Entry::Invalid(_))
+                );
+                Some((id.to_string(), holds.key_phrase(id, bad)?))
+            })
+            .collect();
         let live = match (socket, &server_id) {
             (Some(path), Some(id)) => {
                 let (backend, server) = id.split_once('/').unwrap_or((id.as_str(), ""));
@@ -555,11 +609,19 @@ impl Writer {
                     "identity": id, "value": value, "role": role,
                 })).collect::<Vec<_>>(),
                 "consul_index": answer.index,
+                "agents": agents.iter().cloned().collect::<std::collections::BTreeMap<String, String>>(),
+                "held": holds.json(),
             }));
             return Ok(());
         }
         println!("agent-send line: {line}");
         println!("answer: {summary}");
+        for (id, phrase) in &agents {
+            println!("agents: key {id}: {phrase}");
+        }
+        if let (false, super::held::Holds::Unknown(why)) = (agents.is_empty(), &holds) {
+            println!("(what the agents hold is not known here: {why})");
+        }
         let table_rows: Vec<Vec<String>> = rows
             .into_iter()
             .map(|(id, value, role)| {

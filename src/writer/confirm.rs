@@ -500,10 +500,11 @@ impl Writer {
             .await
             .map_err(|e| unavailable(e.message))?;
         let verdict = fleet.verdict(index, None);
+        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
-            out_line(
-                &serde_json::to_string_pretty(&status_json(&fleet, index)).unwrap_or_default(),
-            );
+            let mut view = status_json(&fleet, index);
+            view["held"] = holds.json();
+            out_line(&serde_json::to_string_pretty(&view).unwrap_or_default());
         } else if fleet.agents.is_empty() {
             out_line(&format!(
                 "Prometheus at {} has no target matching {{{}}}.",
@@ -511,6 +512,7 @@ impl Writer {
             ));
         } else {
             out_line(status_text(&fleet, index).trim_end());
+            out_line(&holds.section(&[]).unwrap_or_else(|| holds.heading()));
         }
         if verdict.all_confirmed() {
             return Ok(());

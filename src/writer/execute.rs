@@ -172,6 +172,8 @@ pub(super) struct Writer {
     pub(super) json: bool,
     /// Set when write steps are to be confirmed through Prometheus.
     pub(super) confirm: Option<ConfirmArgs>,
+    /// The Prometheus that shows what the agents hold (`--prometheus`).
+    pub(super) holds: Option<super::held::Source>,
 }
 
 impl Writer {

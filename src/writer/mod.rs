@@ -19,6 +19,7 @@ mod execute;
 pub mod fleet;
 pub mod groups;
 pub mod haproxy;
+pub mod held;
 pub mod live;
 pub mod output;
 pub mod plan;

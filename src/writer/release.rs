@@ -6,6 +6,8 @@ use serde_json::json;
 
 use super::error::Failure;
 use super::execute::Writer;
+use super::held::Holds;
+use crate::decision::HoldCause;
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
 
 impl Writer {
@@ -39,6 +41,9 @@ impl Writer {
                 )));
             }
         }
+        // What it releases: the keys the agents hold since the rollback.
+        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let releases = holds.lines(Some(HoldCause::RolledBack));
         if self.json {
             self.print_json(json!({
                 "ok": true,
@@ -47,6 +52,8 @@ impl Writer {
                 "modify_index_before": before,
                 "written": written,
                 "dry_run": dry_run,
+                "held": holds.json(),
+                "releases": releases,
             }));
         } else if written {
             println!(
@@ -54,10 +61,24 @@ impl Writer {
                  the keys it held since Consul's data went backwards"
             );
         } else {
-            println!(
-                "dry run: {RELEASE_ROLLBACK_KEY} not written; it would release every key the \
-                 agents hold since Consul's data went backwards"
-            );
+            match (&holds, releases.is_empty()) {
+                (Holds::Unknown(why), _) => println!(
+                    "dry run: {RELEASE_ROLLBACK_KEY} not written; it would release every key \
+                     the agents hold since Consul's data went backwards (which: not known \
+                     here: {why})"
+                ),
+                (Holds::Known { base, agents, .. }, true) => println!(
+                    "dry run: {RELEASE_ROLLBACK_KEY} not written; no agent holds a key since \
+                     Consul's data went backwards (Prometheus at {base}, {agents} agents): it \
+                     would release nothing"
+                ),
+                (Holds::Known { base, agents, .. }, false) => println!(
+                    "dry run: {RELEASE_ROLLBACK_KEY} not written; it would release, on every \
+                     agent, the keys held since Consul's data went backwards (Prometheus at \
+                     {base}, {agents} agents), which then answer Consul's value:\n  {}",
+                    releases.join("\n  ")
+                ),
+            }
         }
         Ok(())
     }

@@ -8,6 +8,7 @@ use clap::Parser;
 use gitlab_haproxy_agent::agent::config::AgentConfig;
 use gitlab_haproxy_agent::cli::{Cli, Command, EX_USAGE};
 use gitlab_haproxy_agent::consul::config::{Fallbacks, TOKEN_CREDENTIAL};
+use gitlab_haproxy_agent::writer;
 
 fn fallbacks() -> Fallbacks {
     let credential_token_file = std::env::var_os("CREDENTIALS_DIRECTORY")
@@ -56,7 +57,30 @@ fn usage_error(message: &str) -> ExitCode {
     ExitCode::from(EX_USAGE as u8)
 }
 
+/// For `state`: the Prometheus settings of the defaults file
+/// (`/etc/default/gitlab-haproxy-agent`, or
+/// `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE`) that the environment does not
+/// set, put in the environment before the options are parsed, so that
+/// flag > environment > file > none.
+fn writer_defaults() {
+    if !std::env::args_os().skip(1).any(|a| a == "state") {
+        return;
+    }
+    let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE")
+        .map_or_else(|| PathBuf::from(writer::settings::DEFAULTS_FILE), PathBuf::from);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    for (name, value) in
+        writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some())
+    {
+        // Still one thread: nothing else reads the environment yet.
+        std::env::set_var(name, value);
+    }
+}
+
 fn main() -> ExitCode {
+    writer_defaults();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

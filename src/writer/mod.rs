@@ -27,6 +27,7 @@ mod progress;
 mod release;
 mod report;
 mod select;
+pub mod settings;
 pub mod waits;
 
 use std::process::ExitCode;

@@ -47,6 +47,10 @@ default['gitlab-haproxy-agent']['settings']['check_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['max_connections'] = nil
 default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil
 default['gitlab-haproxy-agent']['settings']['log_format'] = nil
+# The Prometheus that scrapes every agent, for the writer on this node
+# (`gitlab-haproxy-agent state ...` reads it from /etc/default): group checks,
+# write confirmation, `state status`. nil: none.
+default['gitlab-haproxy-agent']['settings']['prometheus_url'] = nil
 
 #
 # haproxy.cfg (recipe haproxy). Every list of config lines (global, defaults,

@@ -24,6 +24,7 @@ module GitlabHaproxyAgent
       'max_stale' => 'GITLAB_HAPROXY_AGENT_MAX_STALE',
       'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
+      'prometheus_url' => 'GITLAB_HAPROXY_AGENT_PROMETHEUS_URL',
     }.freeze
     # Values are written unquoted: both systemd and a POSIX shell read them
     # the same only without these.

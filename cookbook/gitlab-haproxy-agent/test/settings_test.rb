@@ -28,13 +28,18 @@ class SettingsTest < Minitest::Test
     doc = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs', 'interfaces.md')
     skip 'docs/interfaces.md not found' unless File.exist?(doc)
 
-    # The daemon's options: the first section's table (the writer CLI's own
-    # settings are documented further down and do not belong in this file).
-    daemon = File.read(doc)[/^## Binary and options\n(.*?)(?=^## )/m, 1]
+    # The daemon's options: the first section's table. The writer's
+    # Prometheus URL, which the writer reads from the same file, is
+    # documented under the writer CLI.
+    text = File.read(doc)
+    daemon = text[/^## Binary and options\n(.*?)(?=^## )/m, 1]
     documented = daemon.scan(/`(GITLAB_HAPROXY_AGENT_[A-Z_]+)`/).flatten.uniq.sort
-    ours = (GitlabHaproxyAgent::Settings::VARIABLES.values +
+    writer = %w[GITLAB_HAPROXY_AGENT_PROMETHEUS_URL]
+    ours = (GitlabHaproxyAgent::Settings::VARIABLES.values - writer +
             %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX]).sort
     assert_equal documented, ours
+    writer_section = text[/^## Writer CLI\n(.*?)(?=^## )/m, 1]
+    writer.each { |name| assert_includes writer_section, "`#{name}`" }
   end
 
   def test_listen_follows_agent_addr_and_port
@@ -49,11 +54,12 @@ class SettingsTest < Minitest::Test
   def test_all_settings_render_when_set
     all = env(settings: { 'consul_token_file' => '/etc/gitlab-haproxy-agent/consul-token', 'wait' => '30s',
                           'startup_timeout' => '10s', 'check_timeout' => '300ms', 'max_connections' => 512,
-                          'log_format' => 'journald' })
+                          'log_format' => 'journald', 'prometheus_url' => 'http://prometheus.gprd:9090' })
     assert_equal %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX GITLAB_HAPROXY_AGENT_CONSUL_ADDR
                     GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE GITLAB_HAPROXY_AGENT_HTTP_LISTEN GITLAB_HAPROXY_AGENT_WAIT
                     GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT
-                    GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS GITLAB_HAPROXY_AGENT_LOG_FORMAT], all.map(&:first)
+                    GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS GITLAB_HAPROXY_AGENT_LOG_FORMAT
+                    GITLAB_HAPROXY_AGENT_PROMETHEUS_URL], all.map(&:first)
     assert_includes all, %w[GITLAB_HAPROXY_AGENT_MAX_CONNECTIONS 512]
   end
 

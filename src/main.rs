@@ -66,14 +66,14 @@ fn writer_defaults() {
     if !std::env::args_os().skip(1).any(|a| a == "state") {
         return;
     }
-    let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE")
-        .map_or_else(|| PathBuf::from(writer::settings::DEFAULTS_FILE), PathBuf::from);
+    let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE").map_or_else(
+        || PathBuf::from(writer::settings::DEFAULTS_FILE),
+        PathBuf::from,
+    );
     let Ok(text) = std::fs::read_to_string(&path) else {
         return;
     };
-    for (name, value) in
-        writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some())
-    {
+    for (name, value) in writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some()) {
         // Still one thread: nothing else reads the environment yet.
         std::env::set_var(name, value);
     }

@@ -2,10 +2,14 @@
 //! real Consul, a real HAProxy and the agent, and checks what each procedure
 //! did to HAProxy's servers, so the runbook cannot rot.
 //!
-//! They run as from a console node: only Consul and the agent's HTTP port
-//! are reachable, from an empty directory, with no HAProxy configuration
+//! They run as from a console node: only Consul, the agent's HTTP port and
+//! the Prometheus that scrapes the agent are reachable, from an empty
+//! directory, with no HAProxy configuration
 //! (`GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` names a file that does not exist)
-//! and no stats socket; no ```shell command may name either. Only the
+//! and no stats socket; no ```shell command may name either. Prometheus is
+//! set as the cookbook sets it, in the defaults file
+//! (`GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` points at the test's copy), so
+//! every write checks its group and is confirmed by the fleet. Only the
 //! agent's HTTP address and waits are rewritten: `127.0.0.1:9778` to the test
 //! agent's, waits of 60 s and 5 s to 1 s.
 
@@ -15,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use support::prometheus::Prometheus;
 use support::{haproxy_config, Agent, Consul, Haproxy, ServerState, TempDir};
 
 const INTER_MS: u64 = 200;
@@ -81,6 +86,28 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
     let haproxy = Haproxy::start(&haproxy_config(&backend));
     let console = TempDir::new("runbook-console");
     let no_config = console.path().join("no-haproxy.cfg");
+    // The Prometheus every console node is configured with, scraping the
+    // fleet (this one agent) once it names its groups.
+    let prometheus = Prometheus::start(&[agent.http]);
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "count by (instance) (gitlab_haproxy_agent_group_rows)",
+            1,
+            |v| v >= 3.0
+        ),
+        "Prometheus did not see the agent's groups:\n{}",
+        prometheus.log()
+    );
+    let defaults = console.path().join("default-gitlab-haproxy-agent");
+    std::fs::write(
+        &defaults,
+        format!(
+            "# as rendered by the cookbook\nGITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:1\nGITLAB_HAPROXY_AGENT_PROMETHEUS_URL={}\n",
+            prometheus.url()
+        ),
+    )
+    .unwrap();
 
     let bin = TempDir::new("runbook-bin");
     std::os::unix::fs::symlink(support::AGENT_BIN, bin.path().join("gitlab-haproxy-agent"))
@@ -136,23 +163,52 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 .env("CONSUL_HTTP_ADDR", consul.addr().to_string())
                 .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
                 .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &no_config)
+                .env("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE", &defaults)
                 // This fleet checks every INTER_MS: the wait floor follows.
                 .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
                 .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
                 .output()
                 .unwrap();
-            // The one example that shows a refused compare-and-set.
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            // The one example that shows a refused compare-and-set; the
+            // zone drain that web-01's 50% row key keeps from it, which the
+            // confirmation names and stops before maint.
             let expected = if command.contains("--cas 4242") {
                 75
+            } else if command.ends_with("state drain --zone us-east1-b --drain-wait 60s") {
+                assert!(
+                    stderr.contains(
+                        "1 server naming zone-us-east1-b is decided by another key, so this \
+                         write does not move it: web/web-01-sv-gprd (decided by \
+                         web/web-01-sv-gprd, on "
+                    ),
+                    "[{heading}] {command}\n{stderr}"
+                );
+                68
             } else {
                 0
             };
+            // Writes of a group are checked and confirmed through the
+            // Prometheus of the defaults file.
+            if command.contains("state canary disable --drain-wait 60s")
+                && !command.contains("--dry-run")
+            {
+                assert!(
+                    stderr.contains("canary disable: maint: confirmed: 1/1 agents at index >= ")
+                        && stderr.contains("; canary: 2/2 servers naming it answer maint"),
+                    "[{heading}] {command}\n{stderr}"
+                );
+            }
+            if command == "gitlab-haproxy-agent state status" {
+                assert!(stdout.contains("1/1 agents at index >= "), "{stdout}");
+            }
             assert_eq!(
                 out.status.code(),
                 Some(expected),
-                "[{heading}] {command}\nstdout:\n{}\nstderr:\n{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                "[{heading}] {command}\nstdout:\n{stdout}\nstderr:\n{stderr}",
             );
             ran += 1;
         }
@@ -170,14 +226,24 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                     &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
                     ServerState::is_ready_full_weight,
                 )
-            } else if joined.contains("state drain --zone us-east1-b --drain-wait") {
-                // web-01 is in the zone, but the 50% set on its row key under
-                // "Invalid values" decides first: it stays as it is, as the
-                // runbook says (and the report lists its key).
+            } else if joined
+                .contains("state drain --zone us-east1-b --drain-wait 60s --accept-overridden")
+            {
+                // Accepted: the drain goes on to maint without web-01.
                 assert_eq!(admin("web-01-sv-gprd"), (0, 50));
                 (
                     &["web-cny-01-sv-gprd", "web-tpl1", "web-tpl2"],
                     ServerState::is_maint,
+                )
+            } else if joined.contains("state drain --zone us-east1-b --drain-wait") {
+                // web-01 is in the zone, but the 50% set on its row key under
+                // "Invalid values" decides first: it stays as it is, as the
+                // runbook says; the confirmation names it and the drain stops
+                // at drain.
+                assert_eq!(admin("web-01-sv-gprd"), (0, 50));
+                (
+                    &["web-cny-01-sv-gprd", "web-tpl1", "web-tpl2"],
+                    ServerState::is_drain,
                 )
             } else if joined.contains("state undrain --zone us-east1-b") {
                 (
@@ -222,7 +288,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         }
         checked += 1;
     }
-    assert_eq!(checked, 11, "procedures checked");
+    assert_eq!(checked, 12, "procedures checked");
     assert!(blocks.len() >= 10, "{} shell blocks", blocks.len());
     assert!(ran >= 30, "{ran} commands");
     // The procedures ran: everything is back to ready.

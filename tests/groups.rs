@@ -388,3 +388,58 @@ fn every_surface_tells_what_the_agents_hold_in_the_same_words() {
         "drain 100% (held: rolled back)"
     );
 }
+
+/// `--help` of the commands on-call types puts the command's own options
+/// (the selectors first) before the options every `state` command takes,
+/// which stand under their own heading.
+#[test]
+fn help_lists_the_selectors_first_and_the_global_options_apart() {
+    for cmd in [
+        &["drain"][..],
+        &["undrain"],
+        &["canary", "disable"],
+        &["canary", "enable"],
+        &["set"],
+    ] {
+        let out = Command::new(AGENT_BIN)
+            .env_clear()
+            .arg("state")
+            .args(cmd)
+            .arg("--help")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{cmd:?}");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let at = |what: &str| {
+            help.find(what)
+                .unwrap_or_else(|| panic!("{cmd:?}: no {what} in\n{help}"))
+        };
+        let global = at("\nGlobal options:\n");
+        for own in ["      --dry-run", "      --new-group"] {
+            assert!(at(own) < global, "{cmd:?}: {own} after the global options");
+        }
+        for g in [
+            "  --consul-addr <URL>",
+            "  --prometheus <URL>",
+            "      --json",
+            "  --agent-inter <",
+            "  --prefix <",
+        ] {
+            assert!(
+                at(g) > global,
+                "{cmd:?}: {g} before the global options\n{help}"
+            );
+        }
+        if cmd[0].ends_with("drain") {
+            let selectors = [
+                at("  --zone <ZONE>"),
+                at("  --group <GROUP>"),
+                at("  --backend <BACKEND>"),
+                at("  --server <NAME|GLOB>"),
+            ];
+            assert!(selectors.windows(2).all(|w| w[0] < w[1]), "{help}");
+            assert!(selectors[3] < at("      --dry-run"), "{help}");
+            assert!(at("Options:\n") < selectors[0], "{help}");
+        }
+    }
+}

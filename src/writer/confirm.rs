@@ -43,7 +43,7 @@ pub enum Unconfirmed {
     Failed(Failure),
 }
 
-/// The `--confirm-*` options of the command, when `--confirm-prometheus`
+/// The `--confirm-*` options of the command, when `--prometheus`
 /// (or its environment variable) is given and not empty.
 ///
 /// # Errors
@@ -461,7 +461,7 @@ impl Writer {
         }
     }
 
-    /// After a write step: confirms it (when `--confirm-prometheus` is
+    /// After a write step: confirms it (when `--prometheus` is
     /// given) at `known`, the ModifyIndex the write returned, or else at
     /// the prefix's index read now (see [`index_after`]). `state` is the
     /// answer the write should produce.

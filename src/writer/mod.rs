@@ -7,9 +7,11 @@
 //! `canary`) that needs no HAProxy configuration, or row keys, named or
 //! expanded from the servers that [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
 //! `progress` records how far it got, `report` prints the result; with
-//! `--confirm-prometheus`, [`confirm`] waits after each write step until
+//! `--prometheus`, [`groups`] refuses a group no load balancer names and
+//! [`confirm`] waits after each write step until
 //! every agent answers from it, asking Prometheus for the [`fleet`];
-//! [`error`] names each failure and its exit status. The writer stands on the model
+//! [`held`] says what the agents hold; [`settings`] reads the Prometheus
+//! settings of the defaults file; [`error`] names each failure and its exit status. The writer stands on the model
 //! and the Consul client and imports nothing from the daemon.
 
 mod commands;

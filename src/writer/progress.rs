@@ -63,7 +63,7 @@ impl Stop {
 }
 
 /// A write step every agent confirmed, through Prometheus
-/// (`--confirm-prometheus`).
+/// (with `--prometheus`).
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Confirmation {
     /// The index every agent reached: the write's ModifyIndex, or for a

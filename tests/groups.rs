@@ -324,7 +324,7 @@ fn every_surface_tells_what_the_agents_hold_in_the_same_words() {
     assert_eq!(run.code, 0, "{run:?}");
     assert!(
         run.stdout.contains(&format!(
-            "Held by the agents (Prometheus at {prom}, 1 agents):"
+            "Held by the agents (Prometheus at {prom}, 1 agent):"
         )) && run.stdout.contains(&format!("  canary: {on_all}")),
         "{run:?}"
     );

@@ -125,10 +125,10 @@ pub fn unknown_group(key: &str, base: &str, groups: &FleetGroups) -> Failure {
         super::error::exit::DATAERR,
         "unknown_group",
         format!(
-            "no load balancer names the group {key}: none of the {} agents Prometheus at {base} \
-             scrapes was asked about a server naming it in the last {LOOKBACK}. {}; nothing \
+            "no load balancer names the group {key}: no server naming it was asked about in \
+             the last {LOOKBACK} on any of the {} Prometheus at {base} scrapes. {}; nothing \
              written. If {key} is new (no server names it yet), add --new-group",
-            groups.agents,
+            super::held::agents_text(groups.agents),
             if listed.is_empty() {
                 "They name no group at all".to_string()
             } else {

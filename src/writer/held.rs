@@ -234,15 +234,21 @@ impl Holds {
     pub fn heading(&self) -> String {
         match self {
             Holds::Known { base, agents, keys } if keys.is_empty() => format!(
-                "No agent holds a key (Prometheus at {base}, {agents} agents): each answers \
-                 Consul's values."
+                "No agent holds a key (Prometheus at {base}, {}): each answers Consul's values.",
+                agents_text(*agents)
             ),
-            Holds::Known { base, agents, .. } => {
-                format!("Held by the agents (Prometheus at {base}, {agents} agents):")
-            }
+            Holds::Known { base, agents, .. } => format!(
+                "Held by the agents (Prometheus at {base}, {}):",
+                agents_text(*agents)
+            ),
             Holds::Unknown(why) => format!("What the agents hold is not known here: {why}."),
         }
     }
+}
+
+/// `1 agent`, `3 agents`.
+pub fn agents_text(n: usize) -> String {
+    format!("{n} agent{}", if n == 1 { "" } else { "s" })
 }
 
 #[cfg(test)]

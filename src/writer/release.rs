@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::error::Failure;
 use super::execute::Writer;
-use super::held::Holds;
+use super::held::{agents_text, Holds};
 use crate::decision::HoldCause;
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
 
@@ -69,13 +69,15 @@ impl Writer {
                 ),
                 (Holds::Known { base, agents, .. }, true) => println!(
                     "dry run: {RELEASE_ROLLBACK_KEY} not written; no agent holds a key since \
-                     Consul's data went backwards (Prometheus at {base}, {agents} agents): it \
-                     would release nothing"
+                     Consul's data went backwards (Prometheus at {base}, {}): it would release \
+                     nothing",
+                    agents_text(*agents)
                 ),
                 (Holds::Known { base, agents, .. }, false) => println!(
                     "dry run: {RELEASE_ROLLBACK_KEY} not written; it would release, on every \
                      agent, the keys held since Consul's data went backwards (Prometheus at \
-                     {base}, {agents} agents), which then answer Consul's value:\n  {}",
+                     {base}, {}), which then answer Consul's value:\n  {}",
+                    agents_text(*agents),
                     releases.join("\n  ")
                 ),
             }

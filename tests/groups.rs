@@ -272,6 +272,18 @@ fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_n
             )),
         "{run:?}"
     );
+
+    // A row key: the node HAProxy asks nothing does not block either.
+    let run = cli(&consul, Some(&prom), &["set", "web/web-02", "ready"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains(&format!(
+            "2 rows answered ready; confirmed by index alone (HAProxy asked them nothing in the \
+             last 60 s): {} (lb-2.test)",
+            two.http
+        )),
+        "{run:?}"
+    );
 }
 
 fn status(agent: &Agent) -> serde_json::Value {

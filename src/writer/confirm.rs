@@ -140,8 +140,11 @@ impl ConfirmArgs {
             match &last {
                 Ok((fleet, rows)) => {
                     let mut verdict = fleet.verdict(index, Some(state));
-                    if let (Some(key), Some(rows)) = (group, rows) {
-                        groups::apply(&mut verdict, key, rows, state, self.accept_overridden);
+                    match (group, rows) {
+                        (Some(key), Some(rows)) => {
+                            groups::apply(&mut verdict, key, rows, state, self.accept_overridden)
+                        }
+                        _ => groups::by_index_alone(&mut verdict),
                     }
                     if let Some(text) = groups::overridden_text(&verdict) {
                         return Err(failed("overridden", text));
@@ -211,6 +214,7 @@ pub fn headline(verdict: &Verdict<'_>) -> String {
         )),
         _ => {}
     }
+    text.push_str(&groups::by_index_text(verdict));
     text
 }
 

@@ -143,6 +143,10 @@ pub struct Verdict<'a> {
     /// For a group write: the servers the key decides, and those another
     /// key decides (see [`super::groups`]).
     pub group: Option<GroupVerdict>,
+    /// Agents confirmed by their index alone (names): HAProxy asks them
+    /// about no row the write decides (a node with nothing enrolled), so
+    /// no answer can show it; see [`super::groups::by_index_alone`].
+    pub by_index_only: Vec<String>,
 }
 
 /// How the rows naming a written group key stand, over the confirmed
@@ -166,10 +170,6 @@ pub struct GroupVerdict {
     /// Overridden rows make the write fail: it takes servers out (drain,
     /// maint) and `--accept-overridden` was not given.
     pub overridden_block: bool,
-    /// Agents confirmed by their index alone: their HAProxy names no row
-    /// with the key (nothing enrolled there), so it asked them nothing
-    /// about it.
-    pub by_index_only: Vec<String>,
 }
 
 impl GroupVerdict {
@@ -267,6 +267,7 @@ impl Fleet {
             lagging,
             rows,
             group: None,
+            by_index_only: Vec::new(),
         }
     }
 }

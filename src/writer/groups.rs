@@ -343,7 +343,7 @@ pub fn apply(
     let lagging = std::mem::take(&mut verdict.lagging);
     for (agent, lag) in lagging {
         if naming(&agent.instance) == 0 && matches!(lag, Lag::NotAsked | Lag::AnsweredBehind) {
-            g.by_index_only.push(agent.name());
+            verdict.by_index_only.push(agent.name());
             verdict.confirmed.push(agent);
         } else {
             verdict.lagging.push((agent, lag));
@@ -405,14 +405,37 @@ pub fn describe(g: &GroupVerdict, state: &str) -> String {
             overridden_list(g)
         ));
     }
-    if !g.by_index_only.is_empty() {
-        text.push_str(&format!(
-            "; confirmed by index alone (their HAProxy names no server with {}): {}",
-            g.key,
-            g.by_index_only.join(", ")
-        ));
-    }
     text
+}
+
+/// For a write of row keys: agents HAProxy asked nothing in the last 60 s
+/// (a node with nothing enrolled yet) have no row the write decides, so
+/// they confirm by their index alone instead of lagging.
+pub fn by_index_alone(verdict: &mut Verdict<'_>) {
+    let lagging = std::mem::take(&mut verdict.lagging);
+    for (agent, lag) in lagging {
+        if lag == Lag::NotAsked {
+            verdict.by_index_only.push(agent.name());
+            verdict.confirmed.push(agent);
+        } else {
+            verdict.lagging.push((agent, lag));
+        }
+    }
+}
+
+/// `; confirmed by index alone (...): agents`, or nothing.
+pub fn by_index_text(verdict: &Verdict<'_>) -> String {
+    if verdict.by_index_only.is_empty() {
+        return String::new();
+    }
+    let why = match &verdict.group {
+        Some(g) => format!("their HAProxy names no server with {}", g.key),
+        None => "HAProxy asked them nothing in the last 60 s".to_string(),
+    };
+    format!(
+        "; confirmed by index alone ({why}): {}",
+        verdict.by_index_only.join(", ")
+    )
 }
 
 /// `web/s1 (by web/s1 on lb-01), ...`.
@@ -500,7 +523,17 @@ mod tests {
             text.contains("zone-b: 2/2 servers naming it answer drain"),
             "{text}"
         );
-        assert!(text.contains("index alone"), "{text}");
+        assert_eq!(
+            by_index_text(&verdict),
+            "; confirmed by index alone (their HAProxy names no server with zone-b): \
+             10.0.0.2:9101"
+        );
+        // A write of row keys: the node HAProxy asks nothing confirms by
+        // index too.
+        let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
+        by_index_alone(&mut verdict);
+        assert!(verdict.all_confirmed());
+        assert_eq!(verdict.by_index_only, ["10.0.0.2:9101"]);
     }
 
     #[test]

@@ -712,3 +712,28 @@ impl ServedState {
         })
     }
 }
+
+#[cfg(test)]
+mod held_answer_tests {
+    use super::*;
+
+    #[test]
+    fn one_phrase_per_hold() {
+        assert_eq!(
+            held_answer(Some(AdminState::Maint), HoldCause::InvalidValue),
+            "maint 100% (held: invalid value)"
+        );
+        assert_eq!(
+            held_answer(Some(AdminState::Weight(50)), HoldCause::Hidden),
+            "ready 50% (held: hidden from the token)"
+        );
+        assert_eq!(
+            held_answer(None, HoldCause::RolledBack),
+            "no answer from this key, the next identity decides (held: rolled back)"
+        );
+        for c in HoldCause::ALL {
+            assert_eq!(HoldCause::from_label(c.as_str()), Some(c));
+        }
+        assert_eq!(HoldCause::from_label("frozen"), None);
+    }
+}

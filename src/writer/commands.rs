@@ -10,7 +10,6 @@ use serde_json::json;
 
 use super::confirm;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
-use super::execute::Writer;
 use super::haproxy;
 use super::live;
 use super::output::table;
@@ -18,6 +17,7 @@ use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
 use super::progress::Confirmation;
 use super::report::{display_value, entry_json, key_json, key_table, reply_text};
 use super::select::{config_path, Target, CANARY_KEY};
+use super::session::Writer;
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};

@@ -19,11 +19,11 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
-use super::execute::Writer;
 use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::Confirmation;
+use super::session::Writer;
 use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::model::value::AnswerKind;

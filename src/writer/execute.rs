@@ -3,12 +3,10 @@
 //! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
 //! between steps on a signal, and print the report.
 
-use crate::decision::STORE_ID_KEY;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +18,9 @@ use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
-use crate::cli::ConfirmArgs;
-use crate::consul::{ConsulClient, TxnOp, TxnOutcome, MAX_TXN_OPS};
+use super::session::Writer;
+
+use crate::consul::{TxnOp, TxnOutcome, MAX_TXN_OPS};
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
@@ -164,37 +163,7 @@ impl Want {
     }
 }
 
-/// One `state` command's connection: the Consul client, the prefix (ending
-/// in `/`), and whether output is `--json`.
-pub(super) struct Writer {
-    pub(super) client: ConsulClient,
-    pub(super) prefix: String,
-    pub(super) json: bool,
-    /// Set when write steps are to be confirmed through Prometheus.
-    pub(super) confirm: Option<ConfirmArgs>,
-}
-
 impl Writer {
-    pub(super) fn full(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// Creates `<prefix>`[`STORE_ID_KEY`] with a random id if it is absent
-    /// (compare-and-set on 0, so a present id is never replaced), before
-    /// any write: the agents take a store without it, or with another id,
-    /// for one that lost its data, whatever its index.
-    pub(super) async fn ensure_store_id(&self) -> Result<(), Failure> {
-        let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        self.client
-            .put_cas(&self.full(STORE_ID_KEY), id.as_bytes(), 0)
-            .await?;
-        Ok(())
-    }
-
-    pub(super) fn print_json(&self, value: Value) {
-        out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
-    }
-
     /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
     /// stopping at the first conflict, error or signal. Prints a report of
     /// where every key is now, in every case.

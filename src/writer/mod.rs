@@ -3,7 +3,8 @@
 //! accepts, always with compare-and-set, and runs drains in the order HAProxy
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 //!
-//! `commands` dispatches; `select` picks the keys: one group key (a zone,
+//! `commands` dispatches, over one `session` (the Consul client, prefix
+//! and output format); `select` picks the keys: one group key (a zone,
 //! `canary`) that needs no HAProxy configuration, or row keys, named or
 //! expanded from the servers that [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
 //! `progress` records how far it got, `report` prints the result; with
@@ -25,6 +26,7 @@ mod progress;
 mod release;
 mod report;
 mod select;
+mod session;
 pub mod waits;
 
 use std::process::ExitCode;

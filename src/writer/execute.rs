@@ -68,6 +68,13 @@ impl Interrupt {
         }
     }
 
+    /// The stop at step `step` for the signal that fired (SIGINT if none
+    /// is recorded yet).
+    pub(super) fn stop(&self, step: usize) -> Stop {
+        let (name, code) = self.fired().unwrap_or(("SIGINT", exit::SIGINT));
+        Stop::Signal { step, name, code }
+    }
+
     /// Sleeps `d`; `false` when a signal came first.
     pub(super) async fn sleep(&self, d: Duration) -> bool {
         tokio::select! {
@@ -243,12 +250,8 @@ impl Writer {
             ))
         })?;
         for (i, step) in plan.steps.iter().enumerate() {
-            if let Some((name, code)) = interrupt.fired() {
-                return Err(Stop::Signal {
-                    step: i,
-                    name,
-                    code,
-                });
+            if interrupt.fired().is_some() {
+                return Err(interrupt.stop(i));
             }
             match step {
                 Step::Wait { duration, purpose } => {
@@ -267,13 +270,8 @@ impl Writer {
                         humantime::format_duration(*duration)
                     ));
                     if !interrupt.sleep(*duration).await {
-                        let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
                         run.statuses[i] = StepStatus::Interrupted;
-                        return Err(Stop::Signal {
-                            step: i,
-                            name,
-                            code,
-                        });
+                        return Err(interrupt.stop(i));
                     }
                     run.statuses[i] = StepStatus::Done;
                     if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
@@ -292,15 +290,9 @@ impl Writer {
                 } => {
                     let chunks = keys.chunks(MAX_TXN_OPS).count();
                     for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
-                        if n > 0 {
-                            if let Some((name, code)) = interrupt.fired() {
-                                run.statuses[i] = StepStatus::Partial;
-                                return Err(Stop::Signal {
-                                    step: i,
-                                    name,
-                                    code,
-                                });
-                            }
+                        if n > 0 && interrupt.fired().is_some() {
+                            run.statuses[i] = StepStatus::Partial;
+                            return Err(interrupt.stop(i));
                         }
                         if let Err(failure) = self.write_chunk(*change, *flags, chunk, run).await {
                             run.statuses[i] = if n == 0 {
@@ -327,15 +319,7 @@ impl Writer {
                         Err(confirm::Unconfirmed::Failed(failure)) => {
                             return Err(Stop::Failed { step: i, failure })
                         }
-                        Err(confirm::Unconfirmed::Interrupted) => {
-                            let (name, code) =
-                                interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
-                            return Err(Stop::Signal {
-                                step: i,
-                                name,
-                                code,
-                            });
-                        }
+                        Err(confirm::Unconfirmed::Interrupted) => return Err(interrupt.stop(i)),
                     }
                     let after_drain_wait = i > 0
                         && matches!(
@@ -411,12 +395,7 @@ impl Writer {
                 return Err(failed(want.not_reached(socket, &missing)));
             }
             if !interrupt.sleep(DRAIN_CHECK_POLL).await {
-                let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
-                return Err(Stop::Signal {
-                    step: 0,
-                    name,
-                    code,
-                });
+                return Err(interrupt.stop(0));
             }
         }
     }

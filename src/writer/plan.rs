@@ -111,6 +111,11 @@ impl Current {
     }
 }
 
+/// A key's state as shown: the canonical value, or `absent` for `None`.
+pub fn shown(state: Option<AdminState>) -> String {
+    state.map_or("absent".into(), |s| s.to_string())
+}
+
 /// A raw KV value for display: quoted, escaped, at most 40 characters.
 pub fn show_raw(value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);

@@ -382,7 +382,7 @@ impl Report<'_> {
                 "by_drain": is_row_key(&k.key) && k.before.by_drain(),
                 "set_by_hand": k.set_by_hand,
                 "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
-                "target": k.after.map_or("absent".into(), |s| s.to_string()),
+                "target": plan::shown(k.after),
                 "note": k.note,
             })).collect::<Vec<_>>(),
             "set_by_hand": self.set_by_hand().iter().map(|(server, k)| json!({
@@ -455,7 +455,7 @@ impl Report<'_> {
                         k.key.clone(),
                         k.before.describe(),
                         if self.dry_run {
-                            k.after.map_or("absent".into(), |s| s.to_string())
+                            plan::shown(k.after)
                         } else {
                             self.run.now_of(&k.key, &k.before)
                         },
@@ -478,7 +478,7 @@ impl Report<'_> {
                         Some(k) => (
                             k.before.describe(),
                             if self.dry_run {
-                                k.after.map_or("absent".into(), |s| s.to_string())
+                                plan::shown(k.after)
                             } else {
                                 self.run.now_of(key, &k.before)
                             },

@@ -13,7 +13,7 @@ use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
 use super::output::table;
-use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
+use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, shown, Change, Current};
 use super::progress::Confirmation;
 use super::report::{display_value, entry_json, key_json, key_table, reply_text};
 use super::select::{config_path, Target, CANARY_KEY};
@@ -23,7 +23,7 @@ use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
-use crate::model::value::{parse_value, AdminState};
+use crate::model::value::parse_value;
 
 /// The writer's token: `--consul-token-file` (or its environment variable,
 /// or the systemd credential), else `$CONSUL_HTTP_TOKEN_FILE`, else
@@ -266,19 +266,13 @@ impl Writer {
                 return Err(Failure::cas_mismatch(key, &before, expected));
             }
         }
-        let unchanged = match (&before, change) {
-            (Current::Absent, Change::Clear) => true,
-            // The same value written by `state drain` is written again with
-            // Flags 0: the key becomes one set by hand, which `state
-            // undrain` leaves alone.
-            (Current::Valid { state, .. }, Change::Set(s)) => *state == s && !before.by_drain(),
-            _ => false,
-        };
-        let after = match change {
-            Change::Set(s) => s.to_string(),
-            Change::Clear => "absent".to_string(),
-        };
-        let note = slowstart_note(&before, change).or_else(|| takeover_note(&before, change));
+        let plan = plan_write(key, before, change);
+        let (before, after, note) = (
+            &plan.keys[0].before,
+            shown(plan.keys[0].after),
+            plan.keys[0].note,
+        );
+        let unchanged = plan.steps.is_empty();
         let status = if unchanged {
             "unchanged"
         } else if dry_run {
@@ -296,11 +290,11 @@ impl Writer {
             if !written {
                 let now = self.client.get_key(&full).await?;
                 let now = Current::from_pair(now.as_ref());
-                return Err(Failure::changed_since_read(key, &before, &now));
+                return Err(Failure::changed_since_read(key, before, &now));
             }
             "written"
         };
-        if let (Some(n), false) = (note, unchanged) {
+        if let Some(n) = note {
             eprintln!("note: {n}");
         }
         // An unchanged key is confirmed too: re-running a command whose
@@ -323,7 +317,7 @@ impl Writer {
                 "by_drain_before": before.by_drain(),
                 "written": status == "written",
                 "dry_run": dry_run,
-                "note": if unchanged { None } else { note },
+                "note": note,
             }));
         } else {
             print!(
@@ -563,75 +557,5 @@ impl Writer {
             println!("{}", live.describe(path));
         }
         Ok(())
-    }
-}
-
-/// Warns about ending a drain without going through maint.
-pub(super) fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
-    let from_drain = matches!(
-        before,
-        Current::Valid {
-            state: AdminState::Drain,
-            ..
-        }
-    );
-    let to_service = matches!(
-        change,
-        Change::Clear | Change::Set(AdminState::Ready) | Change::Set(AdminState::Weight(_))
-    );
-    (from_drain && to_service).then_some(
-        "drain -> ready skips HAProxy's slowstart (it applies only when leaving MAINT); \
-         `state undrain` and `state canary enable` go through maint",
-    )
-}
-
-/// Tells that `state set` takes over a key `state drain` wrote, setting it
-/// to a value `state drain` and `state undrain` then leave alone (drain,
-/// maint or 0%).
-pub(super) fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
-    let out = matches!(
-        change,
-        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
-    );
-    (before.by_drain() && out).then_some(
-        "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
-         `state undrain` and `state drain` leave it alone until `state clear`",
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::model::marks::DRAIN_FLAGS;
-
-    #[test]
-    fn slowstart_note_only_when_leaving_drain_for_service() {
-        let drain = Current::Valid {
-            state: AdminState::Drain,
-            index: 1,
-            flags: 0,
-        };
-        assert!(slowstart_note(&drain, Change::Clear).is_some());
-        assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
-        assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
-        assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
-    }
-
-    #[test]
-    fn set_takes_over_a_key_state_drain_wrote_and_says_so() {
-        let maint = |flags| Current::Valid {
-            state: AdminState::Maint,
-            index: 1,
-            flags,
-        };
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
-        assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
-        assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
     }
 }

@@ -7,14 +7,16 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::confirm;
+use super::confirm::Unconfirmed;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, shown, Change, Current};
-use super::progress::Confirmation;
+use super::progress::{Confirmation, Run, StepStatus, Stop};
 use super::report::{display_value, entry_json, key_json, key_table, reply_text};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
@@ -251,6 +253,10 @@ impl Writer {
         self.write_one(key, Change::Clear, cas, dry_run).await
     }
 
+    /// `set` and `clear`: plans the write of one key ([`plan_write`]) and
+    /// runs it through the executor, as every sequence; an unchanged key is
+    /// confirmed too, so re-running a command whose write was not confirmed
+    /// confirms it.
     pub(super) async fn write_one(
         &self,
         key: &str,
@@ -258,8 +264,7 @@ impl Writer {
         cas: Option<u64>,
         dry_run: bool,
     ) -> Result<(), Failure> {
-        let full = self.full(key);
-        let pair = self.client.get_key(&full).await?;
+        let pair = self.client.get_key(&self.full(key)).await?;
         let before = Current::from_pair(pair.as_ref());
         if let Some(expected) = cas {
             if before.index() != expected {
@@ -272,38 +277,57 @@ impl Writer {
             shown(plan.keys[0].after),
             plan.keys[0].note,
         );
-        let unchanged = plan.steps.is_empty();
-        let status = if unchanged {
-            "unchanged"
-        } else if dry_run {
-            "dry run: not written"
+        let mut run = Run::new(&plan, 0);
+        let stop = if dry_run {
+            None
+        } else if plan.steps.is_empty() {
+            self.confirm_written(
+                key,
+                change,
+                &[key.to_string()],
+                &run.indexes,
+                &CancellationToken::new(),
+            )
+            .await
+            .err()
+            .map(|e| match e {
+                Unconfirmed::Failed(failure) => Stop::Failed { step: 0, failure },
+                Unconfirmed::Interrupted => Stop::Signal {
+                    step: 0,
+                    name: "SIGINT",
+                    code: exit::SIGINT,
+                },
+            })
         } else {
-            self.ensure_store_id().await?;
-            let written = match change {
-                Change::Set(s) => {
-                    self.client
-                        .put_cas(&full, s.to_string().as_bytes(), before.index())
-                        .await?
-                }
-                Change::Clear => self.client.delete_cas(&full, before.index()).await?,
-            };
-            if !written {
-                let now = self.client.get_key(&full).await?;
-                let now = Current::from_pair(now.as_ref());
-                return Err(Failure::changed_since_read(key, before, &now));
+            self.execute(key, &plan, &Target::group(key), &mut run)
+                .await
+                .err()
+        };
+        let written = run.statuses.first() == Some(&StepStatus::Done);
+        let confirmed = match stop {
+            None => Ok(run.confirmations.first().cloned().flatten()),
+            Some(Stop::Setup(f)) => return Err(f),
+            Some(Stop::Failed { failure, .. }) if !written && !plan.steps.is_empty() => {
+                return Err(failure)
             }
-            "written"
+            Some(Stop::Failed { failure, .. }) => Err(failure),
+            Some(Stop::Signal { name, code, .. }) => Err(Failure::new(
+                code,
+                "interrupted",
+                match written {
+                    true => format!("{key} written; interrupted by {name} while confirming"),
+                    false => format!("interrupted by {name}; {key} not written"),
+                },
+            )),
+        };
+        let status = match () {
+            _ if plan.steps.is_empty() => "unchanged",
+            _ if dry_run => "dry run: not written",
+            _ => "written",
         };
         if let Some(n) = note {
             eprintln!("note: {n}");
         }
-        // An unchanged key is confirmed too: re-running a command whose
-        // write was not confirmed confirms it.
-        let confirmed = if !dry_run {
-            self.confirm_one(key, &full, change).await
-        } else {
-            Ok(None)
-        };
         if self.json {
             self.print_json(json!({
                 "ok": confirmed.is_ok(),

@@ -403,47 +403,6 @@ impl Writer {
             .await
     }
 
-    /// After `set` or `clear` of `key` (`full`: with the prefix): confirms
-    /// it at the key's ModifyIndex read back (a removal has none: the
-    /// prefix's index). `Ok(None)` when confirmation was not asked for.
-    ///
-    /// # Errors
-    ///
-    /// `not_confirmed` or `prometheus_unavailable` (exit 68), Consul's
-    /// failure reading the index, or `interrupted`.
-    pub(super) async fn confirm_one(
-        &self,
-        key: &str,
-        full: &str,
-        change: Change,
-    ) -> Result<Option<Confirmation>, Failure> {
-        let known = match change {
-            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
-            Change::Clear => None,
-        };
-        let step = format!("{key}: {}", change.describe());
-        // No signal handler is installed for one write: SIGINT ends the
-        // process as usual, and this token never fires.
-        let never = CancellationToken::new();
-        let confirmed = self
-            .confirm_step(
-                &step,
-                known.map(|p| p.modify_index),
-                change_answer(change),
-                &never,
-            )
-            .await;
-        match confirmed {
-            Ok(c) => Ok(c),
-            Err(Unconfirmed::Failed(f)) => Err(f),
-            Err(Unconfirmed::Interrupted) => Err(Failure::new(
-                exit::SIGINT,
-                "interrupted",
-                format!("{key} written; interrupted while confirming"),
-            )),
-        }
-    }
-
     /// After a write step: confirms it (when `--confirm-prometheus` is
     /// given) at `known`, the ModifyIndex the write returned, or else at
     /// the prefix's index read now (see [`index_after`]). `state` is the

@@ -67,17 +67,6 @@ pub fn servers_from_socket(path: &Path) -> Result<Vec<Server>, SourceError> {
     })
 }
 
-/// Which servers of the running HAProxy are in DRAIN now, read from its stats
-/// socket (`show servers state`, `srv_admin_state` bit 0x08): by
-/// `<backend>/<server>`.
-///
-/// # Errors
-///
-/// [`SourceError`] when the socket cannot be used or answers something else.
-pub fn drained_from_socket(path: &Path) -> Result<HashMap<String, bool>, SourceError> {
-    with_admin_flag_from_socket(path, ADMIN_FORCED_DRAIN)
-}
-
 /// Which servers of the running HAProxy have `flag` set in their
 /// `srv_admin_state` now ([`ADMIN_FORCED_DRAIN`], [`ADMIN_FORCED_MAINT`]),
 /// read from its stats socket: by `<backend>/<server>`.

@@ -15,9 +15,9 @@ use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
 use super::output::table;
-use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, shown, Change, Current};
-use super::progress::{Confirmation, Run, StepStatus, Stop};
-use super::report::{display_value, entry_json, key_json, key_table, reply_text};
+use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current};
+use super::progress::{Run, StepStatus, Stop};
+use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
@@ -272,11 +272,7 @@ impl Writer {
             }
         }
         let plan = plan_write(key, before, change);
-        let (before, after, note) = (
-            &plan.keys[0].before,
-            shown(plan.keys[0].after),
-            plan.keys[0].note,
-        );
+        let note = plan.keys[0].note;
         let mut run = Run::new(&plan, 0);
         let stop = if dry_run {
             None
@@ -328,34 +324,16 @@ impl Writer {
         if let Some(n) = note {
             eprintln!("note: {n}");
         }
+        let report = KeyReport {
+            key: &plan.keys[0],
+            status,
+            dry_run,
+            confirmed: &confirmed,
+        };
         if self.json {
-            self.print_json(json!({
-                "ok": confirmed.is_ok(),
-                "error": confirmed.as_ref().err().map(Failure::json),
-                "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
-                "key": key,
-                "before": before.describe(),
-                "after": after,
-                "modify_index_before": before.index(),
-                "flags_before": before.flags(),
-                "by_drain_before": before.by_drain(),
-                "written": status == "written",
-                "dry_run": dry_run,
-                "note": note,
-            }));
+            self.print_json(report.json());
         } else {
-            print!(
-                "{}",
-                table(
-                    &["KEY", "BEFORE", "AFTER", "STATUS"],
-                    &[vec![
-                        key.to_string(),
-                        before.describe(),
-                        after,
-                        status.to_string()
-                    ]]
-                )
-            );
+            print!("{}", report.text());
         }
         match confirmed {
             Ok(_) => Ok(()),

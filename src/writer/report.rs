@@ -153,6 +153,49 @@ fn in_service(state: AdminState) -> bool {
     matches!(state, AdminState::Ready | AdminState::Weight(1..))
 }
 
+/// The report of `set` and `clear`: one key, written or not, and its
+/// confirmation.
+pub(super) struct KeyReport<'a> {
+    pub(super) key: &'a plan::KeyPlan,
+    /// `written`, `unchanged` or `dry run: not written`.
+    pub(super) status: &'static str,
+    pub(super) dry_run: bool,
+    pub(super) confirmed: &'a Result<Option<Confirmation>, Failure>,
+}
+
+impl KeyReport<'_> {
+    pub(super) fn json(&self) -> Value {
+        let (k, confirmed) = (self.key, self.confirmed);
+        json!({
+            "ok": confirmed.is_ok(),
+            "error": confirmed.as_ref().err().map(Failure::json),
+            "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
+            "key": k.key,
+            "before": k.before.describe(),
+            "after": plan::shown(k.after),
+            "modify_index_before": k.before.index(),
+            "flags_before": k.before.flags(),
+            "by_drain_before": k.before.by_drain(),
+            "written": self.status == "written",
+            "dry_run": self.dry_run,
+            "note": k.note,
+        })
+    }
+
+    pub(super) fn text(&self) -> String {
+        let k = self.key;
+        table(
+            &["KEY", "BEFORE", "AFTER", "STATUS"],
+            &[vec![
+                k.key.clone(),
+                k.before.describe(),
+                plan::shown(k.after),
+                self.status.to_string(),
+            ]],
+        )
+    }
+}
+
 /// One server of a sequence's report.
 struct ServerRow<'a> {
     server: &'a Server,

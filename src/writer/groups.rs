@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::error::Failure;
-use super::execute::Writer;
+use super::session::Writer;
 use super::fleet::{
     as_index, fetch_fleet, http_client, instant_query, samples, FetchError, Fleet, GroupVerdict,
     Lag, Verdict, LOOKBACK,

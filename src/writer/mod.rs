@@ -3,16 +3,24 @@
 //! accepts, always with compare-and-set, and runs drains in the order HAProxy
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 //!
-//! `commands` dispatches; `select` picks the keys: one group key (a zone,
-//! `canary`) that needs no HAProxy configuration, or row keys, named or
-//! expanded from the servers that [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
-//! `progress` records how far it got, `report` prints the result; with
-//! `--prometheus`, [`groups`] refuses a group no load balancer names and
-//! [`confirm`] waits after each write step until
-//! every agent answers from it, asking Prometheus for the [`fleet`];
-//! [`held`] says what the agents hold; [`settings`] reads the Prometheus
-//! settings of the defaults file; [`error`] names each failure and its exit status. The writer stands on the model
-//! and the Consul client and imports nothing from the daemon.
+//! Every command that writes (`set`, `clear`, `drain`, `undrain`, `canary`)
+//! is one path: `select` picks the keys (one group key such as a zone or
+//! `canary`, which needs no HAProxy configuration, or row keys, named or
+//! expanded from the servers that [`haproxy`] reads with the grammar of
+//! [`crate::model::haproxy_config`]); with `--prometheus`, [`groups`] first
+//! refuses a group no load balancer names; [`plan`] turns what the keys hold
+//! into steps (pure); `execute` writes them as compare-and-set transactions,
+//! waits, checks HAProxy's stats socket and, with `--prometheus`, has
+//! [`confirm`] wait after each write step until every agent answers from it
+//! (asking Prometheus for the [`fleet`], and for a group key counting the
+//! servers it decides); `progress` records how far it got; `report` prints
+//! the result as text or JSON. `commands` dispatches and holds the read-only
+//! commands (`get`, `list`, `explain`), which say with [`held`] what the
+//! agents hold; `session` is the Consul connection they share; [`settings`]
+//! reads the Prometheus settings of the defaults file; [`error`] names each
+//! failure and its exit status. The writer stands on the model and the
+//! Consul client and imports nothing from the daemon; no module of it
+//! imports one that imports it back (tests/layout.rs).
 
 mod commands;
 pub mod confirm;
@@ -29,6 +37,7 @@ mod progress;
 mod release;
 mod report;
 mod select;
+mod session;
 pub mod settings;
 pub mod waits;
 

@@ -5,8 +5,8 @@
 use serde_json::json;
 
 use super::error::Failure;
-use super::execute::Writer;
 use super::held::{agents_text, Holds};
+use super::session::Writer;
 use crate::decision::HoldCause;
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
 

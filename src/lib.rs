@@ -6,8 +6,9 @@
 //! ```text
 //!   main.rs                  parses the options, runs the daemon or the writer
 //!   agent/      writer/      the daemon and the `state` CLI, side by side;
-//!      |           |         neither imports the other
-//!      |           |
+//!      |           |  \      neither imports the other
+//!      |           |  fleet/ the fleet through the Prometheus that scrapes
+//!      |           |  /      the agents (the writer's; phrases of decision/)
 //!   decision/      |         what the agent serves: every rule, no I/O, no
 //!      |           |         clock (the daemon performs what it asks for)
 //!      +-----+-----+
@@ -27,6 +28,7 @@ pub mod check_ready;
 pub mod cli;
 pub mod consul;
 pub mod decision;
+pub mod fleet;
 pub mod model;
 pub mod writer;
 

@@ -72,7 +72,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         StateCommand::Status(s) => Some(s.selector.as_str()),
         _ => confirm.as_ref().map(|c| c.confirm_selector.as_str()),
     };
-    let holds = super::held::Source::of(args.prometheus.as_deref(), selector);
+    let holds = crate::fleet::held::Source::of(args.prometheus.as_deref(), selector);
     let writer = Writer {
         client,
         prefix: config.prefix,
@@ -178,7 +178,7 @@ impl Writer {
         let invalid = pair
             .as_ref()
             .is_some_and(|p| parse_value(&p.value).is_err());
-        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             let mut v = key_json(key, pair.as_ref());
             v["ok"] = json!(true);
@@ -195,7 +195,7 @@ impl Writer {
         }
         if let Some(phrase) = holds.key_phrase(key, invalid) {
             println!("agents: {phrase}");
-            if let super::held::Holds::Unknown(why) = &holds {
+            if let crate::fleet::held::Holds::Unknown(why) = &holds {
                 println!("(what the agents hold is not known here: {why})");
             }
         }
@@ -228,7 +228,7 @@ impl Writer {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             self.print_json(json!({
                 "ok": true,
@@ -559,7 +559,7 @@ impl Writer {
         };
         // What the agents hold for the identities read before the one that
         // decides (or all of them): a held key decides where it is held.
-        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         let read = deciding.map_or(ids.len(), |d| d + 1);
         let agents: Vec<(String, String)> = ids[..read]
             .iter()
@@ -615,7 +615,7 @@ impl Writer {
         for (id, phrase) in &agents {
             println!("agents: key {id}: {phrase}");
         }
-        if let (false, super::held::Holds::Unknown(why)) = (agents.is_empty(), &holds) {
+        if let (false, crate::fleet::held::Holds::Unknown(why)) = (agents.is_empty(), &holds) {
             println!("(what the agents hold is not known here: {why})");
         }
         let table_rows: Vec<Vec<String>> = rows

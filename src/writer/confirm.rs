@@ -19,14 +19,14 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
-use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
-use super::groups;
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::Confirmation;
 use super::session::Writer;
 use crate::cli::{CanaryAction, ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
+use crate::fleet::groups;
+use crate::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
 use crate::model::value::AnswerKind;
 
 /// How often Prometheus is asked again while agents lag: 1 s.
@@ -462,7 +462,7 @@ impl Writer {
             .await
             .map_err(|e| unavailable(e.message))?;
         let verdict = fleet.verdict(index, None);
-        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             let mut view = status_json(&fleet, index);
             view["held"] = holds.json();
@@ -497,8 +497,8 @@ impl Writer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::fleet::tests::{answers, vector, JOB};
     use super::*;
+    use crate::fleet::tests::{answers, vector, JOB};
 
     #[test]
     fn names_every_agent_that_lags_and_why() {

@@ -12,11 +12,11 @@
 //! into steps (pure); `execute` writes them as compare-and-set transactions,
 //! waits, checks HAProxy's stats socket and, with `--prometheus`, has
 //! [`confirm`] wait after each write step until every agent answers from it
-//! (asking Prometheus for the [`fleet`], and for a group key counting the
+//! (asking Prometheus for the [`crate::fleet`], and for a group key counting the
 //! servers it decides); `progress` records how far it got; `report` prints
 //! the result as text or JSON. `commands` dispatches and holds the read-only
-//! commands (`get`, `list`, `explain`), which say with [`held`] what the
-//! agents hold; `session` is the Consul connection they share; [`settings`]
+//! commands (`get`, `list`, `explain`), which say with
+//! [`crate::fleet::held`] what the agents hold; `session` is the Consul connection they share; [`settings`]
 //! reads the Prometheus settings of the defaults file; [`error`] names each
 //! failure and its exit status. The writer stands on the model and the
 //! Consul client and imports nothing from the daemon; no module of it
@@ -26,10 +26,8 @@ mod commands;
 pub mod confirm;
 pub mod error;
 mod execute;
-pub mod fleet;
 pub mod groups;
 pub mod haproxy;
-pub mod held;
 pub mod live;
 pub mod output;
 pub mod plan;

@@ -5,9 +5,9 @@
 use serde_json::json;
 
 use super::error::Failure;
-use super::held::{agents_text, Holds};
 use super::session::Writer;
 use crate::decision::HoldCause;
+use crate::fleet::held::{agents_text, Holds};
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
 
 impl Writer {
@@ -42,7 +42,7 @@ impl Writer {
             }
         }
         // What it releases: the keys the agents hold since the rollback.
-        let holds = super::held::fleet_holds(self.holds.as_ref()).await;
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         let releases = holds.lines(Some(HoldCause::RolledBack));
         if self.json {
             self.print_json(json!({

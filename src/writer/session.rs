@@ -19,7 +19,7 @@ pub(super) struct Writer {
     /// Set when write steps are to be confirmed through Prometheus.
     pub(super) confirm: Option<ConfirmArgs>,
     /// The Prometheus that shows what the agents hold (`--prometheus`).
-    pub(super) holds: Option<super::held::Source>,
+    pub(super) holds: Option<crate::fleet::held::Source>,
 }
 
 impl Writer {

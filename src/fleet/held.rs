@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::fleet::{http_client, instant_query, samples};
+use super::{http_client, instant_query, samples};
 use crate::cli::DEFAULT_PROMETHEUS_SELECTOR;
 use crate::decision::{held_answer, HoldCause};
 use crate::model::value::{parse_value, AdminState};

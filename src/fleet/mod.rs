@@ -5,7 +5,13 @@
 //! `gitlab_haproxy_agent_last_sync_timestamp_seconds`,
 //! `gitlab_haproxy_agent_rows_seen`, `gitlab_haproxy_agent_rows_answered`)
 //! and `up`, and how it stands against one index ([`Verdict`]). The
-//! Prometheus HTTP API client is here too; [`super::confirm`] waits on it.
+//! Prometheus HTTP API client is here too. [`groups`] adds what the agents
+//! say of the groups their servers name, [`held`] the keys they hold. The
+//! writer ([`crate::writer::confirm`]) waits on this view; it depends on the
+//! model and the core only, as [`crate::consul`] does for Consul.
+
+pub mod groups;
+pub mod held;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -20,11 +26,11 @@ pub const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How far back an agent's last scraped values are looked up, so that an
 /// agent whose target is down is still shown with its last index and last
 /// sync: 1 hour.
-pub(super) const LOOKBACK: &str = "1h";
+pub(crate) const LOOKBACK: &str = "1h";
 
 /// Checks that `url` is a Prometheus base URL this client can ask: plain
 /// `http://` (the build has no TLS backend, as for Consul).
-pub(super) fn check_url(url: &str) -> Result<(), String> {
+pub(crate) fn check_url(url: &str) -> Result<(), String> {
     let hint = "give Prometheus's base URL, e.g. http://prometheus:9090";
     let parsed =
         reqwest::Url::parse(url).map_err(|e| format!("{url:?} is not a URL ({e}); {hint}"))?;
@@ -141,11 +147,11 @@ pub struct Verdict<'a> {
     /// that answer `state`.
     pub rows: u64,
     /// For a group write: the servers the key decides, and those another
-    /// key decides (see [`super::groups`]).
+    /// key decides (see [`groups`]).
     pub group: Option<GroupVerdict>,
     /// Agents confirmed by their index alone (names): HAProxy asks them
     /// about no row the write decides (a node with nothing enrolled), so
-    /// no answer can show it; see [`super::groups::by_index_alone`].
+    /// no answer can show it; see [`groups::by_index_alone`].
     pub by_index_only: Vec<String>,
 }
 
@@ -306,14 +312,14 @@ fn fill(
 }
 
 /// A series' labels.
-pub(super) type Labels = BTreeMap<String, String>;
+pub(crate) type Labels = BTreeMap<String, String>;
 
 /// One sample of an instant vector.
-pub(super) struct Sample {
+pub(crate) struct Sample {
     /// Its labels.
-    pub(super) labels: Labels,
+    pub(crate) labels: Labels,
     /// Its value.
-    pub(super) value: f64,
+    pub(crate) value: f64,
 }
 
 fn target_key(labels: &Labels) -> (String, String) {
@@ -323,7 +329,7 @@ fn target_key(labels: &Labels) -> (String, String) {
     )
 }
 
-pub(super) fn as_index(v: f64) -> u64 {
+pub(crate) fn as_index(v: f64) -> u64 {
     if v.is_finite() && v > 0.0 {
         v as u64
     } else {
@@ -334,7 +340,7 @@ pub(super) fn as_index(v: f64) -> u64 {
 /// The samples of one instant-vector answer
 /// (`{"status":"success","data":{"resultType":"vector","result":[...]}}`,
 /// Prometheus HTTP API): labels and value.
-pub(super) fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
+pub(crate) fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
     if answer["status"] != "success" {
         return Err(format!(
             "query for {what} failed: {} {}",
@@ -396,7 +402,7 @@ pub async fn fetch_fleet(
 /// # Errors
 ///
 /// As [`fetch_fleet`].
-pub(super) async fn instant_query(
+pub(crate) async fn instant_query(
     http: &reqwest::Client,
     base: &str,
     query: &str,
@@ -472,7 +478,7 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     text
 }
 
-pub(super) fn http_client() -> Result<reqwest::Client, String> {
+pub(crate) fn http_client() -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
@@ -481,7 +487,7 @@ pub(super) fn http_client() -> Result<reqwest::Client, String> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+pub(crate) mod tests {
     use serde_json::json;
 
     use super::*;

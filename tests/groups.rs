@@ -258,10 +258,27 @@ fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_n
             "--confirm-timeout",
             "20s",
             "--accept-overridden",
+            "--json",
         ],
     );
     assert_eq!(run.code, 0, "{run:?}");
     assert_eq!(value(&consul, "zone-b"), "maint");
+    let report: serde_json::Value = serde_json::from_str(&run.stdout).unwrap();
+    // Already at drain: the plan waits again, then writes maint.
+    let maint = &report["steps"].as_array().unwrap().last().unwrap()["confirmed"];
+    assert_eq!(maint["group"]["key"], "zone-b", "{report}");
+    assert_eq!(maint["group"]["servers_naming"], 2, "{report}");
+    assert_eq!(maint["group"]["servers_answering"], 1, "{report}");
+    assert_eq!(maint["group"]["servers_overridden"], 1, "{report}");
+    assert_eq!(
+        maint["group"]["overridden"][0]["decided_by"], "web/web-01",
+        "{report}"
+    );
+    assert_eq!(
+        maint["confirmed_by_index_only"][0],
+        format!("{} (lb-2.test)", two.http),
+        "{report}"
+    );
     assert!(
         run.stderr
             .contains("zone-b: 1/2 servers naming it answer maint")

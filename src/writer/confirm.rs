@@ -157,6 +157,8 @@ impl ConfirmArgs {
                             state: state.as_str(),
                             rows: verdict.rows,
                             waited,
+                            group: verdict.group.clone(),
+                            by_index_only: verdict.by_index_only.clone(),
                         }));
                     }
                     if tokio::time::Instant::now() >= deadline {

@@ -77,19 +77,39 @@ pub(super) struct Confirmation {
     pub(super) rows: u64,
     /// From the start of the wait to the confirmation.
     pub(super) waited: Duration,
+    /// For a group key: the servers it decides and those another key
+    /// decides.
+    pub(super) group: Option<crate::fleet::GroupVerdict>,
+    /// Agents confirmed by their index alone.
+    pub(super) by_index_only: Vec<String>,
 }
 
 impl Confirmation {
-    /// `{index, agents_at_index, rows_answered, state, waited_seconds}`
-    /// for `--json`.
+    /// `{index, agents_at_index, rows_answered, state, waited_seconds,
+    /// confirmed_by_index_only}`, and for a group key `group: {key,
+    /// servers_naming, servers_answering, servers_overridden, overridden:
+    /// [{agent, row, decided_by, rows}]}`, for `--json`.
     pub(super) fn json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "index": self.index,
             "agents_at_index": self.agents,
             "state": self.state,
             "rows_answered": self.rows,
             "waited_seconds": (self.waited.as_secs_f64() * 1000.0).round() / 1000.0,
-        })
+            "confirmed_by_index_only": self.by_index_only,
+        });
+        if let Some(g) = &self.group {
+            v["group"] = json!({
+                "key": g.key,
+                "servers_naming": g.naming,
+                "servers_answering": g.answering,
+                "servers_overridden": g.overridden_rows,
+                "overridden": g.overridden.iter().map(|(agent, row, by, n)| json!({
+                    "agent": agent, "row": row, "decided_by": by, "rows": n,
+                })).collect::<Vec<_>>(),
+            });
+        }
+        v
     }
 }
 

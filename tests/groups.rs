@@ -301,6 +301,19 @@ fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_n
         )),
         "{run:?}"
     );
+    // So does `state status`, which shows it not asked.
+    let run = cli(&consul, Some(&prom), &["status"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.contains("not_asked")
+            && run.stdout.contains(&format!(
+                "2/2 agents at index >= {} (the prefix's X-Consul-Index now); confirmed by index \
+                 alone (HAProxy asked them nothing in the last 60 s): {} (lb-2.test); rows",
+                consul.prefix_index(),
+                two.http
+            )),
+        "{run:?}"
+    );
 }
 
 fn status(agent: &Agent) -> serde_json::Value {

@@ -302,7 +302,7 @@ fn status_lagging_text(verdict: &Verdict<'_>) -> String {
 /// The fleet view for `state status` against Consul's index `index`, as
 /// text.
 pub fn status_text(fleet: &Fleet, index: u64) -> String {
-    let verdict = fleet.verdict(index, None);
+    let verdict = status_verdict(fleet, index);
     let rows: Vec<Vec<String>> = fleet
         .agents
         .iter()
@@ -356,9 +356,11 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
     text.push_str(&format!(
-        "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now); rows answered: {}.\n",
+        "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now){}; rows answered: \
+         {}.\n",
         verdict.confirmed.len(),
         fleet.agents.len(),
+        groups::by_index_text(&verdict),
         if answered.is_empty() {
             "none".to_string()
         } else {
@@ -368,9 +370,18 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
     text
 }
 
+/// How the fleet stands for `state status`: as for a confirmation, an
+/// agent HAProxy asks nothing (a node with nothing enrolled) is at the
+/// index by its index alone (its STATUS still says `not_asked`).
+fn status_verdict(fleet: &Fleet, index: u64) -> Verdict<'_> {
+    let mut verdict = fleet.verdict(index, None);
+    groups::by_index_alone(&mut verdict);
+    verdict
+}
+
 /// The fleet view for `state status --json`.
 pub fn status_json(fleet: &Fleet, index: u64) -> Value {
-    let verdict = fleet.verdict(index, None);
+    let verdict = status_verdict(fleet, index);
     json!({
         "ok": verdict.all_confirmed(),
         "consul_index": index,
@@ -463,7 +474,7 @@ impl Writer {
         let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
             .await
             .map_err(|e| unavailable(e.message))?;
-        let verdict = fleet.verdict(index, None);
+        let verdict = status_verdict(&fleet, index);
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
             let mut view = status_json(&fleet, index);

@@ -20,7 +20,7 @@ use super::progress::{Run, StepStatus, Stop};
 use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
-use crate::cli::{CanaryAction, StateArgs, StateCommand};
+use crate::cli::{CanaryAction, IdleArgs, RampArgs, Selector, StateArgs, StateCommand, WriteOpts};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
@@ -74,6 +74,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         json: args.json,
         confirm,
     };
+    let floor = super::waits::floor(args.agent_inter, args.agent_read_delay);
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
         StateCommand::List => writer.list().await,
@@ -85,23 +86,36 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         } => writer.set(key, value, *cas, write.dry_run).await,
         StateCommand::Clear { key, cas, write } => writer.clear(key, *cas, write.dry_run).await,
         StateCommand::Canary { action } => match action {
-            CanaryAction::Disable { drain_wait, write } => {
+            CanaryAction::Disable {
+                drain_wait,
+                idle,
+                haproxy_config,
+                write,
+            } => {
+                let target = match idle.until_idle {
+                    None => Ok(Target::group(CANARY_KEY)),
+                    Some(_) => Target::servers(&Selector {
+                        group: Some(CANARY_KEY.into()),
+                        haproxy_config: haproxy_config.clone(),
+                        ..Selector::default()
+                    }),
+                };
                 writer
-                    .sequence(
-                        "canary disable",
-                        Target::group(CANARY_KEY),
-                        write.dry_run,
-                        |t| Ok(plan_drain(t, *drain_wait)),
-                    )
+                    .drain("canary disable", target, *drain_wait, idle, floor, write)
                     .await
             }
-            CanaryAction::Enable { maint_wait, write } => {
+            CanaryAction::Enable {
+                maint_wait,
+                ramp,
+                write,
+            } => {
                 writer
-                    .sequence(
+                    .undrain(
                         "canary enable",
-                        Target::group(CANARY_KEY),
-                        write.dry_run,
-                        |t| plan_undrain(t, *maint_wait).map_err(refused_invalid),
+                        Ok(Target::group(CANARY_KEY)),
+                        *maint_wait,
+                        ramp,
+                        write,
                     )
                     .await
             }
@@ -109,31 +123,30 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         StateCommand::Drain {
             select,
             drain_wait,
+            idle,
             write,
-        } => match Target::servers(select) {
-            Err(f) => Err(f),
-            Ok(target) => {
-                writer
-                    .sequence("drain", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait))
-                    })
-                    .await
-            }
-        },
+        } => {
+            writer
+                .drain(
+                    "drain",
+                    Target::servers(select),
+                    *drain_wait,
+                    idle,
+                    floor,
+                    write,
+                )
+                .await
+        }
         StateCommand::Undrain {
             select,
             maint_wait,
+            ramp,
             write,
-        } => match Target::servers(select) {
-            Err(f) => Err(f),
-            Ok(target) => {
-                writer
-                    .sequence("undrain", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
-                    })
-                    .await
-            }
-        },
+        } => {
+            writer
+                .undrain("undrain", Target::servers(select), *maint_wait, ramp, write)
+                .await
+        }
         StateCommand::Explain {
             identities,
             haproxy_config,
@@ -157,6 +170,64 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
 }
 
 impl Writer {
+    /// `drain` and `canary disable`: drain, wait (`--drain-wait`, or with
+    /// `--until-idle` until the sessions end, at least `floor`), maint.
+    async fn drain(
+        &self,
+        action: &'static str,
+        target: Result<Target, Failure>,
+        drain_wait: Duration,
+        idle: &IdleArgs,
+        floor: Duration,
+        write: &WriteOpts,
+    ) -> Result<(), Failure> {
+        let mut target = target?;
+        if idle.until_idle.is_some() {
+            let needs = match (&target.group, &target.source) {
+                _ if self.prometheus().is_none() => {
+                    "Prometheus, which it reads the sessions \
+                    from: give --confirm-prometheus URL (or $GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)"
+                }
+                (Some(_), None) => {
+                    "the HAProxy configuration to know which servers name the \
+                    group: give --haproxy-config PATH (a load balancer's)"
+                }
+                _ => "",
+            };
+            if !needs.is_empty() {
+                return Err(Failure::usage(format!(
+                    "--until-idle needs {needs}; nothing written"
+                )));
+            }
+            target.sessions = Some(idle.sessions_selector.clone());
+        }
+        let wait = idle.until_idle.unwrap_or(drain_wait);
+        self.sequence(action, target, write.dry_run, |t| {
+            let plan = plan_drain(t, wait);
+            Ok(match idle.until_idle {
+                Some(_) => plan.until_idle(floor),
+                None => plan,
+            })
+        })
+        .await
+    }
+
+    /// `undrain` and `canary enable`: through maint, with `--ramp` through
+    /// its weight steps, to no key.
+    async fn undrain(
+        &self,
+        action: &'static str,
+        target: Result<Target, Failure>,
+        maint_wait: Duration,
+        ramp: &RampArgs,
+        write: &WriteOpts,
+    ) -> Result<(), Failure> {
+        self.sequence(action, target?, write.dry_run, |t| {
+            plan_undrain(t, maint_wait, ramp).map_err(refused_invalid)
+        })
+        .await
+    }
+
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;

@@ -10,7 +10,7 @@ use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
-use super::progress::{Confirmation, Run};
+use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
 use crate::model::marks::is_drain_mark;
@@ -409,7 +409,7 @@ impl Report<'_> {
                 }),
                 Step::Wait { duration, purpose } => json!({
                     "wait_seconds": duration.as_secs_f64(),
-                    "for": match purpose { WaitFor::Drain => "drain", WaitFor::Maint => "maint" },
+                    "for": purpose.as_str(),
                     "status": status.as_str(),
                 }),
             })
@@ -452,6 +452,7 @@ impl Report<'_> {
             "row_keys_assumed": self.target.assumed,
             "not_drained": self.run.not_drained,
             "not_in_maint": self.run.not_in_maint,
+            "until_idle": self.run.idle,
             "steps": self.steps_json(),
             "keys": self.plan.keys.iter().map(|k| json!({
                 "key": k.key,
@@ -511,6 +512,14 @@ impl Report<'_> {
                         change.describe(),
                         keys.len(),
                         if keys.len() == 1 { "" } else { "s" }
+                    ),
+                    Step::Wait {
+                        duration,
+                        purpose: WaitFor::Idle { at_least },
+                    } => format!(
+                        "wait until no load balancer reports a session, {} to {}",
+                        humantime::format_duration(*at_least),
+                        humantime::format_duration(*duration)
                     ),
                     Step::Wait { duration, .. } => {
                         format!("wait {}", humantime::format_duration(*duration))
@@ -611,6 +620,9 @@ impl Report<'_> {
         }
         out.push_str(&self.set_by_hand_text());
         out.push_str(&self.overrides_text());
+        if let Some(idle) = &self.run.idle {
+            out.push_str(&idle_text(idle));
+        }
         if let (Some(group), Some(source), true) = (
             &self.target.group,
             &self.target.source,
@@ -638,12 +650,36 @@ impl Report<'_> {
     }
 }
 
+/// How an `--until-idle` wait ended: no session left, or the servers and
+/// load balancers still in session when the longest wait was up.
+fn idle_text(idle: &Idle) -> String {
+    let waited = format!("{}s", idle.waited_seconds);
+    if idle.idle {
+        return format!("No session left on the drained servers after {waited}.\n");
+    }
+    let unknown = idle.error.as_ref().map(|e| format!(" (or unknown: {e})"));
+    let rows: Vec<Vec<String>> = idle
+        .still_in_session
+        .iter()
+        .map(|s| match &s.instance {
+            Some(i) => vec![s.server.clone(), i.clone(), s.sessions.to_string()],
+            None => vec![s.server.clone(), "none reports it".into(), "?".into()],
+        })
+        .collect();
+    format!(
+        "The longest wait ({waited}) ended with sessions open{}; maint cut them:\n{}",
+        unknown.unwrap_or_default(),
+        table(&["SERVER", "LOAD BALANCER", "SESSIONS"], &rows)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
 
+    use crate::cli::RampArgs;
     use crate::model::marks::DRAIN_FLAGS;
     use crate::model::snapshot::build_snapshot;
     use crate::writer::haproxy;
@@ -680,7 +716,12 @@ mod tests {
             pair("web/web-01", b"maint", 0),
             pair("web/web-02", b"maint", DRAIN_FLAGS),
         ];
-        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let plan = plan_undrain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            &RampArgs::default(),
+        )
+        .unwrap();
         let run = Run::new(&plan, 9);
         let snapshot = Snapshot::default();
         let report = Report {
@@ -776,7 +817,12 @@ mod tests {
             json!([{"key": "web/web-02", "value": "50%"}])
         );
         // After an undrain, the row keys that keep servers out.
-        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let plan = plan_undrain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            &RampArgs::default(),
+        )
+        .unwrap();
         let report = Report {
             plan: &plan,
             ..report

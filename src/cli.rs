@@ -398,7 +398,8 @@ pub enum StateCommand {
         #[command(subcommand)]
         action: CanaryAction,
     },
-    /// Drain servers: drain, wait --drain-wait, then maint.
+    /// Drain servers: drain, wait --drain-wait (or with --until-idle until
+    /// their sessions have ended), then maint.
     ///
     /// `--zone Z` (or `--group G`) writes one group key, `zone-Z` (`G`),
     /// which every agent of the datacenter answers for every server whose
@@ -417,6 +418,10 @@ pub enum StateCommand {
     ///
     /// With a configuration, the report shows what the agents answer for
     /// each selected server at the end, and which key decides.
+    ///
+    /// `--until-idle 10m` writes maint as soon as no load balancer reports
+    /// a session on the servers (HAProxy's exporter, through Prometheus), or
+    /// after 10m; the report names those still in session then.
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -445,6 +450,11 @@ pub enum StateCommand {
     /// back; row keys at drain, maint or 0% set by hand (even Flags: a server
     /// out for repair) are left alone and listed; `state clear` releases
     /// one. Keys that are absent or in service (ready, N%) are left alone.
+    ///
+    /// `--ramp 25%,50%,100%` writes each weight in turn after maint, each
+    /// held --ramp-every, before the key is removed: for backends without
+    /// slowstart. Interrupted, a key stays at its step (a valid value);
+    /// running the same command again goes on from it.
     #[command(after_help = EXIT_CODES_HELP)]
     Undrain {
         /// Which servers.
@@ -520,8 +530,9 @@ pub enum StateCommand {
 /// `state canary` actions.
 #[derive(Debug, Subcommand, Clone)]
 pub enum CanaryAction {
-    /// `canary` = drain, wait --drain-wait, then maint. Interrupted during
-    /// the wait, drain stays and maint is not written; re-running finishes.
+    /// `canary` = drain, wait --drain-wait (or --until-idle), then maint.
+    /// Interrupted during the wait, drain stays and maint is not written;
+    /// re-running finishes.
     /// Written with Consul Flags 0: the `canary` key is taken over and
     /// cleared whoever set it.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -544,7 +555,8 @@ pub enum CanaryAction {
         write: WriteOpts,
     },
     /// maint -> ready: removes the `canary` key (from drain, through maint
-    /// held for --maint-wait), so slowstart ramps the servers up.
+    /// held for --maint-wait), so slowstart ramps the servers up; with
+    /// --ramp, through weight steps first.
     #[command(after_help = EXIT_CODES_HELP)]
     Enable {
         /// How long maint is held first when the key is at drain.

@@ -15,12 +15,12 @@ use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
 use super::output::table;
-use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current};
+use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
-use crate::cli::{CanaryAction, IdleArgs, RampArgs, Selector, StateArgs, StateCommand, WriteOpts};
+use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
@@ -101,7 +101,14 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
                     }),
                 };
                 writer
-                    .drain("canary disable", target, *drain_wait, idle, floor, write)
+                    .drain(
+                        "canary disable",
+                        target,
+                        *drain_wait,
+                        idle,
+                        floor,
+                        write.dry_run,
+                    )
                     .await
             }
             CanaryAction::Enable {
@@ -109,14 +116,11 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
                 ramp,
                 write,
             } => {
+                let target = Ok(Target::group(CANARY_KEY));
                 writer
-                    .undrain(
-                        "canary enable",
-                        Ok(Target::group(CANARY_KEY)),
-                        *maint_wait,
-                        ramp,
-                        write,
-                    )
+                    .sequence("canary enable", target, write.dry_run, |t| {
+                        plan_undrain(t, *maint_wait, ramp).map_err(refused_invalid)
+                    })
                     .await
             }
         },
@@ -133,7 +137,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
                     *drain_wait,
                     idle,
                     floor,
-                    write,
+                    write.dry_run,
                 )
                 .await
         }
@@ -144,7 +148,9 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
             write,
         } => {
             writer
-                .undrain("undrain", Target::servers(select), *maint_wait, ramp, write)
+                .sequence("undrain", Target::servers(select), write.dry_run, |t| {
+                    plan_undrain(t, *maint_wait, ramp).map_err(refused_invalid)
+                })
                 .await
         }
         StateCommand::Explain {
@@ -179,12 +185,12 @@ impl Writer {
         drain_wait: Duration,
         idle: &IdleArgs,
         floor: Duration,
-        write: &WriteOpts,
+        dry_run: bool,
     ) -> Result<(), Failure> {
         let mut target = target?;
         if idle.until_idle.is_some() {
             let needs = match (&target.group, &target.source) {
-                _ if self.prometheus().is_none() => {
+                _ if self.confirm.is_none() => {
                     "Prometheus, which it reads the sessions \
                     from: give --confirm-prometheus URL (or $GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)"
                 }
@@ -202,28 +208,12 @@ impl Writer {
             target.sessions = Some(idle.sessions_selector.clone());
         }
         let wait = idle.until_idle.unwrap_or(drain_wait);
-        self.sequence(action, target, write.dry_run, |t| {
-            let plan = plan_drain(t, wait);
-            Ok(match idle.until_idle {
-                Some(_) => plan.until_idle(floor),
-                None => plan,
-            })
-        })
-        .await
-    }
-
-    /// `undrain` and `canary enable`: through maint, with `--ramp` through
-    /// its weight steps, to no key.
-    async fn undrain(
-        &self,
-        action: &'static str,
-        target: Result<Target, Failure>,
-        maint_wait: Duration,
-        ramp: &RampArgs,
-        write: &WriteOpts,
-    ) -> Result<(), Failure> {
-        self.sequence(action, target?, write.dry_run, |t| {
-            plan_undrain(t, maint_wait, ramp).map_err(refused_invalid)
+        let purpose = match idle.until_idle {
+            Some(_) => WaitFor::Idle { at_least: floor },
+            None => WaitFor::Drain,
+        };
+        self.sequence(action, Ok(target), dry_run, |t| {
+            Ok(plan_drain(t, wait, purpose))
         })
         .await
     }

@@ -443,45 +443,44 @@ impl Writer {
         cancel: &CancellationToken,
     ) -> Option<Idle> {
         let started = tokio::time::Instant::now();
-        let (base, http) = (self.prometheus()?, http_client().unwrap_or_default());
-        let mut backends: Vec<&str> = servers.iter().filter_map(|s| s.split('/').next()).collect();
-        backends.dedup();
-        let mut next = started + at_least.min(max);
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep_until(next) => {}
-                _ = cancel.cancelled() => return None,
-            }
-            next = tokio::time::Instant::now() + IDLE_POLL;
-            let answer = tokio::select! {
-                a = fetch_sessions(&http, base, selector, &backends) => a,
-                _ = cancel.cancelled() => return None,
-            };
-            let all = answer.as_ref().map_or(&[][..], Vec::as_slice);
-            let busy: Vec<Sessions> = servers
-                .iter()
-                .flat_map(|s| {
-                    let on: Vec<&Sessions> = all.iter().filter(|x| x.server == *s).collect();
-                    let unseen = Sessions {
-                        server: s.clone(),
-                        instance: None,
-                        sessions: 0,
+        let base = self.confirm.as_ref()?.confirm_prometheus.as_deref()?;
+        let http = http_client().unwrap_or_default();
+        let backends: Vec<&str> = servers.iter().filter_map(|s| s.split('/').next()).collect();
+        let poll = async {
+            tokio::time::sleep(at_least.min(max)).await;
+            loop {
+                let next = tokio::time::Instant::now() + IDLE_POLL;
+                let answer = fetch_sessions(&http, base, selector, &backends).await;
+                let all = answer.as_ref().map_or(&[][..], Vec::as_slice);
+                let busy: Vec<Sessions> = servers
+                    .iter()
+                    .flat_map(|s| {
+                        let on: Vec<&Sessions> = all.iter().filter(|x| x.server == *s).collect();
+                        match on.is_empty() {
+                            true => vec![Sessions {
+                                server: s.clone(),
+                                instance: None,
+                                sessions: 0,
+                            }],
+                            false => on.into_iter().filter(|x| x.sessions > 0).cloned().collect(),
+                        }
+                    })
+                    .collect();
+                let waited = started.elapsed();
+                if busy.is_empty() || waited >= max {
+                    return Idle {
+                        idle: busy.is_empty(),
+                        waited_seconds: waited.as_secs(),
+                        still_in_session: busy,
+                        error: answer.err().map(|e| e.message),
                     };
-                    match on.is_empty() {
-                        true => vec![unseen],
-                        false => on.into_iter().filter(|x| x.sessions > 0).cloned().collect(),
-                    }
-                })
-                .collect();
-            let waited = started.elapsed();
-            if busy.is_empty() || waited >= max {
-                return Some(Idle {
-                    idle: busy.is_empty(),
-                    waited_seconds: waited.as_secs(),
-                    still_in_session: busy,
-                    error: answer.err().map(|e| e.message),
-                });
+                }
+                tokio::time::sleep_until(next).await;
             }
+        };
+        tokio::select! {
+            idle = poll => Some(idle),
+            _ = cancel.cancelled() => None,
         }
     }
 

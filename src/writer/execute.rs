@@ -177,10 +177,11 @@ impl Writer {
     pub(super) async fn sequence(
         &self,
         action: &'static str,
-        target: Target,
+        target: Result<Target, Failure>,
         dry_run: bool,
         make_plan: impl FnOnce(Vec<(String, Current)>) -> Result<Plan, Failure>,
     ) -> Result<(), Failure> {
+        let target = target?;
         if target.keys.is_empty() {
             return Err(target.nothing_selected());
         }

@@ -268,23 +268,6 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
-impl Plan {
-    /// `--until-idle`: the drain wait becomes a wait for the sessions to
-    /// end, of at least `at_least` and at most its duration.
-    pub fn until_idle(mut self, at_least: Duration) -> Plan {
-        for step in &mut self.steps {
-            if let Step::Wait {
-                purpose: p @ WaitFor::Drain,
-                ..
-            } = step
-            {
-                *p = WaitFor::Idle { at_least };
-            }
-        }
-        self
-    }
-}
-
 fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
     targets.sort_by(|a, b| a.0.cmp(&b.0));
     targets.dedup_by(|a, b| a.0 == b.0);
@@ -292,7 +275,8 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 }
 
 /// Drain: every key not yet at drain or maint is set to drain; after
-/// `drain_wait`, every key at drain goes to maint. Keys at maint are left
+/// `drain_wait` (a wait for `purpose`, [`WaitFor::Drain`] or
+/// [`WaitFor::Idle`]), every key at drain goes to maint. Keys at maint are left
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
@@ -300,7 +284,7 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// it is in no step and keeps its value. A key at a weight above 0 is
 /// drained, and undrain clears it. A group key is taken over whatever its
 /// Flags.
-pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan {
+pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, purpose: WaitFor) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
     let mut keys = Vec::new();
@@ -355,7 +339,7 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
     if !to_maint.is_empty() {
         steps.push(Step::Wait {
             duration: drain_wait,
-            purpose: WaitFor::Drain,
+            purpose,
         });
         steps.push(write_step(Change::Set(AdminState::Maint), to_maint));
     }
@@ -660,6 +644,7 @@ mod tests {
                 ("web/e".into(), valid(AdminState::Ready, 6)),
             ],
             W,
+            WaitFor::Drain,
         );
         assert_eq!(
             plan.steps,
@@ -703,6 +688,7 @@ mod tests {
                 ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
             ],
             W,
+            WaitFor::Drain,
         );
         let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
         assert_eq!(
@@ -733,6 +719,7 @@ mod tests {
                 ("web/d".into(), Current::Absent),
             ],
             W,
+            WaitFor::Drain,
         );
         assert_eq!(
             plan.steps,
@@ -771,7 +758,7 @@ mod tests {
             ),
             ("web/c".into(), valid(AdminState::Weight(50), 5)),
         ];
-        let plan = plan_drain(targets.clone(), W);
+        let plan = plan_drain(targets.clone(), W, WaitFor::Drain);
         assert_eq!(
             plan.steps,
             vec![
@@ -798,7 +785,11 @@ mod tests {
         }
         assert!(!key(&plan, "web/c").set_by_hand);
         // `canary disable` takes the canary key over whatever it holds.
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Weight(0), 3))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Weight(0), 3))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -813,22 +804,35 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             W,
+            WaitFor::Drain,
         );
         assert!(plan.steps.is_empty());
     }
 
     #[test]
     fn drain_of_maint_only_is_nothing() {
-        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Maint, 9))], W);
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Maint, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert!(plan.steps.is_empty());
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Maint, 9))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Maint, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert!(plan.steps.is_empty());
         assert_eq!(plan.keys[0].note, Some("already maint"));
     }
 
     #[test]
     fn interrupted_drain_waits_again() {
-        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Drain, 9))], W);
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Drain, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps,
             vec![
@@ -843,7 +847,11 @@ mod tests {
     fn canary_takes_over_its_key_whatever_its_flags_and_writes_flags_0() {
         // `canary disable` left drain (Flags 0) when interrupted, or someone
         // put drain by hand: either way the canary key is taken to maint.
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Drain, 9))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Drain, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps,
             vec![
@@ -851,7 +859,7 @@ mod tests {
                 write(Change::Set(AdminState::Maint), 0, &["canary"])
             ]
         );
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, WaitFor::Drain);
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -1045,7 +1053,11 @@ mod tests {
     #[test]
     fn until_idle_turns_the_drain_wait_into_an_idle_wait() {
         let at_least = Duration::from_secs(5);
-        let plan = plan_drain(vec![("web/a".into(), Current::Absent)], W).until_idle(at_least);
+        let plan = plan_drain(
+            vec![("web/a".into(), Current::Absent)],
+            W,
+            WaitFor::Idle { at_least },
+        );
         assert_eq!(
             plan.steps[1],
             Step::Wait {
@@ -1157,7 +1169,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["zone-b"])]);
-        let plan = plan_drain(vec![("zone-b".into(), valid(AdminState::Weight(0), 3))], W);
+        let plan = plan_drain(
+            vec![("zone-b".into(), valid(AdminState::Weight(0), 3))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["zone-b"])
@@ -1169,7 +1185,7 @@ mod tests {
     #[test]
     fn snapshot_after_applies_final_values() {
         let snap = Snapshot::default();
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, WaitFor::Drain);
         let after = snapshot_after(&snap, &plan.keys);
         assert_eq!(
             after.lookup(["web/x", "canary"]),

@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::error::Failure;
+use super::fleet::Sessions;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
-use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
+use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
 use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
@@ -513,17 +514,11 @@ impl Report<'_> {
                         keys.len(),
                         if keys.len() == 1 { "" } else { "s" }
                     ),
-                    Step::Wait {
-                        duration,
-                        purpose: WaitFor::Idle { at_least },
-                    } => format!(
-                        "wait until no load balancer reports a session, {} to {}",
-                        humantime::format_duration(*at_least),
-                        humantime::format_duration(*duration)
+                    Step::Wait { duration, purpose } => format!(
+                        "wait {} ({})",
+                        humantime::format_duration(*duration),
+                        purpose.as_str()
                     ),
-                    Step::Wait { duration, .. } => {
-                        format!("wait {}", humantime::format_duration(*duration))
-                    }
                 };
                 out.push_str(&format!("  {what}: {}\n", status.as_str()));
             }
@@ -653,21 +648,17 @@ impl Report<'_> {
 /// How an `--until-idle` wait ended: no session left, or the servers and
 /// load balancers still in session when the longest wait was up.
 fn idle_text(idle: &Idle) -> String {
-    let waited = format!("{}s", idle.waited_seconds);
+    let waited = idle.waited_seconds;
     if idle.idle {
-        return format!("No session left on the drained servers after {waited}.\n");
+        return format!("No session left after {waited}s.\n");
     }
-    let unknown = idle.error.as_ref().map(|e| format!(" (or unknown: {e})"));
-    let rows: Vec<Vec<String>> = idle
-        .still_in_session
-        .iter()
-        .map(|s| match &s.instance {
-            Some(i) => vec![s.server.clone(), i.clone(), s.sessions.to_string()],
-            None => vec![s.server.clone(), "none reports it".into(), "?".into()],
-        })
+    let lb = |s: &Sessions| s.instance.clone().unwrap_or("none reports it".into());
+    let rows: Vec<Vec<String>> = (idle.still_in_session.iter())
+        .map(|s| vec![s.server.clone(), lb(s), s.sessions.to_string()])
         .collect();
+    let unknown = idle.error.as_ref().map(|e| format!(" (or unknown: {e})"));
     format!(
-        "The longest wait ({waited}) ended with sessions open{}; maint cut them:\n{}",
+        "The longest wait ({waited}s) ended with sessions open{}; maint cut them:\n{}",
         unknown.unwrap_or_default(),
         table(&["SERVER", "LOAD BALANCER", "SESSIONS"], &rows)
     )
@@ -683,7 +674,7 @@ mod tests {
     use crate::model::marks::DRAIN_FLAGS;
     use crate::model::snapshot::build_snapshot;
     use crate::writer::haproxy;
-    use crate::writer::plan::{currents, plan_drain, plan_undrain};
+    use crate::writer::plan::{currents, plan_drain, plan_undrain, WaitFor};
     use crate::writer::select::tests::{selector, CONFIG};
 
     #[test]
@@ -778,7 +769,11 @@ mod tests {
             Some("zone-b".into()),
             "cfg".into(),
         );
-        let plan = plan_drain(currents("p/", &pairs, &target.keys), Duration::ZERO);
+        let plan = plan_drain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            WaitFor::Drain,
+        );
         let run = Run::new(&plan, 9);
         let report = Report {
             action: "drain",

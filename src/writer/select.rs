@@ -331,15 +331,13 @@ impl Target {
     }
 
     /// The servers `keys` decide, as `<backend>/<server>` (HAProxy's
-    /// `proxy` and `server` labels), sorted: those of the configuration or
-    /// socket, else the row keys named.
+    /// `proxy` and `server` labels): those of the configuration or socket,
+    /// else the row keys named.
     pub(super) fn session_servers(&self, keys: &[String]) -> Vec<String> {
-        let mut out: Vec<String> = match self.source {
+        match self.source {
             Some(_) => self.servers_of(keys).iter().map(|s| s.id()).collect(),
             None => keys.iter().filter(|k| k.contains('/')).cloned().collect(),
-        };
-        out.sort();
-        out
+        }
     }
 
     pub(super) fn describe_selection(select: &Selector) -> String {

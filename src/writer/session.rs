@@ -37,11 +37,6 @@ impl Writer {
         Ok(())
     }
 
-    /// The Prometheus base URL, when one is given.
-    pub(super) fn prometheus(&self) -> Option<&str> {
-        self.confirm.as_ref()?.confirm_prometheus.as_deref()
-    }
-
     pub(super) fn print_json(&self, value: Value) {
         out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
     }

@@ -678,6 +678,43 @@ mod tests {
     use crate::writer::select::tests::{selector, CONFIG};
 
     #[test]
+    fn the_idle_wait_names_the_servers_and_load_balancers_still_in_session() {
+        let busy = |server: &str, instance: Option<&str>, sessions| Sessions {
+            server: server.into(),
+            instance: instance.map(str::to_string),
+            sessions,
+        };
+        let mut idle = Idle {
+            idle: false,
+            waited_seconds: 600,
+            still_in_session: vec![
+                busy("web/web-01", Some("lb-01:8405"), 3),
+                busy("web/web-02", None, 0),
+            ],
+            error: None,
+        };
+        let text = idle_text(&idle);
+        assert!(
+            text.starts_with("The longest wait (600s) ended with sessions open; maint cut them:"),
+            "{text}"
+        );
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let lines: Vec<Vec<String>> = text.lines().skip(2).map(words).collect();
+        assert_eq!(lines[0], ["web/web-01", "lb-01:8405", "3"]);
+        assert_eq!(lines[1], ["web/web-02", "none", "reports", "it", "0"]);
+        let v = serde_json::to_value(&idle).unwrap();
+        assert_eq!(
+            v["still_in_session"][0],
+            json!({"server": "web/web-01", "instance": "lb-01:8405", "sessions": 3})
+        );
+        idle.error = Some("Prometheus at http://p:9090 did not answer".into());
+        assert!(idle_text(&idle).contains("open (or unknown: Prometheus at"));
+        idle.idle = true;
+        idle.still_in_session.clear();
+        assert_eq!(idle_text(&idle), "No session left after 600s.\n");
+    }
+
+    #[test]
     fn set_by_column_names_the_drain_mark() {
         assert_eq!(set_by("web/a", DRAIN_FLAGS), "drain");
         assert_eq!(set_by("web/a", 0), "hand");

@@ -308,8 +308,8 @@ pub struct StateArgs {
     pub json: bool,
 
     /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
-    /// With --agent-read-delay it sets the shortest --drain-wait and
-    /// --maint-wait accepted: 2 x agent-inter + read delay (5s with the
+    /// With --agent-read-delay it sets the shortest --drain-wait,
+    /// --maint-wait, --until-idle and --ramp-every accepted: 2 x agent-inter + read delay (5s with the
     /// defaults); shorter waits exit 64, because agents and HAProxy could
     /// skip the intermediate state (drain, or the maint that fires
     /// slowstart).
@@ -611,7 +611,7 @@ pub struct IdleArgs {
 #[derive(Debug, Args, Clone, Default)]
 pub struct RampArgs {
     /// Weight steps, e.g. `25%,50%,100%`: after maint, each key is written
-    /// `ready N%` for each step in turn (each held for --ramp-every, and
+    /// `N%` (answered `ready N%`) for each step in turn (each held for --ramp-every, and
     /// confirmed like every write with --confirm-prometheus), then removed
     /// (ready 100%). Steps are 1% to 100%, increasing; the last is 100%,
     /// added when left out. A key left at a step by an interrupted ramp (a

@@ -26,9 +26,14 @@ pub const STORE_ID_KEY: &str = "~store-id";
 
 /// Whether a key below the prefix (relative) is one of the agent's own
 /// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`],
-/// [`STORE_ID_KEY`]), not state.
+/// [`STORE_ID_KEY`]) or a writer's record below
+/// [`META_PREFIX`](super::meta::META_PREFIX), not state: never served,
+/// counted as a key, or invalid.
 pub fn is_control_key(rel: &str) -> bool {
-    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY || rel == STORE_ID_KEY
+    rel == RELEASE_ROLLBACK_KEY
+        || rel == READ_CHECK_KEY
+        || rel == STORE_ID_KEY
+        || super::meta::is_meta_key(rel)
 }
 
 /// Why an identity (a key name or an agent-send word) was refused.

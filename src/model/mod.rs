@@ -2,9 +2,11 @@
 //! no metrics. [`identity`] says which key names and agent-send lines exist,
 //! [`value`] what a key may hold and the reply it maps to, [`snapshot`] how
 //! one Consul answer becomes the copy the agent answers from, and [`marks`]
-//! what a key's Flags say about who wrote it.
+//! what a key's Flags say about who wrote it, and [`meta`] who wrote a key,
+//! why and until when.
 
 pub mod identity;
 pub mod marks;
+pub mod meta;
 pub mod snapshot;
 pub mod value;

@@ -1,0 +1,168 @@
+//! Who wrote a key, why and until when: the record the writer CLI keeps
+//! beside each state key, under `<prefix>~meta/<key>`, written in the same
+//! Consul transaction as the key (so both carry one ModifyIndex) and deleted
+//! with it. The agent's one blocking query reads it with the state; the
+//! value grammar of the state keys does not change, and `consul kv put`
+//! keeps working: a key whose record does not describe its current write
+//! was written outside the writer.
+
+use serde::{Deserialize, Serialize};
+
+use super::value::{parse_value, AdminState};
+
+/// The folder below the prefix that holds the records: `~meta/`. `~` is not
+/// allowed in identities, so no state key lies below it.
+pub const META_PREFIX: &str = "~meta/";
+
+/// Longest record accepted, in bytes: 4 KiB. A longer one is ignored (its
+/// key shows as written outside the writer) and counted as invalid.
+pub const MAX_META_LEN: usize = 4096;
+
+/// Longest `--reason` or `--by` the writer accepts, in bytes: 1 KiB, so a
+/// record always fits in [`MAX_META_LEN`].
+pub const MAX_TEXT_LEN: usize = 1024;
+
+/// What a key shows when no record describes its current value.
+pub const UNKNOWN: &str = "unknown, written outside the writer";
+
+/// One record: the JSON value of `<prefix>~meta/<key>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyMeta {
+    /// Who wrote the key: the login (`$SUDO_USER`, else `$USER`) or the
+    /// writer's `--by` (a ChatOps bot names the person it acts for).
+    pub by: String,
+    /// Why (`--reason`); empty when none was given (allowed for writes that
+    /// bring servers back).
+    #[serde(default)]
+    pub reason: String,
+    /// When the writer wrote it, Unix time in seconds.
+    pub at: u64,
+    /// Until when the state is meant to last (`--until`), Unix time in
+    /// seconds: a reminder that alerts once past, never an automatic undo.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<u64>,
+    /// The state value written with the record (`drain`, `maint`, `ready`,
+    /// `N%`).
+    pub value: String,
+}
+
+/// The record's key, relative to the prefix, for one identity.
+pub fn meta_key(identity: &str) -> String {
+    format!("{META_PREFIX}{identity}")
+}
+
+/// Whether a key relative to the prefix lies below [`META_PREFIX`].
+pub fn is_meta_key(rel: &str) -> bool {
+    rel.starts_with(META_PREFIX)
+}
+
+/// Why a record was not used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadMeta {
+    /// Longer than [`MAX_META_LEN`].
+    #[error("record longer than {MAX_META_LEN} bytes")]
+    TooLong,
+    /// Not a JSON object of the expected shape.
+    #[error("record is not {{\"by\",\"reason\",\"at\",\"until\",\"value\"}} JSON: {0}")]
+    Malformed(String),
+}
+
+/// Parses one record.
+///
+/// # Errors
+///
+/// [`BadMeta`] for an over-long or malformed record.
+pub fn parse_meta(raw: &[u8]) -> Result<KeyMeta, BadMeta> {
+    if raw.len() > MAX_META_LEN {
+        return Err(BadMeta::TooLong);
+    }
+    serde_json::from_slice(raw).map_err(|e| BadMeta::Malformed(e.to_string()))
+}
+
+impl KeyMeta {
+    /// Whether this record, at ModifyIndex `meta_index`, describes the
+    /// current write of a key holding `state` at ModifyIndex `key_index`:
+    /// it names the same state and was written at or after the key's last
+    /// change. Written together they share one ModifyIndex; the record is
+    /// newer when the writer wrote the value the key already held (Consul
+    /// keeps the ModifyIndex of an identical write). A later write of
+    /// another value by hand moves the key past its record.
+    pub fn describes(&self, meta_index: u64, state: AdminState, key_index: u64) -> bool {
+        meta_index >= key_index && parse_value(self.value.as_bytes()).ok() == Some(state)
+    }
+
+    /// Whether the record's `until` is past at `now` (Unix seconds).
+    pub fn past_until(&self, now: u64) -> bool {
+        self.until.is_some_and(|u| now > u)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(value: &str) -> KeyMeta {
+        KeyMeta {
+            by: "alice".into(),
+            reason: "kernel upgrade".into(),
+            at: 1_700_000_000,
+            until: Some(1_700_007_200),
+            value: value.into(),
+        }
+    }
+
+    #[test]
+    fn a_record_round_trips_and_until_is_optional() {
+        let m = meta("drain");
+        let text = serde_json::to_vec(&m).unwrap();
+        assert_eq!(parse_meta(&text), Ok(m));
+        let bare = br#"{"by":"bot","at":5,"value":"maint"}"#;
+        let m = parse_meta(bare).unwrap();
+        assert_eq!((m.reason.as_str(), m.until), ("", None));
+    }
+
+    #[test]
+    fn bad_records_are_refused() {
+        assert!(matches!(parse_meta(b"drain"), Err(BadMeta::Malformed(_))));
+        assert!(matches!(
+            parse_meta(br#"{"by":"x","value":"drain"}"#),
+            Err(BadMeta::Malformed(_))
+        ));
+        let long = vec![b' '; MAX_META_LEN + 1];
+        assert_eq!(parse_meta(&long), Err(BadMeta::TooLong));
+    }
+
+    #[test]
+    fn a_record_describes_the_write_it_came_with_and_no_later_one() {
+        let m = meta("drain");
+        // Written together: one ModifyIndex.
+        assert!(m.describes(10, AdminState::Drain, 10));
+        // The writer wrote drain over drain: the key kept its index.
+        assert!(m.describes(12, AdminState::Drain, 10));
+        // `consul kv put` of another value, or of the same after another.
+        assert!(!m.describes(10, AdminState::Maint, 11));
+        assert!(!m.describes(10, AdminState::Drain, 11));
+        // A record for another value.
+        assert!(!m.describes(10, AdminState::Maint, 10));
+        assert!(!meta("DRIAN").describes(10, AdminState::Drain, 10));
+        // The spelling does not matter, the state does.
+        assert!(meta("DRAIN").describes(10, AdminState::Drain, 10));
+    }
+
+    #[test]
+    fn until_is_past_only_after_it() {
+        let m = meta("drain");
+        assert!(!m.past_until(1_700_007_200));
+        assert!(m.past_until(1_700_007_201));
+        assert!(!KeyMeta { until: None, ..m }.past_until(u64::MAX));
+    }
+
+    #[test]
+    fn meta_keys_lie_below_the_reserved_folder() {
+        assert_eq!(meta_key("web/web-01"), "~meta/web/web-01");
+        assert!(is_meta_key("~meta/canary"));
+        assert!(is_meta_key("~meta/"));
+        assert!(!is_meta_key("canary"));
+        assert!(!is_meta_key("~metadata"));
+    }
+}

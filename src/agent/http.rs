@@ -500,10 +500,7 @@ pub fn status(shared: &Shared) -> Value {
                             "reply": String::from_utf8_lossy(s.reply().as_bytes()).trim_end(),
                             "modify_index": state.modify_index,
                             "served_since": record.map(|r| r.since),
-                            "written": meta.map_or_else(
-                                || json!(crate::model::meta::UNKNOWN),
-                                |m| json!({"by": m.by, "reason": m.reason, "at": m.at, "until": m.until}),
-                            ),
+                            "written": crate::model::meta::written_json(meta),
                         }),
                     );
                 }

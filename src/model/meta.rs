@@ -6,8 +6,12 @@
 //! keeps working: a key whose record does not describe its current write
 //! was written outside the writer.
 
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
 use serde::{Deserialize, Serialize};
 
+use super::snapshot::KvPair;
 use super::value::{parse_value, AdminState};
 
 /// The folder below the prefix that holds the records: `~meta/`. `~` is not
@@ -97,6 +101,99 @@ impl KeyMeta {
     }
 }
 
+/// The records among the pairs of one prefix read (full keys below
+/// `prefix`), by the key they describe, with their ModifyIndex; unusable
+/// ones are left out.
+pub fn records<'a>(prefix: &str, pairs: &'a [KvPair]) -> BTreeMap<&'a str, (KeyMeta, u64)> {
+    pairs
+        .iter()
+        .filter_map(|p| {
+            let key = p.key.strip_prefix(prefix)?.strip_prefix(META_PREFIX)?;
+            let meta = parse_meta(&p.value).ok()?;
+            Some((key, (meta, p.modify_index)))
+        })
+        .collect()
+}
+
+/// The record of a key holding `state` at ModifyIndex `key_index`, when it
+/// describes that write ([`KeyMeta::describes`]).
+pub fn record_for<'m>(
+    record: Option<&'m (KeyMeta, u64)>,
+    state: AdminState,
+    key_index: u64,
+) -> Option<&'m KeyMeta> {
+    record
+        .filter(|(m, mi)| m.describes(*mi, state, key_index))
+        .map(|(m, _)| m)
+}
+
+/// Parses `--until`: a duration from `now` (`2h`, `90m`, `3d`, humantime's
+/// grammar) or an RFC 3339 timestamp (`2026-12-01T18:00:00Z`); Unix
+/// seconds.
+///
+/// # Errors
+///
+/// A text naming both accepted forms, for a value that is neither or that
+/// is not after `now`.
+pub fn parse_until(text: &str, now: u64) -> Result<u64, String> {
+    let until = match humantime::parse_duration(text) {
+        Ok(d) => now.saturating_add(d.as_secs()),
+        Err(_) => humantime::parse_rfc3339_weak(text)
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_secs())
+            .ok_or_else(|| {
+                format!(
+                    "--until {text:?} is neither a duration (2h, 90m, 3d) nor an RFC 3339 time \
+                     (2026-12-01T18:00:00Z)"
+                )
+            })?,
+    };
+    if until <= now {
+        return Err(format!("--until {text:?} is not in the future"));
+    }
+    Ok(until)
+}
+
+fn time_text(unix: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
+}
+
+fn ago(unix: u64, now: u64) -> String {
+    let d = |s: u64| humantime::format_duration(Duration::from_secs(s)).to_string();
+    if unix <= now {
+        format!("{} ago", d(now - unix))
+    } else {
+        format!("in {}", d(unix - now))
+    }
+}
+
+/// One line saying who wrote a key, why, since when and until when, at
+/// `now` (Unix seconds), or [`UNKNOWN`].
+pub fn describe(meta: Option<&KeyMeta>, now: u64) -> String {
+    let Some(m) = meta else {
+        return UNKNOWN.to_string();
+    };
+    let mut out = format!("by {}, since {} ({})", m.by, time_text(m.at), ago(m.at, now));
+    if !m.reason.is_empty() {
+        out.push_str(&format!(": {}", m.reason));
+    }
+    if let Some(u) = m.until {
+        let past = if m.past_until(now) { ", PAST" } else { "" };
+        out.push_str(&format!("; until {} ({}{past})", time_text(u), ago(u, now)));
+    }
+    out
+}
+
+/// The JSON of who wrote a key: `{"by","reason","since","until"}` (Unix
+/// seconds; `until` null when none was given), or the text [`UNKNOWN`].
+pub fn written_json(meta: Option<&KeyMeta>) -> serde_json::Value {
+    meta.map_or_else(
+        || serde_json::json!(UNKNOWN),
+        |m| serde_json::json!({"by": m.by, "reason": m.reason, "since": m.at, "until": m.until}),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +252,54 @@ mod tests {
         assert!(!m.past_until(1_700_007_200));
         assert!(m.past_until(1_700_007_201));
         assert!(!KeyMeta { until: None, ..m }.past_until(u64::MAX));
+    }
+
+    #[test]
+    fn until_is_a_duration_or_a_timestamp_in_the_future() {
+        let now = 1_700_000_000;
+        assert_eq!(parse_until("2h", now), Ok(now + 7200));
+        assert_eq!(parse_until("1d 30m", now), Ok(now + 86_400 + 1800));
+        assert_eq!(parse_until("2023-11-14T22:13:20Z", now - 1), Ok(now));
+        assert!(parse_until("2023-11-14T22:13:20Z", now)
+            .unwrap_err()
+            .contains("not in the future"));
+        assert!(parse_until("tomorrow", now)
+            .unwrap_err()
+            .contains("neither a duration"));
+    }
+
+    #[test]
+    fn a_key_is_described_by_its_record_or_as_unknown() {
+        let now = 1_700_003_600;
+        let m = meta("drain");
+        assert_eq!(
+            describe(Some(&m), now),
+            "by alice, since 2023-11-14T22:13:20Z (1h ago): kernel upgrade; \
+             until 2023-11-15T00:13:20Z (in 1h)"
+        );
+        assert!(describe(Some(&m), 1_700_007_201).ends_with("(1s ago, PAST)"));
+        assert_eq!(describe(None, now), UNKNOWN);
+        assert_eq!(written_json(None), serde_json::json!(UNKNOWN));
+        assert_eq!(written_json(Some(&m))["until"], 1_700_007_200);
+        let pairs = [
+            KvPair {
+                key: "p/~meta/canary".into(),
+                value: serde_json::to_vec(&m).unwrap(),
+                modify_index: 7,
+                flags: 0,
+            },
+            KvPair {
+                key: "p/~meta/web/a".into(),
+                value: b"junk".to_vec(),
+                modify_index: 7,
+                flags: 0,
+            },
+        ];
+        let r = records("p/", &pairs);
+        assert_eq!(r.len(), 1);
+        assert!(record_for(r.get("canary"), AdminState::Drain, 7).is_some());
+        assert!(record_for(r.get("canary"), AdminState::Drain, 8).is_none());
+        assert!(record_for(r.get("web/a"), AdminState::Drain, 1).is_none());
     }
 
     #[test]

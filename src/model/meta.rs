@@ -117,11 +117,11 @@ pub fn records<'a>(prefix: &str, pairs: &'a [KvPair]) -> BTreeMap<&'a str, (KeyM
 
 /// The record of a key holding `state` at ModifyIndex `key_index`, when it
 /// describes that write ([`KeyMeta::describes`]).
-pub fn record_for<'m>(
-    record: Option<&'m (KeyMeta, u64)>,
+pub fn record_for(
+    record: Option<&(KeyMeta, u64)>,
     state: AdminState,
     key_index: u64,
-) -> Option<&'m KeyMeta> {
+) -> Option<&KeyMeta> {
     record
         .filter(|(m, mi)| m.describes(*mi, state, key_index))
         .map(|(m, _)| m)

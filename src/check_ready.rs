@@ -1,6 +1,6 @@
-//! `gitlab-haproxy-agent check-ready`: whether the local agent is ready
-//! (`/-/ready` on its HTTP port) and answering (one agent-check line on its
-//! port). HAProxy's reload runs it first (the cookbook's systemd drop-in):
+//! `gitlab-haproxy-agent check-ready`: whether the local agent answers
+//! with desired state (`/-/answering` on its HTTP port: from Consul, or from
+//! its state file) and answers on its agent-check port (one line). HAProxy's reload runs it first (the cookbook's systemd drop-in):
 //! a reload starts every server READY, and only an answering agent puts the
 //! drained ones back.
 
@@ -21,7 +21,8 @@ pub const PROBE_LINE: &[u8] = b"check-ready\n";
 /// What the check found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Ready and answering: the reply to the probe line.
+    /// Answering: how (from Consul or the state file) and the reply to the
+    /// probe line.
     Ready(String),
     /// Not ready or not answering (why), but an override file is in force.
     Overridden(String),
@@ -36,10 +37,7 @@ pub fn main(agent: &AgentArgs, args: &CheckReadyArgs) -> ExitCode {
     let http_addr = loopback_if_unspecified(args.http_addr.unwrap_or(agent.http_listen));
     match check(agent_addr, http_addr, args) {
         Outcome::Ready(reply) => {
-            println!(
-                "check-ready: the agent is ready (http://{http_addr}/-/ready) and answering on \
-                 {agent_addr} ({reply:?})"
-            );
+            println!("check-ready: the agent on {agent_addr} is {reply}");
             ExitCode::SUCCESS
         }
         Outcome::Overridden(why) => {
@@ -68,8 +66,10 @@ pub fn main(agent: &AgentArgs, args: &CheckReadyArgs) -> ExitCode {
 
 /// Asks the agent, then looks at the override file when the agent fails.
 pub fn check(agent_addr: SocketAddr, http_addr: SocketAddr, args: &CheckReadyArgs) -> Outcome {
-    let why = match ready(http_addr, args.timeout).and_then(|()| answer(agent_addr, args.timeout)) {
-        Ok(reply) => return Outcome::Ready(reply),
+    let why = match answering(http_addr, args.timeout)
+        .and_then(|how| Ok((how, answer(agent_addr, args.timeout)?)))
+    {
+        Ok((how, reply)) => return Outcome::Ready(format!("{how}; {reply:?}")),
         Err(why) => why,
     };
     match override_age(&args.override_file) {
@@ -131,12 +131,35 @@ fn read_bounded(stream: &mut TcpStream, max: usize, line: bool) -> std::io::Resu
     Ok(out)
 }
 
-/// `GET /-/ready` answers 200.
-fn ready(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
-    let url = format!("http://{addr}/-/ready");
+/// The agent answers with desired state: `GET /-/answering` answers 200
+/// (from Consul, or from its state file while Consul has not answered since
+/// the start: what it serves through an outage either way). An agent too
+/// old to know `/-/answering` (404, during an upgrade) is asked `/-/ready`.
+/// Returns the answer's first line.
+fn answering(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+    match get(addr, "/-/answering", timeout)? {
+        (404, _) => match get(addr, "/-/ready", timeout)? {
+            (200, body) => Ok(body),
+            (code, body) => Err(format!(
+                "the agent is not ready (http://{addr}/-/ready answered {code}: {body})"
+            )),
+        },
+        (200, body) => Ok(body),
+        (code, body) => Err(format!(
+            "the agent is not answering (http://{addr}/-/answering answered {code}: {body})"
+        )),
+    }
+}
+
+/// `GET path`: the status and the first line of the body.
+fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String), String> {
+    let url = format!("http://{addr}{path}");
     let mut stream = connect(addr, timeout, "HTTP port")?;
     stream
-        .write_all(b"GET /-/ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
         .map_err(|e| format!("{url}: {e}"))?;
     let raw = read_bounded(&mut stream, 4096, false).map_err(|e| format!("{url}: {e}"))?;
     let text = String::from_utf8_lossy(&raw);
@@ -144,21 +167,17 @@ fn ready(addr: SocketAddr, timeout: Duration) -> Result<(), String> {
         .lines()
         .next()
         .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse::<u16>().ok());
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or_else(|| format!("{url} gave no HTTP answer"))?;
     let body = text
         .split_once("\r\n\r\n")
         .map(|(_, b)| b.trim())
         .unwrap_or("")
         .lines()
         .next()
-        .unwrap_or("");
-    match status {
-        Some(200) => Ok(()),
-        Some(code) => Err(format!(
-            "the agent is not ready ({url} answered {code}: {body})"
-        )),
-        None => Err(format!("{url} gave no HTTP answer")),
-    }
+        .unwrap_or("")
+        .to_string();
+    Ok((status, body))
 }
 
 /// The agent-check port answers [`PROBE_LINE`] with a line.

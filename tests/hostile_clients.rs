@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::{Agent, Consul, TempDir};
+use support::{check_load, Agent, Consul, TempDir};
 
 /// Held by the tests that load the machine or measure CPU time, so they do
 /// not run beside each other (a profile's account of the CPU time degrades
@@ -223,32 +223,6 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_nanos(ns)
 }
 
-/// Agent-checks as fast as `threads` clients can send them, until `stop`.
-fn load(addr: SocketAddr, threads: usize, stop: &Arc<AtomicBool>) -> Vec<JoinHandle<u64>> {
-    (0..threads)
-        .map(|t| {
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut answered = 0u64;
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let Ok(mut s) = TcpStream::connect(addr) else {
-                        continue;
-                    };
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-                    let _ = writeln!(s, "web/web-{t}-{} canary", i % 500);
-                    let mut out = String::new();
-                    if s.read_to_string(&mut out).is_ok() && out == "drain 100%\n" {
-                        answered += 1;
-                    }
-                }
-                answered
-            })
-        })
-        .collect()
-}
-
 /// The CPU time in `readings` at `at`, interpolated between the readings
 /// around it.
 fn cpu_at(readings: &[(SystemTime, Duration)], at: SystemTime) -> Duration {
@@ -346,7 +320,7 @@ fn the_profile_accounts_for_the_cpu_time_the_agent_used() {
     consul.put("canary", "drain");
     let agent = Agent::start(&consul.url(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = load(agent.listen, 2, &stop);
+    let clients = check_load(agent.listen, 2, &stop);
     std::thread::sleep(Duration::from_millis(500));
 
     // The agent's CPU time, read every 5 ms around the profile, so it can

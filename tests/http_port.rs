@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{Agent, Consul, TempDir};
+use support::{check_load, Agent, Consul, TempDir};
 
 /// One GET with `Connection: close`: (status, headers, body), or `None` if
 /// the connection failed or closed without a complete answer.
@@ -29,37 +29,6 @@ fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String, 
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let status = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((status, head, raw[split + 4..].to_vec()))
-}
-
-/// Agent-checks as fast as `threads` clients can send them, until `stop`.
-fn load(
-    agent: &Agent,
-    threads: usize,
-    stop: &Arc<AtomicBool>,
-) -> Vec<std::thread::JoinHandle<u64>> {
-    (0..threads)
-        .map(|t| {
-            let addr = agent.listen;
-            let stop = stop.clone();
-            std::thread::spawn(move || {
-                let mut answered = 0u64;
-                let mut i = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    i += 1;
-                    let Ok(mut s) = TcpStream::connect(addr) else {
-                        continue;
-                    };
-                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-                    let _ = writeln!(s, "web/web-{t}-{} canary", i % 500);
-                    let mut out = String::new();
-                    if s.read_to_string(&mut out).is_ok() && out == "drain 100%\n" {
-                        answered += 1;
-                    }
-                }
-                answered
-            })
-        })
-        .collect()
 }
 
 fn go_tool_pprof_top(profile: &std::path::Path) -> String {
@@ -83,7 +52,7 @@ fn a_profile_under_agent_check_load_names_the_agents_functions() {
     consul.put("canary", "drain");
     let agent = Agent::start(&consul.url(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = load(&agent, 2, &stop);
+    let clients = check_load(agent.listen, 2, &stop);
 
     let (status, head, body) = get(
         agent.http,
@@ -131,7 +100,7 @@ fn one_profile_at_a_time_for_a_bounded_time_and_a_flame_graph() {
     }
 
     let stop = Arc::new(AtomicBool::new(false));
-    let clients = load(&agent, 1, &stop);
+    let clients = check_load(agent.listen, 1, &stop);
     let first = std::thread::spawn(move || {
         get(
             http,

@@ -3,8 +3,9 @@
 //! `$CONFIG`, `$EXTRAOPTS` and `$MAINPID` as systemd sets them) against a
 //! real HAProxy in master-worker mode, a real agent and Consul: a reload
 //! while the agent is down would put every drained and maint server in
-//! service, so it is refused; with the agent ready it goes through and the
-//! agent puts the states back; a fresh override file lets it through, a
+//! service, so it is refused; with the agent answering (from Consul, or
+//! from its state file while Consul is away) it goes through and the agent
+//! puts the states back; a fresh override file lets it through, a
 //! stale one does not.
 
 mod support;
@@ -97,7 +98,9 @@ fn a_reload_that_would_undrain_is_refused_unless_overridden() {
     consul.put("web/web-01", "drain");
     consul.put("web/web-02", "maint");
     let (port, http_port) = (free_port(), free_port());
-    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &[]);
+    let state = TempDir::new("reload-guard-state");
+    let state_dir = state.path().to_str().unwrap();
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &["--state-dir", state_dir]);
     agent.wait_ready();
     let mut backends = String::from("backend web\n");
     for s in ["web-01", "web-02", "web-03"] {
@@ -124,9 +127,38 @@ fn a_reload_that_would_undrain_is_refused_unless_overridden() {
     haproxy.wait_server("web", "web-01", CONVERGE, drained);
     haproxy.wait_server("web", "web-02", CONVERGE, maint);
 
-    // Agent up but not synced (Consul unreachable): refused.
+    // Agent restarted while Consul is unreachable: it answers from its
+    // state file, as it would have through the outage had it kept running,
+    // so the reload goes through and the states come back.
     assert!(agent.terminate().is_some());
     let dead_consul = format!("http://127.0.0.1:{}", free_port());
+    let mut restored = Agent::spawn_on(
+        &dead_consul,
+        port,
+        http_port,
+        &["--on-startup-timeout", "retry", "--state-dir", state_dir],
+    );
+    assert!(
+        wait_for(CONVERGE, || restored
+            .http_get("/-/answering")
+            .filter(|r| r.0 == 200 && r.1.contains("state file")))
+        .is_some(),
+        "the agent answers from its state file:\n{}",
+        restored.log()
+    );
+    assert_eq!(restored.http_get("/-/ready").map(|r| r.0), Some(503));
+    let worker = haproxy.worker_pid();
+    systemd_reload(&reload, &config, master).expect("reload with the agent on its state file");
+    let new = wait_for(Duration::from_secs(10), || {
+        haproxy.worker_pid().filter(|p| Some(*p) != worker)
+    });
+    assert!(new.is_some(), "the reload started a new worker");
+    haproxy.wait_server("web", "web-01", CONVERGE, drained);
+    haproxy.wait_server("web", "web-02", CONVERGE, maint);
+    assert!(restored.terminate().is_some());
+
+    // Agent up with no state at all (no state file, Consul unreachable):
+    // refused.
     let mut unsynced = Agent::spawn_on(
         &dead_consul,
         port,
@@ -144,7 +176,7 @@ fn a_reload_that_would_undrain_is_refused_unless_overridden() {
     let worker = haproxy.worker_pid();
     let refused = systemd_reload(&reload, &config, master).expect_err("refused while unsynced");
     assert!(refused.contains("check-ready"), "{refused}");
-    assert!(refused.contains("not ready"), "{refused}");
+    assert!(refused.contains("not answering"), "{refused}");
     assert!(refused.contains("503"), "{refused}");
     assert!(unsynced.terminate().is_some());
 

@@ -415,6 +415,20 @@ fn route(path: &str, shared: &Shared) -> Answer {
                 Answer::plain(503, "not ready: waiting for the first Consul sync\n")
             }
         }
+        "/-/answering" => match (
+            shared.snapshot.load().is_some(),
+            shared.readiness.is_ready(),
+        ) {
+            (true, true) => Answer::plain(200, "answering from Consul\n"),
+            (true, false) => Answer::plain(
+                200,
+                "answering from the state file; Consul not reached since the start\n",
+            ),
+            (false, _) => Answer::plain(
+                503,
+                "not answering: no state file and no Consul answer yet\n",
+            ),
+        },
         _ => Answer::plain(404, "not found\n"),
     }
 }
@@ -643,7 +657,7 @@ mod tests {
                     let want = match (&req.method, req.path.as_str()) {
                         (Method::Other(_), _) => 405,
                         (_, "/-/healthy" | "/metrics" | "/status") => 200,
-                        (_, "/-/ready") => 503,
+                        (_, "/-/ready" | "/-/answering") => 503,
                         (Method::Get, p) if profile::Format::for_path(p).is_some() => status,
                         _ => 404,
                     };

@@ -11,8 +11,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU16, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod prometheus;
@@ -938,4 +938,36 @@ pub fn hold_connections(
         std::thread::sleep(every);
     }
     reopened
+}
+
+/// Agent-checks on `addr` as fast as `threads` clients can send them (a
+/// new connection each, `web/web-T-N canary`), until `stop`; each thread
+/// returns how many were answered `drain 100%`.
+pub fn check_load(
+    addr: SocketAddr,
+    threads: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<std::thread::JoinHandle<u64>> {
+    (0..threads)
+        .map(|t| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut answered = 0u64;
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let Ok(mut s) = TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+                    let _ = writeln!(s, "web/web-{t}-{} canary", i % 500);
+                    let mut out = String::new();
+                    if s.read_to_string(&mut out).is_ok() && out == "drain 100%\n" {
+                        answered += 1;
+                    }
+                }
+                answered
+            })
+        })
+        .collect()
 }

@@ -36,11 +36,14 @@ pub struct Request {
 }
 
 impl Request {
-    /// Whether this is a kubelet-style probe (`/-/ready`, `/-/healthy`),
+    /// Whether this is a probe (`/-/ready`, `/-/healthy`, `/-/answering`),
     /// which is served from a slot kept for probes.
     pub fn is_probe(&self) -> bool {
         matches!(self.method, Method::Get | Method::Head)
-            && matches!(self.path.as_str(), "/-/ready" | "/-/healthy")
+            && matches!(
+                self.path.as_str(),
+                "/-/ready" | "/-/healthy" | "/-/answering"
+            )
     }
 }
 

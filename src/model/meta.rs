@@ -18,9 +18,9 @@ use super::value::{parse_value, AdminState};
 /// allowed in identities, so no state key lies below it.
 pub const META_PREFIX: &str = "~meta/";
 
-/// Longest record accepted, in bytes: 4 KiB. A longer one is ignored (its
+/// Longest record accepted, in bytes: 8 KiB. A longer one is ignored (its
 /// key shows as written outside the writer) and counted as invalid.
-pub const MAX_META_LEN: usize = 4096;
+pub const MAX_META_LEN: usize = 8192;
 
 /// Longest `--reason` or `--by` the writer accepts, in bytes: 1 KiB, so a
 /// record always fits in [`MAX_META_LEN`].
@@ -98,6 +98,77 @@ impl KeyMeta {
     /// Whether the record's `until` is past at `now` (Unix seconds).
     pub fn past_until(&self, now: u64) -> bool {
         self.until.is_some_and(|u| now > u)
+    }
+}
+
+/// Who writes, why and until when: what one writer run records with every
+/// key it writes ([`Author::record`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Author {
+    /// `--by`, else the login.
+    pub by: String,
+    /// `--reason`; empty when none was given.
+    pub reason: String,
+    /// `--until`, Unix seconds.
+    pub until: Option<u64>,
+}
+
+impl Author {
+    /// Resolves the writer's `--by`, `--reason` and `--until` at `now`
+    /// (Unix seconds). `login` is the caller's login (`$SUDO_USER`, else
+    /// `$USER`, else `$LOGNAME`), used without `--by`; `unknown` without
+    /// either. `reason_required`: the command writes drain or maint.
+    ///
+    /// # Errors
+    ///
+    /// A usage text: no `--reason` (or only blanks) where one is required,
+    /// `--by` or `--reason` over [`MAX_TEXT_LEN`] bytes or with control
+    /// characters, or a bad `--until` ([`parse_until`]).
+    pub fn resolve(
+        by: Option<&str>,
+        login: Option<&str>,
+        reason: Option<&str>,
+        until: Option<&str>,
+        reason_required: bool,
+        now: u64,
+    ) -> Result<Author, String> {
+        let text = |flag: &str, v: &str| {
+            let v = v.trim();
+            if v.len() > MAX_TEXT_LEN {
+                Err(format!("{flag} is longer than {MAX_TEXT_LEN} bytes"))
+            } else if v.chars().any(char::is_control) {
+                Err(format!("{flag} has a control character"))
+            } else {
+                Ok(v.to_string())
+            }
+        };
+        let reason = text("--reason", reason.unwrap_or(""))?;
+        if reason_required && reason.is_empty() {
+            return Err("--reason TEXT is required to write drain or maint: it is recorded \
+                 with the key, so whoever finds the servers out knows why (or set \
+                 GITLAB_HAPROXY_AGENT_REASON); nothing was written"
+                .into());
+        }
+        let by = match by.map(str::trim).filter(|b| !b.is_empty()) {
+            Some(b) => text("--by", b)?,
+            None => login
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map_or("unknown".into(), str::to_string),
+        };
+        let until = until.map(|u| parse_until(u, now)).transpose()?;
+        Ok(Author { by, reason, until })
+    }
+
+    /// The record of a write of `state` at `at` (Unix seconds).
+    pub fn record(&self, state: AdminState, at: u64) -> KeyMeta {
+        KeyMeta {
+            by: self.by.clone(),
+            reason: self.reason.clone(),
+            at,
+            until: self.until,
+            value: state.to_string(),
+        }
     }
 }
 
@@ -300,6 +371,50 @@ mod tests {
         assert!(record_for(r.get("canary"), AdminState::Drain, 7).is_some());
         assert!(record_for(r.get("canary"), AdminState::Drain, 8).is_none());
         assert!(record_for(r.get("web/a"), AdminState::Drain, 1).is_none());
+    }
+
+    #[test]
+    fn an_author_needs_a_reason_to_take_servers_out() {
+        let now = 1_700_000_000;
+        let a = Author::resolve(None, Some("alice"), Some(" upgrade "), Some("2h"), true, now);
+        let a = a.unwrap();
+        assert_eq!(
+            a,
+            Author {
+                by: "alice".into(),
+                reason: "upgrade".into(),
+                until: Some(now + 7200)
+            }
+        );
+        assert_eq!(
+            a.record(AdminState::Drain, now),
+            KeyMeta {
+                by: "alice".into(),
+                reason: "upgrade".into(),
+                at: now,
+                until: Some(now + 7200),
+                value: "drain".into()
+            }
+        );
+        for reason in [None, Some(""), Some("  ")] {
+            let e = Author::resolve(None, Some("alice"), reason, None, true, now).unwrap_err();
+            assert!(e.contains("--reason TEXT is required"), "{e}");
+        }
+        // Bringing servers back needs none.
+        let a = Author::resolve(Some("chatops (bob)"), None, None, None, false, now).unwrap();
+        assert_eq!((a.by.as_str(), a.reason.as_str()), ("chatops (bob)", ""));
+        let a = Author::resolve(None, None, None, None, false, now).unwrap();
+        assert_eq!(a.by, "unknown");
+        let long = "x".repeat(MAX_TEXT_LEN + 1);
+        assert!(Author::resolve(None, None, Some(&long), None, true, now).is_err());
+        assert!(Author::resolve(Some("a\nb"), None, Some("r"), None, true, now).is_err());
+        assert!(Author::resolve(None, None, Some("r"), Some("soon"), true, now).is_err());
+        // The record of the longest texts, every byte escaped, fits.
+        let quotes = "\"".repeat(MAX_TEXT_LEN);
+        let a = Author::resolve(Some(&quotes), None, Some(&quotes), Some("1d"), true, now);
+        let record = serde_json::to_vec(&a.unwrap().record(AdminState::Maint, now)).unwrap();
+        assert!(record.len() > 4096);
+        assert!(parse_meta(&record).is_ok());
     }
 
     #[test]

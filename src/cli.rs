@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::model::meta::Author;
+use crate::model::value::AdminState;
+
 /// Default KV prefix.
 pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
 
@@ -554,6 +557,65 @@ pub struct WriteOpts {
     /// Confirmation of each write step by the fleet, through Prometheus.
     #[command(flatten)]
     pub confirm: ConfirmArgs,
+    /// Who the write is for, recorded with every key written (a ChatOps bot
+    /// names the person it acts for) [default: $SUDO_USER, else $USER,
+    /// else $LOGNAME].
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// Why, recorded with every key written and shown by `state get`,
+    /// `state list` and the agents' /status (1 KiB at most). Required to
+    /// write drain or maint (`drain`, `canary disable`, `set KEY
+    /// drain|maint`): without it they exit 64 and write nothing.
+    #[arg(long, value_name = "TEXT", env = "GITLAB_HAPROXY_AGENT_REASON")]
+    pub reason: Option<String>,
+    /// Until when the servers are meant to stay out: a duration from now
+    /// (`2h`, `3d`) or an RFC 3339 time (`2026-12-01T18:00:00Z`). Recorded
+    /// with the write; past it the agents' metrics raise
+    /// GitLabHAProxyAgentKeyPastUntil (a ticket). A reminder: nothing is
+    /// undone on its own.
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+}
+
+impl WriteOpts {
+    /// Who writes, why and until when, at `now` (Unix seconds); the login
+    /// is `$SUDO_USER`, else `$USER`, else `$LOGNAME`.
+    ///
+    /// # Errors
+    ///
+    /// A usage text ([`Author::resolve`]).
+    pub fn author(&self, reason_required: bool, now: u64) -> Result<Author, String> {
+        let login = ["SUDO_USER", "USER", "LOGNAME"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()));
+        Author::resolve(
+            self.by.as_deref(),
+            login.as_deref(),
+            self.reason.as_deref(),
+            self.until.as_deref(),
+            reason_required,
+            now,
+        )
+    }
+}
+
+impl StateCommand {
+    /// Whether the command writes drain or maint to take servers out, and
+    /// so needs a `--reason`: `drain`, `canary disable`, `set KEY
+    /// drain|maint`.
+    pub fn takes_servers_out(&self) -> bool {
+        match self {
+            StateCommand::Drain { .. }
+            | StateCommand::Canary {
+                action: CanaryAction::Disable { .. },
+            } => true,
+            StateCommand::Set { value, .. } => matches!(
+                crate::model::value::parse_value(value.as_bytes()),
+                Ok(AdminState::Drain | AdminState::Maint)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// The default `--confirm-selector` and `state status --selector`: the

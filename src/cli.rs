@@ -44,7 +44,7 @@ pub struct Cli {
 pub enum Command {
     /// Read and write desired state in Consul KV (the writer CLI): validated
     /// values, compare-and-set, drain -> wait -> maint sequences.
-    State(StateArgs),
+    State(Box<StateArgs>),
     /// Exit 0 when the local agent is ready and answering, 69 when not: for
     /// HAProxy's ExecReload (the cookbook's drop-in), so that a reload,
     /// which starts every server READY, is refused while no agent would put

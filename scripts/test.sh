@@ -37,6 +37,8 @@ suite() {
 
 suite "cargo fmt" cargo fmt --check
 suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
+# tests/layout.rs among them: no import cycle between the modules of src/,
+# and the writer under its line budget (alone: cargo test --test layout).
 suite "cargo test" cargo test --all-targets --locked --no-fail-fast
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the

@@ -625,10 +625,13 @@ check "install after remove: settings restored" test "$(sha /etc/default/$pkg)" 
 in_ct systemctl restart --no-block "$unit"
 check "install after remove: active once Consul is reachable" wait_for 60 is_active
 check "install after remove: answering 'drain 100%'" wait_for 10 answer_is web/web-01 "drain 100%"
+check "the served state is written under the hardened unit (/var/lib/$pkg/served-state.json)" \
+	test -s "$root/var/lib/$pkg/served-state.json"
 check "purge: dpkg -P succeeds" dpkg_ct -P "$pkg"
 check "purge: package gone" test -z "$(in_ct dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)"
 check "purge: /etc/default/$pkg removed" test ! -e "$root/etc/default/$pkg"
 check "purge: /etc/$pkg removed" test ! -e "$root/etc/$pkg"
+check "purge: the served state (/var/lib/$pkg) removed" test ! -e "$root/var/lib/$pkg"
 check "purge: unit file gone" test ! -e "$root/usr/lib/systemd/system/$unit"
 check "purge: no enablement symlink left" \
 	test -z "$(find "$root/etc/systemd/system" -name "$unit")"

@@ -7,23 +7,25 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::confirm;
+use super::confirm::Unconfirmed;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
-use super::execute::Writer;
 use super::haproxy;
 use super::live;
 use super::output::table;
-use super::plan::{is_row_key, plan_drain, plan_undrain, Change, Current};
-use super::progress::Confirmation;
-use super::report::{display_value, entry_json, key_json, key_table, reply_text};
+use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current};
+use super::progress::{Run, StepStatus, Stop};
+use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
+use super::session::Writer;
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
-use crate::model::value::{parse_value, AdminState};
+use crate::model::value::parse_value;
 
 /// The writer's token: `--consul-token-file` (or its environment variable,
 /// or the systemd credential), else `$CONSUL_HTTP_TOKEN_FILE`, else
@@ -251,6 +253,10 @@ impl Writer {
         self.write_one(key, Change::Clear, cas, dry_run).await
     }
 
+    /// `set` and `clear`: plans the write of one key ([`plan_write`]) and
+    /// runs it through the executor, as every sequence; an unchanged key is
+    /// confirmed too, so re-running a command whose write was not confirmed
+    /// confirms it.
     pub(super) async fn write_one(
         &self,
         key: &str,
@@ -258,86 +264,76 @@ impl Writer {
         cas: Option<u64>,
         dry_run: bool,
     ) -> Result<(), Failure> {
-        let full = self.full(key);
-        let pair = self.client.get_key(&full).await?;
+        let pair = self.client.get_key(&self.full(key)).await?;
         let before = Current::from_pair(pair.as_ref());
         if let Some(expected) = cas {
             if before.index() != expected {
                 return Err(Failure::cas_mismatch(key, &before, expected));
             }
         }
-        let unchanged = match (&before, change) {
-            (Current::Absent, Change::Clear) => true,
-            // The same value written by `state drain` is written again with
-            // Flags 0: the key becomes one set by hand, which `state
-            // undrain` leaves alone.
-            (Current::Valid { state, .. }, Change::Set(s)) => *state == s && !before.by_drain(),
-            _ => false,
-        };
-        let after = match change {
-            Change::Set(s) => s.to_string(),
-            Change::Clear => "absent".to_string(),
-        };
-        let note = slowstart_note(&before, change).or_else(|| takeover_note(&before, change));
-        let status = if unchanged {
-            "unchanged"
-        } else if dry_run {
-            "dry run: not written"
+        let plan = plan_write(key, before, change);
+        let note = plan.keys[0].note;
+        let mut run = Run::new(&plan, 0);
+        let stop = if dry_run {
+            None
+        } else if plan.steps.is_empty() {
+            self.confirm_written(
+                key,
+                change,
+                &[key.to_string()],
+                &run.indexes,
+                &CancellationToken::new(),
+            )
+            .await
+            .err()
+            .map(|e| match e {
+                Unconfirmed::Failed(failure) => Stop::Failed { step: 0, failure },
+                Unconfirmed::Interrupted => Stop::Signal {
+                    step: 0,
+                    name: "SIGINT",
+                    code: exit::SIGINT,
+                },
+            })
         } else {
-            self.ensure_store_id().await?;
-            let written = match change {
-                Change::Set(s) => {
-                    self.client
-                        .put_cas(&full, s.to_string().as_bytes(), before.index())
-                        .await?
-                }
-                Change::Clear => self.client.delete_cas(&full, before.index()).await?,
-            };
-            if !written {
-                let now = self.client.get_key(&full).await?;
-                let now = Current::from_pair(now.as_ref());
-                return Err(Failure::changed_since_read(key, &before, &now));
-            }
-            "written"
+            self.execute(key, &plan, &Target::group(key), &mut run)
+                .await
+                .err()
         };
-        if let (Some(n), false) = (note, unchanged) {
+        let written = run.statuses.first() == Some(&StepStatus::Done);
+        let confirmed = match stop {
+            None => Ok(run.confirmations.first().cloned().flatten()),
+            Some(Stop::Setup(f)) => return Err(f),
+            Some(Stop::Failed { failure, .. }) if !written && !plan.steps.is_empty() => {
+                return Err(failure)
+            }
+            Some(Stop::Failed { failure, .. }) => Err(failure),
+            Some(Stop::Signal { name, code, .. }) => Err(Failure::new(
+                code,
+                "interrupted",
+                match written {
+                    true => format!("{key} written; interrupted by {name} while confirming"),
+                    false => format!("interrupted by {name}; {key} not written"),
+                },
+            )),
+        };
+        let status = match () {
+            _ if plan.steps.is_empty() => "unchanged",
+            _ if dry_run => "dry run: not written",
+            _ => "written",
+        };
+        if let Some(n) = note {
             eprintln!("note: {n}");
         }
-        // An unchanged key is confirmed too: re-running a command whose
-        // write was not confirmed confirms it.
-        let confirmed = if !dry_run {
-            self.confirm_one(key, &full, change).await
-        } else {
-            Ok(None)
+        let report = KeyReport {
+            key: &plan.keys[0],
+            status,
+            dry_run,
+            confirmed: &confirmed,
         };
         if self.json {
-            self.print_json(json!({
-                "ok": confirmed.is_ok(),
-                "error": confirmed.as_ref().err().map(Failure::json),
-                "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
-                "key": key,
-                "before": before.describe(),
-                "after": after,
-                "modify_index_before": before.index(),
-                "flags_before": before.flags(),
-                "by_drain_before": before.by_drain(),
-                "written": status == "written",
-                "dry_run": dry_run,
-                "note": if unchanged { None } else { note },
-            }));
+            self.print_json(report.json());
         } else {
-            print!(
-                "{}",
-                table(
-                    &["KEY", "BEFORE", "AFTER", "STATUS"],
-                    &[vec![
-                        key.to_string(),
-                        before.describe(),
-                        after,
-                        status.to_string()
-                    ]]
-                )
-            );
+            print!("{}", report.text());
         }
         match confirmed {
             Ok(_) => Ok(()),
@@ -563,75 +559,5 @@ impl Writer {
             println!("{}", live.describe(path));
         }
         Ok(())
-    }
-}
-
-/// Warns about ending a drain without going through maint.
-pub(super) fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
-    let from_drain = matches!(
-        before,
-        Current::Valid {
-            state: AdminState::Drain,
-            ..
-        }
-    );
-    let to_service = matches!(
-        change,
-        Change::Clear | Change::Set(AdminState::Ready) | Change::Set(AdminState::Weight(_))
-    );
-    (from_drain && to_service).then_some(
-        "drain -> ready skips HAProxy's slowstart (it applies only when leaving MAINT); \
-         `state undrain` and `state canary enable` go through maint",
-    )
-}
-
-/// Tells that `state set` takes over a key `state drain` wrote, setting it
-/// to a value `state drain` and `state undrain` then leave alone (drain,
-/// maint or 0%).
-pub(super) fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
-    let out = matches!(
-        change,
-        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
-    );
-    (before.by_drain() && out).then_some(
-        "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
-         `state undrain` and `state drain` leave it alone until `state clear`",
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    use crate::model::marks::DRAIN_FLAGS;
-
-    #[test]
-    fn slowstart_note_only_when_leaving_drain_for_service() {
-        let drain = Current::Valid {
-            state: AdminState::Drain,
-            index: 1,
-            flags: 0,
-        };
-        assert!(slowstart_note(&drain, Change::Clear).is_some());
-        assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
-        assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
-        assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
-    }
-
-    #[test]
-    fn set_takes_over_a_key_state_drain_wrote_and_says_so() {
-        let maint = |flags| Current::Valid {
-            state: AdminState::Maint,
-            index: 1,
-            flags,
-        };
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
-        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
-        assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
-        assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
     }
 }

@@ -19,11 +19,11 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
-use super::execute::Writer;
 use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::Confirmation;
+use super::session::Writer;
 use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::model::value::AnswerKind;
@@ -401,47 +401,6 @@ impl Writer {
         let step = format!("{action}: {}", change.describe());
         self.confirm_step(&step, written, change_answer(change), cancel)
             .await
-    }
-
-    /// After `set` or `clear` of `key` (`full`: with the prefix): confirms
-    /// it at the key's ModifyIndex read back (a removal has none: the
-    /// prefix's index). `Ok(None)` when confirmation was not asked for.
-    ///
-    /// # Errors
-    ///
-    /// `not_confirmed` or `prometheus_unavailable` (exit 68), Consul's
-    /// failure reading the index, or `interrupted`.
-    pub(super) async fn confirm_one(
-        &self,
-        key: &str,
-        full: &str,
-        change: Change,
-    ) -> Result<Option<Confirmation>, Failure> {
-        let known = match change {
-            Change::Set(_) => self.client.get_key(full).await.ok().flatten(),
-            Change::Clear => None,
-        };
-        let step = format!("{key}: {}", change.describe());
-        // No signal handler is installed for one write: SIGINT ends the
-        // process as usual, and this token never fires.
-        let never = CancellationToken::new();
-        let confirmed = self
-            .confirm_step(
-                &step,
-                known.map(|p| p.modify_index),
-                change_answer(change),
-                &never,
-            )
-            .await;
-        match confirmed {
-            Ok(c) => Ok(c),
-            Err(Unconfirmed::Failed(f)) => Err(f),
-            Err(Unconfirmed::Interrupted) => Err(Failure::new(
-                exit::SIGINT,
-                "interrupted",
-                format!("{key} written; interrupted while confirming"),
-            )),
-        }
     }
 
     /// After a write step: confirms it (when `--confirm-prometheus` is

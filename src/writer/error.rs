@@ -114,19 +114,6 @@ impl Failure {
         ))
     }
 
-    /// `conflict` (exit 75): `key` changed from `before` to `now` between the
-    /// read and the compare-and-set write, which Consul refused.
-    pub(super) fn changed_since_read(key: &str, before: &Current, now: &Current) -> Failure {
-        Failure::conflict(format!(
-            "{key} changed since it was read (was {} at ModifyIndex {}, now {} at \
-             ModifyIndex {}); not overwritten. Look with `state get {key}` and re-run",
-            before.describe(),
-            before.index(),
-            now.describe(),
-            now.index()
-        ))
-    }
-
     pub(super) fn json(&self) -> Value {
         json!({"kind": self.kind, "message": self.message, "exit_code": self.code})
     }

@@ -3,12 +3,10 @@
 //! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
 //! between steps on a signal, and print the report.
 
-use crate::decision::STORE_ID_KEY;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::Value;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
@@ -20,8 +18,9 @@ use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
-use crate::cli::ConfirmArgs;
-use crate::consul::{ConsulClient, TxnOp, TxnOutcome, MAX_TXN_OPS};
+use super::session::Writer;
+
+use crate::consul::{TxnOp, TxnOutcome, MAX_TXN_OPS};
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
@@ -67,6 +66,13 @@ impl Interrupt {
         } else {
             None
         }
+    }
+
+    /// The stop at step `step` for the signal that fired (SIGINT if none
+    /// is recorded yet).
+    pub(super) fn stop(&self, step: usize) -> Stop {
+        let (name, code) = self.fired().unwrap_or(("SIGINT", exit::SIGINT));
+        Stop::Signal { step, name, code }
     }
 
     /// Sleeps `d`; `false` when a signal came first.
@@ -164,37 +170,7 @@ impl Want {
     }
 }
 
-/// One `state` command's connection: the Consul client, the prefix (ending
-/// in `/`), and whether output is `--json`.
-pub(super) struct Writer {
-    pub(super) client: ConsulClient,
-    pub(super) prefix: String,
-    pub(super) json: bool,
-    /// Set when write steps are to be confirmed through Prometheus.
-    pub(super) confirm: Option<ConfirmArgs>,
-}
-
 impl Writer {
-    pub(super) fn full(&self, key: &str) -> String {
-        format!("{}{key}", self.prefix)
-    }
-
-    /// Creates `<prefix>`[`STORE_ID_KEY`] with a random id if it is absent
-    /// (compare-and-set on 0, so a present id is never replaced), before
-    /// any write: the agents take a store without it, or with another id,
-    /// for one that lost its data, whatever its index.
-    pub(super) async fn ensure_store_id(&self) -> Result<(), Failure> {
-        let id = format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
-        self.client
-            .put_cas(&self.full(STORE_ID_KEY), id.as_bytes(), 0)
-            .await?;
-        Ok(())
-    }
-
-    pub(super) fn print_json(&self, value: Value) {
-        out_line(&serde_json::to_string_pretty(&value).unwrap_or_default());
-    }
-
     /// Reads the keys, plans, and (unless `dry_run`) writes the plan's steps,
     /// stopping at the first conflict, error or signal. Prints a report of
     /// where every key is now, in every case.
@@ -274,12 +250,8 @@ impl Writer {
             ))
         })?;
         for (i, step) in plan.steps.iter().enumerate() {
-            if let Some((name, code)) = interrupt.fired() {
-                return Err(Stop::Signal {
-                    step: i,
-                    name,
-                    code,
-                });
+            if interrupt.fired().is_some() {
+                return Err(interrupt.stop(i));
             }
             match step {
                 Step::Wait { duration, purpose } => {
@@ -298,13 +270,8 @@ impl Writer {
                         humantime::format_duration(*duration)
                     ));
                     if !interrupt.sleep(*duration).await {
-                        let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
                         run.statuses[i] = StepStatus::Interrupted;
-                        return Err(Stop::Signal {
-                            step: i,
-                            name,
-                            code,
-                        });
+                        return Err(interrupt.stop(i));
                     }
                     run.statuses[i] = StepStatus::Done;
                     if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
@@ -323,15 +290,9 @@ impl Writer {
                 } => {
                     let chunks = keys.chunks(MAX_TXN_OPS).count();
                     for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
-                        if n > 0 {
-                            if let Some((name, code)) = interrupt.fired() {
-                                run.statuses[i] = StepStatus::Partial;
-                                return Err(Stop::Signal {
-                                    step: i,
-                                    name,
-                                    code,
-                                });
-                            }
+                        if n > 0 && interrupt.fired().is_some() {
+                            run.statuses[i] = StepStatus::Partial;
+                            return Err(interrupt.stop(i));
                         }
                         if let Err(failure) = self.write_chunk(*change, *flags, chunk, run).await {
                             run.statuses[i] = if n == 0 {
@@ -358,15 +319,7 @@ impl Writer {
                         Err(confirm::Unconfirmed::Failed(failure)) => {
                             return Err(Stop::Failed { step: i, failure })
                         }
-                        Err(confirm::Unconfirmed::Interrupted) => {
-                            let (name, code) =
-                                interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
-                            return Err(Stop::Signal {
-                                step: i,
-                                name,
-                                code,
-                            });
-                        }
+                        Err(confirm::Unconfirmed::Interrupted) => return Err(interrupt.stop(i)),
                     }
                     let after_drain_wait = i > 0
                         && matches!(
@@ -442,12 +395,7 @@ impl Writer {
                 return Err(failed(want.not_reached(socket, &missing)));
             }
             if !interrupt.sleep(DRAIN_CHECK_POLL).await {
-                let (name, code) = interrupt.fired().unwrap_or(("SIGINT", exit::SIGINT));
-                return Err(Stop::Signal {
-                    step: 0,
-                    name,
-                    code,
-                });
+                return Err(interrupt.stop(0));
             }
         }
     }

@@ -3,14 +3,21 @@
 //! accepts, always with compare-and-set, and runs drains in the order HAProxy
 //! needs (drain, wait, maint; back through maint so slowstart ramps).
 //!
-//! `commands` dispatches; `select` picks the keys: one group key (a zone,
-//! `canary`) that needs no HAProxy configuration, or row keys, named or
-//! expanded from the servers that [`haproxy`] reads; [`plan`] decides the steps; `execute` writes them,
-//! `progress` records how far it got, `report` prints the result; with
-//! `--confirm-prometheus`, [`confirm`] waits after each write step until
-//! every agent answers from it, asking Prometheus for the [`fleet`];
-//! [`error`] names each failure and its exit status. The writer stands on the model
-//! and the Consul client and imports nothing from the daemon.
+//! Every command that writes (`set`, `clear`, `drain`, `undrain`, `canary`)
+//! is one path: `select` picks the keys (one group key such as a zone or
+//! `canary`, which needs no HAProxy configuration, or row keys, named or
+//! expanded from the servers that [`haproxy`] reads with the grammar of
+//! [`crate::model::haproxy_config`]); [`plan`] turns what they hold into
+//! steps (pure); `execute` writes them as compare-and-set transactions,
+//! waits, checks HAProxy's stats socket and, with `--confirm-prometheus`,
+//! has [`confirm`] wait after each write step until every agent answers from
+//! it (asking Prometheus for the [`fleet`]); `progress` records how far it
+//! got; `report` prints the result as text or JSON. `commands` dispatches and
+//! holds the read-only commands (`get`, `list`, `explain`); `session` is the
+//! Consul connection they share; [`error`] names each failure and its exit
+//! status. The writer stands on the model and the Consul client and imports
+//! nothing from the daemon; no module of it imports one that imports it back
+//! (tests/layout.rs).
 
 mod commands;
 pub mod confirm;
@@ -25,6 +32,7 @@ mod progress;
 mod release;
 mod report;
 mod select;
+mod session;
 pub mod waits;
 
 use std::process::ExitCode;

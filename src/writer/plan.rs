@@ -1,6 +1,7 @@
-//! Drain and undrain sequences as pure plans: from what each key holds now to
-//! an ordered list of writes and waits, each write a set of compare-and-set
-//! operations that leaves every key with a valid value.
+//! The writer's commands as pure plans (drain, undrain, and `set` or `clear`
+//! of one key): from what each key holds now to an ordered list of writes
+//! and waits, each write a set of compare-and-set operations that leaves
+//! every key with a valid value.
 //!
 //! Row keys written by `state drain` carry the drain mark in their Consul
 //! Flags (odd Flags, [`DRAIN_FLAGS`]); a row key at drain, maint or `0%`
@@ -109,6 +110,11 @@ impl Current {
             Current::Invalid { raw, .. } => format!("invalid {raw}"),
         }
     }
+}
+
+/// A key's state as shown: the canonical value, or `absent` for `None`.
+pub fn shown(state: Option<AdminState>) -> String {
+    state.map_or("absent".into(), |s| s.to_string())
 }
 
 /// A raw KV value for display: quoted, escaped, at most 40 characters.
@@ -455,6 +461,74 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
             )
         })
         .collect()
+}
+
+/// `state set` or `state clear` of one key: one write of `change` with
+/// Flags 0 (the key becomes one set by hand), none when the key already
+/// holds it. The same value written by `state drain` is written again, so
+/// that `state undrain` leaves the key alone. The note warns about a write
+/// that skips slowstart or takes a key over from `state drain`.
+pub fn plan_write(key: &str, before: Current, change: Change) -> Plan {
+    let (after, unchanged) = match (&before, change) {
+        (Current::Absent, Change::Clear) => (None, true),
+        (Current::Valid { state, .. }, Change::Set(s)) => {
+            (Some(s), *state == s && !before.by_drain())
+        }
+        (_, Change::Set(s)) => (Some(s), false),
+        (_, Change::Clear) => (None, false),
+    };
+    let note = slowstart_note(&before, change).or_else(|| takeover_note(&before, change));
+    Plan {
+        steps: if unchanged {
+            Vec::new()
+        } else {
+            vec![Step::Write {
+                change,
+                flags: 0,
+                keys: vec![key.to_string()],
+            }]
+        },
+        keys: vec![KeyPlan {
+            key: key.to_string(),
+            before,
+            after,
+            note: note.filter(|_| !unchanged),
+            set_by_hand: false,
+        }],
+    }
+}
+
+/// Warns about ending a drain without going through maint.
+pub fn slowstart_note(before: &Current, change: Change) -> Option<&'static str> {
+    let from_drain = matches!(
+        before,
+        Current::Valid {
+            state: AdminState::Drain,
+            ..
+        }
+    );
+    let to_service = matches!(
+        change,
+        Change::Clear | Change::Set(AdminState::Ready) | Change::Set(AdminState::Weight(_))
+    );
+    (from_drain && to_service).then_some(
+        "drain -> ready skips HAProxy's slowstart (it applies only when leaving MAINT); \
+         `state undrain` and `state canary enable` go through maint",
+    )
+}
+
+/// Tells that `state set` takes over a key `state drain` wrote, setting it
+/// to a value `state drain` and `state undrain` then leave alone (drain,
+/// maint or 0%).
+pub fn takeover_note(before: &Current, change: Change) -> Option<&'static str> {
+    let out = matches!(
+        change,
+        Change::Set(AdminState::Drain | AdminState::Maint | AdminState::Weight(0))
+    );
+    (before.by_drain() && out).then_some(
+        "the key was written by `state drain`; it is now set by hand (Consul Flags 0), so \
+         `state undrain` and `state drain` leave it alone until `state clear`",
+    )
 }
 
 #[cfg(test)]
@@ -926,5 +1000,35 @@ mod tests {
                 decided_by: Some(1)
             }
         );
+    }
+
+    #[test]
+    fn slowstart_note_only_when_leaving_drain_for_service() {
+        let drain = Current::Valid {
+            state: AdminState::Drain,
+            index: 1,
+            flags: 0,
+        };
+        assert!(slowstart_note(&drain, Change::Clear).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Ready)).is_some());
+        assert!(slowstart_note(&drain, Change::Set(AdminState::Maint)).is_none());
+        assert!(slowstart_note(&Current::Absent, Change::Set(AdminState::Ready)).is_none());
+    }
+
+    #[test]
+    fn set_takes_over_a_key_state_drain_wrote_and_says_so() {
+        let maint = |flags| Current::Valid {
+            state: AdminState::Maint,
+            index: 1,
+            flags,
+        };
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Maint)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Drain)).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(0))).is_some());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Weight(1))).is_none());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Set(AdminState::Ready)).is_none());
+        assert!(takeover_note(&maint(DRAIN_FLAGS), Change::Clear).is_none());
+        assert!(takeover_note(&maint(0), Change::Set(AdminState::Maint)).is_none());
+        assert!(takeover_note(&Current::Absent, Change::Set(AdminState::Maint)).is_none());
     }
 }

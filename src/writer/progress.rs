@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::error::Failure;
-use super::plan::{Change, Current, Plan, Step};
+use super::plan::{shown, Change, Current, Plan, Step};
 use crate::model::snapshot::Snapshot;
 use crate::model::value::AdminState;
 
@@ -181,7 +181,7 @@ impl Run {
                     let now_shown = now.describe();
                     match self.now.get(&k.key) {
                         Some(ours) => {
-                            let ours = ours.map_or("absent".to_string(), |s| s.to_string());
+                            let ours = shown(*ours);
                             if now_shown != ours {
                                 changed.push(format!(
                                     "then {} changed to {now_shown} by someone else",
@@ -299,8 +299,7 @@ impl Run {
             return c.describe();
         }
         match self.now.get(key) {
-            Some(Some(s)) => s.to_string(),
-            Some(None) => "absent".into(),
+            Some(s) => shown(*s),
             None => before.describe(),
         }
     }

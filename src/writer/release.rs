@@ -5,7 +5,7 @@
 use serde_json::json;
 
 use super::error::Failure;
-use super::execute::Writer;
+use super::session::Writer;
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
 
 impl Writer {

@@ -153,6 +153,62 @@ fn in_service(state: AdminState) -> bool {
     matches!(state, AdminState::Ready | AdminState::Weight(1..))
 }
 
+/// The report of `set` and `clear`: one key, written or not, and its
+/// confirmation.
+pub(super) struct KeyReport<'a> {
+    pub(super) key: &'a plan::KeyPlan,
+    /// `written`, `unchanged` or `dry run: not written`.
+    pub(super) status: &'static str,
+    pub(super) dry_run: bool,
+    pub(super) confirmed: &'a Result<Option<Confirmation>, Failure>,
+}
+
+impl KeyReport<'_> {
+    pub(super) fn json(&self) -> Value {
+        let (k, confirmed) = (self.key, self.confirmed);
+        json!({
+            "ok": confirmed.is_ok(),
+            "error": confirmed.as_ref().err().map(Failure::json),
+            "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
+            "key": k.key,
+            "before": k.before.describe(),
+            "after": plan::shown(k.after),
+            "modify_index_before": k.before.index(),
+            "flags_before": k.before.flags(),
+            "by_drain_before": k.before.by_drain(),
+            "written": self.status == "written",
+            "dry_run": self.dry_run,
+            "note": k.note,
+        })
+    }
+
+    pub(super) fn text(&self) -> String {
+        let k = self.key;
+        table(
+            &["KEY", "BEFORE", "AFTER", "STATUS"],
+            &[vec![
+                k.key.clone(),
+                k.before.describe(),
+                plan::shown(k.after),
+                self.status.to_string(),
+            ]],
+        )
+    }
+}
+
+/// One server of a sequence's report.
+struct ServerRow<'a> {
+    server: &'a Server,
+    /// Its row key, or the group key written (`None`: no key decides it).
+    key: Option<&'a str>,
+    /// What the plan does to that key.
+    plan: Option<&'a plan::KeyPlan>,
+    /// The agents' answer after the sequence (or the plan).
+    answer: String,
+    /// The identity that decides it.
+    decided_by: Option<String>,
+}
+
 /// The report printed at the end of a sequence.
 pub(super) struct Report<'a> {
     pub(super) action: &'static str,
@@ -360,8 +416,31 @@ impl Report<'_> {
             .collect()
     }
 
-    pub(super) fn json(&self) -> Value {
+    /// The servers of the selection, each with its key, that key's plan
+    /// and what the agents answer it now (or will, for a dry run): what
+    /// both the text and the JSON show.
+    fn server_rows(&self) -> Vec<ServerRow<'_>> {
         let now = self.snapshot_now();
+        let by_key: HashMap<&str, &plan::KeyPlan> =
+            self.plan.keys.iter().map(|k| (k.key.as_str(), k)).collect();
+        self.target
+            .servers
+            .iter()
+            .map(|server| {
+                let key = self.target.key_of(server);
+                let (answer, decided_by) = Self::server_answer(&now, server);
+                ServerRow {
+                    server,
+                    key,
+                    plan: key.and_then(|k| by_key.get(k).copied()),
+                    answer,
+                    decided_by,
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn json(&self) -> Value {
         json!({
             "ok": self.failure.is_none(),
             "action": self.action,
@@ -382,7 +461,7 @@ impl Report<'_> {
                 "by_drain": is_row_key(&k.key) && k.before.by_drain(),
                 "set_by_hand": k.set_by_hand,
                 "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
-                "target": k.after.map_or("absent".into(), |s| s.to_string()),
+                "target": plan::shown(k.after),
                 "note": k.note,
             })).collect::<Vec<_>>(),
             "set_by_hand": self.set_by_hand().iter().map(|(server, k)| json!({
@@ -394,17 +473,14 @@ impl Report<'_> {
             "row_keys_deciding_first": self.overrides().iter().map(|(k, v)| json!({
                 "key": k, "value": v.to_string(),
             })).collect::<Vec<_>>(),
-            "servers": self.target.servers.iter().map(|s| {
-                let (answer, decided_by) = Self::server_answer(&now, s);
-                json!({
-                    "server": s.id(),
-                    "key": self.target.key_of(s),
-                    "groups": s.groups,
-                    "template": s.template,
-                    "agent_answer": answer,
-                    "decided_by": decided_by,
-                })
-            }).collect::<Vec<_>>(),
+            "servers": self.server_rows().iter().map(|r| json!({
+                "server": r.server.id(),
+                "key": r.key,
+                "groups": r.server.groups,
+                "template": r.server.template,
+                "agent_answer": r.answer,
+                "decided_by": r.decided_by,
+            })).collect::<Vec<_>>(),
             "not_written": self.target.not_written.iter().map(|(s, why)| json!({
                 "server": s.id(), "reason": why, "groups": s.groups,
             })).collect::<Vec<_>>(),
@@ -443,7 +519,6 @@ impl Report<'_> {
                 out.push_str(&format!("  {what}: {}\n", status.as_str()));
             }
         }
-        let now = self.snapshot_now();
         let now_header = if self.dry_run { "AFTER" } else { "NOW" };
         if self.target.servers.is_empty() {
             let rows: Vec<Vec<String>> = self
@@ -455,7 +530,7 @@ impl Report<'_> {
                         k.key.clone(),
                         k.before.describe(),
                         if self.dry_run {
-                            k.after.map_or("absent".into(), |s| s.to_string())
+                            plan::shown(k.after)
                         } else {
                             self.run.now_of(&k.key, &k.before)
                         },
@@ -465,42 +540,46 @@ impl Report<'_> {
                 .collect();
             out.push_str(&table(&["KEY", "BEFORE", now_header, "NOTE"], &rows));
         } else {
-            let by_key: HashMap<&str, &plan::KeyPlan> =
-                self.plan.keys.iter().map(|k| (k.key.as_str(), k)).collect();
             let rows: Vec<Vec<String>> = self
-                .target
-                .servers
-                .iter()
-                .map(|s| {
-                    let key = self.target.key_of(s).unwrap_or("-");
-                    let (answer, decided_by) = Self::server_answer(&now, s);
-                    let (before, after, mut note) = match by_key.get(key) {
-                        Some(k) => (
-                            k.before.describe(),
-                            if self.dry_run {
-                                k.after.map_or("absent".into(), |s| s.to_string())
-                            } else {
-                                self.run.now_of(key, &k.before)
+                .server_rows()
+                .into_iter()
+                .map(
+                    |ServerRow {
+                         server,
+                         key,
+                         plan,
+                         answer,
+                         decided_by,
+                     }| {
+                        let key = key.unwrap_or("-");
+                        let (before, after, mut note) = match plan {
+                            Some(k) => (
+                                k.before.describe(),
+                                if self.dry_run {
+                                    plan::shown(k.after)
+                                } else {
+                                    self.run.now_of(key, &k.before)
+                                },
+                                k.note.unwrap_or(""),
+                            ),
+                            None => ("-".into(), "-".into(), ""),
+                        };
+                        if decided_by.as_deref().is_some_and(|d| d != key) {
+                            note = "another key decides first: not moved by this one";
+                        }
+                        vec![
+                            server.id(),
+                            key.to_string(),
+                            before,
+                            after,
+                            match decided_by {
+                                Some(d) => format!("{answer} ({d})"),
+                                None => answer,
                             },
-                            k.note.unwrap_or(""),
-                        ),
-                        None => ("-".into(), "-".into(), ""),
-                    };
-                    if decided_by.as_deref().is_some_and(|d| d != key) {
-                        note = "another key decides first: not moved by this one";
-                    }
-                    vec![
-                        s.id(),
-                        key.to_string(),
-                        before,
-                        after,
-                        match decided_by {
-                            Some(d) => format!("{answer} ({d})"),
-                            None => answer,
-                        },
-                        note.to_string(),
-                    ]
-                })
+                            note.to_string(),
+                        ]
+                    },
+                )
                 .collect();
             out.push_str(&table(
                 &[

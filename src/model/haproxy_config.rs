@@ -1,0 +1,878 @@
+//! The grammar of the HAProxy configuration the writer reads, pure (no
+//! I/O): the servers of a configuration text (server lines,
+//! `default-server`, agent-check and the agent-send line with its groups)
+//! and of the stats socket's `show servers state` answer (which has no
+//! agent-send line, so no zones). Reading the file and the socket is the
+//! writer's.
+
+use std::collections::HashMap;
+
+use crate::model::identity::{parse_line, validate_identity, MAX_LINE};
+
+/// Group name prefix that puts a server in a zone: `zone-us-east1-b`.
+pub const ZONE_GROUP_PREFIX: &str = "zone-";
+
+/// Most servers one `server-template` line may declare here (the cookbook
+/// allows 1000); a larger count is read as a line that declares none.
+pub const MAX_TEMPLATE_SERVERS: u32 = 10_000;
+
+/// `CHK_ST_ENABLED` in `srv_agent_state` of `show servers state`: the agent
+/// check runs.
+const CHK_ST_ENABLED: u32 = 0x04;
+
+/// `SRV_ADMF_FDRAIN` in `srv_admin_state` of `show servers state`: the
+/// server was put in DRAIN (by the agent or the CLI).
+pub const ADMIN_FORCED_DRAIN: u32 = 0x08;
+
+/// `SRV_ADMF_FMAINT` in `srv_admin_state` of `show servers state`: the
+/// server was put in MAINT (by the agent or the CLI).
+pub const ADMIN_FORCED_MAINT: u32 = 0x01;
+
+/// One server of the HAProxy configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Server {
+    /// Backend (or listen) section name.
+    pub backend: String,
+    /// Server name; for a `server-template` line, `<prefix><N>` as HAProxy
+    /// names them.
+    pub name: String,
+    /// What the agent is asked about this server, when it is enrolled.
+    pub enrolment: Enrolment,
+    /// The group identities (no `/`) of the agent-send line, in order, also
+    /// of a server whose agent-check is off or whose line the agent refuses.
+    pub groups: Vec<String>,
+    /// Declared by a `server-template` line: all its servers send the same
+    /// line, so none has a row key of its own.
+    pub template: bool,
+}
+
+/// Whether the agent decides a server's admin state, and through which keys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enrolment {
+    /// agent-check is on and the agent answers the agent-send line.
+    Enrolled {
+        /// Every identity of the agent-send line, in order (row key first
+        /// by convention), as the agent reads them.
+        identities: Vec<String>,
+    },
+    /// The agent is not asked about this server or never answers its
+    /// agent-send line: why, in words.
+    NotEnrolled(String),
+}
+
+impl Server {
+    /// `<backend>/<server>`.
+    pub fn id(&self) -> String {
+        format!("{}/{}", self.backend, self.name)
+    }
+
+    /// The identities the agent reads for it, in order; empty when not
+    /// enrolled.
+    pub fn identities(&self) -> &[String] {
+        match &self.enrolment {
+            Enrolment::Enrolled { identities } => identities,
+            Enrolment::NotEnrolled(_) => &[],
+        }
+    }
+
+    /// The row key a write for this server alone must use: the first
+    /// identity of its line when that is a row key (`<backend>/<server>`),
+    /// the one the agent reads first. `None` when not enrolled, for a
+    /// server-template server, and for a line that starts with a group.
+    pub fn row_key(&self) -> Option<&str> {
+        let first = self.identities().first()?;
+        (!self.template && first.contains('/')).then_some(first.as_str())
+    }
+
+    /// Why no row key of its own decides it, for a report.
+    pub fn no_row_key(&self) -> String {
+        match &self.enrolment {
+            Enrolment::NotEnrolled(why) => why.clone(),
+            _ if self.template => format!(
+                "server-template: no row key of its own; its groups decide ({})",
+                self.groups.join(" ")
+            ),
+            Enrolment::Enrolled { identities } => format!(
+                "its agent-send line starts with the group `{}`, which the agent reads first",
+                identities[0]
+            ),
+        }
+    }
+}
+
+/// Section keywords of HAProxy 2.x; lines starting with any other word belong
+/// to the section above.
+const SECTIONS: &[&str] = &[
+    "global",
+    "defaults",
+    "frontend",
+    "backend",
+    "listen",
+    "peers",
+    "resolvers",
+    "userlist",
+    "mailers",
+    "program",
+    "http-errors",
+    "ring",
+    "cache",
+    "log-forward",
+    "crt-store",
+    "traces",
+    "acme",
+    "dynamic-update",
+];
+
+/// Server keywords that take one argument: skipped with it, so that an
+/// argument is never read as a keyword.
+const ONE_ARG: &[&str] = &[
+    "addr",
+    "agent-addr",
+    "agent-inter",
+    "agent-port",
+    "agent-send",
+    "alpn",
+    "ca-file",
+    "check-alpn",
+    "check-proto",
+    "check-sni",
+    "ciphers",
+    "ciphersuites",
+    "cookie",
+    "crl-file",
+    "crt",
+    "curves",
+    "downinter",
+    "error-limit",
+    "fall",
+    "fastinter",
+    "guid",
+    "hash-key",
+    "id",
+    "init-addr",
+    "inter",
+    "log-proto",
+    "max-reuse",
+    "maxconn",
+    "maxqueue",
+    "minconn",
+    "namespace",
+    "npn",
+    "observe",
+    "on-error",
+    "on-marked-down",
+    "on-marked-up",
+    "pool-conn-name",
+    "pool-low-conn",
+    "pool-max-conn",
+    "pool-purge-delay",
+    "port",
+    "proto",
+    "proxy-v2-options",
+    "redir",
+    "resolve-net",
+    "resolve-prefer",
+    "resolvers",
+    "rise",
+    "shard",
+    "sigalgs",
+    "client-sigalgs",
+    "slowstart",
+    "sni",
+    "socks4",
+    "source",
+    "ssl-max-ver",
+    "ssl-min-ver",
+    "tcp-ut",
+    "track",
+    "usesrc",
+    "verify",
+    "verifyhost",
+    "weight",
+    "ws",
+];
+
+/// The agent options a server line ends up with.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct AgentOptions {
+    check: bool,
+    send: Option<String>,
+}
+
+impl AgentOptions {
+    /// Applies server keywords in order; later ones win, as in HAProxy.
+    fn apply(&mut self, params: &[String]) {
+        let mut i = 0;
+        while i < params.len() {
+            match params[i].as_str() {
+                "agent-check" => self.check = true,
+                "no-agent-check" => self.check = false,
+                "agent-send" => {
+                    if let Some(v) = params.get(i + 1) {
+                        self.send = Some(v.clone());
+                    }
+                }
+                _ => {}
+            }
+            i += if ONE_ARG.contains(&params[i].as_str()) {
+                2
+            } else {
+                1
+            };
+        }
+    }
+}
+
+#[derive(Default)]
+struct Proxy {
+    name: String,
+    defaults: AgentOptions,
+}
+
+/// Parses HAProxy configuration text into its servers, in file order.
+///
+/// Reads `backend` and `listen` sections' `server` and `default-server`
+/// and `server-template` lines (HAProxy configuration.txt 5.2
+/// "server-template": `server-template <prefix> <num | range> <fqdn>[:port]
+/// [params*]` declares `<prefix>1..<prefix><num>`, or `<prefix><N>..<M>`
+/// for a range `N-M`), with `default-server` of the `defaults` section in
+/// force (named defaults and `from` included). Environment variables in
+/// values are not expanded.
+pub fn parse_config(text: &str) -> Vec<Server> {
+    let mut servers = Vec::new();
+    let mut named: HashMap<String, AgentOptions> = HashMap::new();
+    let mut last_defaults = AgentOptions::default();
+    // The section being read: a defaults section (its name), a proxy with
+    // servers, or anything else.
+    enum Section {
+        Defaults(Option<String>),
+        Proxy(Proxy),
+        Other,
+    }
+    let mut section = Section::Other;
+    for raw in text.lines() {
+        let words = tokenize(raw);
+        let Some(first) = words.first() else {
+            continue;
+        };
+        if SECTIONS.contains(&first.as_str()) {
+            section = match first.as_str() {
+                "defaults" => {
+                    // `defaults [<name>] [from <other>]`: starts from the
+                    // named one, else from nothing.
+                    let name = words.get(1).filter(|w| *w != "from").cloned();
+                    let from = words
+                        .iter()
+                        .position(|w| w == "from")
+                        .and_then(|i| words.get(i + 1));
+                    last_defaults = from.and_then(|f| named.get(f).cloned()).unwrap_or_default();
+                    if let Some(n) = &name {
+                        named.insert(n.clone(), last_defaults.clone());
+                    }
+                    Section::Defaults(name)
+                }
+                "backend" | "listen" => {
+                    let from = words
+                        .iter()
+                        .position(|w| w == "from")
+                        .and_then(|i| words.get(i + 1));
+                    let defaults = match from {
+                        Some(f) => named.get(f).cloned().unwrap_or_default(),
+                        None => last_defaults.clone(),
+                    };
+                    Section::Proxy(Proxy {
+                        name: words.get(1).cloned().unwrap_or_default(),
+                        defaults,
+                    })
+                }
+                _ => Section::Other,
+            };
+            continue;
+        }
+        match &mut section {
+            Section::Defaults(name) if first == "default-server" => {
+                last_defaults.apply(&words[1..]);
+                if let Some(n) = name {
+                    named.insert(n.clone(), last_defaults.clone());
+                }
+            }
+            Section::Proxy(proxy) if first == "default-server" => {
+                proxy.defaults.apply(&words[1..]);
+            }
+            Section::Proxy(proxy) if first == "server" && words.len() >= 3 => {
+                let mut options = proxy.defaults.clone();
+                options.apply(&words[3..]);
+                servers.push(server(&proxy.name, &words[1], &options, false));
+            }
+            Section::Proxy(proxy) if first == "server-template" && words.len() >= 4 => {
+                let mut options = proxy.defaults.clone();
+                options.apply(&words[4..]);
+                for n in template_numbers(&words[2]) {
+                    let name = format!("{}{n}", words[1]);
+                    servers.push(server(&proxy.name, &name, &options, true));
+                }
+            }
+            _ => {}
+        }
+    }
+    servers
+}
+
+/// The server numbers of a `server-template` `<num | range>`: `3` is 1..=3,
+/// `5-7` is 5..=7; empty when it is neither, or declares more than
+/// [`MAX_TEMPLATE_SERVERS`].
+fn template_numbers(spec: &str) -> std::ops::RangeInclusive<u32> {
+    let (low, high) = match spec.split_once('-') {
+        Some((l, h)) => (l.parse().ok(), h.parse().ok()),
+        None => (Some(1), spec.parse().ok()),
+    };
+    match (low, high) {
+        (Some(l), Some(h)) if l >= 1 && l <= h && h - l < MAX_TEMPLATE_SERVERS => l..=h,
+        _ => std::ops::RangeInclusive::new(1, 0),
+    }
+}
+
+fn server(backend: &str, name: &str, options: &AgentOptions, template: bool) -> Server {
+    let enrolment = match &options.send {
+        _ if !options.check => Enrolment::NotEnrolled("no agent-check".into()),
+        None => Enrolment::NotEnrolled("agent-check without agent-send".into()),
+        Some(send) => enrolment(send),
+    };
+    Server {
+        backend: backend.to_string(),
+        name: name.to_string(),
+        enrolment,
+        groups: options.send.as_deref().map(groups).unwrap_or_default(),
+        template,
+    }
+}
+
+/// Whether the agent answers the agent-send line `send` (as HAProxy sends
+/// it, LF included): the line ends with LF, fits the agent's 1 KiB, and the
+/// agent's parser accepts it.
+fn enrolment(send: &str) -> Enrolment {
+    // The agent reads up to the first LF; without one it waits, times out
+    // and answers nothing.
+    let Some((line, _)) = send.split_once('\n') else {
+        return Enrolment::NotEnrolled(
+            "agent-send does not end with \\n: the agent never answers it".into(),
+        );
+    };
+    if line.len() + 1 > MAX_LINE {
+        return Enrolment::NotEnrolled(format!(
+            "agent-send is longer than {MAX_LINE} bytes: the agent never answers it"
+        ));
+    }
+    match parse_line(line.as_bytes()) {
+        Ok(ids) => Enrolment::Enrolled {
+            identities: ids.into_iter().map(str::to_string).collect(),
+        },
+        Err(e) => Enrolment::NotEnrolled(format!(
+            "the agent refuses its agent-send ({e}) and never answers it"
+        )),
+    }
+}
+
+/// The group words (no `/`) of an agent-send line, also of a line the agent
+/// refuses, so that a zone's preview lists that server as not decided by the
+/// agent rather than leave it out.
+fn groups(send: &str) -> Vec<String> {
+    let line = send.split('\n').next().unwrap_or_default();
+    line.split([' ', '\t', '\r'])
+        .filter(|id| !id.is_empty() && !id.contains('/'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Splits one configuration line into words the way HAProxy does: blanks
+/// separate words, `#` starts a comment, double quotes group and keep
+/// backslash escapes (`\n`, `\r`, `\t`, `\\`, `\"`, `\xNN`), single quotes
+/// group literally, and a backslash outside quotes escapes the next
+/// character.
+pub fn tokenize(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Vec<u8> = Vec::new();
+    let mut in_word = false;
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    let mut quote: Option<u8> = None;
+    while i < bytes.len() {
+        let b = bytes[i];
+        match (quote, b) {
+            (Some(b'\''), b'\'') | (Some(b'"'), b'"') => quote = None,
+            (Some(b'\''), _) => word.push(b),
+            (_, b'\\') if i + 1 < bytes.len() => {
+                in_word = true;
+                i += 1;
+                match bytes[i] {
+                    b'n' => word.push(b'\n'),
+                    b'r' => word.push(b'\r'),
+                    b't' => word.push(b'\t'),
+                    b'x' if i + 2 < bytes.len() => {
+                        let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                        match u8::from_str_radix(hex, 16) {
+                            Ok(v) => {
+                                word.push(v);
+                                i += 2;
+                            }
+                            Err(_) => word.extend_from_slice(b"\\x"),
+                        }
+                    }
+                    other => word.push(other),
+                }
+            }
+            (Some(_), _) => word.push(b),
+            (None, b'"' | b'\'') => {
+                quote = Some(b);
+                in_word = true;
+            }
+            (None, b'#') => break,
+            (None, b' ' | b'\t' | b'\r' | b'\n') => {
+                if in_word {
+                    words.push(String::from_utf8_lossy(&word).into_owned());
+                    word.clear();
+                    in_word = false;
+                }
+            }
+            (None, _) => {
+                word.push(b);
+                in_word = true;
+            }
+        }
+        i += 1;
+    }
+    if in_word {
+        words.push(String::from_utf8_lossy(&word).into_owned());
+    }
+    words
+}
+
+/// Parses `srv_admin_state` of each server in `show servers state` output
+/// (version 1), by `<backend>/<server>`.
+///
+/// # Errors
+///
+/// A message when the header or a row is not as expected.
+pub fn parse_admin_states(out: &str) -> Result<HashMap<String, u32>, String> {
+    let table = StateTable::parse(out)?;
+    let (be, sv, admin) = (
+        table.col("be_name")?,
+        table.col("srv_name")?,
+        table.col("srv_admin_state")?,
+    );
+    table
+        .rows
+        .iter()
+        .map(|row| {
+            let state = row.number(admin, "srv_admin_state")?;
+            Ok((format!("{}/{}", row.get(be)?, row.get(sv)?), state))
+        })
+        .collect()
+}
+
+/// `show servers state` output (version 1): the column names and the rows.
+struct StateTable<'a> {
+    header: Vec<&'a str>,
+    rows: Vec<StateRow<'a>>,
+}
+
+/// One server's row of `show servers state`.
+struct StateRow<'a> {
+    line: &'a str,
+    fields: Vec<&'a str>,
+}
+
+impl<'a> StateTable<'a> {
+    fn parse(out: &'a str) -> Result<Self, String> {
+        let mut lines = out.lines();
+        match lines.next().map(str::trim) {
+            Some("1") => {}
+            other => return Err(format!("expected format version 1, got {other:?}")),
+        }
+        let header = lines
+            .next()
+            .ok_or("no header line")?
+            .trim_start_matches('#')
+            .split_whitespace()
+            .collect();
+        let rows = lines
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .map(|line| StateRow {
+                line,
+                fields: line.split_whitespace().collect(),
+            })
+            .collect();
+        Ok(StateTable { header, rows })
+    }
+
+    /// The position of column `name`.
+    fn col(&self, name: &str) -> Result<usize, String> {
+        self.header
+            .iter()
+            .position(|h| *h == name)
+            .ok_or(format!("no column {name}"))
+    }
+}
+
+impl<'a> StateRow<'a> {
+    fn get(&self, i: usize) -> Result<&'a str, String> {
+        self.fields
+            .get(i)
+            .copied()
+            .ok_or(format!("short row {:?}", self.line))
+    }
+
+    fn number(&self, i: usize, name: &str) -> Result<u32, String> {
+        self.get(i)?
+            .parse()
+            .map_err(|_| format!("{name} is not a number in {:?}", self.line))
+    }
+}
+
+/// Parses `show servers state` output (version 1).
+///
+/// # Errors
+///
+/// A message when the header or a row is not as expected.
+pub fn parse_servers_state(out: &str) -> Result<Vec<Server>, String> {
+    let table = StateTable::parse(out)?;
+    let (be, sv, agent) = (
+        table.col("be_name")?,
+        table.col("srv_name")?,
+        table.col("srv_agent_state")?,
+    );
+    let mut servers = Vec::new();
+    for row in &table.rows {
+        let (backend, name) = (row.get(be)?, row.get(sv)?);
+        let agent_state = row.number(agent, "srv_agent_state")?;
+        let row_key = format!("{backend}/{name}");
+        let enrolment = if agent_state & CHK_ST_ENABLED == 0 {
+            Enrolment::NotEnrolled("no agent-check".into())
+        } else if validate_identity(&row_key).is_err() {
+            Enrolment::NotEnrolled("name is not a valid key".into())
+        } else {
+            Enrolment::Enrolled {
+                identities: vec![row_key],
+            }
+        };
+        servers.push(Server {
+            backend: backend.to_string(),
+            name: name.to_string(),
+            enrolment,
+            groups: Vec::new(),
+            template: false,
+        });
+    }
+    Ok(servers)
+}
+
+/// Shell-style glob match (the `glob` crate's [`glob::Pattern`]): `*` any
+/// run, `?` one character, `[abc]`, `[a-z]`, `[!a-z]` or `[^a-z]` one
+/// character of (not of) a set; anything else literally. `**` is `*` (server
+/// names have no `/`), and a `[` that is not closed is literal.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    shell_pattern(pattern).matches(text)
+}
+
+/// Compiles a shell glob for [`glob::Pattern`], which reads `**` as a path
+/// wildcard, knows only `[!` as negation, and refuses an unclosed `[`.
+fn shell_pattern(pattern: &str) -> glob::Pattern {
+    let mut glob = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if c == '*' && glob.ends_with('*') {
+            continue;
+        }
+        if c == '^' && glob.ends_with('[') && !glob.ends_with("[[]") {
+            glob.push('!');
+            continue;
+        }
+        glob.push(c);
+    }
+    loop {
+        match glob::Pattern::new(&glob) {
+            Ok(compiled) => return compiled,
+            // Only an unclosed `[` is left to refuse; `[[]` is a literal `[`.
+            Err(e) => match glob.char_indices().nth(e.pos) {
+                Some((at, '[')) => glob.replace_range(at..at + 1, "[[]"),
+                _ => {
+                    return glob::Pattern::new(&glob::Pattern::escape(pattern))
+                        .expect("an escaped pattern compiles")
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::identity::MAX_IDENTITIES;
+
+    impl Enrolment {
+        fn row_key_for_test(&self) -> Option<&str> {
+            match self {
+                Enrolment::Enrolled { identities } => Some(identities[0].as_str()),
+                Enrolment::NotEnrolled(_) => None,
+            }
+        }
+    }
+
+    #[test]
+    fn tokenizes_like_haproxy() {
+        assert_eq!(
+            tokenize(r#"  server web-01 10.0.0.1:443 agent-send "web/web-01 zone-b\n" # c"#),
+            vec![
+                "server",
+                "web-01",
+                "10.0.0.1:443",
+                "agent-send",
+                "web/web-01 zone-b\n"
+            ]
+        );
+        assert_eq!(tokenize(r"a\ b 'c d\n' e\#f"), vec!["a b", "c d\\n", "e#f"]);
+        assert_eq!(tokenize(r#""\x41\"" """#), vec!["A\"", ""]);
+        assert!(tokenize("   # only a comment").is_empty());
+    }
+
+    const CONFIG: &str = r#"
+global
+    stats socket /run/haproxy/admin.sock mode 600 level admin
+
+defaults
+    mode http
+    default-server agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s
+
+peers lb
+    server lb-01 10.0.0.9:1024
+
+frontend https
+    bind :443
+    default_backend web
+
+backend web
+    server web-01 10.0.0.1:443 check weight 100 agent-send "web/web-01 zone-us-east1-b\n"
+    server web-02 10.0.0.2:443 check agent-send 'web/web-02 zone-us-east1-c'
+    server web-03 10.0.0.3:443 check no-agent-check agent-send "web/web-03 zone-us-east1-b\n"
+    server web-04 10.0.0.4:443 check
+    server web-05 10.0.0.5:443 agent-send "canary zone-us-east1-b\n"
+    server web-06 10.0.0.6:443 agent-send "web/web-06 $HOME\n"
+
+defaults
+    mode tcp
+
+listen api
+    default-server agent-addr 127.0.0.1 agent-port 9777 agent-send "x\n"
+    server api-01 10.0.1.1:443 agent-check agent-send "api/api-01 canary zone-us-east1-b\n"
+    server api-02 10.0.1.2:443 cookie agent-check agent-send "api/api-02\n"
+    server api-03 10.0.1.3:443
+"#;
+
+    #[test]
+    fn reads_backends_defaults_and_agent_send() {
+        let servers = parse_config(CONFIG);
+        let by: HashMap<String, &Server> = servers.iter().map(|s| (s.id(), s)).collect();
+        assert_eq!(servers.len(), 9, "{servers:#?}");
+        assert!(
+            !by.contains_key("lb/lb-01"),
+            "peers servers are not proxies"
+        );
+        assert_eq!(
+            by["web/web-01"].enrolment,
+            Enrolment::Enrolled {
+                identities: vec!["web/web-01".into(), "zone-us-east1-b".into()],
+            }
+        );
+        assert_eq!(by["web/web-01"].groups, vec!["zone-us-east1-b"]);
+        // Single quotes keep `\n` literal: no LF, the agent never answers.
+        assert_eq!(
+            by["web/web-02"].enrolment,
+            Enrolment::NotEnrolled(
+                "agent-send does not end with \\n: the agent never answers it".into()
+            )
+        );
+        assert_eq!(by["web/web-02"].groups, vec!["zone-us-east1-c"]);
+        assert_eq!(
+            by["web/web-03"].enrolment,
+            Enrolment::NotEnrolled("no agent-check".into())
+        );
+        assert_eq!(by["web/web-03"].groups, vec!["zone-us-east1-b"]);
+        assert_eq!(
+            by["web/web-04"].enrolment,
+            Enrolment::NotEnrolled("agent-check without agent-send".into())
+        );
+        // Enrolled through its groups, with no row key of its own.
+        assert_eq!(
+            by["web/web-05"].identities(),
+            ["canary".to_string(), "zone-us-east1-b".to_string()]
+        );
+        assert_eq!(by["web/web-05"].row_key(), None);
+        assert!(by["web/web-05"]
+            .no_row_key()
+            .contains("starts with the group `canary`"));
+        assert!(matches!(
+            &by["web/web-06"].enrolment,
+            Enrolment::NotEnrolled(r) if r.contains("refuses")
+        ));
+        // The second, plain defaults section has no default-server.
+        assert_eq!(by["api/api-01"].row_key(), Some("api/api-01"));
+        assert_eq!(by["api/api-01"].groups, vec!["canary", "zone-us-east1-b"]);
+        // `cookie` takes a value: the `agent-check` after it is the cookie.
+        assert_eq!(
+            by["api/api-02"].enrolment,
+            Enrolment::NotEnrolled("no agent-check".into())
+        );
+        assert_eq!(
+            by["api/api-03"].enrolment,
+            Enrolment::NotEnrolled("no agent-check".into())
+        );
+    }
+
+    /// The enrolment of one server with agent-check and this agent-send
+    /// argument (as written in the configuration, in double quotes).
+    fn enrolment_of(send: &str) -> Enrolment {
+        let servers = parse_config(&format!(
+            "backend b\n  server s 1.2.3.4:80 agent-check agent-send \"{send}\"\n"
+        ));
+        servers[0].enrolment.clone()
+    }
+
+    fn reason(send: &str) -> String {
+        match enrolment_of(send) {
+            Enrolment::NotEnrolled(why) => why,
+            e => panic!("{send:?} is enrolled: {e:?}"),
+        }
+    }
+
+    #[test]
+    fn enrolled_only_when_the_agent_answers_the_line() {
+        assert_eq!(
+            enrolment_of(r"web/web-01 canary zone-b\n"),
+            Enrolment::Enrolled {
+                identities: vec!["web/web-01".into(), "canary".into(), "zone-b".into()],
+            }
+        );
+        // CRLF is accepted, as by the agent.
+        assert_eq!(
+            enrolment_of(r"web/web-01\r\n").row_key_for_test(),
+            Some("web/web-01")
+        );
+        assert!(reason("web/web-01 zone-b").contains("does not end with \\n"));
+        // A line that starts with a group is answered too (from the group).
+        assert_eq!(
+            enrolment_of(r"canary legacy/l-02 zone-c\n").row_key_for_test(),
+            Some("canary")
+        );
+        let many = format!("web/web-01 {}\\n", vec!["g"; MAX_IDENTITIES].join(" "));
+        assert!(
+            reason(&many).contains("refuses its agent-send (more than 16 identities)"),
+            "{}",
+            reason(&many)
+        );
+        let most = format!("web/web-01 {}\\n", vec!["g"; MAX_IDENTITIES - 1].join(" "));
+        assert_eq!(enrolment_of(&most).row_key_for_test(), Some("web/web-01"));
+        assert!(reason(r"web/web-01 $HOME\n").contains("refuses"));
+        assert!(reason(r"web/web-01/x\n").contains("refuses"));
+        assert!(reason(r"\n").contains("refuses"));
+        // 1 KiB, LF included, as the agent reads it.
+        let fits = format!("web/web-01{}g\\n", " ".repeat(MAX_LINE - 12));
+        assert_eq!(enrolment_of(&fits).row_key_for_test(), Some("web/web-01"));
+        let long = format!("web/web-01{}g\\n", " ".repeat(MAX_LINE - 11));
+        assert!(
+            reason(&long).contains("longer than 1024 bytes"),
+            "{}",
+            reason(&long)
+        );
+    }
+
+    #[test]
+    fn zones_of_lines_the_agent_refuses_are_read_too() {
+        let servers = parse_config(
+            "backend b\n  server s 1.2.3.4:80 agent-check agent-send \"b/s zone-z $HOME\\n\"\n",
+        );
+        assert!(servers[0].groups.contains(&"zone-z".to_string()));
+        assert_eq!(servers[0].row_key(), None);
+    }
+
+    #[test]
+    fn server_templates_declare_numbered_servers_without_row_keys() {
+        let servers = parse_config(
+            "defaults\n  default-server agent-check\nbackend web\n  server web-01 1.1.1.1:80 agent-send \"web/web-01 zone-b\\n\"\n  server-template web-tpl 3 web.service.consul:8181 check agent-send \"zone-b\\n\"\n  server-template r 5-6 r.service.consul agent-send \"web/r zone-c\\n\"\n  server-template bad 0 x.consul agent-send \"zone-b\\n\"\n  server-template huge 20000 x.consul agent-send \"zone-b\\n\"\n",
+        );
+        let ids: Vec<String> = servers.iter().map(Server::id).collect();
+        assert_eq!(
+            ids,
+            [
+                "web/web-01",
+                "web/web-tpl1",
+                "web/web-tpl2",
+                "web/web-tpl3",
+                "web/r5",
+                "web/r6"
+            ]
+        );
+        for s in &servers[1..] {
+            assert!(s.template, "{s:?}");
+            assert_eq!(s.row_key(), None, "one line for all: no row key of its own");
+            assert!(matches!(s.enrolment, Enrolment::Enrolled { .. }), "{s:?}");
+        }
+        assert_eq!(servers[1].groups, ["zone-b"]);
+        assert!(servers[1].no_row_key().starts_with("server-template"));
+        assert_eq!(template_numbers("3"), 1..=3);
+        assert_eq!(template_numbers("5-7"), 5..=7);
+        for bad in ["0", "x", "7-5", "-3", "1-", "0-2"] {
+            assert!(template_numbers(bad).is_empty(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn named_defaults_and_from() {
+        let servers = parse_config(
+            "defaults agents\n  default-server agent-check\ndefaults plain\nbackend b from agents\n  server s 1.2.3.4:80 agent-send \"b/s\\n\"\nbackend c\n  server s 1.2.3.4:80 agent-send \"c/s\\n\"\n",
+        );
+        assert_eq!(servers[0].row_key(), Some("b/s"));
+        assert_eq!(servers[1].row_key(), None);
+    }
+
+    #[test]
+    fn reads_show_servers_state() {
+        let out = "1\n# be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight srv_time_since_last_change srv_check_status srv_check_result srv_check_health srv_check_state srv_agent_state bk_f_forced_id srv_f_forced_id srv_fqdn srv_port srvrecord srv_use_ssl srv_check_port srv_check_addr srv_agent_addr srv_agent_port\n2 web 1 a 127.0.0.1 2 0 100 100 1 1 0 2 0 22 0 0 - 1 - 0 0 - 127.0.0.1 18777\n2 web 2 b 127.0.0.1 2 0 100 100 1 1 0 2 0 0 0 0 - 1 - 0 0 - 127.0.0.1 18777\n\n";
+        let servers = parse_servers_state(out).unwrap();
+        assert_eq!(servers[0].row_key(), Some("web/a"));
+        assert_eq!(servers[1].row_key(), None);
+        assert!(parse_servers_state("Unknown command\n").is_err());
+        let states = parse_admin_states(
+            &out.replace(" 2 0 100 100 1 1 0 2 0 0 ", " 2 8 100 100 1 1 0 2 0 0 "),
+        )
+        .unwrap();
+        assert_eq!(states["web/a"], 0);
+        assert_eq!(states["web/b"], ADMIN_FORCED_DRAIN);
+        assert!(parse_admin_states("Unknown command\n").is_err());
+    }
+
+    #[test]
+    fn globs() {
+        for (p, t, want) in [
+            ("web-0[12]-sv-gprd", "web-01-sv-gprd", true),
+            ("web-0[12]-sv-gprd", "web-03-sv-gprd", false),
+            ("web-*", "web-01", true),
+            ("web-*", "api-01", false),
+            ("*", "", true),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("web-0?", "web-01", true),
+            ("web-0?", "web-1", false),
+            ("web-[!1]*", "web-2x", true),
+            ("web-[^1]*", "web-1x", false),
+            ("web-[0-9][0-9]", "web-42", true),
+            ("web-[", "web-[", true),
+            ("web-[*", "web-[01", true),
+            ("web-[*", "web-01", false),
+            ("web-**", "web-01", true),
+            ("***", "x", true),
+            ("exact", "exact", true),
+            ("exact", "exactly", false),
+        ] {
+            assert_eq!(glob_match(p, t), want, "{p} vs {t}");
+        }
+    }
+}

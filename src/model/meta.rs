@@ -11,12 +11,10 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+pub use super::identity::{is_meta_key, META_PREFIX};
 use super::snapshot::KvPair;
 use super::value::{parse_value, AdminState};
 
-/// The folder below the prefix that holds the records: `~meta/`. `~` is not
-/// allowed in identities, so no state key lies below it.
-pub const META_PREFIX: &str = "~meta/";
 
 /// Longest record accepted, in bytes: 8 KiB. A longer one is ignored (its
 /// key shows as written outside the writer) and counted as invalid.
@@ -53,11 +51,6 @@ pub struct KeyMeta {
 /// The record's key, relative to the prefix, for one identity.
 pub fn meta_key(identity: &str) -> String {
     format!("{META_PREFIX}{identity}")
-}
-
-/// Whether a key relative to the prefix lies below [`META_PREFIX`].
-pub fn is_meta_key(rel: &str) -> bool {
-    rel.starts_with(META_PREFIX)
 }
 
 /// Why a record was not used.

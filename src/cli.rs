@@ -600,6 +600,25 @@ impl WriteOpts {
 }
 
 impl StateCommand {
+    /// The write options of a command that writes; `None` for `get`,
+    /// `list`, `explain` and `status`.
+    pub fn write_opts(&self) -> Option<&WriteOpts> {
+        match self {
+            StateCommand::Set { write, .. }
+            | StateCommand::Clear { write, .. }
+            | StateCommand::Drain { write, .. }
+            | StateCommand::Undrain { write, .. }
+            | StateCommand::ReleaseRollback { write }
+            | StateCommand::Canary {
+                action: CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. },
+            } => Some(write),
+            StateCommand::Get { .. }
+            | StateCommand::List
+            | StateCommand::Explain { .. }
+            | StateCommand::Status(_) => None,
+        }
+    }
+
     /// Whether the command writes drain or maint to take servers out, and
     /// so needs a `--reason`: `drain`, `canary disable`, `set KEY
     /// drain|maint`.

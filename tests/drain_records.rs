@@ -67,7 +67,10 @@ fn records_show_on_metrics_and_status_and_hand_writes_show_as_unknown() {
         (before as f64..=now() as f64).contains(&first_seen),
         "{first_seen}: since the agent first served it"
     );
-    assert_eq!(series(&agent, &format!("{UNTIL}{{key=\"web/web-01\"}}")), None);
+    assert_eq!(
+        series(&agent, &format!("{UNTIL}{{key=\"web/web-01\"}}")),
+        None
+    );
     assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 2.0);
     assert_eq!(agent.metric("gitlab_haproxy_agent_invalid_keys"), 0.0);
     assert_eq!(agent.metric("gitlab_haproxy_agent_invalid_meta_keys"), 2.0);
@@ -103,8 +106,10 @@ fn records_show_on_metrics_and_status_and_hand_writes_show_as_unknown() {
     assert_eq!(series(&agent, &maint_since), Some(since));
     // Undrained: the series go.
     consul.delete("web/web-01");
-    wait_for(CONVERGE, || series(&agent, &web_since).is_none().then_some(()))
-        .expect("web/web-01 no longer out");
+    wait_for(CONVERGE, || {
+        series(&agent, &web_since).is_none().then_some(())
+    })
+    .expect("web/web-01 no longer out");
 }
 
 /// A finished writer run: exit status, stdout, stderr.
@@ -116,9 +121,8 @@ struct Run {
 
 impl Run {
     fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr)
-        })
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
     }
 }
 
@@ -203,7 +207,11 @@ fn a_drain_with_reason_and_until_shows_in_get_list_and_the_agents_metrics() {
     assert_eq!(keys[0]["key"], "zone-b");
     assert_eq!(keys[0]["written"], *written);
     let text = writer(&consul, &[], &["list"]);
-    assert!(text.stdout.contains("kernel upgrade CHG-1234"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("kernel upgrade CHG-1234"),
+        "{}",
+        text.stdout
+    );
 
     // The agents see the same record.
     let key_since = format!("{SINCE}{{key=\"zone-b\",state=\"maint\"}}");
@@ -223,8 +231,10 @@ fn a_drain_with_reason_and_until_shows_in_get_list_and_the_agents_metrics() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(kv(&consul, "zone-b"), None);
     assert_eq!(kv(&consul, "~meta/zone-b"), None);
-    wait_for(CONVERGE, || series(&agent, &key_since).is_none().then_some(()))
-        .expect("the agent no longer exports it");
+    wait_for(CONVERGE, || {
+        series(&agent, &key_since).is_none().then_some(())
+    })
+    .expect("the agent no longer exports it");
 }
 
 #[test]
@@ -237,7 +247,10 @@ fn a_hand_write_shows_as_written_outside_the_writer() {
     );
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let get = writer(&consul, &[], &["get", "canary", "--json"]).json();
-    assert_eq!(get["written"]["by"], "bob", "the sudo user, not root: {get}");
+    assert_eq!(
+        get["written"]["by"], "bob",
+        "the sudo user, not root: {get}"
+    );
     // The record and the key share one ModifyIndex.
     let record = kv(&consul, "~meta/canary").expect("a record");
     assert_eq!(record["ModifyIndex"], get["modify_index"]);
@@ -263,7 +276,15 @@ fn a_hand_write_shows_as_written_outside_the_writer() {
     let run = writer(
         &consul,
         &[],
-        &["set", "canary", "maint", "--reason", "still bad", "--by", "chatops (carol)"],
+        &[
+            "set",
+            "canary",
+            "maint",
+            "--reason",
+            "still bad",
+            "--by",
+            "chatops (carol)",
+        ],
     );
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let get = writer(&consul, &[], &["get", "canary", "--json"]).json();
@@ -277,7 +298,15 @@ fn taking_servers_out_without_a_reason_exits_64_and_writes_nothing() {
     let index = consul.prefix_index();
     for args in [
         &["drain", "--zone", "b", "--drain-wait", "50ms"][..],
-        &["drain", "--backend", "web", "--server", "web-01", "--reason", " "],
+        &[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-01",
+            "--reason",
+            " ",
+        ],
         &["canary", "disable", "--drain-wait", "50ms"],
         &["set", "web/web-01", "maint"],
         &["set", "web/web-01", "DRAIN"],
@@ -307,7 +336,10 @@ fn taking_servers_out_without_a_reason_exits_64_and_writes_nothing() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let get = writer(&consul, &[], &["get", "canary", "--json"]).json();
     assert_eq!(get["written"]["reason"], "chatops canary rollout");
-    assert_eq!(get["written"]["by"], "unknown", "no login in a clean environment");
+    assert_eq!(
+        get["written"]["by"], "unknown",
+        "no login in a clean environment"
+    );
 }
 
 #[test]
@@ -329,5 +361,7 @@ fn a_drain_of_many_row_keys_writes_every_record_in_its_key_transaction() {
     let list = writer(&consul, &[], &["list", "--json"]).json();
     let keys = list["keys"].as_array().unwrap();
     assert_eq!(keys.len(), 40);
-    assert!(keys.iter().all(|k| k["written"]["reason"] == "rack 7 power work"));
+    assert!(keys
+        .iter()
+        .all(|k| k["written"]["reason"] == "rack 7 power work"));
 }

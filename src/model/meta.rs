@@ -15,7 +15,6 @@ pub use super::identity::{is_meta_key, META_PREFIX};
 use super::snapshot::KvPair;
 use super::value::{parse_value, AdminState};
 
-
 /// Longest record accepted, in bytes: 8 KiB. A longer one is ignored (its
 /// key shows as written outside the writer) and counted as invalid.
 pub const MAX_META_LEN: usize = 8192;
@@ -96,7 +95,7 @@ impl KeyMeta {
 
 /// Who writes, why and until when: what one writer run records with every
 /// key it writes ([`Author::record`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Author {
     /// `--by`, else the login.
     pub by: String,
@@ -137,10 +136,12 @@ impl Author {
         };
         let reason = text("--reason", reason.unwrap_or(""))?;
         if reason_required && reason.is_empty() {
-            return Err("--reason TEXT is required to write drain or maint: it is recorded \
+            return Err(
+                "--reason TEXT is required to write drain or maint: it is recorded \
                  with the key, so whoever finds the servers out knows why (or set \
                  GITLAB_HAPROXY_AGENT_REASON); nothing was written"
-                .into());
+                    .into(),
+            );
         }
         let by = match by.map(str::trim).filter(|b| !b.is_empty()) {
             Some(b) => text("--by", b)?,
@@ -238,7 +239,12 @@ pub fn describe(meta: Option<&KeyMeta>, now: u64) -> String {
     let Some(m) = meta else {
         return UNKNOWN.to_string();
     };
-    let mut out = format!("by {}, since {} ({})", m.by, time_text(m.at), ago(m.at, now));
+    let mut out = format!(
+        "by {}, since {} ({})",
+        m.by,
+        time_text(m.at),
+        ago(m.at, now)
+    );
     if !m.reason.is_empty() {
         out.push_str(&format!(": {}", m.reason));
     }
@@ -369,7 +375,14 @@ mod tests {
     #[test]
     fn an_author_needs_a_reason_to_take_servers_out() {
         let now = 1_700_000_000;
-        let a = Author::resolve(None, Some("alice"), Some(" upgrade "), Some("2h"), true, now);
+        let a = Author::resolve(
+            None,
+            Some("alice"),
+            Some(" upgrade "),
+            Some("2h"),
+            true,
+            now,
+        );
         let a = a.unwrap();
         assert_eq!(
             a,

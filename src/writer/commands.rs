@@ -19,11 +19,12 @@ use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Curr
 use super::progress::{Run, StepStatus, Stop};
 use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
-use super::session::Writer;
+use super::session::{now, Writer};
 use crate::cli::{CanaryAction, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
+use crate::model::meta::{meta_key, records};
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
 use crate::model::value::parse_value;
 
@@ -68,11 +69,21 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         Ok(c) => c,
         Err(f) => return report_failure(args.json, &f),
     };
+    let reason_required = args.command.takes_servers_out();
+    let author = match args
+        .command
+        .write_opts()
+        .map(|w| w.author(reason_required, now()))
+    {
+        Some(Err(e)) => return report_failure(args.json, &Failure::usage(e)),
+        author => author.and_then(Result::ok).unwrap_or_default(),
+    };
     let writer = Writer {
         client,
         prefix: config.prefix,
         json: args.json,
         confirm,
+        author,
     };
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
@@ -160,8 +171,11 @@ impl Writer {
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;
+        let record = self.client.get_key(&self.full(&meta_key(key))).await?;
+        let record: Vec<KvPair> = record.into_iter().collect();
+        let records = records(&self.prefix, &record);
         if self.json {
-            let mut v = key_json(key, pair.as_ref());
+            let mut v = key_json(key, pair.as_ref(), &records);
             v["ok"] = json!(true);
             self.print_json(v);
             return Ok(());
@@ -170,7 +184,7 @@ impl Writer {
             None => println!(
                 "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
             ),
-            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None)),
+            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None, &records)),
         }
         Ok(())
     }
@@ -178,6 +192,7 @@ impl Writer {
     pub(super) async fn list(&self) -> Result<(), Failure> {
         let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
+        let records = records(&self.prefix, &answer.pairs);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
             .iter()
@@ -196,7 +211,7 @@ impl Writer {
                 "ok": true,
                 "prefix": self.prefix,
                 "consul_index": answer.index,
-                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot)).collect::<Vec<_>>(),
+                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot, &records)).collect::<Vec<_>>(),
                 "invalid": invalid,
             }));
             return Ok(());
@@ -210,7 +225,7 @@ impl Writer {
             );
             return Ok(());
         }
-        print!("{}", key_table(&rows, Some(&snapshot)));
+        print!("{}", key_table(&rows, Some(&snapshot), &records));
         println!(
             "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),

@@ -23,8 +23,9 @@ use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, V
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::Confirmation;
+use super::report::keys_out;
 use super::session::Writer;
-use crate::cli::{CanaryAction, ConfirmArgs, StateCommand, StatusArgs};
+use crate::cli::{ConfirmArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::model::value::AnswerKind;
 
@@ -50,21 +51,11 @@ pub enum Unconfirmed {
 /// A usage failure (exit 64) for a URL that is not an `http://` URL, before
 /// anything is written.
 pub fn of_command(command: &StateCommand) -> Result<Option<ConfirmArgs>, Failure> {
-    let write = match command {
-        StateCommand::Set { write, .. }
-        | StateCommand::Clear { write, .. }
-        | StateCommand::Drain { write, .. }
-        | StateCommand::Undrain { write, .. } => write,
-        StateCommand::Canary { action } => match action {
-            CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. } => write,
-        },
-        StateCommand::Get { .. }
-        | StateCommand::List
-        | StateCommand::Explain { .. }
-        | StateCommand::Status(_)
-        // The release mark decides no row's answer by itself: nothing to
-        // confirm per row; `state status` shows the fleet after it.
-        | StateCommand::ReleaseRollback { .. } => return Ok(None),
+    // The release mark decides no row's answer by itself: nothing to
+    // confirm per row; `state status` shows the fleet after it.
+    let release = matches!(command, StateCommand::ReleaseRollback { .. });
+    let Some(write) = command.write_opts().filter(|_| !release) else {
+        return Ok(None);
     };
     match write.confirm.confirm_prometheus.as_deref().map(str::trim) {
         None | Some("") => Ok(None),
@@ -428,7 +419,11 @@ impl Writer {
     pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
-        let index = index_after(&self.client, &self.prefix, None).await?;
+        let answer = self.client.list_prefix(&self.prefix).await?;
+        let (index, out) = (
+            answer.index,
+            keys_out(&self.prefix, &answer.pairs, self.json),
+        );
         let unavailable = |e| not_confirmed("prometheus_unavailable", e);
         let http = http_client().map_err(unavailable)?;
         let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
@@ -436,9 +431,9 @@ impl Writer {
             .map_err(|e| unavailable(e.message))?;
         let verdict = fleet.verdict(index, None);
         if self.json {
-            out_line(
-                &serde_json::to_string_pretty(&status_json(&fleet, index)).unwrap_or_default(),
-            );
+            let mut view = status_json(&fleet, index);
+            view["keys_out"] = out;
+            out_line(&serde_json::to_string_pretty(&view).unwrap_or_default());
         } else if fleet.agents.is_empty() {
             out_line(&format!(
                 "Prometheus at {} has no target matching {{{}}}.",
@@ -446,6 +441,7 @@ impl Writer {
             ));
         } else {
             out_line(status_text(&fleet, index).trim_end());
+            out_line(out.as_str().unwrap_or_default().trim_end());
         }
         if verdict.all_confirmed() {
             return Ok(());

@@ -1,5 +1,6 @@
 //! Running a sequence: read the keys, plan, write each step as
-//! compare-and-set transactions of at most [`MAX_TXN_OPS`] keys, wait,
+//! compare-and-set transactions of at most [`KEYS_PER_TXN`] keys, each
+//! with its record of who wrote it, why and until when, wait,
 //! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
 //! between steps on a signal, and print the report.
 
@@ -18,15 +19,20 @@ use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
-use super::session::Writer;
+use super::session::{now, Writer};
 
 use crate::consul::{TxnOp, TxnOutcome, MAX_TXN_OPS};
+use crate::model::meta::{is_meta_key, meta_key};
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
 /// How long after the drain wait HAProxy may take to show the servers of a
 /// drain from `--haproxy-socket` in DRAIN (several `agent-inter` of 2 s).
 pub const DRAIN_CHECK_GRACE: Duration = Duration::from_secs(10);
+
+/// Keys per transaction: half of [`MAX_TXN_OPS`], since each key's record
+/// (`~meta/<key>`) is written or deleted in the same transaction.
+pub(super) const KEYS_PER_TXN: usize = MAX_TXN_OPS / 2;
 
 /// How often the stats socket is read while waiting for DRAIN.
 pub(super) const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
@@ -288,8 +294,8 @@ impl Writer {
                     flags,
                     keys,
                 } => {
-                    let chunks = keys.chunks(MAX_TXN_OPS).count();
-                    for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
+                    let chunks = keys.chunks(KEYS_PER_TXN).count();
+                    for (n, chunk) in keys.chunks(KEYS_PER_TXN).enumerate() {
                         if n > 0 && interrupt.fired().is_some() {
                             run.statuses[i] = StepStatus::Partial;
                             return Err(interrupt.stop(i));
@@ -402,7 +408,8 @@ impl Writer {
 
     /// One transaction: every key in `chunk` gets `change` (a value with
     /// Consul Flags `flags`), each only if its ModifyIndex is the one last
-    /// seen.
+    /// seen, and its record is written (or deleted with it), after the keys
+    /// so that a refused operation's position names its key.
     pub(super) async fn write_chunk(
         &self,
         change: Change,
@@ -411,7 +418,7 @@ impl Writer {
         run: &mut Run,
     ) -> Result<(), Failure> {
         self.ensure_store_id().await?;
-        let ops: Vec<TxnOp> = chunk
+        let mut ops: Vec<TxnOp> = chunk
             .iter()
             .map(|k| {
                 let index = run.indexes.get(k).copied().unwrap_or(0);
@@ -429,6 +436,17 @@ impl Writer {
                 }
             })
             .collect();
+        let at = now();
+        ops.extend(chunk.iter().map(|k| {
+            let key = self.full(&meta_key(k));
+            match change {
+                Change::Set(s) => {
+                    let value = serde_json::to_vec(&self.author.record(s, at)).unwrap_or_default();
+                    TxnOp::Set { key, value }
+                }
+                Change::Clear => TxnOp::Delete { key },
+            }
+        }));
         match self.client.txn(&ops).await? {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
@@ -443,7 +461,8 @@ impl Writer {
                     }
                 }
                 for pair in results {
-                    if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
+                    let rel = pair.key.strip_prefix(&self.prefix);
+                    if let Some(rel) = rel.filter(|r| !is_meta_key(r)) {
                         run.indexes.insert(rel.to_string(), pair.modify_index);
                     }
                 }

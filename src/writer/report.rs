@@ -2,7 +2,7 @@
 //! report of a sequence (text for people, `--json` for scripts), and the
 //! columns they share (value, state, reply, set-by).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::{json, Value};
 
@@ -12,8 +12,11 @@ use super::output::table;
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
 use super::progress::{Confirmation, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
+use super::session::now;
 use crate::consul::KvPair;
+use crate::model::identity::is_control_key;
 use crate::model::marks::is_drain_mark;
+use crate::model::meta::{self, KeyMeta};
 use crate::model::snapshot::{Answer, Entry, Snapshot};
 use crate::model::value::{parse_value, AdminState, InvalidValue};
 
@@ -33,7 +36,16 @@ pub(super) fn reply_text(state: AdminState) -> String {
         .to_string()
 }
 
-pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
+/// The writer's records of a prefix read, by key ([`meta::records`]).
+pub(super) type Records<'a> = BTreeMap<&'a str, (KeyMeta, u64)>;
+
+/// The record that describes the write `pair` shows, if one does.
+fn record_of<'r>(key: &str, pair: &KvPair, records: &'r Records) -> Option<&'r KeyMeta> {
+    let state = parse_value(&pair.value).ok()?;
+    meta::record_for(records.get(key), state, pair.modify_index)
+}
+
+pub(super) fn key_json(key: &str, pair: Option<&KvPair>, records: &Records) -> Value {
     match pair {
         None => json!({"key": key, "present": false}),
         Some(p) => {
@@ -45,6 +57,7 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "flags": p.flags,
                 "by_drain": is_row_key(key) && is_drain_mark(p.flags),
                 "set_by": set_by(key, p.flags),
+                "written": meta::written_json(record_of(key, p, records)),
             });
             match parse_value(&p.value) {
                 Ok(s) => {
@@ -62,8 +75,8 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
     }
 }
 
-pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value {
-    let mut v = key_json(key, Some(pair));
+pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot, r: &Records) -> Value {
+    let mut v = key_json(key, Some(pair), r);
     // The agent's verdict, key validity included.
     if let Some(Entry::Invalid(e)) = snapshot.keys.get(key).map(|k| &k.entry) {
         v["valid"] = json!(false);
@@ -74,6 +87,34 @@ pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value
         }
     }
     v
+}
+
+/// `state status`'s keys that take servers out or change their weight
+/// (drain, maint, a weight), with who wrote them, why and until when: a
+/// table, or with `json` a list of `{key, state, written}`.
+pub(super) fn keys_out(prefix: &str, pairs: &[KvPair], json: bool) -> Value {
+    let records = meta::records(prefix, pairs);
+    let out: Vec<(&str, AdminState, Option<&KeyMeta>)> = pairs
+        .iter()
+        .filter_map(|p| {
+            let key = p.key.strip_prefix(prefix).filter(|k| !is_control_key(k))?;
+            let state = parse_value(&p.value)
+                .ok()
+                .filter(|s| *s != AdminState::Ready)?;
+            Some((key, state, record_of(key, p, &records)))
+        })
+        .collect();
+    if json {
+        let one = |(k, s, m): &(&str, AdminState, _)| json!({"key": k, "state": s.to_string(), "written": meta::written_json(*m)});
+        return Value::Array(out.iter().map(one).collect());
+    }
+    let rows: Vec<Vec<String>> = (out.iter())
+        .map(|(k, s, m)| vec![k.to_string(), s.to_string(), meta::describe(*m, now())])
+        .collect();
+    Value::String(match rows.is_empty() {
+        true => "No key takes servers out (drain, maint or a weight).".into(),
+        false => table(&["KEY OUT", "STATE", "WRITTEN"], &rows),
+    })
 }
 
 /// The REPLY column for a key holding an invalid value: an agent that knew
@@ -88,7 +129,7 @@ pub(super) fn invalid_reply(e: &InvalidValue) -> String {
     }
 }
 
-pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
+pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>, r: &Records) -> Vec<String> {
     let (state, reply) = match entry {
         Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
         Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), invalid_reply(e)),
@@ -103,6 +144,7 @@ pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<St
         state,
         reply,
         pair.modify_index.to_string(),
+        meta::describe(record_of(key, pair, r), now()),
         set_by(key, pair.flags),
     ]
 }
@@ -129,19 +171,30 @@ pub(super) fn mark_name(flags: u64) -> String {
     }
 }
 
-pub(super) const KEY_HEADER: [&str; 6] =
-    ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
+pub(super) const KEY_HEADER: [&str; 7] = [
+    "KEY",
+    "VALUE",
+    "STATE",
+    "REPLY",
+    "MODIFY-INDEX",
+    "WRITTEN",
+    "SET-BY",
+];
 
 /// The key table of `get` and `list`: with the snapshot, the agent's
 /// verdict on each key (key validity included).
-pub(super) fn key_table(rows: &[(String, &KvPair)], snapshot: Option<&Snapshot>) -> String {
+pub(super) fn key_table(
+    rows: &[(String, &KvPair)],
+    snapshot: Option<&Snapshot>,
+    records: &Records,
+) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|(k, p)| {
             let entry = snapshot
                 .and_then(|s| s.keys.get(k.as_str()))
                 .map(|s| &s.entry);
-            key_row(k, p, entry)
+            key_row(k, p, entry, records)
         })
         .collect();
     table(&KEY_HEADER, &rows)

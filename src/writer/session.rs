@@ -9,6 +9,7 @@ use super::output::out_line;
 use crate::cli::ConfirmArgs;
 use crate::consul::ConsulClient;
 use crate::decision::STORE_ID_KEY;
+use crate::model::meta::Author;
 
 /// One `state` command's connection: the Consul client, the prefix (ending
 /// in `/`), and whether output is `--json`.
@@ -18,6 +19,14 @@ pub(super) struct Writer {
     pub(super) json: bool,
     /// Set when write steps are to be confirmed through Prometheus.
     pub(super) confirm: Option<ConfirmArgs>,
+    /// Who writes, why and until when, recorded with every key written.
+    pub(super) author: Author,
+}
+
+/// Unix time now, in seconds.
+pub(super) fn now() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    since.map_or(0, |d| d.as_secs())
 }
 
 impl Writer {

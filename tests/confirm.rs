@@ -398,8 +398,14 @@ fn the_runbook_confirmation_commands_parse() {
         .collect();
     assert_eq!(commands.len(), 2, "{section}");
     for command in commands {
-        let cli = Cli::try_parse_from(command.split_whitespace())
-            .unwrap_or_else(|e| panic!("{command}\n{e}"));
+        // Words as the shell splits them: "..." is one (a --reason).
+        let words: Vec<&str> = (command.split('"').enumerate())
+            .flat_map(|(i, part)| match i % 2 {
+                0 => part.split_whitespace().collect(),
+                _ => vec![part],
+            })
+            .collect();
+        let cli = Cli::try_parse_from(words).unwrap_or_else(|e| panic!("{command}\n{e}"));
         assert!(
             cli.command.is_some(),
             "{command} parsed without a subcommand"

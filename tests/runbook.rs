@@ -160,7 +160,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         // What each procedure must have done to HAProxy: the servers it
         // names reach the state, and no other server moved.
         let (targets, cond): (&[&str], fn(&ServerState) -> bool) =
-            if joined.contains("state canary disable --drain-wait 60s\n") {
+            if joined.contains("state canary disable --drain-wait 60s --reason") {
                 (
                     &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
                     ServerState::is_maint,

@@ -930,6 +930,10 @@ mod tests {
                 "until": 7200, "value": "drain"}}),
         );
         keys.insert(
+            "web/from-an-older-file".into(),
+            serde_json::json!({"value": "maint", "modify_index": 5, "served": "maint"}),
+        );
+        keys.insert(
             "zone".into(),
             serde_json::json!({"value": "ready", "modify_index": 5, "served": "ready", "since": 1}),
         );
@@ -954,6 +958,10 @@ mod tests {
             assert!(text.contains(line), "missing {line}");
         }
         assert!(!text.contains("key=\"zone\""), "ready keys are not out");
+        assert!(
+            !text.contains("from-an-older-file"),
+            "since unknown: not 1970"
+        );
         let last = format!("key=\"web/s{}\"", MAX_OUT_KEYS - 1);
         assert!(!text.contains(&last), "the newest is left out at the cap");
         m.observe_out_keys(&ServedState::default());

@@ -420,7 +420,9 @@ impl ServedState {
     }
 
     /// Every key served drain, maint or a weight, oldest first (ties by
-    /// key), with since when and the record's `until`.
+    /// key), with since when and the record's `until`; a key whose since is
+    /// not known yet (read from a state file written before it was kept,
+    /// until the first answer) is left out rather than shown as 1970.
     pub fn out_keys(&self) -> Vec<OutKey<'_>> {
         let mut out: Vec<OutKey<'_>> = self
             .keys
@@ -431,10 +433,11 @@ impl ServedState {
                     .meta
                     .as_deref()
                     .filter(|m| parse_value(m.value.as_bytes()).ok() == Some(state));
-                Some(OutKey {
+                let since = meta.map_or(r.since, |m| m.at);
+                (since > 0).then_some(OutKey {
                     key,
                     state,
-                    since: meta.map_or(r.since, |m| m.at),
+                    since,
                     until: meta.and_then(|m| m.until),
                 })
             })

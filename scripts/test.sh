@@ -46,11 +46,11 @@ suite "cargo test" cargo test --all-targets --locked --no-fail-fast
 # change the token policy while writes go on; seed 10 reloads HAProxy then),
 # run side by side, about 30 s.
 for v in 3.0 3.2; do
-  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule, runtime_commands, reload_guard)" env \
+  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule, runtime_commands, reload_guard, idle_and_ramp)" env \
     GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$v/bin/haproxy" \
     GHA_FAULT_SEEDS="4 10" GHA_FAULT_STEPS=20 \
     cargo test --locked --test haproxy --test cookbook_e2e --test fault_schedule \
-    --test runtime_commands --test reload_guard
+    --test runtime_commands --test reload_guard --test idle_and_ramp
 done
 [ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh

@@ -311,8 +311,8 @@ pub struct StateArgs {
     pub json: bool,
 
     /// The `agent-inter` of the enrolled servers (HAProxy's default: 2s).
-    /// With --agent-read-delay it sets the shortest --drain-wait and
-    /// --maint-wait accepted: 2 x agent-inter + read delay (5s with the
+    /// With --agent-read-delay it sets the shortest --drain-wait,
+    /// --maint-wait, --until-idle and --ramp-every accepted: 2 x agent-inter + read delay (5s with the
     /// defaults); shorter waits exit 64, because agents and HAProxy could
     /// skip the intermediate state (drain, or the maint that fires
     /// slowstart).
@@ -401,7 +401,8 @@ pub enum StateCommand {
         #[command(subcommand)]
         action: CanaryAction,
     },
-    /// Drain servers: drain, wait --drain-wait, then maint.
+    /// Drain servers: drain, wait --drain-wait (or with --until-idle until
+    /// their sessions have ended), then maint.
     ///
     /// `--zone Z` (or `--group G`) writes one group key, `zone-Z` (`G`),
     /// which every agent of the datacenter answers for every server whose
@@ -420,6 +421,10 @@ pub enum StateCommand {
     ///
     /// With a configuration, the report shows what the agents answer for
     /// each selected server at the end, and which key decides.
+    ///
+    /// `--until-idle 10m` writes maint as soon as no load balancer reports
+    /// a session on the servers (HAProxy's exporter, through Prometheus), or
+    /// after 10m; the report names those still in session then.
     #[command(after_help = EXIT_CODES_HELP)]
     Drain {
         /// Which servers.
@@ -430,6 +435,9 @@ pub enum StateCommand {
         /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
+        /// Wait for the sessions to end.
+        #[command(flatten)]
+        idle: IdleArgs,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
@@ -445,6 +453,11 @@ pub enum StateCommand {
     /// back; row keys at drain, maint or 0% set by hand (even Flags: a server
     /// out for repair) are left alone and listed; `state clear` releases
     /// one. Keys that are absent or in service (ready, N%) are left alone.
+    ///
+    /// `--ramp 25%,50%,100%` writes each weight in turn after maint, each
+    /// held --ramp-every, before the key is removed: for backends without
+    /// slowstart. Interrupted, a key stays at its step (a valid value);
+    /// running the same command again goes on from it.
     #[command(after_help = EXIT_CODES_HELP)]
     Undrain {
         /// Which servers.
@@ -456,6 +469,9 @@ pub enum StateCommand {
         /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
+        /// Bring them back in weight steps.
+        #[command(flatten)]
+        ramp: RampArgs,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
@@ -517,8 +533,9 @@ pub enum StateCommand {
 /// `state canary` actions.
 #[derive(Debug, Subcommand, Clone)]
 pub enum CanaryAction {
-    /// `canary` = drain, wait --drain-wait, then maint. Interrupted during
-    /// the wait, drain stays and maint is not written; re-running finishes.
+    /// `canary` = drain, wait --drain-wait (or --until-idle), then maint.
+    /// Interrupted during the wait, drain stays and maint is not written;
+    /// re-running finishes.
     /// Written with Consul Flags 0: the `canary` key is taken over and
     /// cleared whoever set it.
     #[command(after_help = EXIT_CODES_HELP)]
@@ -528,12 +545,21 @@ pub enum CanaryAction {
         /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         drain_wait: Duration,
+        /// Wait for the sessions to end.
+        #[command(flatten)]
+        idle: IdleArgs,
+        /// The HAProxy configuration that says which servers name `canary`,
+        /// for --until-idle [default: $GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG,
+        /// else /etc/haproxy/haproxy.cfg, when it exists].
+        #[arg(long, value_name = "PATH")]
+        haproxy_config: Option<PathBuf>,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
     },
     /// maint -> ready: removes the `canary` key (from drain, through maint
-    /// held for --maint-wait), so slowstart ramps the servers up.
+    /// held for --maint-wait), so slowstart ramps the servers up; with
+    /// --ramp, through weight steps first.
     #[command(after_help = EXIT_CODES_HELP)]
     Enable {
         /// How long maint is held first when the key is at drain.
@@ -541,10 +567,102 @@ pub enum CanaryAction {
         /// defaults); a shorter wait exits 64.
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         maint_wait: Duration,
+        /// Bring them back in weight steps.
+        #[command(flatten)]
+        ramp: RampArgs,
         /// Dry run.
         #[command(flatten)]
         write: WriteOpts,
     },
+}
+
+/// `--until-idle`: end the drain wait when the servers have no sessions.
+#[derive(Debug, Args, Clone, Default)]
+pub struct IdleArgs {
+    /// Instead of the fixed --drain-wait, write maint as soon as every load
+    /// balancer reports no current session on the drained servers
+    /// (`haproxy_server_current_sessions{proxy,server}` of HAProxy's own
+    /// Prometheus exporter, asked every second from the Prometheus of
+    /// --confirm-prometheus, which is then required: exit 64 without it), or
+    /// after MAX at the latest; the report names the servers and load
+    /// balancers (`instance`) still in session then. It waits at least 2 x
+    /// --agent-inter + --agent-read-delay, and MAX may not be shorter (exit
+    /// 64). The servers are the row keys' `<backend>/<server>`; a --zone,
+    /// --group or `canary` needs the HAProxy configuration to know which
+    /// servers name the group (exit 64 without one). A server no load
+    /// balancer reports counts as in session. Not with --drain-wait.
+    #[arg(
+        long,
+        value_name = "MAX",
+        value_parser = humantime::parse_duration,
+        conflicts_with = "drain_wait"
+    )]
+    pub until_idle: Option<Duration>,
+    /// PromQL label matchers that select the HAProxy exporter series for
+    /// --until-idle (e.g. `job="haproxy",environment="gprd"`); empty: every
+    /// series with the servers' `proxy` and `server` labels.
+    #[arg(
+        long,
+        value_name = "MATCHERS",
+        default_value = "",
+        env = "GITLAB_HAPROXY_AGENT_SESSIONS_SELECTOR"
+    )]
+    pub sessions_selector: String,
+}
+
+/// `--ramp`: bring servers back through weight steps.
+#[derive(Debug, Args, Clone, Default)]
+pub struct RampArgs {
+    /// Weight steps, e.g. `25%,50%,100%`: after maint, each key is written
+    /// `N%` (answered `ready N%`) for each step in turn (each held for --ramp-every, and
+    /// confirmed like every write with --confirm-prometheus), then removed
+    /// (ready 100%). Steps are 1% to 100%, increasing; the last is 100%,
+    /// added when left out. A key left at a step by an interrupted ramp (a
+    /// row key with the drain mark, or a group key) goes on from there when
+    /// the command is run again. For backends without slowstart, or whose
+    /// slowstart is too short. A bad list exits 64.
+    #[arg(long, value_name = "STEPS", value_parser = parse_ramp)]
+    pub ramp: Option<RampSteps>,
+    /// How long each --ramp step is held. At least 2 x --agent-inter +
+    /// --agent-read-delay (5s with the defaults); a shorter one exits 64.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ramp_every: Duration,
+}
+
+impl RampArgs {
+    /// The weights below 100% of `--ramp`, increasing; empty without it.
+    pub fn weights(&self) -> &[u16] {
+        self.ramp.as_ref().map_or(&[], |r| &r.0)
+    }
+}
+
+/// The weights of `--ramp` below 100%, increasing (the last step, 100%, is
+/// the removal of the key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RampSteps(pub Vec<u16>);
+
+/// Parses `--ramp`: `N%` steps separated by commas, each 1..=100 and above
+/// the one before; a last step below 100% implies 100%.
+///
+/// # Errors
+///
+/// A message naming the bad step (exit 64).
+pub fn parse_ramp(text: &str) -> Result<RampSteps, String> {
+    let mut steps: Vec<u16> = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        let n = part
+            .strip_suffix('%')
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|n| n.parse::<u16>().ok())
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| format!("{part:?} is not a weight step from 1% to 100% (N%)"))?;
+        if steps.last().is_some_and(|last| n <= *last) {
+            return Err(format!("{part} does not increase over the step before it"));
+        }
+        steps.push(n);
+    }
+    steps.retain(|n| *n < 100);
+    Ok(RampSteps(steps))
 }
 
 /// Options of every command that writes.
@@ -689,7 +807,7 @@ pub struct StatusArgs {
 ///
 /// Combinations are checked by the writer, not by clap, so that a bad one is
 /// reported like every other failure (a JSON object with `--json`).
-#[derive(Debug, Args, Clone)]
+#[derive(Debug, Args, Clone, Default)]
 pub struct Selector {
     /// Servers whose agent-send line names the group `zone-ZONE`: writes the
     /// group key `zone-ZONE`, no HAProxy configuration needed.
@@ -727,4 +845,30 @@ pub struct Selector {
     /// checked (exit 64).
     #[arg(long, value_name = "PATH")]
     pub haproxy_socket: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ramp_steps_increase_from_1_to_100_percent_and_imply_100() {
+        assert_eq!(parse_ramp("25%,50%,100%"), Ok(RampSteps(vec![25, 50])));
+        assert_eq!(parse_ramp("25%, 50%"), Ok(RampSteps(vec![25, 50])));
+        assert_eq!(parse_ramp("100%"), Ok(RampSteps(vec![])));
+        for bad in [
+            "",
+            "0%",
+            "25",
+            "50%,25%",
+            "25%,25%",
+            "101%",
+            "25%,,50%",
+            "+5%",
+            "5.5%",
+            "50%,100%,100%",
+        ] {
+            assert!(parse_ramp(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -15,12 +15,12 @@ use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
 use super::output::table;
-use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current};
+use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::{now, Writer};
-use crate::cli::{CanaryAction, StateArgs, StateCommand};
+use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
@@ -85,6 +85,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         confirm,
         author,
     };
+    let floor = super::waits::floor(args.agent_inter, args.agent_read_delay);
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,
         StateCommand::List => writer.list().await,
@@ -96,55 +97,73 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         } => writer.set(key, value, *cas, write.dry_run).await,
         StateCommand::Clear { key, cas, write } => writer.clear(key, *cas, write.dry_run).await,
         StateCommand::Canary { action } => match action {
-            CanaryAction::Disable { drain_wait, write } => {
+            CanaryAction::Disable {
+                drain_wait,
+                idle,
+                haproxy_config,
+                write,
+            } => {
+                let target = match idle.until_idle {
+                    None => Ok(Target::group(CANARY_KEY)),
+                    Some(_) => Target::servers(&Selector {
+                        group: Some(CANARY_KEY.into()),
+                        haproxy_config: haproxy_config.clone(),
+                        ..Selector::default()
+                    }),
+                };
                 writer
-                    .sequence(
+                    .drain(
                         "canary disable",
-                        Target::group(CANARY_KEY),
+                        target,
+                        *drain_wait,
+                        idle,
+                        floor,
                         write.dry_run,
-                        |t| Ok(plan_drain(t, *drain_wait)),
                     )
                     .await
             }
-            CanaryAction::Enable { maint_wait, write } => {
+            CanaryAction::Enable {
+                maint_wait,
+                ramp,
+                write,
+            } => {
+                let target = Ok(Target::group(CANARY_KEY));
                 writer
-                    .sequence(
-                        "canary enable",
-                        Target::group(CANARY_KEY),
-                        write.dry_run,
-                        |t| plan_undrain(t, *maint_wait).map_err(refused_invalid),
-                    )
+                    .sequence("canary enable", target, write.dry_run, |t| {
+                        plan_undrain(t, *maint_wait, ramp).map_err(refused_invalid)
+                    })
                     .await
             }
         },
         StateCommand::Drain {
             select,
             drain_wait,
+            idle,
             write,
-        } => match Target::servers(select) {
-            Err(f) => Err(f),
-            Ok(target) => {
-                writer
-                    .sequence("drain", target, write.dry_run, |t| {
-                        Ok(plan_drain(t, *drain_wait))
-                    })
-                    .await
-            }
-        },
+        } => {
+            writer
+                .drain(
+                    "drain",
+                    Target::servers(select),
+                    *drain_wait,
+                    idle,
+                    floor,
+                    write.dry_run,
+                )
+                .await
+        }
         StateCommand::Undrain {
             select,
             maint_wait,
+            ramp,
             write,
-        } => match Target::servers(select) {
-            Err(f) => Err(f),
-            Ok(target) => {
-                writer
-                    .sequence("undrain", target, write.dry_run, |t| {
-                        plan_undrain(t, *maint_wait).map_err(refused_invalid)
-                    })
-                    .await
-            }
-        },
+        } => {
+            writer
+                .sequence("undrain", Target::servers(select), write.dry_run, |t| {
+                    plan_undrain(t, *maint_wait, ramp).map_err(refused_invalid)
+                })
+                .await
+        }
         StateCommand::Explain {
             identities,
             haproxy_config,
@@ -168,6 +187,48 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
 }
 
 impl Writer {
+    /// `drain` and `canary disable`: drain, wait (`--drain-wait`, or with
+    /// `--until-idle` until the sessions end, at least `floor`), maint.
+    async fn drain(
+        &self,
+        action: &'static str,
+        target: Result<Target, Failure>,
+        drain_wait: Duration,
+        idle: &IdleArgs,
+        floor: Duration,
+        dry_run: bool,
+    ) -> Result<(), Failure> {
+        let mut target = target?;
+        if idle.until_idle.is_some() {
+            let needs = match (&target.group, &target.source) {
+                _ if self.confirm.is_none() => {
+                    "Prometheus, which it reads the sessions \
+                    from: give --confirm-prometheus URL (or $GITLAB_HAPROXY_AGENT_PROMETHEUS_URL)"
+                }
+                (Some(_), None) => {
+                    "the HAProxy configuration to know which servers name the \
+                    group: give --haproxy-config PATH (a load balancer's)"
+                }
+                _ => "",
+            };
+            if !needs.is_empty() {
+                return Err(Failure::usage(format!(
+                    "--until-idle needs {needs}; nothing written"
+                )));
+            }
+            target.sessions = Some(idle.sessions_selector.clone());
+        }
+        let wait = idle.until_idle.unwrap_or(drain_wait);
+        let purpose = match idle.until_idle {
+            Some(_) => WaitFor::Idle { at_least: floor },
+            None => WaitFor::Drain,
+        };
+        self.sequence(action, Ok(target), dry_run, |t| {
+            Ok(plan_drain(t, wait, purpose))
+        })
+        .await
+    }
+
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;

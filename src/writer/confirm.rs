@@ -19,10 +19,12 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
-use super::fleet::{check_url, fetch_fleet, http_client, AgentView, Fleet, Lag, Verdict};
+use super::fleet::{
+    check_url, fetch_fleet, fetch_sessions, http_client, AgentView, Fleet, Lag, Sessions, Verdict,
+};
 use super::output::{err_line, out_line};
 use super::plan::Change;
-use super::progress::Confirmation;
+use super::progress::{Confirmation, Idle};
 use super::report::keys_out;
 use super::session::Writer;
 use crate::cli::{ConfirmArgs, StateCommand, StatusArgs};
@@ -31,6 +33,10 @@ use crate::model::value::AnswerKind;
 
 /// How often Prometheus is asked again while agents lag: 1 s.
 pub const POLL: Duration = Duration::from_secs(1);
+
+/// How often Prometheus is asked for sessions during `--until-idle`:
+/// 500 ms, so maint follows the scrape that saw the last session end.
+pub const IDLE_POLL: Duration = Duration::from_millis(500);
 
 /// Why a confirmation did not succeed.
 #[derive(Debug)]
@@ -412,6 +418,61 @@ impl Writer {
             .await
             .map_err(|e| Unconfirmed::Failed(e.into()))?;
         confirm.confirm(action, index, state, cancel).await
+    }
+
+    /// `--until-idle`: waits at least `at_least`, then asks the Prometheus
+    /// of `--confirm-prometheus` every [`IDLE_POLL`] for the current
+    /// sessions of `servers` (`<backend>/<server>`) on the load balancers
+    /// `selector` matches, until none has one or `max` has passed since the
+    /// start. A server no load balancer reports, and a Prometheus that does
+    /// not answer, count as in session. `None` when `cancel` fires.
+    pub(super) async fn wait_idle(
+        &self,
+        (servers, selector): (&[String], &str),
+        at_least: Duration,
+        max: Duration,
+        cancel: &CancellationToken,
+    ) -> Option<Idle> {
+        let started = tokio::time::Instant::now();
+        let base = self.confirm.as_ref()?.confirm_prometheus.as_deref()?;
+        let http = http_client().unwrap_or_default();
+        let backends: Vec<&str> = servers.iter().filter_map(|s| s.split('/').next()).collect();
+        let poll = async {
+            tokio::time::sleep(at_least.min(max)).await;
+            loop {
+                let next = tokio::time::Instant::now() + IDLE_POLL;
+                let answer = fetch_sessions(&http, base, selector, &backends).await;
+                let all = answer.as_ref().map_or(&[][..], Vec::as_slice);
+                let busy: Vec<Sessions> = servers
+                    .iter()
+                    .flat_map(|s| {
+                        let on: Vec<&Sessions> = all.iter().filter(|x| x.server == *s).collect();
+                        match on.is_empty() {
+                            true => vec![Sessions {
+                                server: s.clone(),
+                                instance: None,
+                                sessions: 0,
+                            }],
+                            false => on.into_iter().filter(|x| x.sessions > 0).cloned().collect(),
+                        }
+                    })
+                    .collect();
+                let waited = started.elapsed();
+                if busy.is_empty() || waited >= max {
+                    return Idle {
+                        idle: busy.is_empty(),
+                        waited_seconds: waited.as_secs(),
+                        still_in_session: busy,
+                        error: answer.err().map(|e| e.message),
+                    };
+                }
+                tokio::time::sleep_until(next).await;
+            }
+        };
+        tokio::select! {
+            idle = poll => Some(idle),
+            _ = cancel.cancelled() => None,
+        }
     }
 
     /// `state status`: reads the prefix's index from Consul and shows every

@@ -183,10 +183,11 @@ impl Writer {
     pub(super) async fn sequence(
         &self,
         action: &'static str,
-        target: Target,
+        target: Result<Target, Failure>,
         dry_run: bool,
         make_plan: impl FnOnce(Vec<(String, Current)>) -> Result<Plan, Failure>,
     ) -> Result<(), Failure> {
+        let target = target?;
         if target.keys.is_empty() {
             return Err(target.nothing_selected());
         }
@@ -262,28 +263,48 @@ impl Writer {
             match step {
                 Step::Wait { duration, purpose } => {
                     let what = match purpose {
-                        WaitFor::Drain => {
-                            "for sessions to finish before maint. Ctrl-C now \
-                                           leaves drain in place and does not write maint"
+                        WaitFor::Drain => "for sessions to finish before maint",
+                        WaitFor::Idle { .. } => {
+                            "at most, until no load balancer reports a session on the drained \
+                             servers, before maint"
                         }
                         WaitFor::Maint => {
-                            "so every HAProxy applies maint before the key is \
-                                           cleared. Ctrl-C now leaves maint in place"
+                            "so every HAProxy applies maint before the key is cleared. Ctrl-C \
+                             now leaves maint in place"
+                        }
+                        WaitFor::Ramp => {
+                            "so every HAProxy serves this weight before the next step. Ctrl-C \
+                             now leaves the weight in place"
                         }
                     };
+                    let drain = match purpose.drains() {
+                        true => ". Ctrl-C now leaves drain in place and does not write maint",
+                        false => "",
+                    };
                     err_line(&format!(
-                        "{action}: waiting {} {what}",
+                        "{action}: waiting {} {what}{drain}",
                         humantime::format_duration(*duration)
                     ));
-                    if !interrupt.sleep(*duration).await {
+                    let next = match plan.steps.get(i + 1) {
+                        Some(Step::Write { keys, .. }) => keys.as_slice(),
+                        _ => &[],
+                    };
+                    let waited = match (purpose, &target.sessions) {
+                        (WaitFor::Idle { at_least }, Some(selector)) => {
+                            let servers = (&target.session_servers(next)[..], selector.as_str());
+                            let (max, cancel) = (*duration, &interrupt.token);
+                            run.idle = self.wait_idle(servers, *at_least, max, cancel).await;
+                            run.idle.is_some()
+                        }
+                        _ => interrupt.sleep(*duration).await,
+                    };
+                    if !waited {
                         run.statuses[i] = StepStatus::Interrupted;
                         return Err(interrupt.stop(i));
                     }
                     run.statuses[i] = StepStatus::Done;
-                    if let (WaitFor::Drain, Some(socket), Some(Step::Write { keys, .. })) =
-                        (purpose, &target.socket, plan.steps.get(i + 1))
-                    {
-                        let servers = target.servers_of(keys);
+                    if let (true, Some(socket)) = (purpose.drains(), &target.socket) {
+                        let servers = target.servers_of(next);
                         self.check_admin(action, socket, &servers, Want::Drain, &interrupt, run)
                             .await
                             .map_err(|stop| stop.at(i + 1))?;
@@ -328,13 +349,7 @@ impl Writer {
                         Err(confirm::Unconfirmed::Interrupted) => return Err(interrupt.stop(i)),
                     }
                     let after_drain_wait = i > 0
-                        && matches!(
-                            plan.steps[i - 1],
-                            Step::Wait {
-                                purpose: WaitFor::Drain,
-                                ..
-                            }
-                        );
+                        && matches!(plan.steps[i - 1], Step::Wait { purpose, .. } if purpose.drains());
                     if let (Change::Set(AdminState::Maint), true, Some(socket)) =
                         (change, after_drain_wait, &target.socket)
                     {

@@ -332,60 +332,121 @@ pub async fn fetch_fleet(
     base: &str,
     selector: &str,
 ) -> Result<Fleet, FetchError> {
-    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
     let mut answers = Vec::with_capacity(6);
     for query in queries(selector) {
-        let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
-            message: format!("bad Prometheus URL {base:?}: {e}"),
-            lasting: true,
-        })?;
-        url.query_pairs_mut().append_pair("query", &query);
-        let passing = |message: String| FetchError {
-            message,
-            lasting: false,
-        };
-        let response = http
-            .get(url)
-            .timeout(QUERY_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| {
-                passing(format!(
-                    "Prometheus at {base} did not answer: {}",
-                    error_chain(&e)
-                ))
-            })?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| passing(format!("Prometheus at {base}: {}", error_chain(&e))))?;
-        // The HTTP API answers 400 (bad_data) to a query it cannot parse
-        // and 404 to a path that is not the API: asking again cannot help.
-        let lasting = status.is_client_error();
-        let value: Value = serde_json::from_slice(&body).map_err(|_| FetchError {
-            message: format!(
-                "Prometheus at {base} answered {status} without the HTTP API's JSON (is the \
-                 URL Prometheus's base?)"
-            ),
-            lasting,
-        })?;
-        if value["status"] != "success" {
-            return Err(FetchError {
-                message: format!(
-                    "Prometheus at {base} refused {query:?}: {} {}",
-                    value["errorType"].as_str().unwrap_or("error"),
-                    value["error"].as_str().unwrap_or("(no message)")
-                ),
-                lasting,
-            });
-        }
-        answers.push(value);
+        answers.push(instant_query(http, base, &query).await?);
     }
     Fleet::from_answers(&answers).map_err(|e| FetchError {
         message: format!("Prometheus at {base}: {e}"),
         lasting: false,
     })
+}
+
+/// One load balancer's current sessions on one server, from HAProxy's own
+/// exporter (`haproxy_server_current_sessions{proxy,server}`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Sessions {
+    /// `<proxy>/<server>`: the backend and server.
+    pub server: String,
+    /// The exporter target's `instance` label (the load balancer); `None`
+    /// for a server no load balancer reports.
+    pub instance: Option<String>,
+    /// Current sessions.
+    pub sessions: u64,
+}
+
+/// The PromQL query for the current sessions of the servers of `backends`
+/// (series matched by `selector` too, label matchers without braces).
+/// HAProxy allows only letters, digits and `-_.:` in a proxy name, and a
+/// `.` matching more only widens the answer, which is filtered by name.
+pub fn sessions_query(selector: &str, backends: &[&str]) -> String {
+    let selector = selector.trim();
+    let comma = if selector.is_empty() { "" } else { "," };
+    let backends = backends.join("|");
+    format!("haproxy_server_current_sessions{{{selector}{comma}proxy=~\"{backends}\"}}")
+}
+
+/// Asks Prometheus at `base` for the current sessions on every server of
+/// `backends`, on every load balancer whose exporter `selector` matches.
+///
+/// # Errors
+///
+/// As [`fetch_fleet`].
+pub async fn fetch_sessions(
+    http: &reqwest::Client,
+    base: &str,
+    selector: &str,
+    backends: &[&str],
+) -> Result<Vec<Sessions>, FetchError> {
+    let answer = instant_query(http, base, &sessions_query(selector, backends)).await?;
+    let label = |s: &Sample, l: &str| s.labels.get(l).cloned().unwrap_or_default();
+    Ok(samples(&answer, "haproxy_server_current_sessions")
+        .map_err(|message| FetchError {
+            message,
+            lasting: false,
+        })?
+        .iter()
+        .map(|s| Sessions {
+            server: format!("{}/{}", label(s, "proxy"), label(s, "server")),
+            instance: Some(label(s, "instance")),
+            sessions: as_index(s.value),
+        })
+        .collect())
+}
+
+/// One instant query to the HTTP API of the Prometheus at `base`.
+async fn instant_query(
+    http: &reqwest::Client,
+    base: &str,
+    query: &str,
+) -> Result<Value, FetchError> {
+    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
+    let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
+        message: format!("bad Prometheus URL {base:?}: {e}"),
+        lasting: true,
+    })?;
+    url.query_pairs_mut().append_pair("query", query);
+    let passing = |message: String| FetchError {
+        message,
+        lasting: false,
+    };
+    let response = http
+        .get(url)
+        .timeout(QUERY_TIMEOUT)
+        .send()
+        .await
+        .map_err(|e| {
+            passing(format!(
+                "Prometheus at {base} did not answer: {}",
+                error_chain(&e)
+            ))
+        })?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| passing(format!("Prometheus at {base}: {}", error_chain(&e))))?;
+    // The HTTP API answers 400 (bad_data) to a query it cannot parse
+    // and 404 to a path that is not the API: asking again cannot help.
+    let lasting = status.is_client_error();
+    let value: Value = serde_json::from_slice(&body).map_err(|_| FetchError {
+        message: format!(
+            "Prometheus at {base} answered {status} without the HTTP API's JSON (is the \
+             URL Prometheus's base?)"
+        ),
+        lasting,
+    })?;
+    if value["status"] != "success" {
+        return Err(FetchError {
+            message: format!(
+                "Prometheus at {base} refused {query:?}: {} {}",
+                value["errorType"].as_str().unwrap_or("error"),
+                value["error"].as_str().unwrap_or("(no message)")
+            ),
+            lasting,
+        });
+    }
+    Ok(value)
 }
 
 /// Why Prometheus could not be asked.
@@ -531,6 +592,18 @@ pub(super) mod tests {
         assert!(check_url("prometheus:9090").is_err());
         assert!(check_url("https://prometheus:9090").is_err());
         assert!(check_url("http//prometheus").is_err());
+    }
+
+    #[test]
+    fn sessions_query_selects_the_backends_escaped() {
+        assert_eq!(
+            sessions_query(" job=\"haproxy\" ", &["web", "api.v2"]),
+            r#"haproxy_server_current_sessions{job="haproxy",proxy=~"web|api.v2"}"#
+        );
+        assert_eq!(
+            sessions_query("", &["web"]),
+            r#"haproxy_server_current_sessions{proxy=~"web"}"#
+        );
     }
 
     #[test]

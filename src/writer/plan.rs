@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::cli::RampArgs;
 use crate::consul::KvPair;
 use crate::model::marks::{is_drain_mark, DRAIN_FLAGS};
 use crate::model::snapshot::{Entry, KeyState, Snapshot};
@@ -151,9 +152,35 @@ impl Change {
 pub enum WaitFor {
     /// Sessions on drained servers finish before maint.
     Drain,
+    /// `--until-idle`: as [`WaitFor::Drain`], but the wait (its duration
+    /// the longest) ends, after at least `at_least`, once no load balancer
+    /// reports a session on the drained servers.
+    Idle {
+        /// The shortest wait ([`super::waits::floor`]).
+        at_least: Duration,
+    },
     /// Every HAProxy applies maint before the key is cleared, so slowstart
     /// ramps the servers up.
     Maint,
+    /// `--ramp`: every HAProxy serves a weight step before the next.
+    Ramp,
+}
+
+impl WaitFor {
+    /// True for the wait between drain and maint.
+    pub fn drains(self) -> bool {
+        matches!(self, WaitFor::Drain | WaitFor::Idle { .. })
+    }
+
+    /// `drain`, `idle`, `maint` or `ramp`, for `--json`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitFor::Drain => "drain",
+            WaitFor::Idle { .. } => "idle",
+            WaitFor::Maint => "maint",
+            WaitFor::Ramp => "ramp",
+        }
+    }
 }
 
 /// True for a row key (`<backend>/<server>`), false for a group key such as
@@ -248,7 +275,8 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 }
 
 /// Drain: every key not yet at drain or maint is set to drain; after
-/// `drain_wait`, every key at drain goes to maint. Keys at maint are left
+/// `drain_wait` (a wait for `purpose`, [`WaitFor::Drain`] or
+/// [`WaitFor::Idle`]), every key at drain goes to maint. Keys at maint are left
 /// alone; a key found at drain (an interrupted run) waits again. Leaving MAINT
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
@@ -256,7 +284,7 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// it is in no step and keeps its value. A key at a weight above 0 is
 /// drained, and undrain clears it. A group key is taken over whatever its
 /// Flags.
-pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan {
+pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, purpose: WaitFor) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
     let mut keys = Vec::new();
@@ -311,7 +339,7 @@ pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration) -> Plan
     if !to_maint.is_empty() {
         steps.push(Step::Wait {
             duration: drain_wait,
-            purpose: WaitFor::Drain,
+            purpose,
         });
         steps.push(write_step(Change::Set(AdminState::Maint), to_maint));
     }
@@ -337,6 +365,11 @@ fn write_step(change: Change, keys: Vec<String>) -> Step {
 /// then every key at maint is cleared. Keys that are absent or in service
 /// (`ready`, `N%`) are left alone.
 ///
+/// With `--ramp` ([`RampArgs`]), every key is written each weight in turn, each held
+/// for `ramp.every`, before it is cleared; a key at a weight below 100%
+/// (a row key with the drain mark, or a group key: a ramp interrupted
+/// there) goes on from the first step above it.
+///
 /// Only row keys carrying the drain mark are taken back: a row key at drain,
 /// maint or `0%` without it was set by hand (a server out for repair) and is
 /// in no step; `state clear` releases it. A group key is taken back whoever
@@ -351,6 +384,7 @@ fn write_step(change: Change, keys: Vec<String>) -> Step {
 pub fn plan_undrain(
     targets: Vec<(String, Current)>,
     maint_wait: Duration,
+    ramp: &RampArgs,
 ) -> Result<Plan, Vec<(String, String)>> {
     let targets = sorted(targets);
     let invalid: Vec<(String, String)> = targets
@@ -384,15 +418,22 @@ pub fn plan_undrain(
                 ..
             } => {
                 to_maint.push(key.clone());
-                to_clear.push(key.clone());
+                to_clear.push((key.clone(), 0));
                 (None, Some("drain: maint first, so slowstart ramps"))
             }
             Current::Valid {
                 state: AdminState::Maint,
                 ..
             } => {
-                to_clear.push(key.clone());
+                to_clear.push((key.clone(), 0));
                 (None, None)
+            }
+            Current::Valid {
+                state: AdminState::Weight(w @ 1..=99),
+                ..
+            } if !ramp.weights().is_empty() && (!is_row_key(&key) || before.by_drain()) => {
+                to_clear.push((key.clone(), *w));
+                (None, Some("at a ramp step: the ramp goes on from there"))
             }
             Current::Valid { state, .. } => (Some(*state), Some("in service: left alone")),
             Current::Invalid { .. } => unreachable!("refused above"),
@@ -413,8 +454,23 @@ pub fn plan_undrain(
             purpose: WaitFor::Maint,
         });
     }
+    for &w in ramp.weights() {
+        let below: Vec<String> = to_clear
+            .iter()
+            .filter(|(_, at)| *at < w)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !below.is_empty() {
+            steps.push(write_step(Change::Set(AdminState::Weight(w)), below));
+            steps.push(Step::Wait {
+                duration: ramp.ramp_every,
+                purpose: WaitFor::Ramp,
+            });
+        }
+    }
     if !to_clear.is_empty() {
-        steps.push(write_step(Change::Clear, to_clear));
+        let keys = to_clear.into_iter().map(|(k, _)| k).collect();
+        steps.push(write_step(Change::Clear, keys));
     }
     Ok(Plan { keys, steps })
 }
@@ -588,6 +644,7 @@ mod tests {
                 ("web/e".into(), valid(AdminState::Ready, 6)),
             ],
             W,
+            WaitFor::Drain,
         );
         assert_eq!(
             plan.steps,
@@ -631,6 +688,7 @@ mod tests {
                 ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
             ],
             W,
+            WaitFor::Drain,
         );
         let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
         assert_eq!(
@@ -661,6 +719,7 @@ mod tests {
                 ("web/d".into(), Current::Absent),
             ],
             W,
+            WaitFor::Drain,
         );
         assert_eq!(
             plan.steps,
@@ -699,7 +758,7 @@ mod tests {
             ),
             ("web/c".into(), valid(AdminState::Weight(50), 5)),
         ];
-        let plan = plan_drain(targets.clone(), W);
+        let plan = plan_drain(targets.clone(), W, WaitFor::Drain);
         assert_eq!(
             plan.steps,
             vec![
@@ -717,7 +776,7 @@ mod tests {
             assert_eq!(k.note, Some("set by hand: left alone"));
         }
         assert!(key(&plan, "web/c").note.unwrap().contains("weight"));
-        let plan = plan_undrain(targets, M).unwrap();
+        let plan = plan_undrain(targets, M, &RampArgs::default()).unwrap();
         assert!(plan.steps.is_empty());
         for k in ["web/a", "web/b"] {
             let k = key(&plan, k);
@@ -726,7 +785,11 @@ mod tests {
         }
         assert!(!key(&plan, "web/c").set_by_hand);
         // `canary disable` takes the canary key over whatever it holds.
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Weight(0), 3))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Weight(0), 3))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -741,22 +804,35 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             W,
+            WaitFor::Drain,
         );
         assert!(plan.steps.is_empty());
     }
 
     #[test]
     fn drain_of_maint_only_is_nothing() {
-        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Maint, 9))], W);
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Maint, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert!(plan.steps.is_empty());
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Maint, 9))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Maint, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert!(plan.steps.is_empty());
         assert_eq!(plan.keys[0].note, Some("already maint"));
     }
 
     #[test]
     fn interrupted_drain_waits_again() {
-        let plan = plan_drain(vec![("web/a".into(), by_drain(AdminState::Drain, 9))], W);
+        let plan = plan_drain(
+            vec![("web/a".into(), by_drain(AdminState::Drain, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps,
             vec![
@@ -771,7 +847,11 @@ mod tests {
     fn canary_takes_over_its_key_whatever_its_flags_and_writes_flags_0() {
         // `canary disable` left drain (Flags 0) when interrupted, or someone
         // put drain by hand: either way the canary key is taken to maint.
-        let plan = plan_drain(vec![("canary".into(), valid(AdminState::Drain, 9))], W);
+        let plan = plan_drain(
+            vec![("canary".into(), valid(AdminState::Drain, 9))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps,
             vec![
@@ -779,7 +859,7 @@ mod tests {
                 write(Change::Set(AdminState::Maint), 0, &["canary"])
             ]
         );
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, WaitFor::Drain);
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["canary"])
@@ -796,6 +876,7 @@ mod tests {
                     },
                 )],
                 M,
+                &RampArgs::default(),
             )
             .unwrap();
             assert_eq!(
@@ -821,6 +902,7 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Ready, 6)),
             ],
             M,
+            &RampArgs::default(),
         )
         .unwrap();
         assert_eq!(
@@ -856,6 +938,7 @@ mod tests {
                 ("web/e".into(), by_drain(AdminState::Drain, 7)),
             ],
             M,
+            &RampArgs::default(),
         )
         .unwrap();
         assert_eq!(
@@ -890,6 +973,7 @@ mod tests {
                 ("web/b".into(), valid(AdminState::Maint, 4)),
             ],
             M,
+            &RampArgs::default(),
         )
         .unwrap();
         assert!(plan.steps.is_empty());
@@ -897,10 +981,108 @@ mod tests {
     }
 
     #[test]
-    fn undrain_from_maint_needs_no_wait() {
-        let plan = plan_undrain(vec![("canary".into(), valid(AdminState::Maint, 3))], M).unwrap();
+    fn a_ramp_writes_each_weight_then_clears_and_goes_on_after_an_interruption() {
+        let every = Duration::from_secs(30);
+        let ramp = RampArgs {
+            ramp: Some(crate::cli::RampSteps(vec![25, 50])),
+            ramp_every: every,
+        };
+        let hold = Step::Wait {
+            duration: every,
+            purpose: WaitFor::Ramp,
+        };
+        let w = |n| Change::Set(AdminState::Weight(n));
+        let plan = plan_undrain(
+            vec![
+                ("web/a".into(), by_drain(AdminState::Drain, 3)),
+                ("web/b".into(), by_drain(AdminState::Maint, 4)),
+                ("web/c".into(), by_drain(AdminState::Weight(25), 5)),
+                ("web/d".into(), valid(AdminState::Weight(25), 6)),
+            ],
+            M,
+            &ramp,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(Change::Set(AdminState::Maint), DRAIN_FLAGS, &["web/a"]),
+                MAINT_WAIT,
+                write(w(25), DRAIN_FLAGS, &["web/a", "web/b"]),
+                hold.clone(),
+                write(w(50), DRAIN_FLAGS, &["web/a", "web/b", "web/c"]),
+                hold.clone(),
+                write(Change::Clear, 0, &["web/a", "web/b", "web/c"]),
+            ]
+        );
+        assert_eq!(key(&plan, "web/d").note, Some("in service: left alone"));
+        // A group key at a step goes on from it, whoever set it.
+        let plan = plan_undrain(
+            vec![("canary".into(), valid(AdminState::Weight(50), 3))],
+            M,
+            &ramp,
+        )
+        .unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["canary"])]);
-        let plan = plan_undrain(vec![("web/a".into(), by_drain(AdminState::Maint, 3))], M).unwrap();
+        let plan = plan_undrain(
+            vec![("canary".into(), valid(AdminState::Maint, 3))],
+            M,
+            &ramp,
+        )
+        .unwrap();
+        assert_eq!(
+            plan.steps,
+            vec![
+                write(w(25), 0, &["canary"]),
+                hold.clone(),
+                write(w(50), 0, &["canary"]),
+                hold,
+                write(Change::Clear, 0, &["canary"]),
+            ]
+        );
+        // Without a ramp a weight is in service.
+        let plan = plan_undrain(
+            vec![("canary".into(), valid(AdminState::Weight(50), 3))],
+            M,
+            &RampArgs::default(),
+        )
+        .unwrap();
+        assert!(plan.steps.is_empty());
+    }
+
+    #[test]
+    fn until_idle_turns_the_drain_wait_into_an_idle_wait() {
+        let at_least = Duration::from_secs(5);
+        let plan = plan_drain(
+            vec![("web/a".into(), Current::Absent)],
+            W,
+            WaitFor::Idle { at_least },
+        );
+        assert_eq!(
+            plan.steps[1],
+            Step::Wait {
+                duration: W,
+                purpose: WaitFor::Idle { at_least }
+            }
+        );
+        assert!(WaitFor::Idle { at_least }.drains());
+    }
+
+    #[test]
+    fn undrain_from_maint_needs_no_wait() {
+        let plan = plan_undrain(
+            vec![("canary".into(), valid(AdminState::Maint, 3))],
+            M,
+            &RampArgs::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["canary"])]);
+        let plan = plan_undrain(
+            vec![("web/a".into(), by_drain(AdminState::Maint, 3))],
+            M,
+            &RampArgs::default(),
+        )
+        .unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
     }
 
@@ -914,7 +1096,9 @@ mod tests {
                 flags,
             }));
             for key in ["web/a", "canary"] {
-                let err = plan_undrain(vec![(key.into(), invalid.clone())], M).unwrap_err();
+                let err =
+                    plan_undrain(vec![(key.into(), invalid.clone())], M, &RampArgs::default())
+                        .unwrap_err();
                 assert_eq!(err[0].0, key);
                 assert!(err[0].1.contains("drian"));
             }
@@ -973,13 +1157,23 @@ mod tests {
                     },
                 )],
                 M,
+                &RampArgs::default(),
             )
             .unwrap();
             assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["web/a"])]);
         }
-        let plan = plan_undrain(vec![("zone-b".into(), valid(AdminState::Maint, 3))], M).unwrap();
+        let plan = plan_undrain(
+            vec![("zone-b".into(), valid(AdminState::Maint, 3))],
+            M,
+            &RampArgs::default(),
+        )
+        .unwrap();
         assert_eq!(plan.steps, vec![write(Change::Clear, 0, &["zone-b"])]);
-        let plan = plan_drain(vec![("zone-b".into(), valid(AdminState::Weight(0), 3))], W);
+        let plan = plan_drain(
+            vec![("zone-b".into(), valid(AdminState::Weight(0), 3))],
+            W,
+            WaitFor::Drain,
+        );
         assert_eq!(
             plan.steps[0],
             write(Change::Set(AdminState::Drain), 0, &["zone-b"])
@@ -991,7 +1185,7 @@ mod tests {
     #[test]
     fn snapshot_after_applies_final_values() {
         let snap = Snapshot::default();
-        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W);
+        let plan = plan_drain(vec![("canary".into(), Current::Absent)], W, WaitFor::Drain);
         let after = snapshot_after(&snap, &plan.keys);
         assert_eq!(
             after.lookup(["web/x", "canary"]),

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::error::Failure;
+use super::fleet::Sessions;
 use super::plan::{shown, Change, Current, Plan, Step};
 use crate::model::snapshot::Snapshot;
 use crate::model::value::AdminState;
@@ -94,6 +95,18 @@ impl Confirmation {
 }
 
 /// Where a sequence got to.
+/// How an `--until-idle` wait ended.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub(super) struct Idle {
+    /// No load balancer reported a session on the servers.
+    pub(super) idle: bool,
+    pub(super) waited_seconds: u64,
+    /// Those still in session at the end, by load balancer.
+    pub(super) still_in_session: Vec<Sessions>,
+    /// Why Prometheus could not tell, at the last poll.
+    pub(super) error: Option<String>,
+}
+
 pub(super) struct Run {
     /// Consul index of the read the plan was made from.
     pub(super) read_index: u64,
@@ -114,6 +127,7 @@ pub(super) struct Run {
     /// Servers HAProxy did not put in MAINT after maint was written (with
     /// `--haproxy-socket`).
     pub(super) not_in_maint: Vec<String>,
+    pub(super) idle: Option<Idle>,
 }
 
 impl Run {
@@ -131,6 +145,7 @@ impl Run {
             observed: None,
             not_drained: Vec::new(),
             not_in_maint: Vec::new(),
+            idle: None,
         }
     }
 

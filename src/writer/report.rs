@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{json, Value};
 
 use super::error::Failure;
+use super::fleet::Sessions;
 use super::haproxy::{Enrolment, Server};
 use super::output::table;
-use super::plan::{self, is_row_key, show_raw, Current, Plan, Step, WaitFor};
-use super::progress::{Confirmation, Run};
+use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
+use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use super::session::now;
 use crate::consul::KvPair;
@@ -462,7 +463,7 @@ impl Report<'_> {
                 }),
                 Step::Wait { duration, purpose } => json!({
                     "wait_seconds": duration.as_secs_f64(),
-                    "for": match purpose { WaitFor::Drain => "drain", WaitFor::Maint => "maint" },
+                    "for": purpose.as_str(),
                     "status": status.as_str(),
                 }),
             })
@@ -505,6 +506,7 @@ impl Report<'_> {
             "row_keys_assumed": self.target.assumed,
             "not_drained": self.run.not_drained,
             "not_in_maint": self.run.not_in_maint,
+            "until_idle": self.run.idle,
             "steps": self.steps_json(),
             "keys": self.plan.keys.iter().map(|k| json!({
                 "key": k.key,
@@ -565,9 +567,11 @@ impl Report<'_> {
                         keys.len(),
                         if keys.len() == 1 { "" } else { "s" }
                     ),
-                    Step::Wait { duration, .. } => {
-                        format!("wait {}", humantime::format_duration(*duration))
-                    }
+                    Step::Wait { duration, purpose } => format!(
+                        "wait {} ({})",
+                        humantime::format_duration(*duration),
+                        purpose.as_str()
+                    ),
                 };
                 out.push_str(&format!("  {what}: {}\n", status.as_str()));
             }
@@ -664,6 +668,9 @@ impl Report<'_> {
         }
         out.push_str(&self.set_by_hand_text());
         out.push_str(&self.overrides_text());
+        if let Some(idle) = &self.run.idle {
+            out.push_str(&idle_text(idle));
+        }
         if let (Some(group), Some(source), true) = (
             &self.target.group,
             &self.target.source,
@@ -691,17 +698,74 @@ impl Report<'_> {
     }
 }
 
+/// How an `--until-idle` wait ended: no session left, or the servers and
+/// load balancers still in session when the longest wait was up.
+fn idle_text(idle: &Idle) -> String {
+    let waited = idle.waited_seconds;
+    if idle.idle {
+        return format!("No session left after {waited}s.\n");
+    }
+    let lb = |s: &Sessions| s.instance.clone().unwrap_or("none reports it".into());
+    let rows: Vec<Vec<String>> = (idle.still_in_session.iter())
+        .map(|s| vec![s.server.clone(), lb(s), s.sessions.to_string()])
+        .collect();
+    let unknown = idle.error.as_ref().map(|e| format!(" (or unknown: {e})"));
+    format!(
+        "The longest wait ({waited}s) ended with sessions open{}; maint cut them:\n{}",
+        unknown.unwrap_or_default(),
+        table(&["SERVER", "LOAD BALANCER", "SESSIONS"], &rows)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
 
+    use crate::cli::RampArgs;
     use crate::model::marks::DRAIN_FLAGS;
     use crate::model::snapshot::build_snapshot;
     use crate::writer::haproxy;
-    use crate::writer::plan::{currents, plan_drain, plan_undrain};
+    use crate::writer::plan::{currents, plan_drain, plan_undrain, WaitFor};
     use crate::writer::select::tests::{selector, CONFIG};
+
+    #[test]
+    fn the_idle_wait_names_the_servers_and_load_balancers_still_in_session() {
+        let busy = |server: &str, instance: Option<&str>, sessions| Sessions {
+            server: server.into(),
+            instance: instance.map(str::to_string),
+            sessions,
+        };
+        let mut idle = Idle {
+            idle: false,
+            waited_seconds: 600,
+            still_in_session: vec![
+                busy("web/web-01", Some("lb-01:8405"), 3),
+                busy("web/web-02", None, 0),
+            ],
+            error: None,
+        };
+        let text = idle_text(&idle);
+        assert!(
+            text.starts_with("The longest wait (600s) ended with sessions open; maint cut them:"),
+            "{text}"
+        );
+        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        let lines: Vec<Vec<String>> = text.lines().skip(2).map(words).collect();
+        assert_eq!(lines[0], ["web/web-01", "lb-01:8405", "3"]);
+        assert_eq!(lines[1], ["web/web-02", "none", "reports", "it", "0"]);
+        let v = serde_json::to_value(&idle).unwrap();
+        assert_eq!(
+            v["still_in_session"][0],
+            json!({"server": "web/web-01", "instance": "lb-01:8405", "sessions": 3})
+        );
+        idle.error = Some("Prometheus at http://p:9090 did not answer".into());
+        assert!(idle_text(&idle).contains("open (or unknown: Prometheus at"));
+        idle.idle = true;
+        idle.still_in_session.clear();
+        assert_eq!(idle_text(&idle), "No session left after 600s.\n");
+    }
 
     #[test]
     fn set_by_column_names_the_drain_mark() {
@@ -733,7 +797,12 @@ mod tests {
             pair("web/web-01", b"maint", 0),
             pair("web/web-02", b"maint", DRAIN_FLAGS),
         ];
-        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let plan = plan_undrain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            &RampArgs::default(),
+        )
+        .unwrap();
         let run = Run::new(&plan, 9);
         let snapshot = Snapshot::default();
         let report = Report {
@@ -790,7 +859,11 @@ mod tests {
             Some("zone-b".into()),
             "cfg".into(),
         );
-        let plan = plan_drain(currents("p/", &pairs, &target.keys), Duration::ZERO);
+        let plan = plan_drain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            WaitFor::Drain,
+        );
         let run = Run::new(&plan, 9);
         let report = Report {
             action: "drain",
@@ -829,7 +902,12 @@ mod tests {
             json!([{"key": "web/web-02", "value": "50%"}])
         );
         // After an undrain, the row keys that keep servers out.
-        let plan = plan_undrain(currents("p/", &pairs, &target.keys), Duration::ZERO).unwrap();
+        let plan = plan_undrain(
+            currents("p/", &pairs, &target.keys),
+            Duration::ZERO,
+            &RampArgs::default(),
+        )
+        .unwrap();
         let report = Report {
             plan: &plan,
             ..report

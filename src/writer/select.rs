@@ -56,6 +56,8 @@ pub(super) struct Target {
     pub(super) assumed: bool,
     /// The selection, in words.
     pub(super) selection: String,
+    /// With `--until-idle`: the `--sessions-selector` its wait reads with.
+    pub(super) sessions: Option<String>,
 }
 
 /// The HAProxy configuration to read: `--haproxy-config` when given (it must
@@ -92,6 +94,7 @@ impl Target {
             socket: None,
             assumed: false,
             selection: format!("group {key}"),
+            sessions: None,
         }
     }
 
@@ -228,6 +231,7 @@ impl Target {
             socket: None,
             assumed: false,
             selection: Target::describe_selection(select),
+            sessions: None,
         }))
     }
 
@@ -283,6 +287,7 @@ impl Target {
             socket: None,
             assumed: false,
             selection: Target::describe_selection(select),
+            sessions: None,
         }
     }
 
@@ -323,6 +328,16 @@ impl Target {
             .iter()
             .filter(|s| self.key_of(s).is_some_and(|k| keys.iter().any(|w| w == k)))
             .collect()
+    }
+
+    /// The servers `keys` decide, as `<backend>/<server>` (HAProxy's
+    /// `proxy` and `server` labels): those of the configuration or socket,
+    /// else the row keys named.
+    pub(super) fn session_servers(&self, keys: &[String]) -> Vec<String> {
+        match self.source {
+            Some(_) => self.servers_of(keys).iter().map(|s| s.id()).collect(),
+            None => keys.iter().filter(|k| k.contains('/')).cloned().collect(),
+        }
     }
 
     pub(super) fn describe_selection(select: &Selector) -> String {

@@ -47,15 +47,32 @@ pub fn floor(agent_inter: Duration, read_delay: Duration) -> Duration {
 /// floor, when the wait is below the floor or a fleet timing is below
 /// [`MIN_FLEET_TIMING`].
 pub fn check(args: &StateArgs) -> Result<(), String> {
-    let (option, wait) = match &args.command {
+    let waits = match &args.command {
         StateCommand::Canary {
-            action: CanaryAction::Disable { drain_wait, .. },
+            action: CanaryAction::Disable {
+                drain_wait, idle, ..
+            },
         }
-        | StateCommand::Drain { drain_wait, .. } => ("--drain-wait", *drain_wait),
+        | StateCommand::Drain {
+            drain_wait, idle, ..
+        } => match idle.until_idle {
+            Some(max) => vec![("--until-idle", max)],
+            None => vec![("--drain-wait", *drain_wait)],
+        },
         StateCommand::Canary {
-            action: CanaryAction::Enable { maint_wait, .. },
+            action: CanaryAction::Enable {
+                maint_wait, ramp, ..
+            },
         }
-        | StateCommand::Undrain { maint_wait, .. } => ("--maint-wait", *maint_wait),
+        | StateCommand::Undrain {
+            maint_wait, ramp, ..
+        } => {
+            let mut waits = vec![("--maint-wait", *maint_wait)];
+            if !ramp.weights().is_empty() {
+                waits.push(("--ramp-every", ramp.ramp_every));
+            }
+            waits
+        }
         _ => return Ok(()),
     };
     for (name, value) in [
@@ -71,8 +88,9 @@ pub fn check(args: &StateArgs) -> Result<(), String> {
         }
     }
     let floor = floor(args.agent_inter, args.agent_read_delay);
-    if wait < floor {
-        return Err(format!(
+    match waits.into_iter().find(|(_, wait)| *wait < floor) {
+        None => Ok(()),
+        Some((option, wait)) => Err(format!(
             "{option} {} is below {}, the least that lets every agent and HAProxy apply \
              the intermediate state (2 x --agent-inter {} + --agent-read-delay {}); \
              nothing written",
@@ -80,9 +98,8 @@ pub fn check(args: &StateArgs) -> Result<(), String> {
             humantime::format_duration(floor),
             humantime::format_duration(args.agent_inter),
             humantime::format_duration(args.agent_read_delay),
-        ));
+        )),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -27,6 +27,13 @@ impl Prometheus {
     /// second, each with an `fqdn` label `lb-N.test` (N from 1, in order);
     /// waits (up to 30 s) until its query API answers.
     pub fn start(targets: &[SocketAddr]) -> Prometheus {
+        Self::start_with(targets, &[])
+    }
+
+    /// As [`Prometheus::start`], also scraping each `(job, target)` of
+    /// `others` every second under its own job name (e.g. HAProxy's own
+    /// exporter as job `haproxy`).
+    pub fn start_with(targets: &[SocketAddr], others: &[(&str, SocketAddr)]) -> Prometheus {
         let dir = TempDir::new("prometheus");
         let mut config = format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
@@ -35,6 +42,11 @@ impl Prometheus {
             config.push_str(&format!(
                 "      - targets: ['{t}']\n        labels:\n          fqdn: lb-{}.test\n",
                 i + 1
+            ));
+        }
+        for (job, t) in others {
+            config.push_str(&format!(
+                "  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n"
             ));
         }
         let cfg = dir.path().join("prometheus.yml");

@@ -1,0 +1,391 @@
+//! `state drain --until-idle` and `state undrain --ramp` against a real
+//! HAProxy (TCP, with its own Prometheus exporter), the agent it asks, a
+//! real Consul and a real Prometheus scraping both: the drain ends when the
+//! last session through HAProxy has closed (or at the longest wait, naming
+//! the server still in session), and the ramp steps through each weight,
+//! seen in `show servers state`.
+
+mod support;
+
+use std::io::Read;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::Value;
+use support::prometheus::Prometheus;
+use support::{free_port, kill, wait_for, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+
+/// HAProxy's agent-inter here; the writer's wait floor follows it
+/// (2 x 200 ms + 100 ms read delay = 500 ms).
+const INTER_MS: u64 = 200;
+
+/// One load balancer: a backend server the test runs (it holds every
+/// connection open until told to stop), HAProxy in TCP mode in front of it
+/// with its exporter on `/metrics`, the agent HAProxy asks, and Prometheus
+/// scraping the agent (job `gitlab-haproxy-agent`) and the exporter (job
+/// `haproxy`).
+struct Lb {
+    consul: Consul,
+    _agent: Agent,
+    haproxy: Haproxy,
+    prometheus: Prometheus,
+    /// HAProxy's frontend: a connection here is a session on web/web-01.
+    front: SocketAddr,
+    /// HAProxy's exporter: the `instance` label of its series.
+    metrics: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Lb {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn lb() -> Lb {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let backend = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    // Accepts and holds connections; a closed one is dropped when read.
+    std::thread::spawn(move || {
+        let mut held: Vec<TcpStream> = Vec::new();
+        while !s.load(Ordering::Relaxed) {
+            if let Ok((c, _)) = listener.accept() {
+                c.set_nonblocking(true).unwrap();
+                held.push(c);
+            }
+            held.retain_mut(|c| !matches!(c.read(&mut [0u8; 64]), Ok(0)));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let (front, metrics) = (
+        SocketAddr::from(([127, 0, 0, 1], free_port())),
+        SocketAddr::from(([127, 0, 0, 1], free_port())),
+    );
+    let config = format!(
+        "global\n    stats socket {{SOCKET}} mode 600 level admin\n\n\
+         defaults\n    timeout connect 1s\n    timeout client 60s\n    timeout server 60s\n    \
+         timeout check 1s\n\n\
+         frontend metrics\n    mode http\n    bind {metrics}\n    \
+         http-request use-service prometheus-exporter if {{ path /metrics }}\n\n\
+         frontend fe\n    mode tcp\n    bind {front}\n    default_backend web\n\n\
+         backend web\n    mode tcp\n    server web-01 {backend} weight 100 agent-check \
+         agent-addr 127.0.0.1 agent-port {} agent-inter {INTER_MS}ms \
+         agent-send \"web/web-01 canary\\n\"\n",
+        agent.listen.port()
+    );
+    let haproxy = Haproxy::start(&config);
+    let prometheus = Prometheus::start_with(&[agent.http], &[("haproxy", metrics)]);
+    let lb = Lb {
+        consul,
+        _agent: agent,
+        haproxy,
+        prometheus,
+        front,
+        metrics,
+        stop,
+    };
+    assert!(
+        lb.prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            1,
+            |v| v == 1.0
+        ),
+        "Prometheus does not see the agent asked about its row:\n{}",
+        lb.prometheus.log()
+    );
+    lb
+}
+
+impl Lb {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(AGENT_BIN);
+        cmd.env_clear()
+            .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
+            .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
+            .env(
+                "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+                "/nonexistent/haproxy.cfg",
+            )
+            .env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", self.prometheus.url())
+            .arg("state")
+            .args(args)
+            .args(["--consul-addr", &self.consul.url(), "--json"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args).spawn().expect("start the CLI")
+    }
+
+    fn run(&self, args: &[&str]) -> (i32, Value, String) {
+        finish(self.command(args).output().expect("run the CLI"))
+    }
+
+    /// The value of `PREFIX + key`, `None` when absent.
+    fn kv(&self, key: &str) -> Option<String> {
+        let (status, _, body) = self
+            .consul
+            .request("GET", &format!("/v1/kv/{PREFIX}{key}"), b"");
+        if status == 404 {
+            return None;
+        }
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(v[0]["Value"].as_str().unwrap_or(""))
+            .unwrap();
+        Some(String::from_utf8(raw).unwrap())
+    }
+
+    /// A TCP connection through HAProxy to web/web-01, once Prometheus
+    /// sees the session on it.
+    fn session(&self) -> TcpStream {
+        let c = TcpStream::connect(self.front).unwrap();
+        self.wait_sessions(1.0);
+        c
+    }
+
+    fn wait_sessions(&self, n: f64) {
+        let expr = r#"haproxy_server_current_sessions{job="haproxy",proxy="web",server="web-01"}"#;
+        assert!(
+            self.prometheus
+                .wait_until(Duration::from_secs(20), expr, 1, |v| v == n),
+            "Prometheus does not see {n} session(s) on web/web-01: {:?}",
+            self.prometheus.values(expr)
+        );
+    }
+
+    /// Waits until the key holds `value` (`None`: absent); returns when.
+    fn wait_kv(&self, key: &str, value: Option<&str>, timeout: Duration) -> Instant {
+        wait_for(timeout, || {
+            (self.kv(key).as_deref() == value).then(Instant::now)
+        })
+        .unwrap_or_else(|| panic!("{key} is not {value:?} after {timeout:?}"))
+    }
+}
+
+fn finish(out: Output) -> (i32, Value, String) {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\n{stderr}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    });
+    (out.status.code().unwrap_or(-1), report, stderr)
+}
+
+#[test]
+fn until_idle_waits_for_the_last_session_or_names_the_server_still_in_session() {
+    let lb = lb();
+    let cfg = lb.haproxy.socket().with_file_name("haproxy.cfg");
+    let cfg = cfg.to_str().unwrap();
+    let idle = |max: &'static str| {
+        vec![
+            "--until-idle",
+            max,
+            "--sessions-selector",
+            r#"job="haproxy""#,
+        ]
+    };
+
+    // A session kept open: the drain goes to maint at the longest wait and
+    // names the server and the load balancer still in session.
+    let client = lb.session();
+    let mut args = vec!["drain", "--backend", "web", "--server", "web-01"];
+    args.extend(idle("4s"));
+    let started = Instant::now();
+    let (code, report, stderr) = lb.run(&args);
+    let took = started.elapsed();
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert!(took >= Duration::from_secs(4), "ended after {took:?}");
+    assert_eq!(lb.kv("web/web-01").as_deref(), Some("maint"));
+    let until = &report["until_idle"];
+    assert_eq!(until["idle"], false, "{report}");
+    assert_eq!(
+        until["still_in_session"],
+        serde_json::json!([{
+            "server": "web/web-01",
+            "instance": lb.metrics.to_string(),
+            "sessions": 1,
+        }]),
+        "{report}"
+    );
+    assert_eq!(report["steps"][1]["for"], "idle", "{report}");
+    drop(client);
+    lb.wait_sessions(0.0);
+    let (code, report, stderr) = lb.run(&[
+        "undrain",
+        "--backend",
+        "web",
+        "--server",
+        "web-01",
+        "--maint-wait",
+        "1s",
+    ]);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+
+    // A session that closes during the wait: maint follows within a scrape
+    // interval (1 s) plus a poll (500 ms) and slack, long before the longest
+    // wait; the group's servers come from the HAProxy configuration.
+    let client = lb.session();
+    let mut args = vec!["canary", "disable", "--haproxy-config", cfg];
+    args.extend(idle("60s"));
+    let child = lb.spawn(&args);
+    lb.wait_kv("canary", Some("drain"), Duration::from_secs(20));
+    // Drained, not yet maint: the session holds the wait past its floor.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        lb.kv("canary").as_deref(),
+        Some("drain"),
+        "maint written with a session open"
+    );
+    assert!(lb.haproxy.server("web", "web-01").is_drain());
+    let closed = Instant::now();
+    drop(client);
+    let maint = lb.wait_kv("canary", Some("maint"), Duration::from_secs(20));
+    let after = maint - closed;
+    assert!(
+        after < Duration::from_millis(2500),
+        "maint {after:?} after the last session closed"
+    );
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], true, "{report}");
+    assert_eq!(
+        report["until_idle"]["still_in_session"],
+        serde_json::json!([])
+    );
+    assert!(
+        report["until_idle"]["waited_seconds"].as_u64().unwrap() < 30,
+        "{report}"
+    );
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| s.is_maint());
+
+    // Without Prometheus: exit 64 before anything is written.
+    let out = lb
+        .command(&[
+            "drain",
+            "--backend",
+            "web",
+            "--server",
+            "web-02",
+            "--until-idle",
+            "1m",
+        ])
+        .env_remove("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--until-idle needs Prometheus"));
+    assert_eq!(lb.kv("web/web-02"), None);
+}
+
+#[test]
+fn ramp_steps_through_each_weight_and_an_interrupted_ramp_stops_at_a_valid_one() {
+    let lb = lb();
+    let server = ["--backend", "web", "--server", "web-01"];
+    let (code, report, stderr) = lb.run(&[&["drain", "--drain-wait", "1s"][..], &server].concat());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| s.is_maint());
+
+    // Watch `show servers state` while the ramp runs.
+    let watch = |lb: &Lb, child: &mut Child| {
+        let mut seen: Vec<(u32, u32)> = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            let s = lb.haproxy.server("web", "web-01");
+            if seen.last() != Some(&(s.admin_state, s.uweight)) {
+                seen.push((s.admin_state, s.uweight));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        seen
+    };
+    let ramp = [
+        "undrain",
+        "--ramp",
+        "25%,50%,100%",
+        "--ramp-every",
+        "2s",
+        "--maint-wait",
+        "1s",
+    ];
+    let mut child = lb.spawn(&[&ramp[..], &server].concat());
+    let seen = watch(&lb, &mut child);
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    // From MAINT, to ready at 25, then 50, then the full weight (100).
+    let ready: Vec<u32> = seen
+        .iter()
+        .filter(|(admin, _)| *admin == 0)
+        .map(|(_, w)| *w)
+        .collect();
+    assert_eq!(ready, [25, 50, 100], "show servers state went {seen:?}");
+    let steps = report["steps"].as_array().unwrap();
+    let writes: Vec<&str> = steps.iter().filter_map(|s| s["write"].as_str()).collect();
+    assert_eq!(writes, ["25%", "50%", "clear"], "{report}");
+    for s in steps.iter().filter(|s| s["write"].is_string()) {
+        assert_eq!(s["confirmed"]["agents_at_index"], 1, "{report}");
+    }
+    assert_eq!(lb.kv("web/web-01"), None);
+
+    // Interrupted after the first step: 25% stays in Consul (a valid value,
+    // with the drain mark) and is reported; running it again goes on to
+    // 50% and then removes the key.
+    let (code, report, stderr) = lb.run(&[&["drain", "--drain-wait", "1s"][..], &server].concat());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let slow = ["undrain", "--ramp", "25%,50%", "--ramp-every", "30s"];
+    let child = lb.spawn(&[&slow[..], &server].concat());
+    lb.wait_kv("web/web-01", Some("25%"), Duration::from_secs(20));
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| {
+            s.admin_state == 0 && s.uweight == 25
+        });
+    kill(child.id(), "INT");
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 130, "{report}\n{stderr}");
+    assert_eq!(lb.kv("web/web-01").as_deref(), Some("25%"));
+    assert_eq!(report["keys"][0]["now"], "25%", "{report}");
+    let message = report["error"]["message"].as_str().unwrap();
+    assert!(message.contains("wrote web/web-01 = 25%"), "{message}");
+    assert!(message.contains("50% was NOT written"), "{message}");
+    let fast = ["undrain", "--ramp", "25%,50%", "--ramp-every", "1s"];
+    let (code, report, stderr) = lb.run(&[&fast[..], &server].concat());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    let writes: Vec<&str> = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["write"].as_str())
+        .collect();
+    assert_eq!(writes, ["50%", "clear"], "{report}");
+    assert_eq!(lb.kv("web/web-01"), None);
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| {
+            s.is_ready_full_weight()
+        });
+
+    // A list that does not increase, or goes past 100%: exit 64.
+    for bad in ["50%,25%", "0%,50%", "25%,150%", "25"] {
+        let out = lb
+            .command(&[&["undrain", "--ramp", bad][..], &server].concat())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(64), "{bad}");
+    }
+}

@@ -737,6 +737,27 @@ impl StateCommand {
         }
     }
 
+    /// Who writes, why and until when for a command that writes
+    /// ([`WriteOpts::author`], a reason required when it
+    /// [takes servers out](StateCommand::takes_servers_out)), and the time
+    /// it starts (also for one that does not write: the time its output
+    /// is judged at).
+    ///
+    /// # Errors
+    ///
+    /// A usage text ([`Author::resolve`]).
+    pub fn author(&self) -> Result<Author, String> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = now.map_or(0, |d| d.as_secs());
+        match self.write_opts() {
+            Some(write) => write.author(self.takes_servers_out(), now),
+            None => Ok(Author {
+                at: now,
+                ..Author::default()
+            }),
+        }
+    }
+
     /// Whether the command writes drain or maint to take servers out, and
     /// so needs a `--reason`: `drain`, `canary disable`, `set KEY
     /// drain|maint`.

@@ -12,6 +12,8 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+use crate::model::meta::KeyMeta;
+
 pub use crate::model::snapshot::KvPair;
 
 /// A failed Consul request.
@@ -205,6 +207,19 @@ pub enum TxnOp {
 }
 
 impl TxnOp {
+    /// The operation on a writer's record (`<prefix>~meta/<key>`, `key`
+    /// in full) that goes with its key's write: set to `record`, or
+    /// deleted with the key (`None`).
+    pub fn record(key: String, record: Option<&KeyMeta>) -> TxnOp {
+        match record {
+            Some(r) => TxnOp::Set {
+                key,
+                value: serde_json::to_vec(r).unwrap_or_default(),
+            },
+            None => TxnOp::Delete { key },
+        }
+    }
+
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
         let kv = match self {

@@ -11,6 +11,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::identity::is_control_key;
 pub use super::identity::{is_meta_key, META_PREFIX};
 use super::snapshot::KvPair;
 use super::value::{parse_value, AdminState};
@@ -103,6 +104,9 @@ pub struct Author {
     pub reason: String,
     /// `--until`, Unix seconds.
     pub until: Option<u64>,
+    /// When the command started, Unix seconds: the `at` of every record it
+    /// writes (a drain's maint is recorded from when the drain began).
+    pub at: u64,
 }
 
 impl Author {
@@ -151,45 +155,95 @@ impl Author {
                 .map_or("unknown".into(), str::to_string),
         };
         let until = until.map(|u| parse_until(u, now)).transpose()?;
-        Ok(Author { by, reason, until })
+        Ok(Author {
+            by,
+            reason,
+            until,
+            at: now,
+        })
     }
 
-    /// The record of a write of `state` at `at` (Unix seconds).
-    pub fn record(&self, state: AdminState, at: u64) -> KeyMeta {
+    /// The record of a write of `state`.
+    pub fn record(&self, state: AdminState) -> KeyMeta {
         KeyMeta {
             by: self.by.clone(),
             reason: self.reason.clone(),
-            at,
+            at: self.at,
             until: self.until,
             value: state.to_string(),
         }
     }
 }
 
-/// The records among the pairs of one prefix read (full keys below
-/// `prefix`), by the key they describe, with their ModifyIndex; unusable
-/// ones are left out.
-pub fn records<'a>(prefix: &str, pairs: &'a [KvPair]) -> BTreeMap<&'a str, (KeyMeta, u64)> {
-    pairs
-        .iter()
-        .filter_map(|p| {
-            let key = p.key.strip_prefix(prefix)?.strip_prefix(META_PREFIX)?;
-            let meta = parse_meta(&p.value).ok()?;
-            Some((key, (meta, p.modify_index)))
-        })
-        .collect()
+/// The writer's records of one prefix read, by the key they describe,
+/// judged at `now` (Unix seconds): what `state get`, `list` and `status`
+/// show of who wrote each key, why and until when.
+#[derive(Debug, Default)]
+pub struct Records<'a> {
+    by_key: BTreeMap<&'a str, (KeyMeta, u64)>,
+    now: u64,
 }
 
-/// The record of a key holding `state` at ModifyIndex `key_index`, when it
-/// describes that write ([`KeyMeta::describes`]).
-pub fn record_for(
-    record: Option<&(KeyMeta, u64)>,
-    state: AdminState,
-    key_index: u64,
-) -> Option<&KeyMeta> {
-    record
-        .filter(|(m, mi)| m.describes(*mi, state, key_index))
-        .map(|(m, _)| m)
+impl<'a> Records<'a> {
+    /// The usable records among `pairs` (full keys below `prefix`), with
+    /// their ModifyIndex.
+    pub fn read(prefix: &str, pairs: &'a [KvPair], now: u64) -> Records<'a> {
+        let by_key = pairs.iter().filter_map(|p| {
+            let key = p.key.strip_prefix(prefix)?.strip_prefix(META_PREFIX)?;
+            Some((key, (parse_meta(&p.value).ok()?, p.modify_index)))
+        });
+        Records {
+            by_key: by_key.collect(),
+            now,
+        }
+    }
+
+    /// The record of `key` when it describes the write `pair` shows
+    /// ([`KeyMeta::describes`]).
+    pub fn of(&self, key: &str, pair: &KvPair) -> Option<&KeyMeta> {
+        let state = parse_value(&pair.value).ok()?;
+        let (meta, index) = self.by_key.get(key)?;
+        meta.describes(*index, state, pair.modify_index)
+            .then_some(meta)
+    }
+
+    /// [`describe`] of that record, at `now`.
+    pub fn describe(&self, key: &str, pair: &KvPair) -> String {
+        describe(self.of(key, pair), self.now)
+    }
+
+    /// [`written_json`] of that record.
+    pub fn written(&self, key: &str, pair: &KvPair) -> serde_json::Value {
+        written_json(self.of(key, pair))
+    }
+}
+
+/// The state keys among `pairs` (full keys below `prefix`) at drain, maint
+/// or a weight, in their order, with who wrote them, why and until when at
+/// `now`: one line each (`KEY STATE: ...`, [`describe`]), or with `json`
+/// `[{"key", "state", "written"}]` ([`written_json`]). What `state status`
+/// shows.
+pub fn keys_out(prefix: &str, pairs: &[KvPair], now: u64, json: bool) -> serde_json::Value {
+    let records = Records::read(prefix, pairs, now);
+    let out = pairs.iter().filter_map(|p| {
+        let key = p.key.strip_prefix(prefix).filter(|k| !is_control_key(k))?;
+        let state = parse_value(&p.value)
+            .ok()
+            .filter(|s| *s != AdminState::Ready)?;
+        Some(match json {
+            true => serde_json::json!({"key": key, "state": state.to_string(),
+                "written": records.written(key, p)}),
+            false => format!("{key} {state}: {}", records.describe(key, p)).into(),
+        })
+    });
+    let out: Vec<serde_json::Value> = out.collect();
+    match json {
+        true => out.into(),
+        false if out.is_empty() => "No key takes servers out (drain, maint or a weight).".into(),
+        false => (out.iter().filter_map(|l| l.as_str()))
+            .fold("Keys out:".to_string(), |text, l| text + "\n  " + l)
+            .into(),
+    }
 }
 
 /// Parses `--until`: a duration from `now` (`2h`, `90m`, `3d`, humantime's
@@ -365,11 +419,55 @@ mod tests {
                 flags: 0,
             },
         ];
-        let r = records("p/", &pairs);
-        assert_eq!(r.len(), 1);
-        assert!(record_for(r.get("canary"), AdminState::Drain, 7).is_some());
-        assert!(record_for(r.get("canary"), AdminState::Drain, 8).is_none());
-        assert!(record_for(r.get("web/a"), AdminState::Drain, 1).is_none());
+        let r = Records::read("p/", &pairs, now);
+        assert_eq!(r.by_key.len(), 1);
+        let key = |value: &str, modify_index| KvPair {
+            key: "p/canary".into(),
+            value: value.into(),
+            modify_index,
+            flags: 0,
+        };
+        assert_eq!(r.of("canary", &key("drain", 7)), Some(&m));
+        assert_eq!(
+            r.of("canary", &key("drain", 8)),
+            None,
+            "written again since"
+        );
+        assert_eq!(r.of("canary", &key("maint", 7)), None);
+        assert_eq!(r.of("web/a", &key("drain", 1)), None, "unusable");
+        assert!(r.describe("canary", &key("drain", 7)).ends_with("(in 1h)"));
+        assert_eq!(
+            r.written("canary", &key("drain", 8)),
+            serde_json::json!(UNKNOWN)
+        );
+        let record = pairs[0].clone();
+        let mut pairs = vec![key("drain", 7), key("ready", 8), key("50%", 9), record];
+        pairs[2].key = "p/web/a".into();
+        let json = keys_out("p/", &pairs, now, true);
+        assert_eq!(json[0]["written"]["by"], "alice", "{json}");
+        assert_eq!(
+            json[1],
+            serde_json::json!({"key": "web/a", "state": "50%", "written": UNKNOWN})
+        );
+        assert_eq!(
+            json.as_array().unwrap().len(),
+            2,
+            "ready keys and records are not out"
+        );
+        let text = keys_out("p/", &pairs, now, false);
+        let text = text.as_str().unwrap();
+        assert!(
+            text.starts_with("Keys out:\n  canary drain: by alice, since "),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("\n  web/a 50%: unknown, written outside the writer"),
+            "{text}"
+        );
+        assert_eq!(
+            keys_out("p/", &[], now, false),
+            "No key takes servers out (drain, maint or a weight)."
+        );
     }
 
     #[test]
@@ -389,11 +487,12 @@ mod tests {
             Author {
                 by: "alice".into(),
                 reason: "upgrade".into(),
-                until: Some(now + 7200)
+                until: Some(now + 7200),
+                at: now,
             }
         );
         assert_eq!(
-            a.record(AdminState::Drain, now),
+            a.record(AdminState::Drain),
             KeyMeta {
                 by: "alice".into(),
                 reason: "upgrade".into(),
@@ -418,7 +517,7 @@ mod tests {
         // The record of the longest texts, every byte escaped, fits.
         let quotes = "\"".repeat(MAX_TEXT_LEN);
         let a = Author::resolve(Some(&quotes), None, Some(&quotes), Some("1d"), true, now);
-        let record = serde_json::to_vec(&a.unwrap().record(AdminState::Maint, now)).unwrap();
+        let record = serde_json::to_vec(&a.unwrap().record(AdminState::Maint)).unwrap();
         assert!(record.len() > 4096);
         assert!(parse_meta(&record).is_ok());
     }

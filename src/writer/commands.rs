@@ -17,14 +17,14 @@ use super::live;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
-use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
+use super::report::{display_value, entry_json, key_json, key_table, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
-use super::session::{now, Writer};
+use super::session::Writer;
 use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
-use crate::model::meta::{meta_key, records};
+use crate::model::meta::{meta_key, Records};
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
 use crate::model::value::parse_value;
 
@@ -69,14 +69,9 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         Ok(c) => c,
         Err(f) => return report_failure(args.json, &f),
     };
-    let reason_required = args.command.takes_servers_out();
-    let author = match args
-        .command
-        .write_opts()
-        .map(|w| w.author(reason_required, now()))
-    {
-        Some(Err(e)) => return report_failure(args.json, &Failure::usage(e)),
-        author => author.and_then(Result::ok).unwrap_or_default(),
+    let author = match args.command.author() {
+        Ok(author) => author,
+        Err(e) => return report_failure(args.json, &Failure::usage(e)),
     };
     let writer = Writer {
         client,
@@ -233,8 +228,7 @@ impl Writer {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;
         let record = self.client.get_key(&self.full(&meta_key(key))).await?;
-        let record: Vec<KvPair> = record.into_iter().collect();
-        let records = records(&self.prefix, &record);
+        let records = Records::read(&self.prefix, record.as_slice(), self.author.at);
         if self.json {
             let mut v = key_json(key, pair.as_ref(), &records);
             v["ok"] = json!(true);
@@ -253,7 +247,7 @@ impl Writer {
     pub(super) async fn list(&self) -> Result<(), Failure> {
         let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
-        let records = records(&self.prefix, &answer.pairs);
+        let records = Records::read(&self.prefix, &answer.pairs, self.author.at);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
             .iter()
@@ -553,10 +547,10 @@ impl Writer {
                     format!("; {}", skipped.join("; "))
                 };
                 (
-                    Some(reply_text(state)),
+                    Some(state.reply_text()),
                     format!(
                         "{} (decided by key {} = {state}{skipped})",
-                        reply_text(state),
+                        state.reply_text(),
                         ids[d]
                     ),
                 )
@@ -565,8 +559,11 @@ impl Writer {
                 state,
                 decided_by: None,
             } => (
-                Some(reply_text(state)),
-                format!("{} (no identity has a key: the default)", reply_text(state)),
+                Some(state.reply_text()),
+                format!(
+                    "{} (no identity has a key: the default)",
+                    state.reply_text()
+                ),
             ),
             Answer::Invalid { decided_by } => {
                 let why = match snapshot.keys.get(ids[decided_by]).map(|k| &k.entry) {

@@ -25,10 +25,10 @@ use super::fleet::{
 use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::{Confirmation, Idle};
-use super::report::keys_out;
 use super::session::Writer;
 use crate::cli::{ConfirmArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
+use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
 
 /// How often Prometheus is asked again while agents lag: 1 s.
@@ -483,7 +483,7 @@ impl Writer {
         let answer = self.client.list_prefix(&self.prefix).await?;
         let (index, out) = (
             answer.index,
-            keys_out(&self.prefix, &answer.pairs, self.json),
+            keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
         );
         let unavailable = |e| not_confirmed("prometheus_unavailable", e);
         let http = http_client().map_err(unavailable)?;

@@ -19,20 +19,16 @@ use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
-use super::session::{now, Writer};
+use super::session::Writer;
 
-use crate::consul::{TxnOp, TxnOutcome, MAX_TXN_OPS};
-use crate::model::meta::{is_meta_key, meta_key};
+use crate::consul::{TxnOp, TxnOutcome, KEYS_PER_TXN};
+use crate::model::meta::meta_key;
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
 /// How long after the drain wait HAProxy may take to show the servers of a
 /// drain from `--haproxy-socket` in DRAIN (several `agent-inter` of 2 s).
 pub const DRAIN_CHECK_GRACE: Duration = Duration::from_secs(10);
-
-/// Keys per transaction: half of [`MAX_TXN_OPS`], since each key's record
-/// (`~meta/<key>`) is written or deleted in the same transaction.
-pub(super) const KEYS_PER_TXN: usize = MAX_TXN_OPS / 2;
 
 /// How often the stats socket is read while waiting for DRAIN.
 pub(super) const DRAIN_CHECK_POLL: Duration = Duration::from_millis(250);
@@ -451,33 +447,19 @@ impl Writer {
                 }
             })
             .collect();
-        let at = now();
-        ops.extend(chunk.iter().map(|k| {
-            let key = self.full(&meta_key(k));
-            match change {
-                Change::Set(s) => {
-                    let value = serde_json::to_vec(&self.author.record(s, at)).unwrap_or_default();
-                    TxnOp::Set { key, value }
-                }
-                Change::Clear => TxnOp::Delete { key },
-            }
-        }));
+        let record = change.state().map(|s| self.author.record(s));
+        ops.extend((chunk.iter()).map(|k| TxnOp::record(self.full(&meta_key(k)), record.as_ref())));
         match self.client.txn(&ops).await? {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
-                    match change {
-                        Change::Set(s) => {
-                            run.now.insert(k.clone(), Some(s));
-                        }
-                        Change::Clear => {
-                            run.now.insert(k.clone(), None);
-                            run.indexes.insert(k.clone(), 0);
-                        }
+                    run.now.insert(k.clone(), change.state());
+                    if change == Change::Clear {
+                        run.indexes.insert(k.clone(), 0);
                     }
                 }
+                // Records' indexes too: the same as their keys', never asked.
                 for pair in results {
-                    let rel = pair.key.strip_prefix(&self.prefix);
-                    if let Some(rel) = rel.filter(|r| !is_meta_key(r)) {
+                    if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
                         run.indexes.insert(rel.to_string(), pair.modify_index);
                     }
                 }

@@ -138,6 +138,14 @@ pub enum Change {
 }
 
 impl Change {
+    /// The state written; `None` for a removal.
+    pub fn state(self) -> Option<AdminState> {
+        match self {
+            Change::Set(s) => Some(s),
+            Change::Clear => None,
+        }
+    }
+
     /// `drain`, `maint`, ..., or `clear`.
     pub fn describe(&self) -> String {
         match self {

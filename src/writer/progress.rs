@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::error::Failure;
 use super::fleet::Sessions;
-use super::plan::{shown, Change, Current, Plan, Step};
+use super::plan::{shown, Current, Plan, Step};
 use crate::model::snapshot::Snapshot;
 use crate::model::value::AdminState;
 
@@ -224,10 +224,7 @@ impl Run {
             .iter()
             .filter_map(|s| match s {
                 Step::Write { change, keys, .. } => {
-                    let target = match change {
-                        Change::Set(s) => Some(*s),
-                        Change::Clear => None,
-                    };
+                    let target = change.state();
                     let left = keys
                         .iter()
                         .filter(|k| self.now.get(*k) != Some(&target))

@@ -2,7 +2,7 @@
 //! report of a sequence (text for people, `--json` for scripts), and the
 //! columns they share (value, state, reply, set-by).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
@@ -13,13 +13,11 @@ use super::output::table;
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
 use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
-use super::session::now;
 use crate::consul::KvPair;
-use crate::model::identity::is_control_key;
-use crate::model::marks::is_drain_mark;
-use crate::model::meta::{self, KeyMeta};
+use crate::model::marks::{is_drain_mark, mark_name};
+use crate::model::meta::Records;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
-use crate::model::value::{parse_value, AdminState, InvalidValue};
+use crate::model::value::{parse_value, AdminState};
 
 /// A value for display: as stored when it is plain text, else quoted.
 pub(super) fn display_value(raw: &[u8]) -> String {
@@ -29,21 +27,6 @@ pub(super) fn display_value(raw: &[u8]) -> String {
         }
         _ => show_raw(raw),
     }
-}
-
-pub(super) fn reply_text(state: AdminState) -> String {
-    String::from_utf8_lossy(state.reply().as_bytes())
-        .trim_end()
-        .to_string()
-}
-
-/// The writer's records of a prefix read, by key ([`meta::records`]).
-pub(super) type Records<'a> = BTreeMap<&'a str, (KeyMeta, u64)>;
-
-/// The record that describes the write `pair` shows, if one does.
-fn record_of<'r>(key: &str, pair: &KvPair, records: &'r Records) -> Option<&'r KeyMeta> {
-    let state = parse_value(&pair.value).ok()?;
-    meta::record_for(records.get(key), state, pair.modify_index)
 }
 
 pub(super) fn key_json(key: &str, pair: Option<&KvPair>, records: &Records) -> Value {
@@ -58,13 +41,13 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>, records: &Records) -> V
                 "flags": p.flags,
                 "by_drain": is_row_key(key) && is_drain_mark(p.flags),
                 "set_by": set_by(key, p.flags),
-                "written": meta::written_json(record_of(key, p, records)),
+                "written": records.written(key, p),
             });
             match parse_value(&p.value) {
                 Ok(s) => {
                     v["valid"] = json!(true);
                     v["state"] = json!(s.to_string());
-                    v["reply"] = json!(reply_text(s));
+                    v["reply"] = json!(s.reply_text());
                 }
                 Err(e) => {
                     v["valid"] = json!(false);
@@ -90,53 +73,13 @@ pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot, r: &Reco
     v
 }
 
-/// `state status`'s keys that take servers out or change their weight
-/// (drain, maint, a weight), with who wrote them, why and until when: a
-/// table, or with `json` a list of `{key, state, written}`.
-pub(super) fn keys_out(prefix: &str, pairs: &[KvPair], json: bool) -> Value {
-    let records = meta::records(prefix, pairs);
-    let out: Vec<(&str, AdminState, Option<&KeyMeta>)> = pairs
-        .iter()
-        .filter_map(|p| {
-            let key = p.key.strip_prefix(prefix).filter(|k| !is_control_key(k))?;
-            let state = parse_value(&p.value)
-                .ok()
-                .filter(|s| *s != AdminState::Ready)?;
-            Some((key, state, record_of(key, p, &records)))
-        })
-        .collect();
-    if json {
-        let one = |(k, s, m): &(&str, AdminState, _)| json!({"key": k, "state": s.to_string(), "written": meta::written_json(*m)});
-        return Value::Array(out.iter().map(one).collect());
-    }
-    let rows: Vec<Vec<String>> = (out.iter())
-        .map(|(k, s, m)| vec![k.to_string(), s.to_string(), meta::describe(*m, now())])
-        .collect();
-    Value::String(match rows.is_empty() {
-        true => "No key takes servers out (drain, maint or a weight).".into(),
-        false => table(&["KEY OUT", "STATE", "WRITTEN"], &rows),
-    })
-}
-
-/// The REPLY column for a key holding an invalid value: an agent that knew
-/// a valid value answers that (held); one that did not skips the key, and the
-/// next identity on the line decides (a server with no later key gets no
-/// answer and keeps its state); no server can name a key that is not a valid
-/// identity.
-pub(super) fn invalid_reply(e: &InvalidValue) -> String {
-    match e {
-        InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
-        _ => "last valid value (held), or skipped".to_string(),
-    }
-}
-
 pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>, r: &Records) -> Vec<String> {
     let (state, reply) = match entry {
-        Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
-        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), invalid_reply(e)),
+        Some(Entry::Valid(s)) => (s.to_string(), s.reply_text()),
+        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), e.reply_text()),
         None => match parse_value(&pair.value) {
-            Ok(s) => (s.to_string(), reply_text(s)),
-            Err(e) => (format!("INVALID: {e}"), invalid_reply(&e)),
+            Ok(s) => (s.to_string(), s.reply_text()),
+            Err(e) => (format!("INVALID: {e}"), e.reply_text()),
         },
     };
     vec![
@@ -145,7 +88,7 @@ pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>, r: &Recor
         state,
         reply,
         pair.modify_index.to_string(),
-        meta::describe(record_of(key, pair, r), now()),
+        r.describe(key, pair),
         set_by(key, pair.flags),
     ]
 }
@@ -160,45 +103,20 @@ pub(super) fn set_by(key: &str, flags: u64) -> String {
     }
 }
 
-/// What a row key's Flags say: `drain` for the drain mark (odd Flags; an
-/// earlier version's larger odd value shown with it), `hand` for even Flags
-/// (with them when they are not 0).
-pub(super) fn mark_name(flags: u64) -> String {
-    match (is_drain_mark(flags), flags) {
-        (true, 1) => "drain".to_string(),
-        (true, _) => format!("drain (flags {flags})"),
-        (false, 0) => "hand".to_string(),
-        (false, _) => format!("hand (flags {flags})"),
-    }
-}
-
-pub(super) const KEY_HEADER: [&str; 7] = [
-    "KEY",
-    "VALUE",
-    "STATE",
-    "REPLY",
-    "MODIFY-INDEX",
-    "WRITTEN",
-    "SET-BY",
-];
+/// The columns of `get` and `list`.
+pub(super) const KEY_HEADER: &str = "KEY VALUE STATE REPLY MODIFY-INDEX WRITTEN SET-BY";
 
 /// The key table of `get` and `list`: with the snapshot, the agent's
 /// verdict on each key (key validity included).
-pub(super) fn key_table(
-    rows: &[(String, &KvPair)],
-    snapshot: Option<&Snapshot>,
-    records: &Records,
-) -> String {
+pub(super) fn key_table(rows: &[(String, &KvPair)], s: Option<&Snapshot>, r: &Records) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|(k, p)| {
-            let entry = snapshot
-                .and_then(|s| s.keys.get(k.as_str()))
-                .map(|s| &s.entry);
-            key_row(k, p, entry, records)
+            let entry = s.and_then(|s| s.keys.get(k.as_str())).map(|s| &s.entry);
+            key_row(k, p, entry, r)
         })
         .collect();
-    table(&KEY_HEADER, &rows)
+    table(&KEY_HEADER.split(' ').collect::<Vec<_>>(), &rows)
 }
 
 /// True for a state that keeps a server in rotation: ready, or a weight
@@ -436,7 +354,7 @@ impl Report<'_> {
         };
         match snapshot.lookup(ids.iter().copied()) {
             Answer::State { state, decided_by } => {
-                (reply_text(state), decided_by.map(|d| ids[d].to_string()))
+                (state.reply_text(), decided_by.map(|d| ids[d].to_string()))
             }
             Answer::Invalid { decided_by } => (
                 "none (invalid value)".into(),

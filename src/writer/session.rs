@@ -23,12 +23,6 @@ pub(super) struct Writer {
     pub(super) author: Author,
 }
 
-/// Unix time now, in seconds.
-pub(super) fn now() -> u64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    since.map_or(0, |d| d.as_secs())
-}
-
 impl Writer {
     pub(super) fn full(&self, key: &str) -> String {
         format!("{}{key}", self.prefix)

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::model::meta::Author;
+use crate::model::value::AdminState;
+
 /// Default KV prefix.
 pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
 
@@ -720,6 +723,105 @@ pub struct WriteOpts {
     /// Confirmation of each write step by the fleet, through Prometheus.
     #[command(flatten)]
     pub confirm: ConfirmArgs,
+    /// Who the write is for, recorded with every key written (a ChatOps bot
+    /// names the person it acts for) [default: $SUDO_USER, else $USER,
+    /// else $LOGNAME].
+    #[arg(long, value_name = "NAME")]
+    pub by: Option<String>,
+    /// Why, recorded with every key written and shown by `state get`,
+    /// `state list` and the agents' /status (1 KiB at most). Required to
+    /// write drain or maint (`drain`, `canary disable`, `set KEY
+    /// drain|maint`): without it they exit 64 and write nothing.
+    #[arg(long, value_name = "TEXT", env = "GITLAB_HAPROXY_AGENT_REASON")]
+    pub reason: Option<String>,
+    /// Until when the servers are meant to stay out: a duration from now
+    /// (`2h`, `3d`) or an RFC 3339 time (`2026-12-01T18:00:00Z`). Recorded
+    /// with the write; past it the agents' metrics raise
+    /// GitLabHAProxyAgentKeyPastUntil (a ticket). A reminder: nothing is
+    /// undone on its own.
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+}
+
+impl WriteOpts {
+    /// Who writes, why and until when, at `now` (Unix seconds); the login
+    /// is `$SUDO_USER`, else `$USER`, else `$LOGNAME`.
+    ///
+    /// # Errors
+    ///
+    /// A usage text ([`Author::resolve`]).
+    pub fn author(&self, reason_required: bool, now: u64) -> Result<Author, String> {
+        let login = ["SUDO_USER", "USER", "LOGNAME"]
+            .iter()
+            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()));
+        Author::resolve(
+            self.by.as_deref(),
+            login.as_deref(),
+            self.reason.as_deref(),
+            self.until.as_deref(),
+            reason_required,
+            now,
+        )
+    }
+}
+
+impl StateCommand {
+    /// The write options of a command that writes; `None` for `get`,
+    /// `list`, `explain` and `status`.
+    pub fn write_opts(&self) -> Option<&WriteOpts> {
+        match self {
+            StateCommand::Set { write, .. }
+            | StateCommand::Clear { write, .. }
+            | StateCommand::Drain { write, .. }
+            | StateCommand::Undrain { write, .. }
+            | StateCommand::ReleaseRollback { write }
+            | StateCommand::Canary {
+                action: CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. },
+            } => Some(write),
+            StateCommand::Get { .. }
+            | StateCommand::List
+            | StateCommand::Explain { .. }
+            | StateCommand::Status(_) => None,
+        }
+    }
+
+    /// Who writes, why and until when for a command that writes
+    /// ([`WriteOpts::author`], a reason required when it
+    /// [takes servers out](StateCommand::takes_servers_out)), and the time
+    /// it starts (also for one that does not write: the time its output
+    /// is judged at).
+    ///
+    /// # Errors
+    ///
+    /// A usage text ([`Author::resolve`]).
+    pub fn author(&self) -> Result<Author, String> {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        let now = now.map_or(0, |d| d.as_secs());
+        match self.write_opts() {
+            Some(write) => write.author(self.takes_servers_out(), now),
+            None => Ok(Author {
+                at: now,
+                ..Author::default()
+            }),
+        }
+    }
+
+    /// Whether the command writes drain or maint to take servers out, and
+    /// so needs a `--reason`: `drain`, `canary disable`, `set KEY
+    /// drain|maint`.
+    pub fn takes_servers_out(&self) -> bool {
+        match self {
+            StateCommand::Drain { .. }
+            | StateCommand::Canary {
+                action: CanaryAction::Disable { .. },
+            } => true,
+            StateCommand::Set { value, .. } => matches!(
+                crate::model::value::parse_value(value.as_bytes()),
+                Ok(AdminState::Drain | AdminState::Maint)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// The default `--confirm-selector` and `state status --selector`: the

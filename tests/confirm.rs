@@ -35,6 +35,9 @@ fn cli(consul: &Consul, args: &[&str]) -> Run {
         // can wait 1 s between steps.
         .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
         .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
+        // Writes that take servers out need a reason (tests/drain_records.rs
+        // tests that and the records); the environment's default gives it.
+        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
         .env(
             "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
             "/nonexistent/haproxy.cfg",
@@ -171,6 +174,16 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
         "{status:?}"
     );
     assert!(status.stdout.contains("1 maint, 1 ready"), "{status:?}");
+    // The keys that take servers out, with who wrote them and why.
+    let canary = status
+        .stdout
+        .lines()
+        .find(|l| l.trim().starts_with("canary "));
+    let canary = canary.unwrap_or_else(|| panic!("no key out: {status:?}"));
+    assert!(
+        canary.contains("canary maint: by unknown, since ") && canary.ends_with(": test"),
+        "{canary}"
+    );
 
     // A removal is confirmed at the prefix's index after it, its rows
     // answered ready (the default).
@@ -296,6 +309,9 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     assert_eq!(lagging.len(), 1, "{view}");
     assert_eq!(lagging[0]["instance"], stopped.as_str());
     assert_eq!(lagging[0]["lag"], "target_down");
+    assert_eq!(view["keys_out"][0]["key"], "canary", "{view}");
+    assert_eq!(view["keys_out"][0]["state"], "drain");
+    assert_eq!(view["keys_out"][0]["written"]["reason"], "test");
 
     // A selector Prometheus refuses fails at once; a Prometheus that does
     // not answer fails at the timeout. Both exit 68, the write made.
@@ -387,8 +403,14 @@ fn the_runbook_confirmation_commands_parse() {
         .collect();
     assert_eq!(commands.len(), 2, "{section}");
     for command in commands {
-        let cli = Cli::try_parse_from(command.split_whitespace())
-            .unwrap_or_else(|e| panic!("{command}\n{e}"));
+        // Words as the shell splits them: "..." is one (a --reason).
+        let words: Vec<&str> = (command.split('"').enumerate())
+            .flat_map(|(i, part)| match i % 2 {
+                0 => part.split_whitespace().collect(),
+                _ => vec![part],
+            })
+            .collect();
+        let cli = Cli::try_parse_from(words).unwrap_or_else(|e| panic!("{command}\n{e}"));
         assert!(
             cli.command.is_some(),
             "{command} parsed without a subcommand"

@@ -34,7 +34,9 @@ fn cli(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
             "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
             "/nonexistent/haproxy.cfg",
         )
-        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url());
+        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
+        // Writes that take servers out carry a reason.
+        .env("GITLAB_HAPROXY_AGENT_REASON", "group tests");
     if let Some(url) = prometheus {
         cmd.env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", url);
     }

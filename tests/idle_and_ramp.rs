@@ -112,6 +112,9 @@ impl Lb {
         cmd.env_clear()
             .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
             .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
+            // Writes that take servers out need a reason (tests/drain_records.rs
+            // tests that and the records); the environment's default gives it.
+            .env("GITLAB_HAPROXY_AGENT_REASON", "test")
             .env(
                 "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
                 "/nonexistent/haproxy.cfg",

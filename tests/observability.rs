@@ -125,6 +125,16 @@ fn rig() -> Rig {
     // fleet.
     consul.put("~store-id", "5f0c2a9e8d7b4c31a6e2f90b1d4c7e58");
     consul.put("canary", "drain");
+    // Who drained it, why and until when, as the writer records it (put
+    // after the key, so it describes the key's write): the until is a day
+    // ahead, so neither forgotten-drain alert is pending.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let record = serde_json::json!({"by": "alice", "reason": "canary deploy", "at": now,
+        "until": now + 86_400, "value": "drain"});
+    consul.put("~meta/canary", &record.to_string());
     let agent = Agent::start(&consul.url(), &[]);
     let port = agent.listen.port();
     let mut backends = String::from("backend web\n");

@@ -178,7 +178,9 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
             // confirmation names and stops before maint.
             let expected = if command.contains("--cas 4242") {
                 75
-            } else if command.ends_with("state drain --zone us-east1-b --drain-wait 60s") {
+            } else if command.contains("state drain --zone us-east1-b --drain-wait 60s")
+                && !command.contains("--accept-overridden")
+            {
                 assert!(
                     stderr.contains(
                         "1 server naming zone-us-east1-b is decided by another key, so this \
@@ -216,7 +218,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         // What each procedure must have done to HAProxy: the servers it
         // names reach the state, and no other server moved.
         let (targets, cond): (&[&str], fn(&ServerState) -> bool) =
-            if joined.contains("state canary disable --drain-wait 60s\n") {
+            if joined.contains("state canary disable --drain-wait 60s --reason") {
                 (
                     &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
                     ServerState::is_maint,
@@ -226,8 +228,8 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                     &["web-cny-01-sv-gprd", "web-cny-02-sv-gprd"],
                     ServerState::is_ready_full_weight,
                 )
-            } else if joined
-                .contains("state drain --zone us-east1-b --drain-wait 60s --accept-overridden")
+            } else if joined.contains("state drain --zone us-east1-b --drain-wait 60s")
+                && joined.contains("--accept-overridden")
             {
                 // Accepted: the drain goes on to maint without web-01.
                 assert_eq!(admin("web-01-sv-gprd"), (0, 50));

@@ -134,6 +134,9 @@ fn wait_held(agent: &Agent, key: &str, cause: &str) {
 fn writer(consul_url: &str, args: &[&str]) -> (i32, String) {
     let out = Command::new(AGENT_BIN)
         .env_clear()
+        // Writes that take servers out need a reason (tests/drain_records.rs
+        // tests that and the records); the environment's default gives it.
+        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
         .arg("state")
         .args(args)
         .args(["--consul-addr", consul_url])

@@ -91,6 +91,9 @@ fn console_cli(consul: &Consul, cwd: &Path, args: &[&str]) -> Child {
         Command::new(AGENT_BIN)
     };
     cmd.env_clear();
+    // Writes that take servers out need a reason (tests/drain_records.rs
+    // tests that and the records); the environment's default gives it.
+    cmd.env("GITLAB_HAPROXY_AGENT_REASON", "test");
     if !hidden {
         // Not root: a mount namespace is out of reach; name a file that
         // does not exist as the default configuration instead.

@@ -422,15 +422,24 @@ pub fn status(shared: &Shared) -> Value {
     let now = SystemTime::now();
     let mut keys = serde_json::Map::new();
     let mut invalid = serde_json::Map::new();
+    let served = shared.served.lock().unwrap().clone();
     if let Some(snap) = &snapshot {
         let mut sorted: Vec<_> = snap.keys.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(b.0));
         for (key, state) in sorted {
             match &state.entry {
                 Entry::Valid(s) => {
+                    let record = served.as_deref().and_then(|v| v.keys.get(key));
+                    let meta = record.and_then(|r| r.meta.as_deref());
                     keys.insert(
                         key.to_string(),
-                        json!({"state": s.to_string(), "reply": String::from_utf8_lossy(s.reply().as_bytes()).trim_end(), "modify_index": state.modify_index}),
+                        json!({
+                            "state": s.to_string(),
+                            "reply": String::from_utf8_lossy(s.reply().as_bytes()).trim_end(),
+                            "modify_index": state.modify_index,
+                            "served_since": record.map(|r| r.since),
+                            "written": crate::model::meta::written_json(meta),
+                        }),
                     );
                 }
                 Entry::Invalid(e) => {
@@ -442,7 +451,6 @@ pub fn status(shared: &Shared) -> Value {
             }
         }
     }
-    let served = shared.served.lock().unwrap().clone();
     let held = served
         .as_deref()
         .map_or_else(|| json!({}), |s| held_json(s, &mut invalid));

@@ -5,12 +5,13 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 use crate::agent::seen::SeenSummary;
 use crate::consul::ConsulError;
+use crate::decision::served::ServedState;
 use crate::decision::stale::HoldReason;
 use crate::decision::Refused;
 use crate::model::value::AnswerKind;
@@ -199,6 +200,20 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_store_id_present`: 1 when the served state has
     /// a store id (a store rebuilt at a higher index is then recognised).
     pub store_id_present: IntGauge,
+    /// `gitlab_haproxy_agent_key_since_timestamp_seconds{key,state}`: per
+    /// key served drain, maint or a weight, Unix time since when (the
+    /// writer's record, else when this agent first served it); at most
+    /// [`MAX_OUT_KEYS`] keys, oldest first.
+    key_since: GaugeVec,
+    /// `gitlab_haproxy_agent_key_until_timestamp_seconds{key}`: the
+    /// `--until` of those keys whose record has one.
+    key_until: GaugeVec,
+    /// `gitlab_haproxy_agent_out_keys_over_cap`: keys left out of the two
+    /// above beyond [`MAX_OUT_KEYS`].
+    out_keys_over_cap: IntGauge,
+    /// `gitlab_haproxy_agent_invalid_meta_keys`: writer records (`~meta/`)
+    /// in the last answer that could not be used.
+    invalid_meta_keys: IntGauge,
     /// `gitlab_haproxy_agent_state_file_loaded`: 1 when the agent started
     /// from its state file, 0 when it had none or could not use it.
     pub state_file_loaded: IntGauge,
@@ -234,6 +249,11 @@ pub const ROWS_ANSWERED_STATES: [AnswerKind; 6] = [
     AnswerKind::Invalid,
     AnswerKind::Unsynced,
 ];
+
+/// At most this many keys served drain, maint or a weight get their own
+/// `key_since_timestamp_seconds` series (the oldest; each agent exports
+/// them): 500. The rest are counted in `out_keys_over_cap`.
+pub const MAX_OUT_KEYS: usize = 500;
 
 fn opts(name: &str, help: &str) -> Opts {
     Opts::new(name, help).namespace(NAMESPACE)
@@ -615,6 +635,44 @@ impl Metrics {
         .unwrap();
         reg(Box::new(store_id_present.clone()));
 
+        let key_since = GaugeVec::new(
+            opts(
+                "key_since_timestamp_seconds",
+                "Per key served drain, maint or a weight: Unix time since when (the writer's record, \
+                 else when this agent first served it).",
+            ),
+            &["key", "state"],
+        )
+        .unwrap();
+        reg(Box::new(key_since.clone()));
+
+        let key_until = GaugeVec::new(
+            opts(
+                "key_until_timestamp_seconds",
+                "Per key served drain, maint or a weight: the Unix time its writer's record gives as \
+                 until (a reminder, never an automatic undo).",
+            ),
+            &["key"],
+        )
+        .unwrap();
+        reg(Box::new(key_until.clone()));
+
+        let out_keys_over_cap = IntGauge::with_opts(opts(
+            "out_keys_over_cap",
+            "Keys served drain, maint or a weight left out of key_since_timestamp_seconds beyond \
+             the cap (the newest).",
+        ))
+        .unwrap();
+        reg(Box::new(out_keys_over_cap.clone()));
+
+        let invalid_meta_keys = IntGauge::with_opts(opts(
+            "invalid_meta_keys",
+            "Writer records (~meta/) in the last applied answer that could not be used (malformed \
+             or below no valid key); their keys show as written outside the writer.",
+        ))
+        .unwrap();
+        reg(Box::new(invalid_meta_keys.clone()));
+
         let state_file_loaded = IntGauge::with_opts(opts(
             "state_file_loaded",
             "1 when the agent started from its state file, 0 when it had none or could not use it.",
@@ -674,6 +732,10 @@ impl Metrics {
             filtered_answers,
             store_changes,
             store_id_present,
+            key_since,
+            key_until,
+            out_keys_over_cap,
+            invalid_meta_keys,
             state_file_loaded,
             state_file_writes,
             http_bad_requests,
@@ -739,6 +801,27 @@ impl Metrics {
         let lowest = summary.lowest_index.unwrap_or(0);
         self.answered_index
             .set(i64::try_from(lowest).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the per-key gauges (`key_since_timestamp_seconds`,
+    /// `key_until_timestamp_seconds`, `out_keys_over_cap`) and
+    /// `invalid_meta_keys` from the state served: timestamps, not ages, so
+    /// they change only when the state does.
+    pub fn observe_out_keys(&self, served: &ServedState) {
+        let out = served.out_keys();
+        self.key_since.reset();
+        self.key_until.reset();
+        for k in out.iter().take(MAX_OUT_KEYS) {
+            self.key_since
+                .with_label_values(&[k.key, k.state.kind().as_str()])
+                .set(k.since as f64);
+            if let Some(until) = k.until {
+                self.key_until.with_label_values(&[k.key]).set(until as f64);
+            }
+        }
+        self.out_keys_over_cap
+            .set(out.len().saturating_sub(MAX_OUT_KEYS) as i64);
+        self.invalid_meta_keys.set(served.invalid_meta as i64);
     }
 
     /// The counter for one answer kind.
@@ -880,6 +963,57 @@ mod tests {
         assert!(!text.contains("group_decided_rows{answer=\"ready\""));
         m.observe_seen(&SeenSummary::default());
         assert!(!m.render(unix_now()).contains("zone-b"));
+    }
+
+    #[test]
+    fn out_keys_export_since_and_until_up_to_the_cap() {
+        let m = Metrics::new();
+        let mut keys = serde_json::Map::new();
+        keys.insert(
+            "canary".into(),
+            serde_json::json!({"value": "drain", "modify_index": 5, "served": "drain",
+                "since": 900, "meta": {"by": "alice", "reason": "r", "at": 800,
+                "until": 7200, "value": "drain"}}),
+        );
+        keys.insert(
+            "web/from-an-older-file".into(),
+            serde_json::json!({"value": "maint", "modify_index": 5, "served": "maint"}),
+        );
+        keys.insert(
+            "zone".into(),
+            serde_json::json!({"value": "ready", "modify_index": 5, "served": "ready", "since": 1}),
+        );
+        for i in 0..MAX_OUT_KEYS {
+            keys.insert(
+                format!("web/s{i}"),
+                serde_json::json!({"value": "maint", "modify_index": 5, "served": "maint",
+                    "since": 1000 + i}),
+            );
+        }
+        let file = serde_json::json!({"version": 1, "prefix": "p/", "index": 5,
+            "store_id": null, "release_mark": null, "keys": keys});
+        let served = ServedState::from_file("p/", &file.to_string()).unwrap();
+        m.observe_out_keys(&served);
+        let text = m.render(unix_now());
+        for line in [
+            "gitlab_haproxy_agent_key_since_timestamp_seconds{key=\"canary\",state=\"drain\"} 800\n",
+            "gitlab_haproxy_agent_key_until_timestamp_seconds{key=\"canary\"} 7200\n",
+            "gitlab_haproxy_agent_key_since_timestamp_seconds{key=\"web/s0\",state=\"maint\"} 1000\n",
+            "gitlab_haproxy_agent_out_keys_over_cap 1\n",
+        ] {
+            assert!(text.contains(line), "missing {line}");
+        }
+        assert!(!text.contains("key=\"zone\""), "ready keys are not out");
+        assert!(
+            !text.contains("from-an-older-file"),
+            "since unknown: not 1970"
+        );
+        let last = format!("key=\"web/s{}\"", MAX_OUT_KEYS - 1);
+        assert!(!text.contains(&last), "the newest is left out at the cap");
+        m.observe_out_keys(&ServedState::default());
+        let text = m.render(unix_now());
+        assert!(!text.contains("key=\"canary\""), "undrained keys go");
+        assert!(text.contains("gitlab_haproxy_agent_out_keys_over_cap 0\n"));
     }
 
     #[test]

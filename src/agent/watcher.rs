@@ -517,6 +517,7 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>) {
     metrics
         .store_id_present
         .set(i64::from(served.store_id.is_some()));
+    metrics.observe_out_keys(served);
     *shared.served.lock().unwrap() = Some(Arc::clone(served));
     shared.snapshot.store(Some(Arc::new(served.snapshot())));
 }

@@ -10,7 +10,8 @@ pub mod token;
 pub mod types;
 
 pub use client::{
-    ConsulClient, MAX_TXN_OPS, MAX_WAIT, READ_CHECK_KEY, REQUEST_TIMEOUT, TIMEOUT_MARGIN,
+    ConsulClient, KEYS_PER_TXN, MAX_TXN_OPS, MAX_WAIT, READ_CHECK_KEY, REQUEST_TIMEOUT,
+    TIMEOUT_MARGIN,
 };
 pub use token::TokenSource;
 pub use types::{

@@ -12,6 +12,8 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+use crate::model::meta::KeyMeta;
+
 pub use crate::model::snapshot::KvPair;
 
 /// A failed Consul request.
@@ -176,6 +178,20 @@ pub enum TxnOp {
         /// The expected ModifyIndex.
         index: u64,
     },
+    /// Sets `key` to `value` (Flags 0) whatever it holds: for records that
+    /// go with a compare-and-set of their key in the same transaction.
+    Set {
+        /// The full key.
+        key: String,
+        /// The raw value.
+        value: Vec<u8>,
+    },
+    /// Deletes `key` whatever it holds (a key already gone counts as
+    /// deleted).
+    Delete {
+        /// The full key.
+        key: String,
+    },
     /// Reads `key`; the transaction fails if it does not exist.
     Get {
         /// The full key.
@@ -191,6 +207,19 @@ pub enum TxnOp {
 }
 
 impl TxnOp {
+    /// The operation on a writer's record (`<prefix>~meta/<key>`, `key`
+    /// in full) that goes with its key's write: set to `record`, or
+    /// deleted with the key (`None`).
+    pub fn record(key: String, record: Option<&KeyMeta>) -> TxnOp {
+        match record {
+            Some(r) => TxnOp::Set {
+                key,
+                value: serde_json::to_vec(r).unwrap_or_default(),
+            },
+            None => TxnOp::Delete { key },
+        }
+    }
+
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let b64 = |v: &[u8]| base64::engine::general_purpose::STANDARD.encode(v);
         let kv = match self {
@@ -205,6 +234,10 @@ impl TxnOp {
             TxnOp::DeleteCas { key, index } => {
                 serde_json::json!({"Verb": "delete-cas", "Key": key, "Index": index})
             }
+            TxnOp::Set { key, value } => {
+                serde_json::json!({"Verb": "set", "Key": key, "Value": b64(value)})
+            }
+            TxnOp::Delete { key } => serde_json::json!({"Verb": "delete", "Key": key}),
             TxnOp::Get { key } => serde_json::json!({"Verb": "get", "Key": key}),
             TxnOp::CheckIndex { key, index } => {
                 serde_json::json!({"Verb": "check-index", "Key": key, "Index": index})
@@ -236,9 +269,9 @@ impl TxnError {
 /// What a transaction did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnOutcome {
-    /// Every operation applied, atomically. One pair per `cas` and `get`
-    /// (with the ModifyIndex the key has now; values only for `get`); none
-    /// for `delete-cas` and `check-index`.
+    /// Every operation applied, atomically. One pair per `cas`, `set` and
+    /// `get` (with the ModifyIndex the key has now; values only for `get`);
+    /// none for `delete-cas`, `delete` and `check-index`.
     Committed(Vec<KvPair>),
     /// Nothing applied (HTTP 409): why each refused operation failed.
     RolledBack(Vec<TxnError>),
@@ -389,6 +422,13 @@ mod tests {
                 key: "p/y".into(),
                 index: 3,
             },
+            TxnOp::Set {
+                key: "p/~meta/canary".into(),
+                value: b"{}".to_vec(),
+            },
+            TxnOp::Delete {
+                key: "p/~meta/x".into(),
+            },
         ];
         let json: Vec<serde_json::Value> = ops.iter().map(TxnOp::to_json).collect();
         assert_eq!(
@@ -399,6 +439,14 @@ mod tests {
         assert_eq!(json[1]["KV"]["Index"], 7);
         assert_eq!(json[2]["KV"]["Verb"], "get");
         assert_eq!(json[3]["KV"]["Verb"], "check-index");
+        assert_eq!(
+            json[4],
+            serde_json::json!({"KV": {"Verb": "set", "Key": "p/~meta/canary", "Value": "e30="}})
+        );
+        assert_eq!(
+            json[5],
+            serde_json::json!({"KV": {"Verb": "delete", "Key": "p/~meta/x"}})
+        );
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::identity::{is_control_key, InvalidIdentity};
+use crate::model::identity::{is_control_key, validate_identity, InvalidIdentity};
+use crate::model::meta::{parse_meta, KeyMeta, META_PREFIX};
 use crate::model::snapshot::{parse_entry, Entry, KeyState, KvPair, Snapshot};
 use crate::model::value::{parse_value, AdminState, InvalidValue};
 
@@ -131,6 +132,14 @@ pub struct KeyRecord {
     pub served: Option<AdminState>,
     /// Why `served` is not Consul's value, if it is not.
     pub hold: Option<Hold>,
+    /// The writer's record of the write Consul shows
+    /// ([`KeyMeta::describes`]); `None`: written outside the writer. Kept
+    /// while the key is held after it vanished or was hidden.
+    pub meta: Option<Box<KeyMeta>>,
+    /// Unix time in seconds (as given to the core) when this agent first
+    /// served the key's current `served` state; kept across restarts in
+    /// the state file.
+    pub since: u64,
 }
 
 /// A hold on one key.
@@ -154,6 +163,25 @@ pub struct ServedState {
     pub release_mark: Option<u64>,
     /// Every key known, relative to the prefix.
     pub keys: BTreeMap<Box<str>, KeyRecord>,
+    /// Writer records in the last applied answer that could not be used
+    /// (malformed, over-long, or below no valid identity); not kept in the
+    /// state file.
+    pub invalid_meta: usize,
+}
+
+/// A key served drain, maint or a weight, for the metrics
+/// ([`ServedState::out_keys`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutKey<'a> {
+    /// The key, relative to the prefix.
+    pub key: &'a str,
+    /// The state served.
+    pub state: AdminState,
+    /// Unix time in seconds since when: the writer's record when it
+    /// describes the state served, else when this agent first served it.
+    pub since: u64,
+    /// The record's `until`, Unix seconds, when it describes the state.
+    pub until: Option<u64>,
 }
 
 /// The state keys of one Consul answer, relative to the prefix, with the
@@ -168,6 +196,10 @@ pub struct AnswerView {
     pub store_id: Option<Box<str>>,
     /// The ModifyIndex of the release-rollback key, if present.
     pub release_mark: Option<u64>,
+    /// The writer's records (`~meta/<key>`) by key, with their ModifyIndex.
+    pub meta: BTreeMap<Box<str>, (KeyMeta, u64)>,
+    /// Records that could not be used.
+    pub invalid_meta: usize,
     /// The largest ModifyIndex of any pair shown (control and folder keys
     /// included), 0 for none: Consul's index for a prefix is the largest
     /// ModifyIndex below it or of a tombstone below it (kvsListTxn).
@@ -192,6 +224,17 @@ impl AnswerView {
             }
             if rel == crate::model::identity::RELEASE_ROLLBACK_KEY {
                 view.release_mark = Some(pair.modify_index);
+                continue;
+            }
+            if let Some(key) = rel.strip_prefix(META_PREFIX) {
+                match parse_meta(&pair.value) {
+                    Ok(m) if validate_identity(key).is_ok() => {
+                        view.meta.insert(key.into(), (m, pair.modify_index));
+                    }
+                    // The folder key `~meta/` itself, without a value.
+                    _ if key.is_empty() && pair.value.is_empty() => {}
+                    _ => view.invalid_meta += 1,
+                }
                 continue;
             }
             if is_control_key(rel) {
@@ -311,17 +354,27 @@ impl ServedState {
             keys: mut shown_keys,
             store_id,
             release_mark,
+            mut meta,
+            invalid_meta,
             ..
         } = view;
         let mut keys = BTreeMap::new();
         let mut one = |key: Box<str>, prev: Option<&KeyRecord>, in_answer: Option<ConsulKey>| {
+            let from_answer = in_answer.is_some();
             let forbidden =
                 in_answer.is_none() && matches!(input.probes.get(&key), Some(Probe::Forbidden));
             let shown = in_answer.or_else(|| match input.probes.get(&key) {
                 Some(Probe::Present(k)) => Some(k.clone()),
                 _ => None,
             });
-            let record = merge_key(prev, shown, forbidden, release_all, input);
+            let record = merge_key(prev, shown, forbidden, release_all, input).map(|mut r| {
+                r.meta = pick_meta(prev, &r, meta.remove(&key), from_answer);
+                r.since = match prev {
+                    Some(p) if p.served == r.served && p.since != 0 => p.since,
+                    _ => input.now,
+                };
+                r
+            });
             note_changes(&key, prev, record.as_ref(), &mut changes);
             if let Some(record) = record {
                 keys.insert(key, record);
@@ -341,6 +394,7 @@ impl ServedState {
             store_id,
             release_mark,
             keys,
+            invalid_meta,
         };
         (next, changes)
     }
@@ -397,6 +451,63 @@ impl ServedState {
     pub fn consul_key_count(&self) -> usize {
         self.keys.values().filter(|r| r.consul.is_some()).count()
     }
+
+    /// Every key served drain, maint or a weight, oldest first (ties by
+    /// key), with since when and the record's `until`; a key whose since is
+    /// not known yet (read from a state file written before it was kept,
+    /// until the first answer) is left out rather than shown as 1970.
+    pub fn out_keys(&self) -> Vec<OutKey<'_>> {
+        let mut out: Vec<OutKey<'_>> = self
+            .keys
+            .iter()
+            .filter_map(|(key, r)| {
+                let state = r.served.filter(|s| *s != AdminState::Ready)?;
+                let meta = r
+                    .meta
+                    .as_deref()
+                    .filter(|m| parse_value(m.value.as_bytes()).ok() == Some(state));
+                let since = meta.map_or(r.since, |m| m.at);
+                (since > 0).then_some(OutKey {
+                    key,
+                    state,
+                    since,
+                    until: meta.and_then(|m| m.until),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| a.since.cmp(&b.since).then(a.key.cmp(b.key)));
+        out
+    }
+}
+
+/// The record kept for a merged key: the answer's when it describes the
+/// write Consul shows; for a key shown by a direct read (no record read
+/// with it), the one it had while its ModifyIndex is unchanged; for a key
+/// held after it vanished or was hidden, the one it had.
+fn pick_meta(
+    prev: Option<&KeyRecord>,
+    next: &KeyRecord,
+    shown: Option<(KeyMeta, u64)>,
+    from_answer: bool,
+) -> Option<Box<KeyMeta>> {
+    let prev_meta = || prev.and_then(|p| p.meta.clone());
+    let Some(c) = &next.consul else {
+        return prev_meta();
+    };
+    let Entry::Valid(state) = c.entry else {
+        return None;
+    };
+    if !from_answer {
+        let same = prev.and_then(|p| p.consul.as_ref()).map(|p| p.modify_index);
+        return if same == Some(c.modify_index) {
+            prev_meta()
+        } else {
+            None
+        };
+    }
+    shown
+        .filter(|(m, mi)| m.describes(*mi, state, c.modify_index))
+        .map(|(m, _)| Box::new(m))
 }
 
 /// Whether applying `new` (`None`: absent) over `prev` (the state served;
@@ -454,6 +565,8 @@ fn merge_key(
                 consul: shown,
                 served: prev_served,
                 hold: prev_hold,
+                meta: None,
+                since: 0,
             });
         }
     }
@@ -472,6 +585,8 @@ fn merge_key(
             } else {
                 None
             },
+            meta: None,
+            since: 0,
         });
     }
     let Some(c) = shown else {
@@ -479,6 +594,8 @@ fn merge_key(
             consul: None,
             served: prev_served,
             hold: hold(HoldCause::RolledBack),
+            meta: None,
+            since: 0,
         });
     };
     let (served, hold) = match &c.entry {
@@ -497,6 +614,8 @@ fn merge_key(
         consul: Some(c),
         served,
         hold,
+        meta: None,
+        since: 0,
     })
 }
 
@@ -570,6 +689,12 @@ struct FileKey {
     hold: Option<HoldCause>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold_since: Option<u64>,
+    /// When the agent first served `served` (absent in files from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    since: Option<u64>,
+    /// The writer's record of the write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    meta: Option<KeyMeta>,
 }
 
 /// Why a state file could not be used.
@@ -624,6 +749,8 @@ impl Serialize for KeysOut<'_> {
                     served: r.served.map(|s| s.to_string()),
                     hold: r.hold.map(|h| h.cause),
                     hold_since: r.hold.map(|h| h.since),
+                    since: Some(r.since),
+                    meta: r.meta.as_deref().cloned(),
                 },
             )?;
         }
@@ -701,6 +828,8 @@ impl ServedState {
                     consul,
                     served,
                     hold,
+                    meta: k.meta.map(Box::new),
+                    since: k.since.unwrap_or(0),
                 },
             );
         }
@@ -709,6 +838,7 @@ impl ServedState {
             store_id: file.store_id.map(Into::into),
             release_mark: file.release_mark,
             keys,
+            invalid_meta: 0,
         })
     }
 }

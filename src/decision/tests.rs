@@ -830,3 +830,221 @@ fn an_answer_filtered_by_an_older_policy_is_read_once_more() {
     assert_eq!(served(&c, "web/web-04"), Some(Drain));
     assert_eq!(asks(&out), &blocks_on(35));
 }
+
+fn record(by: &str, value: &str, at: u64, until: Option<u64>) -> String {
+    serde_json::to_string(&crate::model::meta::KeyMeta {
+        by: by.into(),
+        reason: "kernel upgrade".into(),
+        at,
+        until,
+        value: value.into(),
+    })
+    .unwrap()
+}
+
+fn meta_of(core: &Core, key: &str) -> Option<String> {
+    let r = core.served()?.keys.get(key)?;
+    r.meta.as_ref().map(|m| m.by.clone())
+}
+
+fn out_keys(core: &Core) -> Vec<(String, AdminState, u64, Option<u64>)> {
+    core.served()
+        .unwrap()
+        .out_keys()
+        .into_iter()
+        .map(|k| (k.key.to_string(), k.state, k.since, k.until))
+        .collect()
+}
+
+#[test]
+fn writer_records_are_never_keys_invalid_values_or_holds() {
+    let good = record("alice", "drain", 500, Some(9_000));
+    for acl in [false, true] {
+        let mut c = started(acl, false, None);
+        let pairs = [
+            ("~meta/", "", 3),
+            ("~meta/canary", good.as_str(), 10),
+            ("~meta/web/s1", "not json", 11),
+            ("~meta/bad key", good.as_str(), 11),
+            ("~meta/a/b/c", good.as_str(), 11),
+            ("canary", "drain", 10),
+        ];
+        let out = step(&mut c, prefix(11, &pairs));
+        if acl {
+            // The read check of the first answer, then the merge.
+            assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+            step(&mut c, Response::ReadCheck { allowed: true });
+        }
+        let s = c.served().unwrap();
+        assert_eq!(s.keys.keys().map(|k| &**k).collect::<Vec<_>>(), ["canary"]);
+        assert_eq!(s.consul_key_count(), 1);
+        assert_eq!(s.invalid_count(), 0);
+        for cause in HoldCause::ALL {
+            assert_eq!(s.held_count(cause), 0);
+        }
+        assert_eq!(s.invalid_meta, 3, "malformed, and two below no identity");
+        let snap = s.snapshot();
+        assert_eq!(snap.keys.len(), 1);
+        assert_eq!(snap.invalid_count(), 0);
+        assert_eq!(
+            snap.lookup(["~meta/canary"]),
+            Answer::State {
+                state: Ready,
+                decided_by: None
+            }
+        );
+        assert_eq!(meta_of(&c, "canary").as_deref(), Some("alice"));
+        // An answer that changes only a record is still an answer at a new
+        // index: applied, no key changes.
+        let newer = record("bob", "drain", 600, None);
+        let mut pairs = pairs.to_vec();
+        pairs[1] = ("~meta/canary", newer.as_str(), 12);
+        let out = step(&mut c, prefix(12, &pairs));
+        assert!(
+            out.notes.contains(&Note::Applied {
+                index: 12,
+                changes: vec![]
+            }),
+            "{out:?}"
+        );
+        assert_eq!(meta_of(&c, "canary").as_deref(), Some("bob"));
+    }
+}
+
+#[test]
+fn a_record_names_the_write_it_came_with_and_since_counts_from_it() {
+    let mut c = started(false, false, None);
+    let rec = record("alice", "drain", 500, Some(9_000));
+    // Written together by the writer: one ModifyIndex.
+    c.on_response(
+        prefix(
+            10,
+            &[
+                ("canary", "drain", 10),
+                ("~meta/canary", rec.as_str(), 10),
+                ("web/s1", "maint", 9),
+                ("web/s2", "ready", 9),
+                ("web/s3", "50%", 9),
+            ],
+        ),
+        1_000,
+    );
+    assert_eq!(meta_of(&c, "canary").as_deref(), Some("alice"));
+    assert_eq!(meta_of(&c, "web/s1"), None, "no record: written by hand");
+    assert_eq!(
+        out_keys(&c),
+        vec![
+            ("canary".into(), Drain, 500, Some(9_000)),
+            ("web/s1".into(), Maint, 1_000, None),
+            ("web/s3".into(), Weight(50), 1_000, None),
+        ],
+        "ready keys are not out; oldest first"
+    );
+    // Later answers that leave web/s1 alone keep its since.
+    c.on_response(
+        prefix(
+            11,
+            &[
+                ("canary", "drain", 10),
+                ("~meta/canary", rec.as_str(), 10),
+                ("web/s1", "maint", 9),
+                ("web/s3", "50%", 9),
+                ("zone", "ready", 11),
+            ],
+        ),
+        2_000,
+    );
+    assert_eq!(out_keys(&c)[1], ("web/s1".into(), Maint, 1_000, None));
+    // `consul kv put canary maint`: the key moves past its record.
+    c.on_response(
+        prefix(
+            12,
+            &[
+                ("canary", "maint", 12),
+                ("~meta/canary", rec.as_str(), 10),
+                ("web/s1", "maint", 9),
+            ],
+        ),
+        3_000,
+    );
+    assert_eq!(meta_of(&c, "canary"), None);
+    assert_eq!(
+        out_keys(&c),
+        vec![
+            ("web/s1".into(), Maint, 1_000, None),
+            ("canary".into(), Maint, 3_000, None),
+        ]
+    );
+    // The writer writes maint over maint: Consul keeps the key's index, the
+    // newer record describes it.
+    let rec2 = record("bob", "maint", 3_500, Some(4_000));
+    c.on_response(
+        prefix(
+            13,
+            &[
+                ("canary", "maint", 12),
+                ("~meta/canary", rec2.as_str(), 13),
+                ("web/s1", "maint", 9),
+            ],
+        ),
+        3_600,
+    );
+    assert_eq!(meta_of(&c, "canary").as_deref(), Some("bob"));
+    assert_eq!(
+        out_keys(&c)[1],
+        ("canary".into(), Maint, 3_500, Some(4_000))
+    );
+    // A record that names another value describes nothing.
+    let wrong = record("carol", "drain", 3_700, None);
+    c.on_response(
+        prefix(
+            14,
+            &[
+                ("canary", "maint", 12),
+                ("~meta/canary", wrong.as_str(), 14),
+                ("web/s1", "maint", 9),
+            ],
+        ),
+        3_800,
+    );
+    assert_eq!(meta_of(&c, "canary"), None);
+    assert_eq!(
+        out_keys(&c)[1],
+        ("canary".into(), Maint, 3_000, None),
+        "since this agent first served maint"
+    );
+
+    // Since and records survive a restart through the state file.
+    let file = c.served().unwrap().to_file("p/");
+    let restored = ServedState::from_file("p/", &file).unwrap();
+    assert_eq!(&restored, c.served().unwrap());
+    assert_eq!(
+        restored.keys["web/s1"].since, 1_000,
+        "web/s1 kept its since in the file"
+    );
+}
+
+#[test]
+fn a_held_key_keeps_its_record_and_its_since() {
+    let mut c = started(false, false, None);
+    let rec = record("alice", "drain", 500, Some(9_000));
+    c.on_response(
+        prefix(
+            10,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "drain", 10),
+                ("~meta/canary", rec.as_str(), 10),
+            ],
+        ),
+        1_000,
+    );
+    // The store lost its data: canary vanished, held rolled back.
+    c.on_response(prefix(4, &[]), 2_000);
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
+    assert_eq!(meta_of(&c, "canary").as_deref(), Some("alice"));
+    assert_eq!(
+        out_keys(&c),
+        vec![("canary".into(), Drain, 500, Some(9_000))]
+    );
+}

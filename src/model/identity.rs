@@ -24,11 +24,22 @@ pub const RELEASE_ROLLBACK_KEY: &str = "~release-rollback";
 /// state key has this name.
 pub const STORE_ID_KEY: &str = "~store-id";
 
+/// The folder below the prefix that holds the writer's records
+/// ([`super::meta`]): `~meta/`. `~` is not allowed in identities, so no
+/// state key lies below it.
+pub const META_PREFIX: &str = "~meta/";
+
+/// Whether a key relative to the prefix lies below [`META_PREFIX`].
+pub fn is_meta_key(rel: &str) -> bool {
+    rel.starts_with(META_PREFIX)
+}
+
 /// Whether a key below the prefix (relative) is one of the agent's own
 /// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`],
-/// [`STORE_ID_KEY`]), not state.
+/// [`STORE_ID_KEY`]) or a writer's record below [`META_PREFIX`], not state: never served,
+/// counted as a key, or invalid.
 pub fn is_control_key(rel: &str) -> bool {
-    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY || rel == STORE_ID_KEY
+    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY || rel == STORE_ID_KEY || is_meta_key(rel)
 }
 
 /// Why an identity (a key name or an agent-send word) was refused.

@@ -18,6 +18,18 @@ pub fn is_drain_mark(flags: u64) -> bool {
     flags & DRAIN_FLAGS != 0
 }
 
+/// What a row key's Flags say: `drain` for the drain mark (odd Flags; an
+/// earlier version's larger odd value shown with it), `hand` for even Flags
+/// (with them when they are not 0). The writer's SET-BY column.
+pub fn mark_name(flags: u64) -> String {
+    match (is_drain_mark(flags), flags) {
+        (true, 1) => "drain".to_string(),
+        (true, _) => format!("drain (flags {flags})"),
+        (false, 0) => "hand".to_string(),
+        (false, _) => format!("hand (flags {flags})"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

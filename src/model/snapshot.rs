@@ -340,6 +340,22 @@ mod tests {
     }
 
     #[test]
+    fn writer_records_are_not_keys() {
+        let pairs = [
+            pair("p/~meta/", "", 1),
+            pair("p/~meta/canary", r#"{"by":"a","at":1,"value":"drain"}"#, 2),
+            pair("p/~meta/web/web-01", "junk", 3),
+            pair("p/canary", "drain", 2),
+        ];
+        let snap = build_snapshot("p/", 3, &pairs);
+        assert_eq!(
+            snap.keys.keys().map(|k| &**k).collect::<Vec<_>>(),
+            ["canary"]
+        );
+        assert_eq!(snap.invalid_count(), 0);
+    }
+
+    #[test]
     fn diff_names_changed_and_removed_keys_and_each_write_of_an_invalid_value() {
         let a = build_snapshot(
             "p/",

@@ -50,6 +50,13 @@ impl AdminState {
         line
     }
 
+    /// The reply line as text, without its LF: `drain 100%`.
+    pub fn reply_text(self) -> String {
+        String::from_utf8_lossy(self.reply().as_bytes())
+            .trim_end()
+            .to_string()
+    }
+
     /// The answer kind used as the `kind` label of
     /// `gitlab_haproxy_agent_answers_total`.
     pub fn kind(self) -> AnswerKind {
@@ -124,6 +131,20 @@ pub enum InvalidValue {
     /// ever name it.
     #[error("key is not a valid identity: {0}")]
     Key(InvalidIdentity),
+}
+
+impl InvalidValue {
+    /// What a key holding this answers (the writer's REPLY column): an
+    /// agent that knew a valid value answers that (held); one that did not
+    /// skips the key, and the next identity on the line decides (a server
+    /// with no later key gets no answer and keeps its state); no server can
+    /// name a key that is not a valid identity.
+    pub fn reply_text(&self) -> String {
+        match self {
+            InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
+            _ => "last valid value (held), or skipped".to_string(),
+        }
+    }
 }
 
 /// Parses one KV value: `ready`, `drain`, `maint` or `N%` with integer N in

@@ -17,13 +17,14 @@ use super::live;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
-use super::report::{display_value, entry_json, key_json, key_table, reply_text, KeyReport};
+use super::report::{display_value, entry_json, key_json, key_table, KeyReport};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
 use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
+use crate::model::meta::{meta_key, Records};
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
 use crate::model::value::parse_value;
 
@@ -73,12 +74,17 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         _ => confirm.as_ref().map(|c| c.confirm_selector.as_str()),
     };
     let holds = crate::fleet::held::Source::of(args.prometheus.as_deref(), selector);
+    let author = match args.command.author() {
+        Ok(author) => author,
+        Err(e) => return report_failure(args.json, &Failure::usage(e)),
+    };
     let writer = Writer {
         client,
         prefix: config.prefix,
         json: args.json,
         confirm,
         holds,
+        author,
     };
     if let Err(f) = writer.check_group(args).await {
         return report_failure(args.json, &f);
@@ -236,12 +242,14 @@ impl Writer {
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
         let pair = self.client.get_key(&self.full(key)).await?;
+        let record = self.client.get_key(&self.full(&meta_key(key))).await?;
+        let records = Records::read(&self.prefix, record.as_slice(), self.author.at);
         let invalid = pair
             .as_ref()
             .is_some_and(|p| parse_value(&p.value).is_err());
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
-            let mut v = key_json(key, pair.as_ref());
+            let mut v = key_json(key, pair.as_ref(), &records);
             v["ok"] = json!(true);
             v["held"] = holds.json();
             v["agents"] = json!(holds.key_phrase(key, invalid));
@@ -252,7 +260,7 @@ impl Writer {
             None => println!(
                 "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
             ),
-            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None)),
+            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None, &records)),
         }
         if let Some(phrase) = holds.key_phrase(key, invalid) {
             println!("agents: {phrase}");
@@ -266,6 +274,7 @@ impl Writer {
     pub(super) async fn list(&self) -> Result<(), Failure> {
         let answer = self.client.list_prefix(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
+        let records = Records::read(&self.prefix, &answer.pairs, self.author.at);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
             .iter()
@@ -295,7 +304,7 @@ impl Writer {
                 "ok": true,
                 "prefix": self.prefix,
                 "consul_index": answer.index,
-                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot)).collect::<Vec<_>>(),
+                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot, &records)).collect::<Vec<_>>(),
                 "invalid": invalid,
                 "held": holds.json(),
                 "agents": holds.phrases(&invalid_keys),
@@ -314,7 +323,7 @@ impl Writer {
             }
             return Ok(());
         }
-        print!("{}", key_table(&rows, Some(&snapshot)));
+        print!("{}", key_table(&rows, Some(&snapshot), &records));
         println!(
             "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),
@@ -586,10 +595,10 @@ impl Writer {
                     format!("; {}", skipped.join("; "))
                 };
                 (
-                    Some(reply_text(state)),
+                    Some(state.reply_text()),
                     format!(
                         "{} (decided by key {} = {state}{skipped})",
-                        reply_text(state),
+                        state.reply_text(),
                         ids[d]
                     ),
                 )
@@ -598,8 +607,11 @@ impl Writer {
                 state,
                 decided_by: None,
             } => (
-                Some(reply_text(state)),
-                format!("{} (no identity has a key: the default)", reply_text(state)),
+                Some(state.reply_text()),
+                format!(
+                    "{} (no identity has a key: the default)",
+                    state.reply_text()
+                ),
             ),
             Answer::Invalid { decided_by } => {
                 let why = match snapshot.keys.get(ids[decided_by]).map(|k| &k.entry) {

@@ -23,12 +23,13 @@ use super::output::{err_line, out_line};
 use super::plan::Change;
 use super::progress::{Confirmation, Idle};
 use super::session::Writer;
-use crate::cli::{CanaryAction, ConfirmArgs, StateArgs, StateCommand, StatusArgs};
+use crate::cli::{ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::fleet::groups;
 use crate::fleet::{
     check_url, fetch_fleet, fetch_sessions, http_client, AgentView, Fleet, Lag, Sessions, Verdict,
 };
+use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
 
 /// How often Prometheus is asked again while agents lag: 1 s.
@@ -57,21 +58,11 @@ pub enum Unconfirmed {
 /// A usage failure (exit 64) for a URL that is not an `http://` URL, before
 /// anything is written.
 pub fn of_command(args: &StateArgs) -> Result<Option<ConfirmArgs>, Failure> {
-    let write = match &args.command {
-        StateCommand::Set { write, .. }
-        | StateCommand::Clear { write, .. }
-        | StateCommand::Drain { write, .. }
-        | StateCommand::Undrain { write, .. } => write,
-        StateCommand::Canary { action } => match action {
-            CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. } => write,
-        },
-        StateCommand::Get { .. }
-        | StateCommand::List
-        | StateCommand::Explain { .. }
-        | StateCommand::Status(_)
-        // The release mark decides no row's answer by itself: nothing to
-        // confirm per row; `state status` shows the fleet after it.
-        | StateCommand::ReleaseRollback { .. } => return Ok(None),
+    // The release mark decides no row's answer by itself: nothing to
+    // confirm per row; `state status` shows the fleet after it.
+    let release = matches!(args.command, StateCommand::ReleaseRollback { .. });
+    let Some(write) = args.command.write_opts().filter(|_| !release) else {
+        return Ok(None);
     };
     match args.prometheus.as_deref().map(str::trim) {
         None | Some("") => Ok(None),
@@ -529,7 +520,11 @@ impl Writer {
         }
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
-        let index = index_after(&self.client, &self.prefix, None).await?;
+        let answer = self.client.list_prefix(&self.prefix).await?;
+        let (index, out) = (
+            answer.index,
+            keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
+        );
         let unavailable = |e| not_confirmed("prometheus_unavailable", e);
         let http = http_client().map_err(unavailable)?;
         let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
@@ -540,6 +535,7 @@ impl Writer {
         if self.json {
             let mut view = status_json(&fleet, index);
             view["held"] = holds.json();
+            view["keys_out"] = out;
             out_line(&serde_json::to_string_pretty(&view).unwrap_or_default());
         } else if fleet.agents.is_empty() {
             out_line(&format!(
@@ -548,6 +544,7 @@ impl Writer {
             ));
         } else {
             out_line(status_text(&fleet, index).trim_end());
+            out_line(out.as_str().unwrap_or_default().trim_end());
             out_line(&holds.section(&[]).unwrap_or_else(|| holds.heading()));
         }
         if verdict.all_confirmed() {

@@ -1,5 +1,6 @@
 //! Running a sequence: read the keys, plan, write each step as
-//! compare-and-set transactions of at most [`MAX_TXN_OPS`] keys, wait,
+//! compare-and-set transactions of at most [`KEYS_PER_TXN`] keys, each
+//! with its record of who wrote it, why and until when, wait,
 //! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
 //! between steps on a signal, and print the report.
 
@@ -20,7 +21,8 @@ use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
 use super::session::Writer;
 
-use crate::consul::{TxnOp, TxnOutcome, MAX_TXN_OPS};
+use crate::consul::{TxnOp, TxnOutcome, KEYS_PER_TXN};
+use crate::model::meta::meta_key;
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
@@ -309,8 +311,8 @@ impl Writer {
                     flags,
                     keys,
                 } => {
-                    let chunks = keys.chunks(MAX_TXN_OPS).count();
-                    for (n, chunk) in keys.chunks(MAX_TXN_OPS).enumerate() {
+                    let chunks = keys.chunks(KEYS_PER_TXN).count();
+                    for (n, chunk) in keys.chunks(KEYS_PER_TXN).enumerate() {
                         if n > 0 && interrupt.fired().is_some() {
                             run.statuses[i] = StepStatus::Partial;
                             return Err(interrupt.stop(i));
@@ -417,7 +419,8 @@ impl Writer {
 
     /// One transaction: every key in `chunk` gets `change` (a value with
     /// Consul Flags `flags`), each only if its ModifyIndex is the one last
-    /// seen.
+    /// seen, and its record is written (or deleted with it), after the keys
+    /// so that a refused operation's position names its key.
     pub(super) async fn write_chunk(
         &self,
         change: Change,
@@ -426,7 +429,7 @@ impl Writer {
         run: &mut Run,
     ) -> Result<(), Failure> {
         self.ensure_store_id().await?;
-        let ops: Vec<TxnOp> = chunk
+        let mut ops: Vec<TxnOp> = chunk
             .iter()
             .map(|k| {
                 let index = run.indexes.get(k).copied().unwrap_or(0);
@@ -444,19 +447,17 @@ impl Writer {
                 }
             })
             .collect();
+        let record = change.state().map(|s| self.author.record(s));
+        ops.extend((chunk.iter()).map(|k| TxnOp::record(self.full(&meta_key(k)), record.as_ref())));
         match self.client.txn(&ops).await? {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
-                    match change {
-                        Change::Set(s) => {
-                            run.now.insert(k.clone(), Some(s));
-                        }
-                        Change::Clear => {
-                            run.now.insert(k.clone(), None);
-                            run.indexes.insert(k.clone(), 0);
-                        }
+                    run.now.insert(k.clone(), change.state());
+                    if change == Change::Clear {
+                        run.indexes.insert(k.clone(), 0);
                     }
                 }
+                // Records' indexes too: the same as their keys', never asked.
                 for pair in results {
                     if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
                         run.indexes.insert(rel.to_string(), pair.modify_index);

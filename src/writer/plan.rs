@@ -138,6 +138,14 @@ pub enum Change {
 }
 
 impl Change {
+    /// The state written; `None` for a removal.
+    pub fn state(self) -> Option<AdminState> {
+        match self {
+            Change::Set(s) => Some(s),
+            Change::Clear => None,
+        }
+    }
+
     /// `drain`, `maint`, ..., or `clear`.
     pub fn describe(&self) -> String {
         match self {
@@ -520,16 +528,16 @@ pub fn currents(prefix: &str, pairs: &[KvPair], keys: &[String]) -> Vec<(String,
 }
 
 /// `state set` or `state clear` of one key: one write of `change` with
-/// Flags 0 (the key becomes one set by hand), none when the key already
-/// holds it. The same value written by `state drain` is written again, so
-/// that `state undrain` leaves the key alone. The note warns about a write
+/// Flags 0 (the key becomes one set by hand), none when a key to clear is
+/// already absent. A value the key already holds is written again, with a
+/// new record; when `state drain` wrote it, the key becomes one set by
+/// hand, which `state undrain` leaves alone. The note warns about a write
 /// that skips slowstart or takes a key over from `state drain`.
 pub fn plan_write(key: &str, before: Current, change: Change) -> Plan {
+    // A value set again is written again: Consul keeps the key's
+    // ModifyIndex, and the record says who set it last, why and until when.
     let (after, unchanged) = match (&before, change) {
         (Current::Absent, Change::Clear) => (None, true),
-        (Current::Valid { state, .. }, Change::Set(s)) => {
-            (Some(s), *state == s && !before.by_drain())
-        }
         (_, Change::Set(s)) => (Some(s), false),
         (_, Change::Clear) => (None, false),
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::error::Failure;
-use super::plan::{shown, Change, Current, Plan, Step};
+use super::plan::{shown, Current, Plan, Step};
 use crate::fleet::Sessions;
 use crate::model::snapshot::Snapshot;
 use crate::model::value::AdminState;
@@ -244,10 +244,7 @@ impl Run {
             .iter()
             .filter_map(|s| match s {
                 Step::Write { change, keys, .. } => {
-                    let target = match change {
-                        Change::Set(s) => Some(*s),
-                        Change::Clear => None,
-                    };
+                    let target = change.state();
                     let left = keys
                         .iter()
                         .filter(|k| self.now.get(*k) != Some(&target))

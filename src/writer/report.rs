@@ -14,9 +14,10 @@ use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
 use crate::fleet::Sessions;
-use crate::model::marks::is_drain_mark;
+use crate::model::marks::{is_drain_mark, mark_name};
+use crate::model::meta::Records;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
-use crate::model::value::{parse_value, AdminState, InvalidValue};
+use crate::model::value::{parse_value, AdminState};
 
 /// A value for display: as stored when it is plain text, else quoted.
 pub(super) fn display_value(raw: &[u8]) -> String {
@@ -28,13 +29,7 @@ pub(super) fn display_value(raw: &[u8]) -> String {
     }
 }
 
-pub(super) fn reply_text(state: AdminState) -> String {
-    String::from_utf8_lossy(state.reply().as_bytes())
-        .trim_end()
-        .to_string()
-}
-
-pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
+pub(super) fn key_json(key: &str, pair: Option<&KvPair>, records: &Records) -> Value {
     match pair {
         None => json!({"key": key, "present": false}),
         Some(p) => {
@@ -46,12 +41,13 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
                 "flags": p.flags,
                 "by_drain": is_row_key(key) && is_drain_mark(p.flags),
                 "set_by": set_by(key, p.flags),
+                "written": records.written(key, p),
             });
             match parse_value(&p.value) {
                 Ok(s) => {
                     v["valid"] = json!(true);
                     v["state"] = json!(s.to_string());
-                    v["reply"] = json!(reply_text(s));
+                    v["reply"] = json!(s.reply_text());
                 }
                 Err(e) => {
                     v["valid"] = json!(false);
@@ -63,8 +59,8 @@ pub(super) fn key_json(key: &str, pair: Option<&KvPair>) -> Value {
     }
 }
 
-pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value {
-    let mut v = key_json(key, Some(pair));
+pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot, r: &Records) -> Value {
+    let mut v = key_json(key, Some(pair), r);
     // The agent's verdict, key validity included.
     if let Some(Entry::Invalid(e)) = snapshot.keys.get(key).map(|k| &k.entry) {
         v["valid"] = json!(false);
@@ -77,25 +73,13 @@ pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot) -> Value
     v
 }
 
-/// The REPLY column for a key holding an invalid value: an agent that knew
-/// a valid value answers that (held); one that did not skips the key, and the
-/// next identity on the line decides (a server with no later key gets no
-/// answer and keeps its state); no server can name a key that is not a valid
-/// identity.
-pub(super) fn invalid_reply(e: &InvalidValue) -> String {
-    match e {
-        InvalidValue::Key(_) => "none (no agent-send can name this key)".to_string(),
-        _ => "last valid value (held), or skipped".to_string(),
-    }
-}
-
-pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<String> {
+pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>, r: &Records) -> Vec<String> {
     let (state, reply) = match entry {
-        Some(Entry::Valid(s)) => (s.to_string(), reply_text(*s)),
-        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), invalid_reply(e)),
+        Some(Entry::Valid(s)) => (s.to_string(), s.reply_text()),
+        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), e.reply_text()),
         None => match parse_value(&pair.value) {
-            Ok(s) => (s.to_string(), reply_text(s)),
-            Err(e) => (format!("INVALID: {e}"), invalid_reply(&e)),
+            Ok(s) => (s.to_string(), s.reply_text()),
+            Err(e) => (format!("INVALID: {e}"), e.reply_text()),
         },
     };
     vec![
@@ -104,6 +88,7 @@ pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>) -> Vec<St
         state,
         reply,
         pair.modify_index.to_string(),
+        r.describe(key, pair),
         set_by(key, pair.flags),
     ]
 }
@@ -118,34 +103,20 @@ pub(super) fn set_by(key: &str, flags: u64) -> String {
     }
 }
 
-/// What a row key's Flags say: `drain` for the drain mark (odd Flags; an
-/// earlier version's larger odd value shown with it), `hand` for even Flags
-/// (with them when they are not 0).
-pub(super) fn mark_name(flags: u64) -> String {
-    match (is_drain_mark(flags), flags) {
-        (true, 1) => "drain".to_string(),
-        (true, _) => format!("drain (flags {flags})"),
-        (false, 0) => "hand".to_string(),
-        (false, _) => format!("hand (flags {flags})"),
-    }
-}
-
-pub(super) const KEY_HEADER: [&str; 6] =
-    ["KEY", "VALUE", "STATE", "REPLY", "MODIFY-INDEX", "SET-BY"];
+/// The columns of `get` and `list`.
+pub(super) const KEY_HEADER: &str = "KEY VALUE STATE REPLY MODIFY-INDEX WRITTEN SET-BY";
 
 /// The key table of `get` and `list`: with the snapshot, the agent's
 /// verdict on each key (key validity included).
-pub(super) fn key_table(rows: &[(String, &KvPair)], snapshot: Option<&Snapshot>) -> String {
+pub(super) fn key_table(rows: &[(String, &KvPair)], s: Option<&Snapshot>, r: &Records) -> String {
     let rows: Vec<Vec<String>> = rows
         .iter()
         .map(|(k, p)| {
-            let entry = snapshot
-                .and_then(|s| s.keys.get(k.as_str()))
-                .map(|s| &s.entry);
-            key_row(k, p, entry)
+            let entry = s.and_then(|s| s.keys.get(k.as_str())).map(|s| &s.entry);
+            key_row(k, p, entry, r)
         })
         .collect();
-    table(&KEY_HEADER, &rows)
+    table(&KEY_HEADER.split(' ').collect::<Vec<_>>(), &rows)
 }
 
 /// True for a state that keeps a server in rotation: ready, or a weight
@@ -383,7 +354,7 @@ impl Report<'_> {
         };
         match snapshot.lookup(ids.iter().copied()) {
             Answer::State { state, decided_by } => {
-                (reply_text(state), decided_by.map(|d| ids[d].to_string()))
+                (state.reply_text(), decided_by.map(|d| ids[d].to_string()))
             }
             Answer::Invalid { decided_by } => (
                 "none (invalid value)".into(),

@@ -9,6 +9,7 @@ use super::output::out_line;
 use crate::cli::ConfirmArgs;
 use crate::consul::ConsulClient;
 use crate::decision::STORE_ID_KEY;
+use crate::model::meta::Author;
 
 /// One `state` command's connection: the Consul client, the prefix (ending
 /// in `/`), and whether output is `--json`.
@@ -20,6 +21,8 @@ pub(super) struct Writer {
     pub(super) confirm: Option<ConfirmArgs>,
     /// The Prometheus that shows what the agents hold (`--prometheus`).
     pub(super) holds: Option<crate::fleet::held::Source>,
+    /// Who writes, why and until when, recorded with every key written.
+    pub(super) author: Author,
 }
 
 impl Writer {

@@ -114,8 +114,13 @@ consul kv put gitlab-haproxy-agent/state/web/web-01 maint
 settle
 show_stat "A row key overrides the group; one server in maintenance"
 
-echo; echo "\$ consul kv delete -recurse gitlab-haproxy-agent/state/"
-consul kv delete -recurse gitlab-haproxy-agent/state/
+# One key at a time: deleting the whole prefix would also delete the
+# writer's store id and records, which agents take for a Consul that lost
+# its data (they would hold every drain).
+for key in canary web/web-cny-02 web/web-01; do
+	echo; echo "\$ consul kv delete gitlab-haproxy-agent/state/$key"
+	consul kv delete "gitlab-haproxy-agent/state/$key"
+done
 settle
 show_stat "After deleting the keys: back to ready at configured weight"
 

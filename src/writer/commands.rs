@@ -440,17 +440,7 @@ impl Writer {
         if let Some(n) = note {
             eprintln!("note: {n}");
         }
-        let report = KeyReport {
-            key: &plan.keys[0],
-            status,
-            dry_run,
-            confirmed: &confirmed,
-        };
-        if self.json {
-            self.print_json(report.json());
-        } else {
-            print!("{}", report.text());
-        }
+        self.print(&KeyReport::new(&plan.keys[0], status, dry_run, &confirmed));
         match confirmed {
             Ok(_) => Ok(()),
             Err(mut f) => {

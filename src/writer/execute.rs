@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::confirm;
 use super::error::{exit, Failure};
 use super::haproxy::{self, Server};
-use super::output::{err_line, out_line};
+use super::output::err_line;
 use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::Report;
@@ -224,11 +224,7 @@ impl Writer {
             snapshot: &snapshot,
             failure: failure.as_ref(),
         };
-        if self.json {
-            self.print_json(report.json());
-        } else {
-            out_line(report.text().trim_end_matches('\n'));
-        }
+        self.print(&report.model());
         match failure {
             None => Ok(()),
             Some(mut f) => {

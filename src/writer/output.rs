@@ -33,6 +33,13 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A report printed as text for people or, with `--json`, as the JSON of
+/// its fields: the text is rendered from the same value, so the two agree.
+pub trait Render: serde::Serialize {
+    /// The text, each line ending in a newline.
+    fn text(&self) -> String;
+}
+
 /// Prints a line on stdout, ignoring write errors: after SIGHUP the terminal
 /// may be gone, and the exit status must still say what happened (`println!`
 /// would panic instead).

@@ -4,11 +4,12 @@
 
 use std::collections::HashMap;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
-use super::output::table;
+use super::output::{table, Render};
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
 use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
@@ -126,62 +127,165 @@ fn in_service(state: AdminState) -> bool {
 }
 
 /// The report of `set` and `clear`: one key, written or not, and its
-/// confirmation.
-pub(super) struct KeyReport<'a> {
-    pub(super) key: &'a plan::KeyPlan,
-    /// `written`, `unchanged` or `dry run: not written`.
-    pub(super) status: &'static str,
+/// confirmation. `--json` prints its fields; the text is its table.
+#[derive(Serialize)]
+pub(super) struct KeyReport {
+    pub(super) ok: bool,
+    pub(super) error: Option<Value>,
+    pub(super) confirmed: Option<Value>,
+    pub(super) key: String,
+    pub(super) before: String,
+    pub(super) after: String,
+    pub(super) modify_index_before: u64,
+    pub(super) flags_before: u64,
+    pub(super) by_drain_before: bool,
+    pub(super) written: bool,
     pub(super) dry_run: bool,
-    pub(super) confirmed: &'a Result<Option<Confirmation>, Failure>,
+    pub(super) note: Option<&'static str>,
+    /// `written`, `unchanged` or `dry run: not written` (the text's STATUS).
+    #[serde(skip)]
+    pub(super) status: &'static str,
 }
 
-impl KeyReport<'_> {
-    pub(super) fn json(&self) -> Value {
-        let (k, confirmed) = (self.key, self.confirmed);
-        json!({
-            "ok": confirmed.is_ok(),
-            "error": confirmed.as_ref().err().map(Failure::json),
-            "confirmed": confirmed.as_ref().ok().and_then(Option::as_ref).map(Confirmation::json),
-            "key": k.key,
-            "before": k.before.describe(),
-            "after": plan::shown(k.after),
-            "modify_index_before": k.before.index(),
-            "flags_before": k.before.flags(),
-            "by_drain_before": k.before.by_drain(),
-            "written": self.status == "written",
-            "dry_run": self.dry_run,
-            "note": k.note,
-        })
+impl KeyReport {
+    /// The report of the plan `k` of one key, `status` as in
+    /// [`KeyReport::status`], confirmed or not.
+    pub(super) fn new(
+        k: &plan::KeyPlan,
+        status: &'static str,
+        dry_run: bool,
+        confirmed: &Result<Option<Confirmation>, Failure>,
+    ) -> KeyReport {
+        KeyReport {
+            ok: confirmed.is_ok(),
+            error: confirmed.as_ref().err().map(Failure::json),
+            confirmed: confirmed
+                .as_ref()
+                .ok()
+                .and_then(Option::as_ref)
+                .map(Confirmation::json),
+            key: k.key.clone(),
+            before: k.before.describe(),
+            after: plan::shown(k.after),
+            modify_index_before: k.before.index(),
+            flags_before: k.before.flags(),
+            by_drain_before: k.before.by_drain(),
+            written: status == "written",
+            dry_run,
+            note: k.note,
+            status,
+        }
     }
+}
 
-    pub(super) fn text(&self) -> String {
-        let k = self.key;
+impl Render for KeyReport {
+    fn text(&self) -> String {
+        let row = [&self.key, &self.before, &self.after, self.status];
         table(
             &["KEY", "BEFORE", "AFTER", "STATUS"],
-            &[vec![
-                k.key.clone(),
-                k.before.describe(),
-                plan::shown(k.after),
-                self.status.to_string(),
-            ]],
+            &[row.map(str::to_string).to_vec()],
         )
     }
 }
 
+/// One step of a sequence's report.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum StepRow {
+    Write {
+        write: String,
+        flags: u64,
+        keys: Vec<String>,
+        status: &'static str,
+        confirmed: Option<Value>,
+    },
+    Wait {
+        wait_seconds: f64,
+        #[serde(rename = "for")]
+        purpose: &'static str,
+        status: &'static str,
+        #[serde(skip)]
+        duration: std::time::Duration,
+    },
+}
+
+/// One key of a sequence's report.
+#[derive(Serialize)]
+struct KeyRow {
+    key: String,
+    before: String,
+    modify_index_before: u64,
+    flags: u64,
+    by_drain: bool,
+    set_by_hand: bool,
+    /// What it holds now (before, for a dry run); `target`: what the plan writes.
+    now: String,
+    target: String,
+    note: Option<&'static str>,
+}
+
+/// A server left alone because its key was set by hand.
+#[derive(Serialize)]
+struct HandRow {
+    server: Option<String>,
+    key: String,
+    value: String,
+    flags: u64,
+}
+
+/// A row key that decides before the group key written.
+#[derive(Serialize)]
+struct DecidesFirst {
+    key: String,
+    value: String,
+}
+
 /// One server of a sequence's report.
-struct ServerRow<'a> {
-    server: &'a Server,
+#[derive(Serialize)]
+struct ServerRow {
+    server: String,
     /// Its row key, or the group key written (`None`: no key decides it).
-    key: Option<&'a str>,
-    /// What the plan does to that key.
-    plan: Option<&'a plan::KeyPlan>,
-    /// The agents' answer after the sequence (or the plan).
-    answer: String,
-    /// The identity that decides it.
+    key: Option<String>,
+    groups: Vec<String>,
+    template: bool,
+    /// The agents' answer after the sequence (or the plan), and the identity that decides it.
+    agent_answer: String,
     decided_by: Option<String>,
 }
 
-/// The report printed at the end of a sequence.
+/// A server of the selection that the keys written do not decide.
+#[derive(Serialize)]
+struct NotWritten {
+    server: String,
+    reason: String,
+    groups: Vec<String>,
+}
+
+/// The report printed at the end of a sequence: `--json` prints its
+/// fields, and the text is rendered from them.
+#[derive(Serialize)]
+pub(super) struct SequenceReport {
+    ok: bool,
+    action: &'static str,
+    outcome: &'static str,
+    dry_run: bool,
+    prefix_read_at_index: u64,
+    source: Option<String>,
+    group: Option<String>,
+    row_keys_assumed: bool,
+    not_drained: Vec<String>,
+    not_in_maint: Vec<String>,
+    until_idle: Option<Idle>,
+    steps: Vec<StepRow>,
+    keys: Vec<KeyRow>,
+    set_by_hand: Vec<HandRow>,
+    row_keys_deciding_first: Vec<DecidesFirst>,
+    servers: Vec<ServerRow>,
+    not_written: Vec<NotWritten>,
+    error: Option<Value>,
+}
+
+/// What a sequence's report is made from.
 pub(super) struct Report<'a> {
     pub(super) action: &'static str,
     pub(super) dry_run: bool,
@@ -194,17 +298,14 @@ pub(super) struct Report<'a> {
 
 impl Report<'_> {
     /// The snapshot the agents hold now (or will, for a dry run).
-    pub(super) fn snapshot_now(&self) -> Snapshot {
+    fn snapshot_now(&self) -> Snapshot {
         if self.dry_run {
             return plan::snapshot_after(self.snapshot, &self.plan.keys);
         }
         if let Some((_, snapshot)) = &self.run.observed {
             return snapshot.clone();
         }
-        let reached: Vec<plan::KeyPlan> = self
-            .run
-            .now
-            .iter()
+        let reached: Vec<plan::KeyPlan> = (self.run.now.iter())
             .map(|(k, s)| plan::KeyPlan {
                 key: k.clone(),
                 before: Current::Absent,
@@ -218,125 +319,43 @@ impl Report<'_> {
 
     /// The keys left alone because they were set by hand, each with the
     /// server it decides (`None` without servers), in the report's order.
-    pub(super) fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
+    fn set_by_hand(&self) -> Vec<(Option<String>, &plan::KeyPlan)> {
         let hand = self.plan.keys.iter().filter(|k| k.set_by_hand);
         if self.target.servers.is_empty() {
             return hand.map(|k| (None, k)).collect();
         }
         let hand: HashMap<&str, &plan::KeyPlan> = hand.map(|k| (k.key.as_str(), k)).collect();
-        self.target
-            .servers
-            .iter()
+        (self.target.servers.iter())
             .filter_map(|s| Some((Some(s.id()), *hand.get(s.row_key()?)?)))
             .collect()
     }
 
-    /// The lines naming the servers left alone because their keys were set
-    /// by hand, so on-call sees them; empty when there are none.
-    pub(super) fn set_by_hand_text(&self) -> String {
-        let hand = self.set_by_hand();
-        if hand.is_empty() {
-            return String::new();
-        }
-        let n = hand.len();
-        let (them, verb) = if n == 1 {
-            ("its key was", "it stays")
-        } else {
-            ("their keys were", "they stay")
-        };
-        let mut out = format!(
-            "{n} server{} left alone: {them} set by hand (drain, maint or 0% with even Consul \
-             Flags, not the mark of `state drain`), so {verb} as set:\n",
-            if n == 1 { "" } else { "s" },
-        );
-        let rows: Vec<Vec<String>> = hand
-            .iter()
-            .map(|(server, k)| {
-                vec![
-                    server.clone().unwrap_or_else(|| "-".into()),
-                    k.key.clone(),
-                    k.before.describe(),
-                    k.before.flags().to_string(),
-                    k.before.index().to_string(),
-                ]
-            })
-            .collect();
-        out.push_str(&table(
-            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
-            &rows,
-        ));
-        out.push_str(
-            "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
-             `state set KEY maint` first, so slowstart ramps).\n",
-        );
-        out
-    }
-
-    /// True when the plan takes its keys out (a drain), false when it
-    /// brings them back.
-    fn draining(&self) -> bool {
-        self.plan
-            .keys
-            .iter()
-            .any(|k| k.after == Some(AdminState::Maint))
-    }
-
     /// For a group sequence without servers to preview: the row keys that
     /// keep a server of the group where the group key does not put it, since
-    /// a row key with a value decides first. After a drain, those in service
-    /// (ready or a weight above 0); after an undrain, those out (drain,
-    /// maint or `0%`).
-    pub(super) fn overrides(&self) -> Vec<(String, AdminState)> {
+    /// a row key with a value decides first. After a drain (a plan that
+    /// writes maint), those in service (ready or a weight above 0); after
+    /// an undrain, those out (drain, maint or `0%`).
+    fn overrides(&self) -> Vec<DecidesFirst> {
         if self.target.group.is_none() || !self.target.servers.is_empty() {
             return Vec::new();
         }
-        let draining = self.draining();
-        let mut keys: Vec<(String, AdminState)> = self
-            .snapshot
-            .keys
-            .iter()
+        let draining = (self.plan.keys.iter()).any(|k| k.after == Some(AdminState::Maint));
+        let mut keys: Vec<DecidesFirst> = (self.snapshot.keys.iter())
             .filter_map(|(k, s)| match s.entry {
                 Entry::Valid(state) if is_row_key(k) && in_service(state) == draining => {
-                    Some((k.to_string(), state))
+                    Some(DecidesFirst {
+                        key: k.to_string(),
+                        value: state.to_string(),
+                    })
                 }
                 _ => None,
             })
             .collect();
-        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.sort_by(|a, b| a.key.cmp(&b.key));
         keys
     }
 
-    /// The lines naming the row keys that decide before the group
-    /// ([`Report::overrides`]); empty when there are none.
-    pub(super) fn overrides_text(&self) -> String {
-        const SHOWN: usize = 10;
-        let keys = self.overrides();
-        if keys.is_empty() {
-            return String::new();
-        }
-        let list: Vec<String> = keys
-            .iter()
-            .take(SHOWN)
-            .map(|(k, s)| format!("{k} = {s}"))
-            .collect();
-        let n = keys.len();
-        let (are, stays) = if self.draining() {
-            ("in service", "stays in service")
-        } else {
-            ("at drain, maint or 0%", "stays out")
-        };
-        format!(
-            "Row keys decide before any group key, and {n} row key{} {are}: {}{}. A server of \
-             {} whose row key is one of them {stays}. See which with --haproxy-config (a load \
-             balancer's configuration) or `state explain KEY GROUPS...`.\n",
-            if n == 1 { " is" } else { "s are" },
-            list.join(", "),
-            if n > SHOWN { ", ..." } else { "" },
-            self.target.group.as_deref().unwrap_or("the group"),
-        )
-    }
-
-    pub(super) fn outcome(&self) -> &'static str {
+    fn outcome(&self) -> &'static str {
         match self.failure {
             Some(f) => f.kind,
             None if self.dry_run => "dry_run",
@@ -345,7 +364,7 @@ impl Report<'_> {
         }
     }
 
-    pub(super) fn server_answer(snapshot: &Snapshot, server: &Server) -> (String, Option<String>) {
+    fn server_answer(snapshot: &Snapshot, server: &Server) -> (String, Option<String>) {
         let ids: Vec<&str> = match &server.enrolment {
             Enrolment::Enrolled { identities, .. } => {
                 identities.iter().map(String::as_str).collect()
@@ -363,252 +382,304 @@ impl Report<'_> {
         }
     }
 
-    pub(super) fn steps_json(&self) -> Vec<Value> {
-        self.plan
+    /// The report, for text and JSON alike.
+    pub(super) fn model(&self) -> SequenceReport {
+        let (run, target, now) = (self.run, self.target, self.snapshot_now());
+        let steps = (self
+            .plan
             .steps
             .iter()
-            .zip(&self.run.statuses)
-            .zip(&self.run.confirmations)
-            .map(|((step, status), confirmed)| match step {
-                Step::Write {
-                    change,
-                    flags,
-                    keys,
-                } => json!({
-                    "write": change.describe(), "flags": flags, "keys": keys,
-                    "status": status.as_str(),
-                    "confirmed": confirmed.as_ref().map(Confirmation::json),
-                }),
-                Step::Wait { duration, purpose } => json!({
-                    "wait_seconds": duration.as_secs_f64(),
-                    "for": purpose.as_str(),
-                    "status": status.as_str(),
-                }),
-            })
-            .collect()
+            .zip(&run.statuses)
+            .zip(&run.confirmations))
+        .map(|((step, status), confirmed)| match step {
+            Step::Write {
+                change,
+                flags,
+                keys,
+            } => StepRow::Write {
+                write: change.describe(),
+                flags: *flags,
+                keys: keys.clone(),
+                status: status.as_str(),
+                confirmed: confirmed.as_ref().map(Confirmation::json),
+            },
+            Step::Wait { duration, purpose } => StepRow::Wait {
+                wait_seconds: duration.as_secs_f64(),
+                purpose: purpose.as_str(),
+                status: status.as_str(),
+                duration: *duration,
+            },
+        });
+        let servers = target.servers.iter().map(|server| {
+            let (agent_answer, decided_by) = Self::server_answer(&now, server);
+            let key = target.key_of(server).map(str::to_string);
+            let (groups, template) = (server.groups.clone(), server.template);
+            let server = server.id();
+            ServerRow {
+                server,
+                key,
+                groups,
+                template,
+                agent_answer,
+                decided_by,
+            }
+        });
+        let keys = (self.plan.keys.iter()).map(|k| KeyRow {
+            key: k.key.clone(),
+            before: k.before.describe(),
+            modify_index_before: k.before.index(),
+            flags: k.before.flags(),
+            by_drain: is_row_key(&k.key) && k.before.by_drain(),
+            set_by_hand: k.set_by_hand,
+            now: match self.dry_run {
+                true => k.before.describe(),
+                false => run.now_of(&k.key, &k.before),
+            },
+            target: plan::shown(k.after),
+            note: k.note,
+        });
+        let hand = self.set_by_hand().into_iter().map(|(server, k)| HandRow {
+            server,
+            key: k.key.clone(),
+            value: k.before.describe(),
+            flags: k.before.flags(),
+        });
+        let not_written = (target.not_written.iter()).map(|(s, why)| NotWritten {
+            server: s.id(),
+            reason: why.clone(),
+            groups: s.groups.clone(),
+        });
+        SequenceReport {
+            ok: self.failure.is_none(),
+            action: self.action,
+            outcome: self.outcome(),
+            dry_run: self.dry_run,
+            prefix_read_at_index: run.read_index,
+            source: target.source.clone(),
+            group: target.group.clone(),
+            row_keys_assumed: target.assumed,
+            not_drained: run.not_drained.clone(),
+            not_in_maint: run.not_in_maint.clone(),
+            until_idle: run.idle.clone(),
+            steps: steps.collect(),
+            keys: keys.collect(),
+            set_by_hand: hand.collect(),
+            row_keys_deciding_first: self.overrides(),
+            servers: servers.collect(),
+            not_written: not_written.collect(),
+            error: self.failure.map(Failure::json),
+        }
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    ["s", ""][usize::from(n == 1)]
+}
+
+impl SequenceReport {
+    fn key(&self, key: Option<&str>) -> Option<&KeyRow> {
+        self.keys.iter().find(|k| Some(k.key.as_str()) == key)
     }
 
-    /// The servers of the selection, each with its key, that key's plan
-    /// and what the agents answer it now (or will, for a dry run): what
-    /// both the text and the JSON show.
-    fn server_rows(&self) -> Vec<ServerRow<'_>> {
-        let now = self.snapshot_now();
-        let by_key: HashMap<&str, &plan::KeyPlan> =
-            self.plan.keys.iter().map(|k| (k.key.as_str(), k)).collect();
-        self.target
-            .servers
-            .iter()
-            .map(|server| {
-                let key = self.target.key_of(server);
-                let (answer, decided_by) = Self::server_answer(&now, server);
-                ServerRow {
-                    server,
-                    key,
-                    plan: key.and_then(|k| by_key.get(k).copied()),
-                    answer,
-                    decided_by,
+    /// What a key holds at the end: the plan's target for a dry run.
+    fn now_of<'k>(&self, k: &'k KeyRow) -> &'k str {
+        if self.dry_run {
+            &k.target
+        } else {
+            &k.now
+        }
+    }
+
+    /// The lines naming the servers left alone because their keys were set
+    /// by hand, so on-call sees them; empty when there are none.
+    fn set_by_hand_text(&self) -> String {
+        let n = self.set_by_hand.len();
+        if n == 0 {
+            return String::new();
+        }
+        let (them, verb) = match n {
+            1 => ("its key was", "it stays"),
+            _ => ("their keys were", "they stay"),
+        };
+        let mut out = format!(
+            "{n} server{} left alone: {them} set by hand (drain, maint or 0% with even Consul \
+             Flags, not the mark of `state drain`), so {verb} as set:\n",
+            plural(n),
+        );
+        let rows: Vec<Vec<String>> = (self.set_by_hand.iter())
+            .map(|h| {
+                let index = self.key(Some(&h.key)).map_or(0, |k| k.modify_index_before);
+                let server = h.server.clone().unwrap_or_else(|| "-".into());
+                let (key, value, flags) = (h.key.clone(), h.value.clone(), h.flags.to_string());
+                vec![server, key, value, flags, index.to_string()]
+            })
+            .collect();
+        out.push_str(&table(
+            &["SERVER", "KEY", "VALUE", "FLAGS", "MODIFY-INDEX"],
+            &rows,
+        ));
+        out.push_str(
+            "Before releasing one, ask whoever set it; then `state clear KEY` (from drain, \
+             `state set KEY maint` first, so slowstart ramps).\n",
+        );
+        out
+    }
+
+    /// The lines naming the row keys that decide before the group
+    /// ([`Report::overrides`]); empty when there are none.
+    fn overrides_text(&self) -> String {
+        const SHOWN: usize = 10;
+        let keys = &self.row_keys_deciding_first;
+        if keys.is_empty() {
+            return String::new();
+        }
+        let list: Vec<String> = (keys.iter().take(SHOWN))
+            .map(|d| format!("{} = {}", d.key, d.value))
+            .collect();
+        let n = keys.len();
+        let (are, stays) = match self.keys.iter().any(|k| k.target == "maint") {
+            true => ("in service", "stays in service"),
+            false => ("at drain, maint or 0%", "stays out"),
+        };
+        format!(
+            "Row keys decide before any group key, and {n} row key{} {are}: {}{}. A server of \
+             {} whose row key is one of them {stays}. See which with --haproxy-config (a load \
+             balancer's configuration) or `state explain KEY GROUPS...`.\n",
+            if n == 1 { " is" } else { "s are" },
+            list.join(", "),
+            if n > SHOWN { ", ..." } else { "" },
+            self.group.as_deref().unwrap_or("the group"),
+        )
+    }
+
+    /// One line per step (for a dry run or a sequence that stopped).
+    fn steps_text(&self) -> String {
+        let line = |step: &StepRow| match step {
+            StepRow::Write {
+                write,
+                keys,
+                status,
+                ..
+            } => format!(
+                "  write {write} to {} key{}: {status}\n",
+                keys.len(),
+                plural(keys.len())
+            ),
+            StepRow::Wait {
+                duration,
+                purpose,
+                status,
+                ..
+            } => format!(
+                "  wait {} ({purpose}): {status}\n",
+                humantime::format_duration(*duration)
+            ),
+        };
+        self.steps.iter().map(line).collect()
+    }
+
+    /// The table of the keys (without servers to preview) or of the
+    /// servers.
+    fn table_text(&self) -> String {
+        let now_header = if self.dry_run { "AFTER" } else { "NOW" };
+        if self.servers.is_empty() {
+            let rows: Vec<Vec<String>> = (self.keys.iter())
+                .map(|k| {
+                    let (now, note) = (self.now_of(k), k.note.unwrap_or(""));
+                    [&k.key, &k.before, now, note].map(str::to_string).to_vec()
+                })
+                .collect();
+            return table(&["KEY", "BEFORE", now_header, "NOTE"], &rows);
+        }
+        let rows: Vec<Vec<String>> = (self.servers.iter())
+            .map(|r| {
+                let key = r.key.as_deref().unwrap_or("-");
+                let (before, after, mut note) = match self.key(r.key.as_deref()) {
+                    Some(k) => (k.before.as_str(), self.now_of(k), k.note.unwrap_or("")),
+                    None => ("-", "-", ""),
+                };
+                if r.decided_by.as_deref().is_some_and(|d| d != key) {
+                    note = "another key decides first: not moved by this one";
                 }
+                let answer = match &r.decided_by {
+                    Some(d) => format!("{} ({d})", r.agent_answer),
+                    None => r.agent_answer.clone(),
+                };
+                [&r.server, key, before, after, &answer, note]
+                    .map(str::to_string)
+                    .to_vec()
             })
-            .collect()
+            .collect();
+        let header = [
+            "SERVER",
+            "KEY",
+            "BEFORE",
+            now_header,
+            "AGENT ANSWERS",
+            "NOTE",
+        ];
+        table(&header, &rows)
     }
+}
 
-    pub(super) fn json(&self) -> Value {
-        json!({
-            "ok": self.failure.is_none(),
-            "action": self.action,
-            "outcome": self.outcome(),
-            "dry_run": self.dry_run,
-            "prefix_read_at_index": self.run.read_index,
-            "source": self.target.source,
-            "group": self.target.group,
-            "row_keys_assumed": self.target.assumed,
-            "not_drained": self.run.not_drained,
-            "not_in_maint": self.run.not_in_maint,
-            "until_idle": self.run.idle,
-            "steps": self.steps_json(),
-            "keys": self.plan.keys.iter().map(|k| json!({
-                "key": k.key,
-                "before": k.before.describe(),
-                "modify_index_before": k.before.index(),
-                "flags": k.before.flags(),
-                "by_drain": is_row_key(&k.key) && k.before.by_drain(),
-                "set_by_hand": k.set_by_hand,
-                "now": if self.dry_run { k.before.describe() } else { self.run.now_of(&k.key, &k.before) },
-                "target": plan::shown(k.after),
-                "note": k.note,
-            })).collect::<Vec<_>>(),
-            "set_by_hand": self.set_by_hand().iter().map(|(server, k)| json!({
-                "server": server,
-                "key": k.key,
-                "value": k.before.describe(),
-                "flags": k.before.flags(),
-            })).collect::<Vec<_>>(),
-            "row_keys_deciding_first": self.overrides().iter().map(|(k, v)| json!({
-                "key": k, "value": v.to_string(),
-            })).collect::<Vec<_>>(),
-            "servers": self.server_rows().iter().map(|r| json!({
-                "server": r.server.id(),
-                "key": r.key,
-                "groups": r.server.groups,
-                "template": r.server.template,
-                "agent_answer": r.answer,
-                "decided_by": r.decided_by,
-            })).collect::<Vec<_>>(),
-            "not_written": self.target.not_written.iter().map(|(s, why)| json!({
-                "server": s.id(), "reason": why, "groups": s.groups,
-            })).collect::<Vec<_>>(),
-            "error": self.failure.map(Failure::json),
-        })
-    }
-
-    pub(super) fn text(&self) -> String {
-        let mut out = String::new();
-        let headline = match self.outcome() {
+impl Render for SequenceReport {
+    fn text(&self) -> String {
+        let headline = match self.outcome {
             "dry_run" => "dry run, nothing written; the plan".to_string(),
             "nothing_to_do" => "nothing to do".to_string(),
             "done" => "done".to_string(),
             other => format!("stopped ({other})"),
         };
-        let hand = self.set_by_hand().len();
-        let hand = match hand {
+        let hand = match self.set_by_hand.len() {
             0 => String::new(),
             1 => "; 1 server set by hand left alone (see below)".to_string(),
             n => format!("; {n} servers set by hand left alone (see below)"),
         };
-        out.push_str(&format!("{}: {headline}{hand}\n", self.action));
-        if self.dry_run || self.failure.is_some() {
-            for (step, status) in self.plan.steps.iter().zip(&self.run.statuses) {
-                let what = match step {
-                    Step::Write { change, keys, .. } => format!(
-                        "write {} to {} key{}",
-                        change.describe(),
-                        keys.len(),
-                        if keys.len() == 1 { "" } else { "s" }
-                    ),
-                    Step::Wait { duration, purpose } => format!(
-                        "wait {} ({})",
-                        humantime::format_duration(*duration),
-                        purpose.as_str()
-                    ),
-                };
-                out.push_str(&format!("  {what}: {}\n", status.as_str()));
-            }
+        let mut out = format!("{}: {headline}{hand}\n", self.action);
+        if self.dry_run || self.error.is_some() {
+            out.push_str(&self.steps_text());
         }
-        let now_header = if self.dry_run { "AFTER" } else { "NOW" };
-        if self.target.servers.is_empty() {
-            let rows: Vec<Vec<String>> = self
-                .plan
-                .keys
-                .iter()
-                .map(|k| {
-                    vec![
-                        k.key.clone(),
-                        k.before.describe(),
-                        if self.dry_run {
-                            plan::shown(k.after)
-                        } else {
-                            self.run.now_of(&k.key, &k.before)
-                        },
-                        k.note.unwrap_or("").to_string(),
-                    ]
-                })
-                .collect();
-            out.push_str(&table(&["KEY", "BEFORE", now_header, "NOTE"], &rows));
-        } else {
-            let rows: Vec<Vec<String>> = self
-                .server_rows()
-                .into_iter()
-                .map(
-                    |ServerRow {
-                         server,
-                         key,
-                         plan,
-                         answer,
-                         decided_by,
-                     }| {
-                        let key = key.unwrap_or("-");
-                        let (before, after, mut note) = match plan {
-                            Some(k) => (
-                                k.before.describe(),
-                                if self.dry_run {
-                                    plan::shown(k.after)
-                                } else {
-                                    self.run.now_of(key, &k.before)
-                                },
-                                k.note.unwrap_or(""),
-                            ),
-                            None => ("-".into(), "-".into(), ""),
-                        };
-                        if decided_by.as_deref().is_some_and(|d| d != key) {
-                            note = "another key decides first: not moved by this one";
-                        }
-                        vec![
-                            server.id(),
-                            key.to_string(),
-                            before,
-                            after,
-                            match decided_by {
-                                Some(d) => format!("{answer} ({d})"),
-                                None => answer,
-                            },
-                            note.to_string(),
-                        ]
-                    },
-                )
-                .collect();
-            out.push_str(&table(
-                &[
-                    "SERVER",
-                    "KEY",
-                    "BEFORE",
-                    now_header,
-                    "AGENT ANSWERS",
-                    "NOTE",
-                ],
-                &rows,
-            ));
-        }
-        if !self.target.not_written.is_empty() {
-            let n = self.target.not_written.len();
+        out.push_str(&self.table_text());
+        if !self.not_written.is_empty() {
+            let n = self.not_written.len();
             out.push_str(&format!(
                 "{n} server{} of the selection not decided by the key{} written (take them out \
                  another way if needed):\n",
-                if n == 1 { "" } else { "s" },
-                if self.target.keys.len() == 1 { "" } else { "s" },
+                plural(n),
+                plural(self.keys.len()),
             ));
-            let rows: Vec<Vec<String>> = self
-                .target
-                .not_written
-                .iter()
-                .map(|(s, why)| vec![s.id(), why.clone()])
+            let rows: Vec<Vec<String>> = (self.not_written.iter())
+                .map(|s| vec![s.server.clone(), s.reason.clone()])
                 .collect();
             out.push_str(&table(&["SERVER", "REASON"], &rows));
         }
         out.push_str(&self.set_by_hand_text());
         out.push_str(&self.overrides_text());
-        if let Some(idle) = &self.run.idle {
+        if let Some(idle) = &self.until_idle {
             out.push_str(&idle_text(idle));
         }
         if let (Some(group), Some(source), true) = (
-            &self.target.group,
-            &self.target.source,
-            self.target.servers.is_empty() && self.target.not_written.is_empty(),
+            &self.group,
+            &self.source,
+            self.servers.is_empty() && self.not_written.is_empty(),
         ) {
             out.push_str(&format!(
                 "No server in {source} names {group}: the key is for the fleet's other load \
                  balancers, or mistyped.\n"
             ));
         }
-        if let Some(source) = &self.target.source {
+        if let Some(source) = &self.source {
             out.push_str(&format!("Servers read from {source}.\n"));
         }
-        if self.target.source.is_none() && self.target.group.is_none() {
-            let mut note = NAMED_ROW_KEY.to_string();
-            note[..1].make_ascii_uppercase();
-            out.push_str(&format!("{note}.\n"));
+        let mut notes = Vec::new();
+        if self.source.is_none() && self.group.is_none() {
+            notes.push(NAMED_ROW_KEY);
         }
-        if self.target.assumed {
-            let mut note = ASSUMED_ROW_KEYS.to_string();
+        if self.row_keys_assumed {
+            notes.push(ASSUMED_ROW_KEYS);
+        }
+        for note in notes {
+            let mut note = note.to_string();
             note[..1].make_ascii_uppercase();
             out.push_str(&format!("{note}.\n"));
         }
@@ -732,7 +803,7 @@ mod tests {
             snapshot: &snapshot,
             failure: None,
         };
-        let text = report.text();
+        let text = report.model().text();
         assert!(
             text.starts_with("undrain: dry run, nothing written; the plan; 1 server set by hand"),
             "{text}"
@@ -750,7 +821,7 @@ mod tests {
             ["web/web-01", "web/web-01", "maint", "0", "5"]
         );
         assert!(text.contains("web/web-tpl1  server-template"), "{text}");
-        let v = report.json();
+        let v = serde_json::to_value(report.model()).unwrap();
         assert_eq!(
             v["set_by_hand"],
             json!([{"server": "web/web-01", "key": "web/web-01", "value": "maint", "flags": 0}])
@@ -792,7 +863,7 @@ mod tests {
             snapshot: &snapshot,
             failure: None,
         };
-        let text = report.text();
+        let text = report.model().text();
         let row = text
             .lines()
             .find(|l| l.starts_with("web/web-02"))
@@ -810,13 +881,13 @@ mod tests {
             target: &target,
             ..report
         };
-        let text = report.text();
+        let text = report.model().text();
         assert!(
             text.contains("1 row key is in service: web/web-02 = 50%. A server of zone-b"),
             "{text}"
         );
         assert_eq!(
-            report.json()["row_keys_deciding_first"],
+            serde_json::to_value(report.model()).unwrap()["row_keys_deciding_first"],
             json!([{"key": "web/web-02", "value": "50%"}])
         );
         // After an undrain, the row keys that keep servers out.
@@ -832,10 +903,11 @@ mod tests {
         };
         assert!(
             report
+                .model()
                 .text()
                 .contains("1 row key is at drain, maint or 0%: web/web-09 = maint. A server of zone-b whose row key is one of them stays out."),
             "{}",
-            report.text()
+            report.model().text()
         );
     }
 }

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::error::Failure;
-use super::output::out_line;
+use super::output::{out_line, Render};
 use crate::cli::ConfirmArgs;
 use crate::consul::ConsulClient;
 use crate::decision::STORE_ID_KEY;
@@ -40,6 +40,14 @@ impl Writer {
             .put_cas(&self.full(STORE_ID_KEY), id.as_bytes(), 0)
             .await?;
         Ok(())
+    }
+
+    /// Prints `report` as JSON with `--json`, else as text.
+    pub(super) fn print(&self, report: &impl Render) {
+        match self.json {
+            true => self.print_json(serde_json::to_value(report).unwrap_or_default()),
+            false => out_line(report.text().trim_end_matches('\n')),
+        }
     }
 
     pub(super) fn print_json(&self, value: Value) {

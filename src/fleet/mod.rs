@@ -156,26 +156,44 @@ pub struct Verdict<'a> {
 }
 
 /// How the rows naming a written group key stand, over the confirmed
-/// agents.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// agents. Its JSON (in a confirmation): `{key, servers_naming,
+/// servers_answering, servers_overridden, overridden: [{agent, row,
+/// decided_by, rows}]}`.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GroupVerdict {
     /// The group key written.
     pub key: String,
     /// Rows whose agent-send line names the key.
+    #[serde(rename = "servers_naming")]
     pub naming: u64,
     /// Of those, rows the key decides that answer the written state.
+    #[serde(rename = "servers_answering")]
     pub answering: u64,
     /// Rows the key decides that still answer something else (held, or
     /// not yet answered since the write).
+    #[serde(skip)]
     pub other_answer: u64,
     /// Rows naming the key that another key decides.
+    #[serde(rename = "servers_overridden")]
     pub overridden_rows: u64,
     /// Which: (agent, row, deciding key, rows), as far as the agents export
     /// them.
+    #[serde(serialize_with = "overridden_json")]
     pub overridden: Vec<(String, String, String, u64)>,
     /// Overridden rows make the write fail: it takes servers out (drain,
     /// maint) and `--accept-overridden` was not given.
+    #[serde(skip)]
     pub overridden_block: bool,
+}
+
+/// [`GroupVerdict::overridden`] as `[{agent, row, decided_by, rows}]`.
+fn overridden_json<S: serde::Serializer>(
+    rows: &[(String, String, String, u64)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    s.collect_seq(rows.iter().map(|(agent, row, by, n)| {
+        serde_json::json!({"agent": agent, "row": row, "decided_by": by, "rows": n})
+    }))
 }
 
 impl GroupVerdict {

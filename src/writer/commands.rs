@@ -17,7 +17,7 @@ use super::live;
 use super::output::table;
 use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
-use super::report::{display_value, entry_json, key_json, key_table, KeyReport};
+use super::report::{display_value, key_table, KeyReport, KeyView};
 use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
 use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
@@ -244,12 +244,11 @@ impl Writer {
         let pair = self.client.get_key(&self.full(key)).await?;
         let record = self.client.get_key(&self.full(&meta_key(key))).await?;
         let records = Records::read(&self.prefix, record.as_slice(), self.author.at);
-        let invalid = pair
-            .as_ref()
-            .is_some_and(|p| parse_value(&p.value).is_err());
+        let view = KeyView::new(key, pair.as_ref(), None, &records);
+        let invalid = view.invalid();
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
-            let mut v = key_json(key, pair.as_ref(), &records);
+            let mut v = json!(view);
             v["ok"] = json!(true);
             v["held"] = holds.json();
             v["agents"] = json!(holds.key_phrase(key, invalid));
@@ -260,7 +259,7 @@ impl Writer {
             None => println!(
                 "{key}: no key (the servers it selects fall back to their next key, or ready 100%)"
             ),
-            Some(p) => print!("{}", key_table(&[(key.to_string(), p)], None, &records)),
+            Some(_) => print!("{}", key_table(&[view])),
         }
         if let Some(phrase) = holds.key_phrase(key, invalid) {
             println!("agents: {phrase}");
@@ -288,15 +287,15 @@ impl Writer {
             .collect();
         rows.sort_by(|a, b| a.0.cmp(&b.0));
         let invalid = snapshot.invalid_count();
-        let invalid_keys: Vec<String> = rows
-            .iter()
-            .filter(|(k, _)| {
-                matches!(
-                    snapshot.keys.get(k.as_str()).map(|s| &s.entry),
-                    Some(Entry::Invalid(_))
-                )
+        let views: Vec<KeyView> = (rows.iter())
+            .map(|(k, p)| {
+                let entry = snapshot.keys.get(k.as_str()).map(|s| &s.entry);
+                KeyView::new(k, Some(p), entry, &records)
             })
-            .map(|(k, _)| k.clone())
+            .collect();
+        let invalid_keys: Vec<String> = (rows.iter().zip(&views))
+            .filter(|(_, v)| v.invalid())
+            .map(|((k, _), _)| k.clone())
             .collect();
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
@@ -304,7 +303,7 @@ impl Writer {
                 "ok": true,
                 "prefix": self.prefix,
                 "consul_index": answer.index,
-                "keys": rows.iter().map(|(k, p)| entry_json(k, p, &snapshot, &records)).collect::<Vec<_>>(),
+                "keys": views,
                 "invalid": invalid,
                 "held": holds.json(),
                 "agents": holds.phrases(&invalid_keys),
@@ -323,7 +322,7 @@ impl Writer {
             }
             return Ok(());
         }
-        print!("{}", key_table(&rows, Some(&snapshot), &records));
+        print!("{}", key_table(&views));
         println!(
             "{} key{}, {invalid} invalid{}. Consul index {}.",
             rows.len(),

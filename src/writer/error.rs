@@ -2,7 +2,7 @@
 //! status ([`exit`], from sysexits.h) and a stable kind for `--json`, and
 //! the operator's message for each outcome, built next to the type.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::haproxy::SourceError;
 use super::output::{err_line, out_line};
@@ -45,10 +45,12 @@ pub mod exit {
     pub const SIGTERM: u8 = 143;
 }
 
-/// Why a command did not complete, with its exit status.
-#[derive(Debug, Clone)]
+/// Why a command did not complete, with its exit status; its JSON is
+/// `{kind, message, exit_code}`.
+#[derive(Debug, Clone, serde::Serialize)]
 pub struct Failure {
     /// The exit status.
+    #[serde(rename = "exit_code")]
     pub code: u8,
     /// A stable name for `--json`: `usage`, `invalid`, `no_input`,
     /// `unavailable`, `conflict`, `protocol`, `permission_denied`,
@@ -58,6 +60,7 @@ pub struct Failure {
     /// What happened, and what was and was not written.
     pub message: String,
     /// Already in the JSON report printed on stdout.
+    #[serde(skip)]
     pub(super) reported: bool,
 }
 
@@ -113,10 +116,6 @@ impl Failure {
             before.index()
         ))
     }
-
-    pub(super) fn json(&self) -> Value {
-        json!({"kind": self.kind, "message": self.message, "exit_code": self.code})
-    }
 }
 
 impl From<ConsulError> for Failure {
@@ -145,7 +144,7 @@ impl From<SourceError> for Failure {
 pub(super) fn report_failure(json: bool, failure: &Failure) -> u8 {
     err_line(&format!("gitlab-haproxy-agent state: {}", failure.message));
     if json && !failure.reported {
-        out_line(&json!({"ok": false, "error": failure.json()}).to_string());
+        out_line(&json!({"ok": false, "error": failure}).to_string());
     }
     failure.code
 }

@@ -6,8 +6,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use serde_json::{json, Value};
-
 use super::error::Failure;
 use super::plan::{shown, Current, Plan, Step};
 use crate::fleet::Sessions;
@@ -64,57 +62,38 @@ impl Stop {
 }
 
 /// A write step every agent confirmed, through Prometheus
-/// (with `--prometheus`).
-#[derive(Debug, Clone, PartialEq)]
+/// (with `--prometheus`). Its JSON: `{index, agents_at_index,
+/// rows_answered, state, waited_seconds, confirmed_by_index_only}`, and for
+/// a group key `group` ([`crate::fleet::GroupVerdict`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(super) struct Confirmation {
     /// The index every agent reached: the write's ModifyIndex, or for a
     /// removal the prefix's X-Consul-Index read after it.
     pub(super) index: u64,
     /// How many agents confirmed it (all the selector matched).
+    #[serde(rename = "agents_at_index")]
     pub(super) agents: usize,
     /// The answer the write produces (`drain`, `maint`, `ready`, ...).
     pub(super) state: &'static str,
     /// Rows those agents last answered `state`.
+    #[serde(rename = "rows_answered")]
     pub(super) rows: u64,
-    /// From the start of the wait to the confirmation.
+    /// From the start of the wait to the confirmation (to the millisecond).
+    #[serde(rename = "waited_seconds", serialize_with = "to_the_ms")]
     pub(super) waited: Duration,
     /// For a group key: the servers it decides and those another key
     /// decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub(super) group: Option<crate::fleet::GroupVerdict>,
     /// Agents confirmed by their index alone.
+    #[serde(rename = "confirmed_by_index_only")]
     pub(super) by_index_only: Vec<String>,
 }
 
-impl Confirmation {
-    /// `{index, agents_at_index, rows_answered, state, waited_seconds,
-    /// confirmed_by_index_only}`, and for a group key `group: {key,
-    /// servers_naming, servers_answering, servers_overridden, overridden:
-    /// [{agent, row, decided_by, rows}]}`, for `--json`.
-    pub(super) fn json(&self) -> Value {
-        let mut v = json!({
-            "index": self.index,
-            "agents_at_index": self.agents,
-            "state": self.state,
-            "rows_answered": self.rows,
-            "waited_seconds": (self.waited.as_secs_f64() * 1000.0).round() / 1000.0,
-            "confirmed_by_index_only": self.by_index_only,
-        });
-        if let Some(g) = &self.group {
-            v["group"] = json!({
-                "key": g.key,
-                "servers_naming": g.naming,
-                "servers_answering": g.answering,
-                "servers_overridden": g.overridden_rows,
-                "overridden": g.overridden.iter().map(|(agent, row, by, n)| json!({
-                    "agent": agent, "row": row, "decided_by": by, "rows": n,
-                })).collect::<Vec<_>>(),
-            });
-        }
-        v
-    }
+fn to_the_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
 }
 
-/// Where a sequence got to.
 /// How an `--until-idle` wait ended.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub(super) struct Idle {
@@ -127,6 +106,7 @@ pub(super) struct Idle {
     pub(super) error: Option<String>,
 }
 
+/// Where a sequence got to.
 pub(super) struct Run {
     /// Consul index of the read the plan was made from.
     pub(super) read_index: u64,

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use serde::Serialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
@@ -18,7 +18,7 @@ use crate::fleet::Sessions;
 use crate::model::marks::{is_drain_mark, mark_name};
 use crate::model::meta::Records;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
-use crate::model::value::{parse_value, AdminState};
+use crate::model::value::{parse_value, AdminState, InvalidValue};
 
 /// A value for display: as stored when it is plain text, else quoted.
 pub(super) fn display_value(raw: &[u8]) -> String {
@@ -28,70 +28,6 @@ pub(super) fn display_value(raw: &[u8]) -> String {
         }
         _ => show_raw(raw),
     }
-}
-
-pub(super) fn key_json(key: &str, pair: Option<&KvPair>, records: &Records) -> Value {
-    match pair {
-        None => json!({"key": key, "present": false}),
-        Some(p) => {
-            let mut v = json!({
-                "key": key,
-                "present": true,
-                "value": String::from_utf8_lossy(&p.value),
-                "modify_index": p.modify_index,
-                "flags": p.flags,
-                "by_drain": is_row_key(key) && is_drain_mark(p.flags),
-                "set_by": set_by(key, p.flags),
-                "written": records.written(key, p),
-            });
-            match parse_value(&p.value) {
-                Ok(s) => {
-                    v["valid"] = json!(true);
-                    v["state"] = json!(s.to_string());
-                    v["reply"] = json!(s.reply_text());
-                }
-                Err(e) => {
-                    v["valid"] = json!(false);
-                    v["error"] = json!(e.to_string());
-                }
-            }
-            v
-        }
-    }
-}
-
-pub(super) fn entry_json(key: &str, pair: &KvPair, snapshot: &Snapshot, r: &Records) -> Value {
-    let mut v = key_json(key, Some(pair), r);
-    // The agent's verdict, key validity included.
-    if let Some(Entry::Invalid(e)) = snapshot.keys.get(key).map(|k| &k.entry) {
-        v["valid"] = json!(false);
-        v["error"] = json!(e.to_string());
-        if let Some(o) = v.as_object_mut() {
-            o.remove("state");
-            o.remove("reply");
-        }
-    }
-    v
-}
-
-pub(super) fn key_row(key: &str, pair: &KvPair, entry: Option<&Entry>, r: &Records) -> Vec<String> {
-    let (state, reply) = match entry {
-        Some(Entry::Valid(s)) => (s.to_string(), s.reply_text()),
-        Some(Entry::Invalid(e)) => (format!("INVALID: {e}"), e.reply_text()),
-        None => match parse_value(&pair.value) {
-            Ok(s) => (s.to_string(), s.reply_text()),
-            Err(e) => (format!("INVALID: {e}"), e.reply_text()),
-        },
-    };
-    vec![
-        key.to_string(),
-        display_value(&pair.value),
-        state,
-        reply,
-        pair.modify_index.to_string(),
-        r.describe(key, pair),
-        set_by(key, pair.flags),
-    ]
 }
 
 /// The SET-BY column: `-` for a group key (its Flags mean nothing), else
@@ -104,20 +40,113 @@ pub(super) fn set_by(key: &str, flags: u64) -> String {
     }
 }
 
-/// The columns of `get` and `list`.
-pub(super) const KEY_HEADER: &str = "KEY VALUE STATE REPLY MODIFY-INDEX WRITTEN SET-BY";
+/// One key as `get` and `list` show it: `--json` prints its fields (an
+/// absent key only `key` and `present: false`), and its row of the key
+/// table is rendered from them.
+#[derive(Serialize)]
+pub(super) struct KeyView {
+    key: String,
+    present: bool,
+    #[serde(flatten)]
+    pair: Option<PairView>,
+}
 
-/// The key table of `get` and `list`: with the snapshot, the agent's
-/// verdict on each key (key validity included).
-pub(super) fn key_table(rows: &[(String, &KvPair)], s: Option<&Snapshot>, r: &Records) -> String {
-    let rows: Vec<Vec<String>> = rows
-        .iter()
+/// A present key: its value, ModifyIndex, Flags, record and what the agent
+/// makes of it.
+#[derive(Serialize)]
+struct PairView {
+    value: String,
+    modify_index: u64,
+    flags: u64,
+    by_drain: bool,
+    set_by: String,
+    written: Value,
+    valid: bool,
+    #[serde(flatten)]
+    verdict: Verdict,
+    /// The WRITTEN column ([`Records::describe`]).
+    #[serde(skip)]
+    described: String,
+}
+
+/// What the agent makes of a value; `reply` is the REPLY column (for an
+/// invalid value [`crate::model::value::InvalidValue::reply_text`]).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Verdict {
+    Valid {
+        state: String,
+        reply: String,
+    },
+    Invalid {
+        error: String,
+        #[serde(skip)]
+        reply: String,
+    },
+}
+
+impl KeyView {
+    /// `key` (below the prefix) and its pair, with the agent's verdict
+    /// `entry` when known (key validity included), else its value's.
+    pub(super) fn new(key: &str, p: Option<&KvPair>, e: Option<&Entry>, r: &Records) -> Self {
+        let pair = p.map(|p| {
+            let state = match e {
+                Some(Entry::Valid(s)) => Ok(*s),
+                Some(Entry::Invalid(e)) => Err(InvalidValue::clone(e)),
+                None => parse_value(&p.value),
+            };
+            PairView {
+                value: String::from_utf8_lossy(&p.value).into(),
+                modify_index: p.modify_index,
+                flags: p.flags,
+                by_drain: is_row_key(key) && is_drain_mark(p.flags),
+                set_by: set_by(key, p.flags),
+                written: r.written(key, p),
+                valid: state.is_ok(),
+                verdict: match state {
+                    Ok(s) => Verdict::Valid {
+                        state: s.to_string(),
+                        reply: s.reply_text(),
+                    },
+                    Err(e) => Verdict::Invalid {
+                        error: e.to_string(),
+                        reply: e.reply_text(),
+                    },
+                },
+                described: r.describe(key, p),
+            }
+        });
+        let present = pair.is_some();
+        KeyView {
+            key: key.to_string(),
+            present,
+            pair,
+        }
+    }
+
+    /// True for a present key holding a value the agent refuses.
+    pub(super) fn invalid(&self) -> bool {
+        self.pair.as_ref().is_some_and(|p| !p.valid)
+    }
+}
+
+/// The key table of `get` and `list` (absent keys have no row).
+pub(super) fn key_table(keys: &[KeyView]) -> String {
+    let rows: Vec<Vec<String>> = (keys.iter().filter_map(|k| Some((k, k.pair.as_ref()?))))
         .map(|(k, p)| {
-            let entry = s.and_then(|s| s.keys.get(k.as_str())).map(|s| &s.entry);
-            key_row(k, p, entry, r)
+            let (state, reply) = match &p.verdict {
+                Verdict::Valid { state, reply } => (state.clone(), reply),
+                Verdict::Invalid { error, reply } => (format!("INVALID: {error}"), reply),
+            };
+            let (value, index) = (display_value(p.value.as_bytes()), p.modify_index);
+            let (index, set_by) = (index.to_string(), &p.set_by);
+            [&k.key, &value, &state, reply, &index, &p.described, set_by]
+                .map(String::clone)
+                .to_vec()
         })
         .collect();
-    table(&KEY_HEADER.split(' ').collect::<Vec<_>>(), &rows)
+    let header = "KEY VALUE STATE REPLY MODIFY-INDEX WRITTEN SET-BY";
+    table(&header.split(' ').collect::<Vec<_>>(), &rows)
 }
 
 /// True for a state that keeps a server in rotation: ready, or a weight
@@ -131,8 +160,8 @@ fn in_service(state: AdminState) -> bool {
 #[derive(Serialize)]
 pub(super) struct KeyReport {
     pub(super) ok: bool,
-    pub(super) error: Option<Value>,
-    pub(super) confirmed: Option<Value>,
+    pub(super) error: Option<Failure>,
+    pub(super) confirmed: Option<Confirmation>,
     pub(super) key: String,
     pub(super) before: String,
     pub(super) after: String,
@@ -158,12 +187,8 @@ impl KeyReport {
     ) -> KeyReport {
         KeyReport {
             ok: confirmed.is_ok(),
-            error: confirmed.as_ref().err().map(Failure::json),
-            confirmed: confirmed
-                .as_ref()
-                .ok()
-                .and_then(Option::as_ref)
-                .map(Confirmation::json),
+            error: confirmed.as_ref().err().cloned(),
+            confirmed: confirmed.as_ref().ok().and_then(Option::as_ref).cloned(),
             key: k.key.clone(),
             before: k.before.describe(),
             after: plan::shown(k.after),
@@ -197,7 +222,7 @@ enum StepRow {
         flags: u64,
         keys: Vec<String>,
         status: &'static str,
-        confirmed: Option<Value>,
+        confirmed: Option<Confirmation>,
     },
     Wait {
         wait_seconds: f64,
@@ -282,7 +307,7 @@ pub(super) struct SequenceReport {
     row_keys_deciding_first: Vec<DecidesFirst>,
     servers: Vec<ServerRow>,
     not_written: Vec<NotWritten>,
-    error: Option<Value>,
+    error: Option<Failure>,
 }
 
 /// What a sequence's report is made from.
@@ -401,7 +426,7 @@ impl Report<'_> {
                 flags: *flags,
                 keys: keys.clone(),
                 status: status.as_str(),
-                confirmed: confirmed.as_ref().map(Confirmation::json),
+                confirmed: confirmed.as_ref().cloned(),
             },
             Step::Wait { duration, purpose } => StepRow::Wait {
                 wait_seconds: duration.as_secs_f64(),
@@ -467,7 +492,7 @@ impl Report<'_> {
             row_keys_deciding_first: self.overrides(),
             servers: servers.collect(),
             not_written: not_written.collect(),
-            error: self.failure.map(Failure::json),
+            error: self.failure.cloned(),
         }
     }
 }
@@ -709,6 +734,8 @@ fn idle_text(idle: &Idle) -> String {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use serde_json::json;
 
     use super::*;
 

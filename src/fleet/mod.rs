@@ -40,8 +40,8 @@ pub(crate) fn check_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One agent as Prometheus sees it.
-#[derive(Debug, Clone, PartialEq)]
+/// One agent as Prometheus sees it (its JSON in `state status --json`).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct AgentView {
     /// The target's `instance` label.
     pub instance: String,
@@ -54,6 +54,7 @@ pub struct AgentView {
     /// Last scraped `gitlab_haproxy_agent_answered_index`.
     pub answered_index: Option<u64>,
     /// Seconds since the agent's last Consul sync, by Prometheus's clock.
+    #[serde(rename = "last_sync_age_seconds")]
     pub last_sync_age: Option<f64>,
     /// Last scraped `gitlab_haproxy_agent_rows_seen`.
     pub rows_seen: Option<u64>,

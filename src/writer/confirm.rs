@@ -384,17 +384,11 @@ pub fn status_json(fleet: &Fleet, index: u64) -> Value {
         "consul_index": index,
         "agents_total": fleet.agents.len(),
         "agents_at_index": verdict.confirmed.len(),
-        "agents": fleet.agents.iter().map(|a| json!({
-            "instance": a.instance,
-            "fqdn": a.fqdn,
-            "up": a.up,
-            "consul_index": a.consul_index,
-            "answered_index": a.answered_index,
-            "last_sync_age_seconds": a.last_sync_age,
-            "rows_seen": a.rows_seen,
-            "rows_answered": a.rows_answered,
-            "lag": a.lag(index).map(Lag::as_str),
-        })).collect::<Vec<_>>(),
+        "agents": fleet.agents.iter().map(|a| {
+            let mut v = json!(a);
+            v["lag"] = json!(a.lag(index).map(Lag::as_str));
+            v
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -570,6 +564,34 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::fleet::tests::{answers, vector, JOB};
+
+    #[test]
+    fn status_json_names_each_agent_s_fields_and_lag() {
+        let fleet = Fleet::from_answers(&answers()).unwrap();
+        let v = status_json(&fleet, 120);
+        let a = &v["agents"][1];
+        let mut keys: Vec<&str> = a.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "answered_index",
+                "consul_index",
+                "fqdn",
+                "instance",
+                "lag",
+                "last_sync_age_seconds",
+                "rows_answered",
+                "rows_seen",
+                "up"
+            ]
+        );
+        assert_eq!(
+            (&a["instance"], &a["lag"]),
+            (&json!("10.0.0.2:9101"), &json!("target_down"))
+        );
+        assert_eq!(v["agents_total"], 3);
+    }
 
     #[test]
     fn names_every_agent_that_lags_and_why() {

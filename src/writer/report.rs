@@ -1,6 +1,7 @@
-//! What a `state` command prints: the key tables of `get` and `list`, the
-//! report of a sequence (text for people, `--json` for scripts), and the
-//! columns they share (value, state, reply, set-by).
+//! What a `state` command prints, each as one model: `--json` prints its
+//! fields and the text is rendered from the same value ([`Render`]): a key
+//! of `get` and `list` ([`KeyView`]), `set` and `clear` ([`KeyReport`]), a
+//! sequence ([`SequenceReport`]).
 
 use std::collections::HashMap;
 
@@ -497,8 +498,13 @@ impl Report<'_> {
     }
 }
 
+/// `s` unless `n` is 1.
 fn plural(n: usize) -> &'static str {
-    ["s", ""][usize::from(n == 1)]
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
 }
 
 impl SequenceReport {

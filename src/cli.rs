@@ -450,8 +450,8 @@ pub enum StateCommand {
     /// A glob or a whole backend is expanded from --haproxy-config (or the
     /// default configuration, when it exists) or --haproxy-socket. Row keys
     /// are written with the drain mark, Consul Flags 1; a row key at drain,
-    /// maint or 0% without it (even Flags) was set by hand and is left alone
-    /// and listed. Keys at a weight above 0 are drained; undrain clears them
+    /// maint, 0% or an invalid value (agents answer its last valid value)
+    /// without it (even Flags) was set by hand and is left alone and listed. Keys at a weight above 0 are drained; undrain clears them
     /// (ready 100%).
     ///
     /// With a configuration, the report shows what the agents answer for
@@ -485,8 +485,8 @@ pub enum StateCommand {
     /// whoever set it; servers whose row key is at drain or maint stay out.
     /// With `--backend`, only row keys with the drain mark (odd Consul Flags,
     /// written by `state drain` or `consul kv put -flags=1`) are taken
-    /// back; row keys at drain, maint or 0% set by hand (even Flags: a server
-    /// out for repair) are left alone and listed; `state clear` releases
+    /// back; row keys at drain, maint, 0% or an invalid value set by hand
+    /// (even Flags: a server out for repair) are left alone and listed; `state clear` releases
     /// one. Keys that are absent or in service (ready, N%) are left alone.
     ///
     /// `--ramp 25%,50%,100%` writes each weight in turn after maint, each

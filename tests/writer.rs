@@ -1354,6 +1354,45 @@ fn set_by_hand(v: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// A server put in maint by hand whose key then got a typo (`mantenance`,
+/// Flags 0): the agents hold maint. A drain and an undrain of its backend
+/// must leave the key alone, so the server stays out; taking the key over
+/// handed it to the undrain, which cleared it and put the server back.
+#[test]
+fn drain_and_undrain_leave_a_typo_set_by_hand_alone() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let port = agent.listen.port();
+    let mut backends = String::from("backend web\n");
+    for s in ["web-01", "web-02"] {
+        backends.push_str(&server_line("web", s, &[], port, INTER_MS));
+    }
+    let haproxy = Haproxy::start(&haproxy_config(&backends));
+    let cfg = config_path(&haproxy);
+    consul.put("web/web-02", "maint");
+    haproxy.wait_server("web", "web-02", CONVERGE, |s| s.admin_state == MAINT);
+    consul.put("web/web-02", "mantenance");
+    let typo = kv_entry(&consul, "web/web-02").unwrap();
+
+    let run = cli(
+        &consul,
+        &backend_args("drain", "web", &cfg, &["--drain-wait", "1s", "--json"]),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(set_by_hand(&run.json()), vec!["web/web-02"], "{run:?}");
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.admin_state == MAINT);
+    let run = cli(
+        &consul,
+        &backend_args("undrain", "web", &cfg, &["--maint-wait", "1s"]),
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    haproxy.wait_server("web", "web-01", CONVERGE, |s| s.is_ready_full_weight());
+    assert_eq!(kv_entry(&consul, "web/web-02").unwrap(), typo, "untouched");
+    std::thread::sleep(Duration::from_millis(3 * INTER_MS));
+    let state = &haproxy.servers_state()[&("web".to_string(), "web-02".to_string())];
+    assert_eq!(state.admin_state, MAINT, "web-02 went back in service");
+}
+
 #[test]
 fn drain_and_undrain_leave_keys_set_by_hand_alone() {
     let consul = Consul::start();

@@ -210,6 +210,27 @@ pub fn flags_for(key: &str) -> u64 {
 /// The state of a key a plan leaves alone because it was set by hand: a row
 /// key at drain, maint or `0%` without the drain mark. `None` for a key the
 /// plan may take over, and for every group key.
+/// The plan of a row key set by hand, which drain and undrain leave alone
+/// ([`left_alone`]), or of a row key holding an invalid value without the
+/// drain mark: agents answer its last valid value (a typo of `maint` keeps
+/// the server out), so neither sequence takes it over. `None` for any
+/// other key.
+fn by_hand(key: &str, before: &Current, note: &'static str) -> Option<KeyPlan> {
+    let hand = left_alone(key, before);
+    let invalid =
+        matches!(before, Current::Invalid { .. }) && is_row_key(key) && !before.by_drain();
+    (hand.is_some() || invalid).then(|| KeyPlan {
+        key: key.to_string(),
+        before: before.clone(),
+        after: hand,
+        note: Some(match hand {
+            Some(_) => note,
+            None => "invalid value set by hand: left alone (agents answer its last valid value)",
+        }),
+        set_by_hand: true,
+    })
+}
+
 fn left_alone(key: &str, current: &Current) -> Option<AdminState> {
     match current {
         Current::Valid { state, .. } if is_row_key(key) && current.set_by_hand() => Some(*state),
@@ -259,6 +280,9 @@ pub struct KeyPlan {
 impl KeyPlan {
     /// True when the plan writes this key.
     pub fn changes(&self) -> bool {
+        if self.set_by_hand {
+            return false;
+        }
         match (&self.before, self.after) {
             (Current::Absent, None) => false,
             (Current::Valid { state, .. }, Some(after)) => *state != after,
@@ -289,22 +313,19 @@ fn sorted(mut targets: Vec<(String, Current)>) -> Vec<(String, Current)> {
 /// later is what makes HAProxy's slowstart ramp the servers up.
 ///
 /// A row key at drain, maint or `0%` without the drain mark was set by hand:
-/// it is in no step and keeps its value. A key at a weight above 0 is
-/// drained, and undrain clears it. A group key is taken over whatever its
-/// Flags.
+/// it is in no step and keeps its value. So is a row key holding an invalid
+/// value without the mark: agents answer its last valid value (a typo of
+/// `maint` keeps the server out), and a drain that took it over would hand
+/// it to the undrain that follows, which would put the server back. A key
+/// at a weight above 0 is drained, and undrain clears it. A group key is
+/// taken over whatever its Flags.
 pub fn plan_drain(targets: Vec<(String, Current)>, drain_wait: Duration, purpose: WaitFor) -> Plan {
     let mut to_drain = Vec::new();
     let mut to_maint = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in sorted(targets) {
-        if let Some(state) = left_alone(&key, &before) {
-            keys.push(KeyPlan {
-                key,
-                before,
-                after: Some(state),
-                note: Some("set by hand: left alone"),
-                set_by_hand: true,
-            });
+        if let Some(hand) = by_hand(&key, &before, "set by hand: left alone") {
+            keys.push(hand);
             continue;
         }
         let note = match &before {
@@ -386,9 +407,10 @@ fn write_step(change: Change, keys: Vec<String>) -> Step {
 ///
 /// # Errors
 ///
-/// The keys holding an invalid value, with the reason: the servers they
-/// decide are frozen in an unknown state, and guessing could put a
-/// server into service without slowstart. Nothing is planned.
+/// The keys holding an invalid value (but row keys without the drain mark,
+/// left alone as set by hand), with the reason: the servers they decide
+/// are frozen in an unknown state, and guessing could put a server into
+/// service without slowstart. Nothing is planned.
 pub fn plan_undrain(
     targets: Vec<(String, Current)>,
     maint_wait: Duration,
@@ -398,7 +420,9 @@ pub fn plan_undrain(
     let invalid: Vec<(String, String)> = targets
         .iter()
         .filter_map(|(k, c)| match c {
-            Current::Invalid { reason, raw, .. } => Some((k.clone(), format!("{raw}: {reason}"))),
+            Current::Invalid { reason, raw, .. } if by_hand(k, c, "").is_none() => {
+                Some((k.clone(), format!("{raw}: {reason}")))
+            }
             _ => None,
         })
         .collect();
@@ -409,14 +433,9 @@ pub fn plan_undrain(
     let mut to_clear = Vec::new();
     let mut keys = Vec::new();
     for (key, before) in targets {
-        if let Some(state) = left_alone(&key, &before) {
-            keys.push(KeyPlan {
-                key,
-                before,
-                after: Some(state),
-                note: Some("set by hand: left alone (`state clear` releases it)"),
-                set_by_hand: true,
-            });
+        let note = "set by hand: left alone (`state clear` releases it)";
+        if let Some(hand) = by_hand(&key, &before, note) {
+            keys.push(hand);
             continue;
         }
         let (after, note) = match &before {
@@ -487,7 +506,7 @@ pub fn plan_undrain(
 /// values: for showing what the fleet will answer.
 pub fn snapshot_after(snapshot: &Snapshot, keys: &[KeyPlan]) -> Snapshot {
     let mut out = snapshot.clone();
-    for k in keys {
+    for k in keys.iter().filter(|k| !k.set_by_hand) {
         match k.after {
             None => {
                 out.keys.remove(k.key.as_str());
@@ -679,7 +698,7 @@ mod tests {
     }
 
     #[test]
-    fn drain_takes_over_keys_in_service_and_invalid_ones_whatever_their_flags() {
+    fn drain_takes_over_keys_in_service_and_invalid_ones_it_marked() {
         let invalid = |flags| Current::Invalid {
             reason: "bad".into(),
             raw: "\"drian\"".into(),
@@ -690,7 +709,6 @@ mod tests {
             vec![
                 ("web/a".into(), valid(AdminState::Ready, 3)),
                 ("web/b".into(), by_drain(AdminState::Ready, 4)),
-                ("web/c".into(), invalid(0)),
                 ("web/d".into(), invalid(DRAIN_FLAGS)),
                 ("web/e".into(), valid(AdminState::Weight(1), 5)),
                 ("web/f".into(), by_drain(AdminState::Weight(0), 6)),
@@ -698,7 +716,7 @@ mod tests {
             W,
             WaitFor::Drain,
         );
-        let all = ["web/a", "web/b", "web/c", "web/d", "web/e", "web/f"];
+        let all = ["web/a", "web/b", "web/d", "web/e", "web/f"];
         assert_eq!(
             plan.steps,
             vec![
@@ -989,6 +1007,40 @@ mod tests {
     }
 
     #[test]
+    fn a_row_key_with_a_typo_set_by_hand_is_left_alone_by_drain_and_undrain() {
+        let typo = |flags| Current::Invalid {
+            reason: "not a value".into(),
+            raw: "\"mantenance\"".into(),
+            index: 7,
+            flags,
+        };
+        let rows = || {
+            vec![
+                ("web/a".to_string(), typo(0)),
+                ("web/b".to_string(), typo(DRAIN_FLAGS)),
+            ]
+        };
+        let plan = plan_drain(rows(), W, WaitFor::Drain);
+        assert!(key(&plan, "web/a").set_by_hand);
+        assert!(!key(&plan, "web/a").changes());
+        assert!(!key(&plan, "web/b").set_by_hand && key(&plan, "web/b").changes());
+        let drain = write(Change::Set(AdminState::Drain), DRAIN_FLAGS, &["web/b"]);
+        assert_eq!(plan.steps[0], drain);
+        // A group key is taken over whatever its Flags.
+        let plan = plan_drain(vec![("zone-b".into(), typo(0))], W, WaitFor::Drain);
+        assert!(!plan.keys[0].set_by_hand && plan.keys[0].changes());
+        // Undrain refuses the marked row key and the group key, not the
+        // one set by hand.
+        let refused = plan_undrain(rows(), M, &RampArgs::default()).unwrap_err();
+        assert_eq!(refused.len(), 1);
+        assert_eq!(refused[0].0, "web/b");
+        let group = vec![("zone-b".into(), typo(0))];
+        assert!(plan_undrain(group, M, &RampArgs::default()).is_err());
+        let plan = plan_undrain(rows()[..1].to_vec(), M, &RampArgs::default()).unwrap();
+        assert!(plan.steps.is_empty() && plan.keys[0].set_by_hand);
+    }
+
+    #[test]
     fn a_ramp_writes_each_weight_then_clears_and_goes_on_after_an_interruption() {
         let every = Duration::from_secs(30);
         let ramp = RampArgs {
@@ -1095,7 +1147,7 @@ mod tests {
     }
 
     #[test]
-    fn undrain_refuses_invalid_values() {
+    fn undrain_refuses_invalid_values_but_on_row_keys_set_by_hand() {
         for flags in [0, DRAIN_FLAGS] {
             let invalid = Current::from_pair(Some(&KvPair {
                 key: "p/web/a".into(),
@@ -1104,6 +1156,9 @@ mod tests {
                 flags,
             }));
             for key in ["web/a", "canary"] {
+                if key == "web/a" && flags == 0 {
+                    continue; // a_row_key_with_a_typo_set_by_hand_is_left_alone_by_drain_and_undrain
+                }
                 let err =
                     plan_undrain(vec![(key.into(), invalid.clone())], M, &RampArgs::default())
                         .unwrap_err();

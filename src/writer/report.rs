@@ -461,7 +461,10 @@ impl Report<'_> {
                 true => k.before.describe(),
                 false => run.now_of(&k.key, &k.before),
             },
-            target: plan::shown(k.after),
+            target: match k.set_by_hand {
+                true => k.before.describe(),
+                false => plan::shown(k.after),
+            },
             note: k.note,
         });
         let hand = self.set_by_hand().into_iter().map(|(server, k)| HandRow {
@@ -533,8 +536,8 @@ impl SequenceReport {
             _ => ("their keys were", "they stay"),
         };
         let mut out = format!(
-            "{n} server{} left alone: {them} set by hand (drain, maint or 0% with even Consul \
-             Flags, not the mark of `state drain`), so {verb} as set:\n",
+            "{n} server{} left alone: {them} set by hand (drain, maint, 0% or an invalid value \
+             with even Consul Flags, not the mark of `state drain`), so {verb} as set:\n",
             plural(n),
         );
         let rows: Vec<Vec<String>> = (self.set_by_hand.iter())

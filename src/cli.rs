@@ -297,7 +297,7 @@ Exit status:
   68   written, but not confirmed: with --prometheus, not every agent
        answered from the write's index within --confirm-timeout (the
        lagging agents are named; the next step is not written), servers
-       naming the written group are decided by another key (named;
+       naming the written group are kept in service by another key (named;
        --accept-overridden takes them), or Prometheus could not be asked.
        `status`: an agent lags (EX_NOHOST)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)

@@ -235,9 +235,9 @@ fn a_zone_drain_kept_from_a_server_by_its_row_key_fails_and_an_empty_node_does_n
     assert_eq!(run.code, 68, "{run:?}");
     assert!(
         run.stderr
-            .contains("1 server naming zone-b is decided by another key")
+            .contains("1 server naming zone-b is kept in service by another key")
             && run.stderr.contains(&format!(
-                "web/web-01 (decided by web/web-01, on {} (lb-1.test))",
+                "web/web-01 (decided by web/web-01: ready, on {} (lb-1.test))",
                 one.http
             ))
             && run.stderr.contains("--accept-overridden"),

@@ -425,7 +425,7 @@ fn a_backend_reloaded_onto_a_wrong_agent_port_pages() {
         "gitlab_haproxy_agent_group_rows{answer=\"drain\",group=\"zone-b\"} 2",
         "gitlab_haproxy_agent_group_decided_rows{answer=\"drain\",group=\"zone-b\"} 2",
         "gitlab_haproxy_agent_group_rows{answer=\"maint\",group=\"canary\"} 1",
-        "gitlab_haproxy_agent_group_overridden_rows{group=\"canary\",key=\"api/api-cny-01\",row=\"api/api-cny-01\"} 1",
+        "gitlab_haproxy_agent_group_overridden_rows{answer=\"maint\",group=\"canary\",key=\"api/api-cny-01\",row=\"api/api-cny-01\"} 1",
         "gitlab_haproxy_agent_groups_over_cap 0",
     ] {
         assert!(

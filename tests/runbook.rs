@@ -183,9 +183,9 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
             {
                 assert!(
                     stderr.contains(
-                        "1 server naming zone-us-east1-b is decided by another key, so this \
-                         write does not move it: web/web-01-sv-gprd (decided by \
-                         web/web-01-sv-gprd, on "
+                        "1 server naming zone-us-east1-b is kept in service by another key, \
+                         so this write does not move it: web/web-01-sv-gprd (decided by \
+                         web/web-01-sv-gprd: weight, on "
                     ),
                     "[{heading}] {command}\n{stderr}"
                 );

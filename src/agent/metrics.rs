@@ -152,7 +152,7 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_group_decided_rows{group,answer}`: those of
     /// them whose last answer the group's key decided; only non-zero series.
     group_decided_rows: IntGaugeVec,
-    /// `gitlab_haproxy_agent_group_overridden_rows{group,row,key}`: rows
+    /// `gitlab_haproxy_agent_group_overridden_rows{group,row,key,answer}`: rows
     /// naming the group whose answer another key decided, at most
     /// [`crate::agent::seen::MAX_OVERRIDDEN_PER_GROUP`] per group.
     group_overridden_rows: IntGaugeVec,
@@ -489,9 +489,9 @@ impl Metrics {
                 "group_overridden_rows",
                 "Rows received in the last 60 seconds whose agent-send line names the group but \
                  whose last answer another key decided: row is the line's first identity, key the \
-                 identity that decided (at most 10 per group).",
+                 identity that decided, answer what it answered (at most 10 per group).",
             ),
-            &["group", "row", "key"],
+            &["group", "row", "key", "answer"],
         )
         .unwrap();
         reg(Box::new(group_overridden_rows.clone()));
@@ -775,9 +775,9 @@ impl Metrics {
         self.group_decided_rows.reset();
         self.group_overridden_rows.reset();
         for (group, rows) in &summary.groups {
-            for (row, key, n) in &rows.overridden {
+            for (row, key, answer, n) in &rows.overridden {
                 self.group_overridden_rows
-                    .with_label_values(&[group, row, key])
+                    .with_label_values(&[group, row, key, answer.as_str()])
                     .set(*n as i64);
             }
             for kind in ROWS_ANSWERED_STATES {
@@ -940,7 +940,7 @@ mod tests {
         zone.naming[AnswerKind::Drain as usize] = 2;
         zone.naming[AnswerKind::Ready as usize] = 1;
         zone.decided[AnswerKind::Drain as usize] = 2;
-        zone.overridden = vec![("web/s2".to_string(), "web/s2".to_string(), 1)];
+        zone.overridden = vec![("web/s2".into(), "web/s2".into(), AnswerKind::Ready, 1)];
         let summary = SeenSummary {
             rows: 3,
             out_not_asked: 1,
@@ -956,7 +956,7 @@ mod tests {
             "gitlab_haproxy_agent_group_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
             "gitlab_haproxy_agent_group_rows{answer=\"ready\",group=\"zone-b\"} 1\n",
             "gitlab_haproxy_agent_group_decided_rows{answer=\"drain\",group=\"zone-b\"} 2\n",
-            "gitlab_haproxy_agent_group_overridden_rows{group=\"zone-b\",key=\"web/s2\",row=\"web/s2\"} 1\n",
+            "gitlab_haproxy_agent_group_overridden_rows{answer=\"ready\",group=\"zone-b\",key=\"web/s2\",row=\"web/s2\"} 1\n",
         ] {
             assert!(text.contains(line), "missing {line}");
         }

@@ -107,9 +107,9 @@ pub struct GroupRows {
     pub decided: [usize; AnswerKind::ALL.len()],
     /// Rows naming the group whose last answer another key decided (their
     /// row key, or a group earlier on the line): (the line's first
-    /// identity, the deciding identity, rows), at most
-    /// [`MAX_OVERRIDDEN_PER_GROUP`] pairs, sorted.
-    pub overridden: Vec<(String, String, usize)>,
+    /// identity, the deciding identity, the answer it gave, rows), at most
+    /// [`MAX_OVERRIDDEN_PER_GROUP`], sorted.
+    pub overridden: Vec<(String, String, AnswerKind, usize)>,
 }
 
 impl GroupRows {
@@ -277,10 +277,15 @@ impl Seen {
                         let by = identities[d];
                         let first = identities[0];
                         let full = g.overridden.len() >= MAX_OVERRIDDEN_PER_GROUP;
-                        match g.overridden.iter_mut().find(|o| o.0 == first && o.1 == by) {
-                            Some(o) => o.2 += 1,
+                        let kind = row.kind;
+                        let same = |o: &&mut (String, String, AnswerKind, usize)| {
+                            o.0 == first && o.1 == by && o.2 == kind
+                        };
+                        match g.overridden.iter_mut().find(same) {
+                            Some(o) => o.3 += 1,
                             None if !full => {
-                                g.overridden.push((first.to_string(), by.to_string(), 1))
+                                g.overridden
+                                    .push((first.to_string(), by.to_string(), kind, 1))
                             }
                             None => {}
                         }
@@ -299,7 +304,8 @@ impl Seen {
         summary.groups = groups
             .into_iter()
             .map(|(name, mut g)| {
-                g.overridden.sort();
+                g.overridden
+                    .sort_by(|a, b| (&a.0, &a.1, a.2 as usize).cmp(&(&b.0, &b.1, b.2 as usize)));
                 (name.to_string(), g)
             })
             .collect();
@@ -550,8 +556,8 @@ mod tests {
         assert_eq!(
             zone.overridden,
             [
-                ("web/s2".to_string(), "web/s2".to_string(), 1),
-                ("web/s3".to_string(), "canary".to_string(), 1)
+                ("web/s2".into(), "web/s2".into(), AnswerKind::Ready, 1),
+                ("web/s3".into(), "canary".into(), AnswerKind::Maint, 1)
             ]
         );
         let canary = &summary.groups[0].1;

@@ -99,8 +99,8 @@ pub struct AgentGroup {
     pub naming_by: BTreeMap<String, u64>,
     /// Rows the key decides, by answer (`group_decided_rows`).
     pub decided: BTreeMap<String, u64>,
-    /// (row, deciding key, rows) from `group_overridden_rows`.
-    pub overridden: Vec<(String, String, u64)>,
+    /// (row, deciding key, its answer, rows) from `group_overridden_rows`.
+    pub overridden: Vec<(String, String, String, u64)>,
 }
 
 /// The fleet, and how each agent's rows (by `instance`) name `key`, when a
@@ -144,7 +144,9 @@ pub async fn fetch_with_group(
                     *a.naming_by.entry(label("answer")).or_default() += n;
                 }
                 1 => *a.decided.entry(label("answer")).or_default() += n,
-                _ => a.overridden.push((label("row"), label("key"), n)),
+                _ => a
+                    .overridden
+                    .push((label("row"), label("key"), label("answer"), n)),
             }
         }
     }
@@ -155,8 +157,10 @@ pub async fn fetch_with_group(
 /// decides: agents whose HAProxy names no row with the key confirm by their
 /// index alone (a node with nothing enrolled is not lagging); rows naming
 /// the key that another key decides are named, and block the confirmation
-/// when the write takes servers out (`state` drain or maint) unless
-/// `accept`.
+/// when the write takes servers out (`state` drain or maint) and the other
+/// key keeps them in service (an answer other than drain or maint; rows
+/// past the agents' cap of named ones count as in service), unless
+/// `accept`. A server its own key already holds out does not block.
 pub fn apply(
     verdict: &mut Verdict<'_>,
     key: &str,
@@ -184,7 +188,12 @@ pub fn apply(
             continue;
         };
         let decided: u64 = r.decided.values().sum();
-        let named: u64 = r.overridden.iter().map(|o| o.2).sum();
+        let named: u64 = r.overridden.iter().map(|o| o.3).sum();
+        let out = |answer: &str| matches!(answer, "drain" | "maint");
+        let named_out: u64 = (r.overridden.iter())
+            .filter(|o| out(&o.2))
+            .map(|o| o.3)
+            .sum();
         g.naming += r.naming;
         if state == AnswerKind::Ready {
             // Taking servers back (ready, or the key removed, when rows
@@ -197,11 +206,13 @@ pub fn apply(
             let answering = r.decided.get(state.as_str()).copied().unwrap_or(0);
             g.answering += answering;
             g.other_answer += decided - answering;
-            g.overridden_rows += r.naming.saturating_sub(decided).max(named);
+            let overridden = r.naming.saturating_sub(decided).max(named);
+            g.overridden_rows += overridden;
+            g.overridden_in_service += overridden - named_out;
         }
-        for (row, by, n) in &r.overridden {
+        for (row, by, answer, n) in &r.overridden {
             g.overridden
-                .push((agent.name(), row.clone(), by.clone(), *n));
+                .push((agent.name(), row.clone(), by.clone(), answer.clone(), *n));
         }
     }
     verdict.rows = g.answering;
@@ -273,7 +284,7 @@ fn overridden_list(g: &GroupVerdict) -> String {
     let named: Vec<String> = g
         .overridden
         .iter()
-        .map(|(agent, row, by, _)| format!("{row} (decided by {by}, on {agent})"))
+        .map(|(agent, row, by, answer, _)| format!("{row} (decided by {by}: {answer}, on {agent})"))
         .collect();
     if named.is_empty() {
         "not named by the agents".to_string()
@@ -289,15 +300,16 @@ pub fn overridden_text(verdict: &Verdict<'_>) -> Option<String> {
     if !verdict.lagging.is_empty() || g.other_answer > 0 || g.holds() {
         return None;
     }
+    let n = g.overridden_in_service;
     Some(format!(
-        "not confirmed: {} naming {} {} decided by another key, so this write does not move \
-         {}: {}. The write is in Consul; the next step is not written. Clear or change those \
-         keys (`state explain`, `state clear`), or re-run the same command with \
+        "not confirmed: {} naming {} {} kept in service by another key, so this write does not \
+         move {}: {}. The write is in Consul; the next step is not written. Clear or change \
+         those keys (`state explain`, `state clear`), or re-run the same command with \
          --accept-overridden to go on without them",
-        plural(g.overridden_rows, "server", "servers"),
+        plural(n, "server", "servers"),
         g.key,
-        if g.overridden_rows == 1 { "is" } else { "are" },
-        if g.overridden_rows == 1 { "it" } else { "them" },
+        if n == 1 { "is" } else { "are" },
+        if n == 1 { "it" } else { "them" },
         overridden_list(g),
     ))
 }
@@ -321,15 +333,16 @@ mod tests {
         .unwrap()
     }
 
-    fn rows(decided: u64, overridden: &[(&str, &str)]) -> BTreeMap<String, AgentGroup> {
+    fn rows(decided: u64, overridden: &[(&str, &str, &str)]) -> BTreeMap<String, AgentGroup> {
         let mut a = AgentGroup {
             naming: decided + overridden.len() as u64,
             ..AgentGroup::default()
         };
         a.naming_by.insert("drain".into(), a.naming);
         a.decided.insert("drain".into(), decided);
-        for (r, k) in overridden {
-            a.overridden.push((r.to_string(), k.to_string(), 1));
+        for (r, k, answer) in overridden {
+            a.overridden
+                .push((r.to_string(), k.to_string(), answer.to_string(), 1));
         }
         BTreeMap::from([("10.0.0.1:9101".to_string(), a)])
     }
@@ -367,32 +380,42 @@ mod tests {
     }
 
     #[test]
-    fn a_server_kept_by_its_row_key_blocks_a_drain_unless_accepted() {
+    fn a_server_kept_in_service_by_its_row_key_blocks_a_drain_unless_accepted() {
         let fleet = fleet();
         let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
-        apply(
-            &mut verdict,
-            "zone-b",
-            &rows(1, &[("web/s1", "web/s1")]),
-            AnswerKind::Drain,
-            false,
-        );
+        let kept = rows(1, &[("web/s1", "web/s1", "ready")]);
+        apply(&mut verdict, "zone-b", &kept, AnswerKind::Drain, false);
         assert!(!verdict.all_confirmed());
         let text = overridden_text(&verdict).unwrap();
         assert!(
-            text.contains("1 server naming zone-b is decided by another key")
-                && text.contains("web/s1 (decided by web/s1, on 10.0.0.1:9101)"),
+            text.contains("1 server naming zone-b is kept in service by another key")
+                && text.contains("web/s1 (decided by web/s1: ready, on 10.0.0.1:9101)"),
             "{text}"
         );
         let mut verdict = fleet.verdict(50, Some(AnswerKind::Drain));
-        apply(
-            &mut verdict,
-            "zone-b",
-            &rows(1, &[("web/s1", "web/s1")]),
-            AnswerKind::Drain,
-            true,
-        );
+        apply(&mut verdict, "zone-b", &kept, AnswerKind::Drain, true);
         assert!(verdict.all_confirmed());
         assert!(overridden_text(&verdict).is_none());
+    }
+
+    #[test]
+    fn a_server_its_own_key_holds_out_does_not_block_a_drain_but_is_named() {
+        let fleet = fleet();
+        for (answer, state) in [
+            ("drain", AnswerKind::Drain),
+            ("maint", AnswerKind::Drain),
+            ("drain", AnswerKind::Maint),
+        ] {
+            let mut verdict = fleet.verdict(50, Some(state));
+            let out = rows(1, &[("web/s1", "web/s1", answer)]);
+            let mut out = out;
+            out.values_mut().next().unwrap().decided = BTreeMap::from([(state.as_str().into(), 1)]);
+            apply(&mut verdict, "zone-b", &out, state, false);
+            assert!(verdict.all_confirmed(), "{answer} under {state:?}");
+            assert!(overridden_text(&verdict).is_none());
+            let g = verdict.group.as_ref().unwrap();
+            assert_eq!((g.overridden_rows, g.overridden_in_service), (1, 0));
+            assert!(describe(g, state.as_str()).contains("web/s1 (decided by web/s1: "));
+        }
     }
 }

@@ -158,8 +158,8 @@ pub struct Verdict<'a> {
 
 /// How the rows naming a written group key stand, over the confirmed
 /// agents. Its JSON (in a confirmation): `{key, servers_naming,
-/// servers_answering, servers_overridden, overridden: [{agent, row,
-/// decided_by, rows}]}`.
+/// servers_answering, servers_overridden, servers_overridden_in_service,
+/// overridden: [{agent, row, decided_by, answer, rows}]}`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct GroupVerdict {
     /// The group key written.
@@ -177,23 +177,27 @@ pub struct GroupVerdict {
     /// Rows naming the key that another key decides.
     #[serde(rename = "servers_overridden")]
     pub overridden_rows: u64,
-    /// Which: (agent, row, deciding key, rows), as far as the agents export
-    /// them.
+    /// Of those, rows the other key keeps in service (not drain or maint),
+    /// counting rows past the agents' cap of named ones as in service.
+    #[serde(rename = "servers_overridden_in_service")]
+    pub overridden_in_service: u64,
+    /// Which: (agent, row, deciding key, its answer, rows), as far as the
+    /// agents export them.
     #[serde(serialize_with = "overridden_json")]
-    pub overridden: Vec<(String, String, String, u64)>,
+    pub overridden: Vec<(String, String, String, String, u64)>,
     /// Overridden rows make the write fail: it takes servers out (drain,
     /// maint) and `--accept-overridden` was not given.
     #[serde(skip)]
     pub overridden_block: bool,
 }
 
-/// [`GroupVerdict::overridden`] as `[{agent, row, decided_by, rows}]`.
+/// [`GroupVerdict::overridden`] as `[{agent, row, decided_by, answer, rows}]`.
 fn overridden_json<S: serde::Serializer>(
-    rows: &[(String, String, String, u64)],
+    rows: &[(String, String, String, String, u64)],
     s: S,
 ) -> Result<S::Ok, S::Error> {
-    s.collect_seq(rows.iter().map(|(agent, row, by, n)| {
-        serde_json::json!({"agent": agent, "row": row, "decided_by": by, "rows": n})
+    s.collect_seq(rows.iter().map(|(agent, row, by, answer, n)| {
+        serde_json::json!({"agent": agent, "row": row, "decided_by": by, "answer": answer, "rows": n})
     }))
 }
 
@@ -201,7 +205,7 @@ impl GroupVerdict {
     /// Every row the key decides answers the written state, and no row is
     /// kept from it by another key (unless accepted).
     pub fn holds(&self) -> bool {
-        self.other_answer == 0 && !(self.overridden_block && self.overridden_rows > 0)
+        self.other_answer == 0 && !(self.overridden_block && self.overridden_in_service > 0)
     }
 }
 

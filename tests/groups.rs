@@ -431,6 +431,21 @@ fn every_surface_tells_what_the_agents_hold_in_the_same_words() {
         status(&agent)["held"]["web/web-02"]["answer"],
         "drain 100% (held: rolled back)"
     );
+    // The release itself names what it released, as seen just before.
+    let run = cli(&consul, Some(&prom), &["release-rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout
+            .contains("released, as Prometheus showed them just before:")
+            && run
+                .stdout
+                .contains("  web/web-02: drain 100% (held: rolled back) on 1/1 agents"),
+        "{run:?}"
+    );
+    let ok = support::wait_for(Duration::from_secs(10), || {
+        status(&agent)["held"]["web/web-02"].is_null().then_some(())
+    });
+    assert!(ok.is_some(), "{}", status(&agent));
 }
 
 /// `--help` of the commands on-call types puts the command's own options

@@ -21,6 +21,10 @@ impl Writer {
         let value = humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string();
         let mut written = false;
         let mut before = None;
+        // What it releases: the keys the agents hold since the rollback,
+        // asked before the write (after it, they are gone).
+        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
+        let releases = holds.lines(Some(HoldCause::RolledBack));
         if !dry_run {
             self.ensure_store_id().await?;
             for _ in 0..2 {
@@ -41,9 +45,6 @@ impl Writer {
                 )));
             }
         }
-        // What it releases: the keys the agents hold since the rollback.
-        let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
-        let releases = holds.lines(Some(HoldCause::RolledBack));
         if self.json {
             self.print_json(json!({
                 "ok": true,
@@ -58,7 +59,15 @@ impl Writer {
         } else if written {
             println!(
                 "{RELEASE_ROLLBACK_KEY} written ({value}): every agent now follows Consul for \
-                 the keys it held since Consul's data went backwards"
+                 the keys it held since Consul's data went backwards{}",
+                match (&holds, releases.is_empty()) {
+                    (Holds::Unknown(why), _) => format!(" (which: not known here: {why})"),
+                    (_, true) => " (Prometheus showed none held just before)".to_string(),
+                    (_, false) => format!(
+                        "; released, as Prometheus showed them just before:\n  {}",
+                        releases.join("\n  ")
+                    ),
+                }
             );
         } else {
             match (&holds, releases.is_empty()) {

@@ -16,6 +16,18 @@ use crate::model::value::AdminState;
 /// Default KV prefix.
 pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
 
+/// A duration option's value (humantime: `500ms`, `60s`, `2m`, `1h30m`).
+///
+/// # Errors
+///
+/// A message naming the value and the form expected, which clap prints
+/// with the option (exit 64).
+pub fn parse_duration(value: &str) -> Result<Duration, String> {
+    humantime::parse_duration(value).map_err(|e| {
+        format!("`{value}` is not a duration ({e}): write a number and a unit, e.g. 500ms, 60s, 2m, 1h30m")
+    })
+}
+
 /// Exit code for bad options: EX_USAGE from sysexits.h.
 pub const EX_USAGE: i32 = 64;
 
@@ -75,7 +87,7 @@ pub struct CheckReadyArgs {
     #[arg(long, value_name = "IP:PORT")]
     pub http_addr: Option<SocketAddr>,
     /// Time each of the two questions may take.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// A file whose presence lets the reload through while the agent is not
     /// ready (`touch` it, reload, remove it).
@@ -83,7 +95,7 @@ pub struct CheckReadyArgs {
     pub override_file: PathBuf,
     /// An override file older than this (by its modification time) is
     /// ignored, so one left behind does not disarm the check for good.
-    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub override_max_age: Duration,
 }
 
@@ -103,7 +115,7 @@ pub struct ConsulArgs {
     pub consul_addr: Option<String>,
 
     /// File holding the Consul ACL token, sent as X-Consul-Token and re-read
-    /// on 403 and SIGHUP [default: $CREDENTIALS_DIRECTORY/consul-token if it
+    /// on 403 (by the daemon also on SIGHUP) [default: $CREDENTIALS_DIRECTORY/consul-token if it
     /// exists, else no token].
     #[arg(
         long,
@@ -191,12 +203,12 @@ pub struct AgentArgs {
 
     /// Blocking-query wait sent to Consul (1s to 10m; Consul adds up to
     /// 1/16 of jitter).
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_WAIT", default_value = "60s", value_parser = parse_duration)]
     pub wait: Duration,
 
     /// How long to retry the first Consul read before --on-startup-timeout
     /// applies.
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub startup_timeout: Duration,
 
     /// What to do when the first Consul read has not succeeded within
@@ -209,7 +221,7 @@ pub struct AgentArgs {
 
     /// Time an agent-check client has to send its line (10ms to 2s; keep it
     /// well under agent-inter).
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CHECK_TIMEOUT", default_value = "500ms", value_parser = parse_duration)]
     pub check_timeout: Duration,
 
     /// Agent-check connections waiting for their line at once; a check whose
@@ -225,7 +237,7 @@ pub struct AgentArgs {
 
     /// Least time between two Consul requests (rate limit under churn),
     /// 10ms..10s.
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL", default_value = "100ms", value_parser = parse_duration)]
     pub min_query_interval: Duration,
 
     /// Read consistency of the blocking query: `default` (the Consul leader
@@ -237,7 +249,7 @@ pub struct AgentArgs {
 
     /// With --consistency stale: the largest X-Consul-LastContact an answer
     /// may carry to be applied without a default read (100ms to 10m).
-    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MAX_STALE", default_value = "5s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_MAX_STALE", default_value = "5s", value_parser = parse_duration)]
     pub max_stale: Duration,
 
     /// Folder of the state file (served-state.json): the state served, holds
@@ -355,7 +367,7 @@ pub struct StateArgs {
         help_heading = GLOBAL_OPTIONS,
         env = "GITLAB_HAPROXY_AGENT_AGENT_INTER",
         default_value = "2s",
-        value_parser = humantime::parse_duration
+        value_parser = parse_duration
     )]
     pub agent_inter: Duration,
 
@@ -368,7 +380,7 @@ pub struct StateArgs {
         help_heading = GLOBAL_OPTIONS,
         env = "GITLAB_HAPROXY_AGENT_READ_DELAY",
         default_value = "1s",
-        value_parser = humantime::parse_duration
+        value_parser = parse_duration
     )]
     pub agent_read_delay: Duration,
 
@@ -468,7 +480,7 @@ pub enum StateCommand {
         /// How long drained servers keep their sessions before maint.
         /// At least 2 x --agent-inter + --agent-read-delay (5s with the
         /// defaults); a shorter wait exits 64.
-        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
         drain_wait: Duration,
         /// Wait for the sessions to end.
         #[command(flatten)]
@@ -502,7 +514,7 @@ pub enum StateCommand {
         /// were at drain, so every HAProxy applies it and fires slowstart.
         /// At least 2 x --agent-inter + --agent-read-delay (5s with the
         /// defaults); a shorter wait exits 64.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
         maint_wait: Duration,
         /// Bring them back in weight steps.
         #[command(flatten)]
@@ -578,7 +590,7 @@ pub enum CanaryAction {
         /// How long canary servers keep their sessions before maint.
         /// At least 2 x --agent-inter + --agent-read-delay (5s with the
         /// defaults); a shorter wait exits 64.
-        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
         drain_wait: Duration,
         /// Wait for the sessions to end.
         #[command(flatten)]
@@ -600,7 +612,7 @@ pub enum CanaryAction {
         /// How long maint is held first when the key is at drain.
         /// At least 2 x --agent-inter + --agent-read-delay (5s with the
         /// defaults); a shorter wait exits 64.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
         maint_wait: Duration,
         /// Bring them back in weight steps.
         #[command(flatten)]
@@ -621,7 +633,7 @@ pub struct IdleArgs {
     /// Instead of the fixed --drain-wait, write maint as soon as every load
     /// balancer reports no current session on the drained servers
     /// (`haproxy_server_current_sessions{proxy,server}` of HAProxy's own
-    /// Prometheus exporter, asked every second from the Prometheus of
+    /// Prometheus exporter, asked every 500 ms from the Prometheus of
     /// --prometheus, which is then required: exit 64 without it), or
     /// after MAX at the latest; the report names the servers and load
     /// balancers (`instance`) still in session then. It waits at least 2 x
@@ -633,7 +645,7 @@ pub struct IdleArgs {
     #[arg(
         long,
         value_name = "MAX",
-        value_parser = humantime::parse_duration,
+        value_parser = parse_duration,
         conflicts_with = "drain_wait"
     )]
     pub until_idle: Option<Duration>,
@@ -664,7 +676,7 @@ pub struct RampArgs {
     pub ramp: Option<RampSteps>,
     /// How long each --ramp step is held. At least 2 x --agent-inter +
     /// --agent-read-delay (5s with the defaults); a shorter one exits 64.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub ramp_every: Duration,
 }
 
@@ -847,7 +859,7 @@ pub struct ConfirmArgs {
     pub accept_overridden: bool,
     /// How long to wait for every agent to confirm each write step. Make it
     /// longer than the scrape interval plus agent-inter.
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_duration)]
     pub confirm_timeout: Duration,
     /// PromQL label matchers that select the agents' scrape targets (every
     /// agent reading this Consul datacenter, e.g. add
@@ -926,6 +938,13 @@ pub struct Selector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_duration_names_the_value_and_the_form_expected() {
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        let e = parse_duration("abc").unwrap_err();
+        assert!(e.starts_with("`abc` is not a duration") && e.contains("60s"), "{e}");
+    }
 
     #[test]
     fn ramp_steps_increase_from_1_to_100_percent_and_imply_100() {

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+echo "Installing HAProxy and Consul if missing, then building the agent (a few minutes on a fresh machine)..."
 if [ "$(id -u)" -eq 0 ]; then scripts/install-deps.sh --demo >/dev/null; else sudo scripts/install-deps.sh --demo >/dev/null; fi
 cargo build --quiet --locked
 agent_bin=target/debug/gitlab-haproxy-agent
@@ -114,9 +115,13 @@ consul kv put gitlab-haproxy-agent/state/web/web-01 maint
 settle
 show_stat "A row key overrides the group; one server in maintenance"
 
-# One key at a time: deleting the whole prefix would also delete the
+# Back through maint, so HAProxy's slowstart ramps the canaries up, then
+# one key at a time: deleting the whole prefix would also delete the
 # writer's store id and records, which agents take for a Consul that lost
 # its data (they would hold every drain).
+echo; echo "\$ consul kv put gitlab-haproxy-agent/state/canary maint"
+consul kv put gitlab-haproxy-agent/state/canary maint
+settle
 for key in canary web/web-cny-02 web/web-01; do
 	echo; echo "\$ consul kv delete gitlab-haproxy-agent/state/$key"
 	consul kv delete "gitlab-haproxy-agent/state/$key"

@@ -943,7 +943,10 @@ mod tests {
     fn a_bad_duration_names_the_value_and_the_form_expected() {
         assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
         let e = parse_duration("abc").unwrap_err();
-        assert!(e.starts_with("`abc` is not a duration") && e.contains("60s"), "{e}");
+        assert!(
+            e.starts_with("`abc` is not a duration") && e.contains("60s"),
+            "{e}"
+        );
     }
 
     #[test]

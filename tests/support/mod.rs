@@ -112,13 +112,20 @@ pub fn wait_every<T>(
     }
 }
 
-/// Sends `signal` (e.g. `TERM`, `KILL`, `STOP`, `CONT`, `USR2`) to `pid`.
-pub fn kill(pid: u32, signal: &str) {
-    let _ = Command::new("kill")
+/// Sends `signal` (e.g. `TERM`, `KILL`, `STOP`, `CONT`, `USR2`) to `pid`;
+/// false (and a line on stderr) when `kill` could not be run or failed (a
+/// process already gone, for one).
+pub fn kill(pid: u32, signal: &str) -> bool {
+    let status = Command::new("kill")
         .arg(format!("-{signal}"))
         .arg(pid.to_string())
         .stderr(Stdio::null())
         .status();
+    let sent = status.as_ref().is_ok_and(|s| s.success());
+    if !sent {
+        eprintln!("kill -{signal} {pid}: {status:?}");
+    }
+    sent
 }
 
 /// A child process stopped by its PID on drop (SIGKILL, then reaped).
@@ -689,13 +696,30 @@ impl Haproxy {
 
     /// Reloads HAProxy (SIGUSR2 to the master): a new worker starts from the
     /// configuration, with no server-state file. Waits for the new worker.
+    /// A master that shows no reload within 5 s (no new worker; seen once
+    /// on a loaded machine, the signal lost before it reached the master)
+    /// is signalled once more, said on stderr with the master's pending
+    /// signals, before the test fails.
     pub fn reload(&self) {
         let old = self.worker_pid();
-        self.proc.signal("USR2");
-        let ok = wait_for(Duration::from_secs(10), || {
-            self.worker_pid().filter(|p| Some(*p) != old)
-        });
-        assert!(ok.is_some(), "HAProxy did not reload:\n{}", self.proc.log());
+        for attempt in 1..=2 {
+            self.proc.signal("USR2");
+            let new = wait_for(Duration::from_secs(5), || {
+                self.worker_pid().filter(|p| Some(*p) != old)
+            });
+            if new.is_some() {
+                return;
+            }
+            let status = std::fs::read_to_string(format!("/proc/{}/status", self.proc.pid()));
+            let pending: Vec<String> = status
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.starts_with("SigPnd") || l.starts_with("ShdPnd"))
+                .map(str::to_string)
+                .collect();
+            eprintln!("HAProxy: no new worker 5 s after SIGUSR2 #{attempt}; master {pending:?}");
+        }
+        panic!("HAProxy did not reload:\n{}", self.proc.log());
     }
 }
 

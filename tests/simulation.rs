@@ -240,11 +240,46 @@ struct Shown {
     generation: u64,
 }
 
-struct Sim {
+/// The rules a run keeps: the core's, and the two that live outside it.
+#[derive(Debug, Clone, Copy)]
+struct Setup {
+    /// The decision core's rules.
     rules: Rules,
-    stale: bool,
-    /// Restarts that keep the file load it (the rule under test for path 1).
+    /// Restarts that keep the state file load it (the daemon's rule).
     restore: bool,
+    /// The lookup skips an invalid key with no valid value known for the
+    /// next identity on the line ([`Snapshot::lookup`], the responder's
+    /// rule). Off, it answers as before that rule: the first identity with
+    /// any key decides, and an invalid one gets no answer.
+    skip_invalid: bool,
+}
+
+impl Setup {
+    /// Every rule on.
+    fn all() -> Setup {
+        Setup {
+            rules: Rules::default(),
+            restore: true,
+            skip_invalid: true,
+        }
+    }
+}
+
+/// The answer for `line` as the responder's lookup gives it, or as it gave
+/// it before invalid keys were skipped.
+fn lookup(snapshot: &Snapshot, line: &[&str], skip_invalid: bool) -> Answer {
+    if skip_invalid {
+        return snapshot.lookup(line.iter().copied());
+    }
+    match line.iter().position(|id| snapshot.keys.contains_key(*id)) {
+        Some(p) => snapshot.lookup(line[p..=p].iter().copied()),
+        None => snapshot.lookup(std::iter::empty()),
+    }
+}
+
+struct Sim {
+    setup: Setup,
+    stale: bool,
     acl: bool,
     leader: Store,
     follower: Store,
@@ -286,15 +321,14 @@ fn config(rules: Rules) -> CoreConfig {
 }
 
 impl Sim {
-    fn new(rules: Rules, restore: bool, acl: bool, stale: bool) -> Sim {
-        let mut cfg = config(rules);
+    fn new(setup: Setup, acl: bool, stale: bool) -> Sim {
+        let mut cfg = config(setup.rules);
         cfg.stale = stale;
         let mut core = Core::new(cfg, None);
         let next = core.start();
         let mut sim = Sim {
-            rules,
+            setup,
             stale,
-            restore,
             acl,
             leader: Store::fresh(),
             follower: Store::fresh(),
@@ -573,12 +607,12 @@ impl Sim {
             self.file = None;
             self.known.clear();
         }
-        let restored = if self.restore {
+        let restored = if self.setup.restore {
             self.file.clone()
         } else {
             None
         };
-        let mut cfg = config(self.rules);
+        let mut cfg = config(self.setup.rules);
         cfg.stale = self.stale;
         self.core = Core::new(cfg, restored);
         self.snapshot = self.core.served().map(|s| s.snapshot());
@@ -591,7 +625,7 @@ impl Sim {
     fn ask(&mut self, server: usize) -> Result<(), String> {
         let line = SERVERS[server];
         if let Some(snapshot) = &self.snapshot {
-            if let Answer::State { state, .. } = snapshot.lookup(line.iter().copied()) {
+            if let Answer::State { state, .. } = lookup(snapshot, line, self.setup.skip_invalid) {
                 self.haproxy[server] = match state {
                     AdminState::Drain => Admin::Drain,
                     AdminState::Maint => Admin::Maint,
@@ -615,7 +649,7 @@ impl Sim {
                     line.join(" "),
                     self.snapshot
                         .as_ref()
-                        .map(|s| s.lookup(line.iter().copied()))
+                        .map(|s| lookup(s, line, self.setup.skip_invalid))
                 ));
             }
         }
@@ -807,26 +841,19 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
 }
 
 /// Runs `events`; the index of the first violating event and its message.
-fn run(
-    rules: Rules,
-    restore: bool,
-    acl: bool,
-    stale: bool,
-    events: &[Event],
-) -> Option<(usize, String)> {
-    run_traced(rules, restore, acl, stale, events, false)
+fn run(setup: Setup, acl: bool, stale: bool, events: &[Event]) -> Option<(usize, String)> {
+    run_traced(setup, acl, stale, events, false)
 }
 
 /// [`run`], printing the state after each event when `trace`.
 fn run_traced(
-    rules: Rules,
-    restore: bool,
+    setup: Setup,
     acl: bool,
     stale: bool,
     events: &[Event],
     trace: bool,
 ) -> Option<(usize, String)> {
-    let mut sim = Sim::new(rules, restore, acl, stale);
+    let mut sim = Sim::new(setup, acl, stale);
     for (i, event) in events.iter().enumerate() {
         let result = sim.apply(event);
         if trace {
@@ -861,9 +888,9 @@ fn run_traced(
 
 /// The shortest sub-schedule found that still violates: whole chunks
 /// removed first, then single events, until no removal keeps it violating.
-fn shrink(rules: Rules, restore: bool, acl: bool, stale: bool, events: &[Event]) -> Vec<Event> {
-    let violates = |ev: &[Event]| run(rules, restore, acl, stale, ev).is_some();
-    let mut current: Vec<Event> = match run(rules, restore, acl, stale, events) {
+fn shrink(setup: Setup, acl: bool, stale: bool, events: &[Event]) -> Vec<Event> {
+    let violates = |ev: &[Event]| run(setup, acl, stale, ev).is_some();
+    let mut current: Vec<Event> = match run(setup, acl, stale, events) {
         Some((i, _)) => events[..=i].to_vec(),
         None => return events.to_vec(),
     };
@@ -892,24 +919,19 @@ fn shrink(rules: Rules, restore: bool, acl: bool, stale: bool, events: &[Event])
 
 /// Runs `seeds` schedules of `steps` events; the first violation, shrunk and
 /// printed as a replay.
-fn explore(
-    rules: Rules,
-    restore: bool,
-    seeds: std::ops::Range<u64>,
-    steps: usize,
-) -> Result<u64, String> {
+fn explore(setup: Setup, seeds: std::ops::Range<u64>, steps: usize) -> Result<u64, String> {
     let mut total = 0;
     for seed in seeds {
         let (acl, stale, events) = schedule(seed, steps);
         total += events.len() as u64;
-        if let Some((i, message)) = run(rules, restore, acl, stale, &events) {
-            let short = shrink(rules, restore, acl, stale, &events);
+        if let Some((i, message)) = run(setup, acl, stale, &events) {
+            let short = shrink(setup, acl, stale, &events);
             let mut replay = String::new();
             for e in &short {
                 let _ = writeln!(replay, "  {e:?}");
             }
             let trace = std::env::var_os("GHA_SIM_TRACE").is_some();
-            let last = run_traced(rules, restore, acl, stale, &short, trace)
+            let last = run_traced(setup, acl, stale, &short, trace)
                 .map(|(_, m)| m)
                 .unwrap_or_default();
             return Err(format!(
@@ -940,7 +962,7 @@ fn a_million_steps_of_faults_never_put_a_drained_server_back() {
         None => 0..env_or("GHA_SIM_SEEDS", 4_000),
     };
     let started = Instant::now();
-    match explore(Rules::default(), true, seeds.clone(), steps) {
+    match explore(Setup::all(), seeds.clone(), steps) {
         Ok(total) => println!(
             "simulation: {} seeds, {total} steps, 0 violations in {:.1} s",
             seeds.end - seeds.start,
@@ -952,8 +974,8 @@ fn a_million_steps_of_faults_never_put_a_drained_server_back() {
 
 /// Each rule has a reason to exist: with it off, the simulation finds the
 /// path it closes within a few hundred seeds.
-fn finds_a_violation(rules: Rules, restore: bool, what: &str) {
-    match explore(rules, restore, 0..2_000, 250) {
+fn finds_a_violation(setup: Setup, what: &str) {
+    match explore(setup, 0..2_000, 250) {
         Ok(_) => panic!("with {what} off, 2,000 seeds found no violation: the simulation cannot see what the rule prevents"),
         Err(report) => println!("with {what} off:\n{report}"),
     }
@@ -961,34 +983,56 @@ fn finds_a_violation(rules: Rules, restore: bool, what: &str) {
 
 #[test]
 fn without_the_state_file_a_restart_undrains() {
-    finds_a_violation(Rules::default(), false, "restoring the state file");
+    let setup = Setup {
+        restore: false,
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "restoring the state file");
 }
 
 #[test]
 fn without_direct_reads_a_denied_key_reads_as_deleted() {
-    let rules = Rules {
-        probe_missing: false,
-        ..Rules::default()
+    let setup = Setup {
+        rules: Rules {
+            probe_missing: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
     };
-    finds_a_violation(rules, true, "direct reads of lacking keys");
+    finds_a_violation(setup, "direct reads of lacking keys");
 }
 
 #[test]
 fn without_the_store_id_a_store_rebuilt_ahead_undrains() {
-    let rules = Rules {
-        store_id: false,
-        ..Rules::default()
+    let setup = Setup {
+        rules: Rules {
+            store_id: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
     };
-    finds_a_violation(rules, true, "the store id");
+    finds_a_violation(setup, "the store id");
 }
 
 #[test]
 fn without_asking_about_acls_after_a_failure_a_restart_with_acls_on_undrains() {
-    let rules = Rules {
-        acl_reprobe: false,
-        ..Rules::default()
+    let setup = Setup {
+        rules: Rules {
+            acl_reprobe: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
     };
-    finds_a_violation(rules, true, "the ACL probe after a failure");
+    finds_a_violation(setup, "the ACL probe after a failure");
+}
+
+#[test]
+fn without_skipping_invalid_keys_a_typo_hides_a_group_drain() {
+    let setup = Setup {
+        skip_invalid: false,
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "skipping invalid keys");
 }
 
 #[test]
@@ -1017,7 +1061,7 @@ fn an_invalid_row_key_does_not_hide_a_group_drain_through_a_reload() {
         Event::Reload,
         Event::Ask { server: 0 },
     ];
-    let mut sim = Sim::new(Rules::default(), true, false, false);
+    let mut sim = Sim::new(Setup::all(), false, false);
     for e in &events {
         sim.apply(e).unwrap();
     }

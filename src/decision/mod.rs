@@ -32,9 +32,10 @@
 //!   (`GET /v1/acl/token/self` answers 401 "ACL support disabled", asked at
 //!   start and, after a failure, once the next read succeeds, before it is
 //!   applied) nothing is filtered and no key is read.
-//!   After every 404 and with each token read from its file, the token's
-//!   read access to the whole prefix is checked (`~read-check`, 403 for a
-//!   token that may not read it). An answer whose index moved past every
+//!   After a 403 on a direct read, before an empty answer is applied and
+//!   with each token read from its file, the token's read access to the
+//!   whole prefix is checked (`~read-check`, 403 for a token that may not
+//!   read it). An answer whose index moved past every
 //!   ModifyIndex it shows, with no delete to explain it, is replaced by one
 //!   fresh read; so is one that lacked keys a direct read then shows
 //!   present (filtered by the older policy of a parked query), when its

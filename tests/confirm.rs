@@ -12,21 +12,13 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::prometheus::Prometheus;
-use support::{haproxy_config, server_line, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+use support::{haproxy_config, server_line, Agent, Consul, Haproxy, Run, AGENT_BIN, PREFIX};
 
 /// HAProxy's agent-inter in these tests.
 const INTER_MS: u64 = 200;
 
 /// The exit status of a write not confirmed in time (EX_NOHOST).
 const NOT_CONFIRMED: i32 = 68;
-
-/// A finished CLI run.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
 
 fn cli(consul: &Consul, args: &[&str]) -> Run {
     let out = Command::new(AGENT_BIN)
@@ -48,11 +40,7 @@ fn cli(consul: &Consul, args: &[&str]) -> Run {
         .stdin(Stdio::null())
         .output()
         .expect("run the CLI");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from(out)
 }
 
 /// A load balancer: an agent and the HAProxy that asks it about two

@@ -9,7 +9,7 @@ mod support;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use support::{wait_for, Agent, Consul, TempDir};
+use support::{wait_for, Agent, Consul, Run, TempDir};
 
 const CONVERGE: Duration = Duration::from_secs(10);
 
@@ -112,20 +112,6 @@ fn records_show_on_metrics_and_status_and_hand_writes_show_as_unknown() {
     .expect("web/web-01 no longer out");
 }
 
-/// A finished writer run: exit status, stdout, stderr.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
-    }
-}
-
 /// `gitlab-haproxy-agent state ARGS` against `consul`, with a clean
 /// environment plus `envs` (short waits allowed, no HAProxy configuration).
 fn writer(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
@@ -144,11 +130,7 @@ fn writer(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
         .stdin(std::process::Stdio::null())
         .output()
         .expect("run the writer");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from(out)
 }
 
 /// The raw value at `PREFIX + key`, `None` when absent.

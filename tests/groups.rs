@@ -11,17 +11,10 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::prometheus::Prometheus;
-use support::{haproxy_config, server_line, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+use support::{haproxy_config, server_line, Agent, Consul, Haproxy, Run, AGENT_BIN, PREFIX};
 
 /// HAProxy's agent-inter in these tests.
 const INTER_MS: u64 = 200;
-
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
 
 /// The writer as on a console node: no HAProxy configuration; Prometheus
 /// from `GITLAB_HAPROXY_AGENT_PROMETHEUS_URL` when `prometheus` is given.
@@ -46,11 +39,7 @@ fn cli(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
         .stdin(Stdio::null())
         .output()
         .expect("run the CLI");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from(out)
 }
 
 fn absent(consul: &Consul, key: &str) -> bool {

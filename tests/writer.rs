@@ -12,55 +12,12 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 use support::{
-    free_port, haproxy_config, kill, server_line, wait_for, Agent, Consul, Haproxy, TempDir,
+    free_port, haproxy_config, kill, server_line, wait_for, Agent, Consul, Haproxy, Run, TempDir,
     AGENT_BIN, PREFIX,
 };
 
 const INTER_MS: u64 = 200;
 const CONVERGE: Duration = Duration::from_secs(5);
-
-/// A finished CLI run.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self:?}"))
-    }
-
-    /// Asserts that stdout contains `text`.
-    #[track_caller]
-    fn says(&self, text: &str) {
-        assert!(
-            self.stdout.contains(text),
-            "stdout lacks {text:?}:\n{}",
-            self.stdout
-        );
-    }
-
-    /// Asserts that stderr contains `text`.
-    #[track_caller]
-    fn warns(&self, text: &str) {
-        assert!(
-            self.stderr.contains(text),
-            "stderr lacks {text:?}:\n{}",
-            self.stderr
-        );
-    }
-
-    /// The table row on stdout that starts with `key`.
-    fn row(&self, key: &str) -> &str {
-        self.stdout
-            .lines()
-            .find(|l| l.starts_with(&format!("{key} ")))
-            .unwrap_or_else(|| panic!("no row for {key}: {}", self.stdout))
-    }
-}
 
 fn command(consul_url: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(AGENT_BIN);
@@ -95,11 +52,7 @@ fn cli(consul: &Consul, args: &[&str]) -> Run {
 
 fn cli_at(url: &str, args: &[&str]) -> Run {
     let out = command(url, args).output().expect("run the CLI");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from(out)
 }
 
 fn spawn_cli(consul: &Consul, args: &[&str]) -> Child {
@@ -108,11 +61,7 @@ fn spawn_cli(consul: &Consul, args: &[&str]) -> Child {
 
 fn finish(child: Child) -> Run {
     let out = child.wait_with_output().unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::from(out)
 }
 
 /// The raw value at `PREFIX + key`, `None` when absent.
@@ -2016,11 +1965,7 @@ fn waits_below_the_floor_are_refused_before_anything_is_written() {
             .env_remove("GITLAB_HAPROXY_AGENT_READ_DELAY")
             .output()
             .unwrap();
-        Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Run::from(out)
     };
     for args in [
         &["canary", "enable", "--maint-wait", "30ms"][..],

@@ -20,6 +20,63 @@ pub mod prometheus;
 /// The agent binary built by cargo for these tests.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 
+/// A finished run of the binary (the writer CLI): its exit status (-1 when a
+/// signal ended it) and its output.
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<std::process::Output> for Run {
+    fn from(out: std::process::Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    /// Stdout as JSON; panics with the whole run when it is not.
+    #[track_caller]
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{self:?}"))
+    }
+
+    /// Asserts that stdout contains `text`.
+    #[track_caller]
+    pub fn says(&self, text: &str) {
+        assert!(
+            self.stdout.contains(text),
+            "stdout lacks {text:?}:\n{}",
+            self.stdout
+        );
+    }
+
+    /// Asserts that stderr contains `text`.
+    #[track_caller]
+    pub fn warns(&self, text: &str) {
+        assert!(
+            self.stderr.contains(text),
+            "stderr lacks {text:?}:\n{}",
+            self.stderr
+        );
+    }
+
+    /// The table row on stdout that starts with `key`.
+    #[track_caller]
+    pub fn row(&self, key: &str) -> &str {
+        self.stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_else(|| panic!("no row for {key}: {}", self.stdout))
+    }
+}
+
 /// The KV prefix the agent watches by default.
 pub const PREFIX: &str = "gitlab-haproxy-agent/state/";
 

@@ -32,19 +32,7 @@ const PROBE_BOUND: Duration = Duration::from_millis(100);
 /// One GET with `Connection: close`: (status, body), or `None` if no whole
 /// answer came within `timeout`.
 fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, raw[split + 4..].to_vec()))
+    support::get_within(addr, path, timeout).map(|(status, _, body)| (status, body))
 }
 
 /// Probes `/-/ready` and `/-/healthy` every 100 ms for `span`, each with a

@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,23 +13,7 @@ use std::time::{Duration, Instant};
 
 use support::{check_load, Agent, Consul, TempDir};
 
-/// One GET with `Connection: close`: (status, headers, body), or `None` if
-/// the connection failed or closed without a complete answer.
-fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Option<(u16, String, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = String::from_utf8_lossy(&raw[..split]).to_string();
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, head, raw[split + 4..].to_vec()))
-}
+use support::get_within as get;
 
 fn go_tool_pprof_top(profile: &std::path::Path) -> String {
     let out = Command::new("go")

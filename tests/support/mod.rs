@@ -248,6 +248,30 @@ impl Drop for Proc {
     }
 }
 
+/// One GET over a plain socket with `Connection: close`, every step bounded
+/// by `timeout` (connect, and each read): (status, head, body), or `None`
+/// if the connection failed or closed without a complete answer. For the
+/// agent's HTTP port when how long it takes to answer is under test.
+pub fn get_within(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Option<(u16, String, Vec<u8>)> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, head, raw[split + 4..].to_vec()))
+}
+
 /// One HTTP/1.1 request to `addr` with no token, as [`Consul::request`]
 /// makes it: (status, headers by lower-case name, body); `None` if the
 /// connection fails or the answer does not come whole in time.

@@ -367,14 +367,15 @@ impl ServedState {
                 Some(Probe::Present(k)) => Some(k.clone()),
                 _ => None,
             });
-            let record = merge_key(prev, shown, forbidden, release_all, input).map(|mut r| {
-                r.meta = pick_meta(prev, &r, meta.remove(&key), from_answer);
-                r.since = match prev {
-                    Some(p) if p.served == r.served && p.since != 0 => p.since,
-                    _ => input.now,
-                };
-                r
-            });
+            let record =
+                merge_key(prev, shown, forbidden, release_all, self.index, input).map(|mut r| {
+                    r.meta = pick_meta(prev, &r, meta.remove(&key), from_answer);
+                    r.since = match prev {
+                        Some(p) if p.served == r.served && p.since != 0 => p.since,
+                        _ => input.now,
+                    };
+                    r
+                });
             note_changes(&key, prev, record.as_ref(), &mut changes);
             if let Some(record) = record {
                 keys.insert(key, record);
@@ -527,12 +528,14 @@ fn undoes(prev: Option<AdminState>, new: Option<AdminState>) -> bool {
 }
 
 /// The rules for one key. `shown`: what the answer (or a direct read after
-/// it) shows; `forbidden`: the answer lacks it and a direct read was 403.
+/// it) shows; `forbidden`: the answer lacks it and a direct read was 403;
+/// `served_index`: the index of the answer served until now.
 fn merge_key(
     prev: Option<&KeyRecord>,
     shown: Option<ConsulKey>,
     forbidden: bool,
     release_all: bool,
+    served_index: u64,
     input: &MergeInput,
 ) -> Option<KeyRecord> {
     let prev_served = prev.and_then(|p| p.served);
@@ -550,16 +553,23 @@ fn merge_key(
     };
 
     // A rolled-back hold lasts until a forward answer shows a write to the
-    // key or a new release mark; after another loss it follows the store's
-    // view of the key.
+    // key or a new release mark. A value that undoes nothing the hold keeps
+    // (it keeps the servers out, see [`undoes`]) applies at once, whatever
+    // its ModifyIndex: after another loss, or a restore the agent did not
+    // see, a new write can carry the ModifyIndex the held value had.
+    //
+    // A write since the answer served until now has a ModifyIndex above its
+    // index (Consul's index of a recursive read is the highest ModifyIndex
+    // under the prefix). A key shown at or below it was there when that
+    // answer lacked it or showed it otherwise: a view filtered by the
+    // token's policy, or a store restored unseen. It is not a write.
     if prev_hold.is_some_and(|h| h.cause == HoldCause::RolledBack) && !forbidden {
-        let written = !input.rolled_back && now_mi != prev_mi;
-        // After another loss, a value that keeps servers out applies.
-        let harmless = input.rolled_back
-            && match shown.as_ref().map(|c| &c.entry) {
-                Some(Entry::Valid(state)) => !undoes(prev_served, Some(*state)),
-                _ => false,
-            };
+        let written =
+            !input.rolled_back && now_mi != prev_mi && now_mi.is_none_or(|mi| mi > served_index);
+        let harmless = match shown.as_ref().map(|c| &c.entry) {
+            Some(Entry::Valid(state)) => !undoes(prev_served, Some(*state)),
+            _ => false,
+        };
         if !written && !release_all && !harmless {
             return Some(KeyRecord {
                 consul: shown,

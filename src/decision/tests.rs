@@ -495,7 +495,7 @@ fn a_held_key_takes_a_value_that_keeps_servers_out_whatever_its_modify_index() {
 fn a_held_key_that_shows_up_written_before_the_last_answer_stays_held() {
     // ACLs on; every read check the core asks for passes.
     let mut c = started(true, false, None);
-    let mut apply = |c: &mut Core, response: Response| {
+    let apply = |c: &mut Core, response: Response| {
         let out = step(c, response);
         if asks(&out) == &(Request::ReadCheck { stale: false }) {
             step(c, Response::ReadCheck { allowed: true });

@@ -433,3 +433,63 @@ fn a_key_hidden_in_a_transaction_with_a_shown_key_is_read_once_the_policy_is_res
     assert_eq!(agent.ask("web/web-02"), "drain 100%\n");
     assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
 }
+
+/// With the writer's store id in place (written first, so its ModifyIndex
+/// is below the prefix's index: Consul answers a read of a present key with
+/// its ModifyIndex as `X-Consul-Index`), a delete costs a direct read and a
+/// read of the store id, and applies; so do the release of rolled-back holds
+/// and a drain written after it. None of it makes the watcher spin.
+#[test]
+fn with_the_store_id_in_place_deletes_and_releases_apply_without_spinning() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("~store-id", "a1b2c3");
+    consul.put("canary", "drain");
+    consul.put("web/web-01", "maint");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    let (_, secret) = read_token(&consul);
+    std::fs::write(&token_file, &secret).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    let requests = || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"ok\"}");
+    // At most this many requests in 2 s once a change is applied: the
+    // blocking query parked, nothing else (a spinning watcher makes
+    // hundreds).
+    let settled = |what: &str| {
+        std::thread::sleep(Duration::from_millis(500));
+        let before = requests();
+        std::thread::sleep(Duration::from_secs(2));
+        let made = requests() - before;
+        assert!(
+            made <= 2.0,
+            "{what}: {made} requests in 2 s\n{}",
+            agent.log()
+        );
+    };
+
+    consul.delete("canary");
+    wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");
+    settled("after a delete");
+
+    // Consul loses the prefix: maint is held. The writer's release (a new
+    // store id, then the release mark) lets it go, and a drain written
+    // after it applies.
+    let (status, _, _) = consul.request(
+        "DELETE",
+        &format!("/v1/kv/{}?recurse", support::PREFIX),
+        b"",
+    );
+    assert_eq!(status, 200);
+    settled("after the prefix was deleted");
+    assert_eq!(agent.ask("web/web-01"), "maint 100%\n", "{}", agent.log());
+    consul.put("~store-id", "d4e5f6");
+    consul.put("~release-rollback", "1");
+    wait_answer(&agent, "web/web-01", "ready 100%\n");
+    consul.put("web/web-02", "drain");
+    wait_answer(&agent, "web/web-02", "drain 100%\n");
+    settled("after the release and a drain");
+}

@@ -58,6 +58,10 @@ const SERVERS: &[&[&str]] = &[
     &["web/s3"],
 ];
 const VALUES: &[&str] = &["drain", "maint", "ready", "50%"];
+/// Requests an agent may make once every fault healed before it must be
+/// parked on a blocking query: a full read, a read check, a direct read
+/// of each key and the store id, with room to spare.
+const SETTLE_REQUESTS: usize = 40;
 const INVALID: &[&str] = &["drian", "mantenance", "50", "up"];
 
 /// One event of a schedule; every random choice is made when the schedule
@@ -504,7 +508,7 @@ impl Sim {
                 return self.answer_prefix(follower, lagging, index);
             }
             Request::Key { key, .. } => {
-                let index = Some(store.index.max(1));
+                let mut index = Some(store.index.max(1));
                 let read = if self.acl && !self.policy.allows(&key) {
                     if let Some(s) = self.shown.as_mut() {
                         s.hidden.insert(key.to_string());
@@ -515,7 +519,11 @@ impl Sim {
                         s.hidden.remove(&*key);
                     }
                     match store.kv.get(&format!("{PREFIX}{key}")) {
+                        // Consul answers a read of a present key with its
+                        // ModifyIndex as X-Consul-Index (KVS.Get), of an
+                        // absent one with the KV table's index.
                         Some((v, m)) => {
+                            index = Some(*m);
                             if let Some(s) = self.shown.as_mut() {
                                 s.keys.insert(key.to_string(), v.clone());
                             }
@@ -619,6 +627,33 @@ impl Sim {
         self.next = self.core.start();
         self.parked = None;
         self.shown = None;
+    }
+
+    /// After the schedule, every fault healed (Consul up, the token may
+    /// read everything, the follower caught up): the agent must settle, its
+    /// next request a blocking query Consul holds, within
+    /// [`SETTLE_REQUESTS`] answered requests. An agent that keeps asking
+    /// applies nothing new: a drain written then would never be served.
+    fn settle(&mut self) -> Result<(), String> {
+        self.up = true;
+        self.cut = false;
+        self.policy.prefix_denied = false;
+        self.policy.denied.clear();
+        self.follower = self.leader.clone();
+        for n in 0..SETTLE_REQUESTS {
+            let asked = self.next.request.clone();
+            match self.respond(false, false) {
+                Some(r) => self.deliver(r),
+                None => return Ok(()),
+            }
+            if n + 1 == SETTLE_REQUESTS {
+                return Err(format!(
+                    "the agent did not settle once the faults healed: {SETTLE_REQUESTS} requests \
+                     answered, the last {asked:?}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// HAProxy asks about one server; then the invariant.
@@ -883,7 +918,7 @@ fn run_traced(
             return Some((i, e));
         }
     }
-    None
+    sim.settle().err().map(|e| (events.len(), e))
 }
 
 /// The shortest sub-schedule found that still violates: whole chunks
@@ -891,7 +926,7 @@ fn run_traced(
 fn shrink(setup: Setup, acl: bool, stale: bool, events: &[Event]) -> Vec<Event> {
     let violates = |ev: &[Event]| run(setup, acl, stale, ev).is_some();
     let mut current: Vec<Event> = match run(setup, acl, stale, events) {
-        Some((i, _)) => events[..=i].to_vec(),
+        Some((i, _)) => events[..(i + 1).min(events.len())].to_vec(),
         None => return events.to_vec(),
     };
     loop {

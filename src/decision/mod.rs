@@ -726,9 +726,12 @@ impl Core {
         self.finish(p, now, out)
     }
 
-    /// The store id read after direct reads: the same id (or none in both)
-    /// at an index not below the answer's says they came from the store
-    /// that gave it. Otherwise Consul lost data meanwhile: the answer is
+    /// The store id read after direct reads says they came from the store
+    /// that gave the answer when it is the answer's: the same id at the
+    /// same ModifyIndex (Consul answers a read of a present key with its
+    /// ModifyIndex as `X-Consul-Index`, `KVS.Get`), or absent from both
+    /// with the KV table's index, which a 404 carries, not below the
+    /// answer's. Otherwise Consul lost data meanwhile: the answer is
     /// dropped and a full read follows, which the loss rules judge.
     fn on_store_check(
         &mut self,
@@ -740,18 +743,23 @@ impl Core {
         let Some(p) = self.pending.as_mut() else {
             return self.prefix_read(Delay::MinInterval);
         };
-        if p.probe_stale && read != KeyRead::Forbidden && index.is_none_or(|i| i < p.view.index) {
+        let same = match &read {
+            KeyRead::Present(pair) => {
+                p.view.store_id.as_deref() == Some(String::from_utf8_lossy(&pair.value).trim())
+                    && pair.modify_index == p.view.store_id_index
+            }
+            KeyRead::Absent => {
+                p.view.store_id.is_none() && index.is_some_and(|i| i >= p.view.index)
+            }
+            KeyRead::Forbidden => false,
+        };
+        // A stale server behind the answer may not have the store id yet:
+        // ask the leader before judging.
+        if !same && p.probe_stale && read != KeyRead::Forbidden {
             p.probe_stale = false;
             let key = STORE_ID_KEY.into();
             return self.ask(Request::Key { key, stale: false }, Delay::None);
         }
-        let id = match &read {
-            KeyRead::Present(pair) => Some(String::from_utf8_lossy(&pair.value).trim().to_string()),
-            _ => None,
-        };
-        let same = read != KeyRead::Forbidden
-            && id.as_deref() == p.view.store_id.as_deref()
-            && index.is_some_and(|i| i >= p.view.index);
         if same {
             p.store_check = StoreCheck::None;
             return self.proceed(now, out);
@@ -759,7 +767,8 @@ impl Core {
         out.notes.push(Note::StoreMoved);
         self.pending = None;
         self.full_read = true;
-        self.prefix_read(Delay::None)
+        // Not at once: a store that keeps moving cannot make the loop spin.
+        self.prefix_read(Delay::MinInterval)
     }
 
     fn on_key(&mut self, read: KeyRead, index: Option<u64>, now: u64, out: &mut Output) -> Next {

@@ -194,6 +194,8 @@ pub struct AnswerView {
     pub keys: BTreeMap<Box<str>, ConsulKey>,
     /// The value of [`STORE_ID_KEY`], if present.
     pub store_id: Option<Box<str>>,
+    /// The ModifyIndex of [`STORE_ID_KEY`], 0 when absent.
+    pub store_id_index: u64,
     /// The ModifyIndex of the release-rollback key, if present.
     pub release_mark: Option<u64>,
     /// The writer's records (`~meta/<key>`) by key, with their ModifyIndex.
@@ -220,6 +222,7 @@ impl AnswerView {
             };
             if rel == STORE_ID_KEY {
                 view.store_id = Some(String::from_utf8_lossy(&pair.value).trim().into());
+                view.store_id_index = pair.modify_index;
                 continue;
             }
             if rel == crate::model::identity::RELEASE_ROLLBACK_KEY {

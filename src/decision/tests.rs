@@ -746,19 +746,21 @@ fn a_stale_direct_read_behind_the_answer_is_asked_of_the_leader() {
 
 #[test]
 fn a_direct_read_from_a_store_that_lost_data_meanwhile_is_not_taken() {
-    // (store id read after the direct read, applied)
-    let id = |v: &str, index| Response::Key {
-        read: KeyRead::Present(pair("~store-id", v, 2)),
-        index: Some(index),
+    // (store id read after the direct read, applied). Consul answers a read
+    // of a present key with its ModifyIndex as X-Consul-Index (KVS.Get),
+    // below the answer's index once anything was written after it.
+    let id = |v: &str, modify_index| Response::Key {
+        read: KeyRead::Present(pair("~store-id", v, modify_index)),
+        index: Some(modify_index),
     };
     let absent = Response::Key {
         read: KeyRead::Absent,
         index: Some(40),
     };
     for (check, applied) in [
-        (id("a1", 9), true),
+        (id("a1", 2), true),
         (id("b2", 40), false),
-        (id("a1", 4), false),
+        (id("a1", 7), false),
         (absent, false),
     ] {
         let mut c = started(true, false, None);

@@ -649,3 +649,74 @@ fn the_watchdog_keeps_beating_while_confirming_reads_are_slow() {
     );
     wait_answer(&agent, "web/s1 canary", "ready 100%\n");
 }
+
+/// A state-file write fails (the disk full, the folder unwritable: here its
+/// temporary file's path is taken by a folder, which stops root too) while
+/// `web/s1` goes ready -> maint. The agent is killed and starts again while
+/// Consul is down, from the file that still says ready: it answers nothing
+/// for s1 (HAProxy keeps it MAINT) until Consul answers maint. Once the
+/// path is freed the write is retried without a new change.
+#[test]
+fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
+    let consul = Consul::start();
+    write_store_marker(&consul);
+    consul.put("web/s1", "ready");
+    consul.put("web/s2", "drain");
+    let state = TempDir::new("served-state");
+    let dir_args = state_dir_args(state.path());
+    let (port, http_port) = (free_port(), free_port());
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    let haproxy = haproxy(port, &[("s1", &["web/s1"]), ("s2", &["web/s2"])]);
+    haproxy.wait_server("web", "s2", Duration::from_secs(10), ServerState::is_drain);
+    let file = state.path().join("served-state.json");
+    assert!(std::fs::read_to_string(&file).unwrap().contains("web/s1"));
+
+    let blocker = state.path().join(".served-state.json.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    consul.put("web/s1", "maint");
+    haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
+    let behind = || agent.metric("gitlab_haproxy_agent_state_file_behind");
+    assert_eq!(behind(), 1.0, "{}", agent.log());
+    assert!(status(&agent)["state_file"]["write_error"].is_string());
+
+    // No goodbye, and no Consul to come back to (an address where nothing
+    // listens).
+    agent.proc().kill();
+    drop(agent);
+    let nowhere = format!("http://127.0.0.1:{}", free_port());
+    let mut agent = Agent::spawn_on(&nowhere, port, http_port, &args(&dir_args, &[]));
+    let answering = wait_for(Duration::from_secs(10), || {
+        (agent.http_get("/-/answering").map(|r| r.0) == Some(200)).then_some(())
+    });
+    assert!(answering.is_some(), "{}", agent.log());
+    // The file's ready is withheld; its drain is answered.
+    keeps_answering(&agent, "web/s1", "", Duration::from_secs(1));
+    assert_eq!(agent.ask("web/s2"), "drain 100%\n");
+    server_stays(&haproxy, "s1", "MAINT", Duration::from_secs(1), |r| {
+        r.is_maint()
+    });
+
+    // Consul again: maint applies (its write fails again, the path still
+    // taken).
+    agent.proc().kill();
+    drop(agent);
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    wait_answer(&agent, "web/s1", "maint 100%\n");
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_state_file_behind"),
+        1.0,
+        "{}",
+        agent.log()
+    );
+    // The write that failed is retried once the path is free again.
+    std::fs::remove_dir(&blocker).unwrap();
+    let written = wait_for(Duration::from_secs(15), || {
+        (agent.metric("gitlab_haproxy_agent_state_file_behind") == 0.0).then_some(())
+    });
+    assert!(written.is_some(), "{}", agent.log());
+    let saved = std::fs::read_to_string(&file).unwrap();
+    assert!(saved.contains("maint"), "{saved}");
+    assert!(status(&agent)["state_file"]["write_error"].is_null());
+}

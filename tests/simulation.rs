@@ -549,10 +549,16 @@ impl Sim {
         let before = self.core.served().cloned();
         let out = self.core.on_response(response, self.step);
         self.before_applied = before;
-        if out.served_changed {
+        let provisional = self.snapshot.as_ref().is_some_and(|s| s.provisional);
+        if out.served_changed || (provisional && self.core.synced()) {
             let served = self.core.served().expect("a changed state exists").clone();
-            self.snapshot = Some(served.snapshot());
-            self.file = Some(served);
+            self.snapshot = Some(Snapshot {
+                provisional: !self.core.synced(),
+                ..served.snapshot()
+            });
+            if out.served_changed {
+                self.file = Some(served);
+            }
         }
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
         if applied {
@@ -623,7 +629,12 @@ impl Sim {
         let mut cfg = config(self.setup.rules);
         cfg.stale = self.stale;
         self.core = Core::new(cfg, restored);
-        self.snapshot = self.core.served().map(|s| s.snapshot());
+        // As the daemon publishes it: from the file, provisional until the
+        // first Consul answer.
+        self.snapshot = self.core.served().map(|s| Snapshot {
+            provisional: true,
+            ..s.snapshot()
+        });
         self.next = self.core.start();
         self.parked = None;
         self.shown = None;

@@ -220,6 +220,10 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_state_file_writes_total{result}`: writes of
     /// the state file, `ok` or `error`.
     pub state_file_writes: IntCounterVec,
+    /// `gitlab_haproxy_agent_state_file_behind`: 1 while the state served is
+    /// not in the state file (its write failed; retried every 5 s), 0
+    /// otherwise. A restart then would start from an older state.
+    pub state_file_behind: IntGauge,
     /// `gitlab_haproxy_agent_http_bad_requests_total`: HTTP requests refused
     /// as malformed, too large or carrying a body (answered 400, 413, 431 or
     /// 505 and closed).
@@ -693,6 +697,13 @@ impl Metrics {
         }
         reg(Box::new(state_file_writes.clone()));
 
+        let state_file_behind = IntGauge::with_opts(opts(
+            "state_file_behind",
+            "1 while the state served is not in the state file (its write failed and is retried every 5 s).",
+        ))
+        .unwrap();
+        reg(Box::new(state_file_behind.clone()));
+
         Metrics {
             registry,
             synced,
@@ -738,6 +749,7 @@ impl Metrics {
             invalid_meta_keys,
             state_file_loaded,
             state_file_writes,
+            state_file_behind,
             http_bad_requests,
             http_write_timeouts,
             http_busy,

@@ -177,6 +177,12 @@ fn open_state_file(
         status.load_error = Some("no state folder".into());
         return (None, None);
     };
+    // systemd's StateDirectory= and the pod's emptyDir exist already; a
+    // folder named by hand may not yet. One that cannot be made is named
+    // here, and every write retried until it can be.
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        warn!(path = %dir.display(), error = %e, "cannot create the state folder; the state file cannot be written until it exists");
+    }
     let file = state_file::StateFile::in_dir(dir);
     status.path = Some(file.path().display().to_string());
     let restored = match file.load(&config.consul.prefix) {

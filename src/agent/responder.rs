@@ -475,6 +475,12 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
                 .record(row, kind, None, snapshot.index, Some(decided_by));
             None
         }
+        Answer::Withheld { decided_by, .. } => {
+            shared
+                .seen
+                .record(row, kind, None, snapshot.index, decided_by);
+            None
+        }
         Answer::State { state, decided_by } => {
             let reply = state.reply();
             let text = std::str::from_utf8(reply.as_bytes()).unwrap_or_default();
@@ -565,9 +571,11 @@ mod tests {
                 modify_index: 1,
             },
         );
-        shared
-            .snapshot
-            .store(Some(Arc::new(Snapshot { index: 1, keys })));
+        shared.snapshot.store(Some(Arc::new(Snapshot {
+            index: 1,
+            keys,
+            provisional: false,
+        })));
         shared
     }
 

@@ -89,7 +89,7 @@ pub struct Watcher {
     config: WatcherConfig,
     shared: Arc<Shared>,
     core: Core,
-    state_file: Option<StateFile>,
+    state_file: Option<Arc<Persister>>,
     next: Next,
     last_prefix_start: Option<tokio::time::Instant>,
 }
@@ -115,7 +115,7 @@ impl Watcher {
             restored,
         );
         if let Some(served) = core.served_shared() {
-            publish(&shared, &served);
+            publish(&shared, &served, true);
             info!(
                 keys = served.keys.len(),
                 consul_index = served.index,
@@ -123,12 +123,20 @@ impl Watcher {
             );
         }
         let next = core.start();
+        let state_file = state_file.map(|file| {
+            Arc::new(Persister {
+                file,
+                prefix: config.prefix.clone(),
+                writing: tokio::sync::Mutex::new(()),
+                behind: std::sync::Mutex::new(None),
+            })
+        });
         Watcher {
             client,
             config,
             shared,
-            core,
             state_file,
+            core,
             next,
             last_prefix_start: None,
         }
@@ -159,8 +167,12 @@ impl Watcher {
         Ok(())
     }
 
-    /// Runs the loop until `shutdown` is cancelled.
+    /// Runs the loop until `shutdown` is cancelled, and beside it the
+    /// retries of a state-file write that failed.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        if let Some(persister) = &self.state_file {
+            tokio::spawn(Arc::clone(persister).retry(self.shared.clone(), shutdown.clone()));
+        }
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -253,10 +265,18 @@ impl Watcher {
         if ok && !output.notes.iter().any(|n| matches!(n, Note::NotModified)) {
             metrics.consul_request(ConsulOutcome::Ok);
         }
-        if output.served_changed {
+        let provisional = self
+            .shared
+            .snapshot
+            .load()
+            .as_ref()
+            .is_some_and(|s| s.provisional);
+        if output.served_changed || (provisional && self.core.synced()) {
             if let Some(served) = self.core.served_shared() {
-                self.persist(&served).await;
-                publish(&self.shared, &served);
+                if output.served_changed {
+                    self.persist(&served).await;
+                }
+                publish(&self.shared, &served, !self.core.synced());
             }
         }
         if applied {
@@ -307,37 +327,10 @@ impl Watcher {
     }
 
     /// Writes the state file (before the state is served; a failure is
-    /// counted and logged, and the state is served all the same).
+    /// counted, logged and retried, and the state is served all the same).
     async fn persist(&self, served: &Arc<ServedState>) {
-        let Some(file) = self.state_file.clone() else {
-            return;
-        };
-        let prefix = self.config.prefix.clone();
-        let state = Arc::clone(served);
-        let result = tokio::task::spawn_blocking(move || file.save(&prefix, &state)).await;
-        let result = match result {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let metrics = &self.shared.metrics;
-        let mut status = self.shared.state_file.lock().unwrap();
-        match result {
-            Ok(()) => {
-                metrics.state_file_writes.with_label_values(&["ok"]).inc();
-                if status.write_error.take().is_some() {
-                    info!("state file written again");
-                }
-            }
-            Err(e) => {
-                metrics
-                    .state_file_writes
-                    .with_label_values(&["error"])
-                    .inc();
-                if status.write_error.is_none() {
-                    warn!(error = %e, path = %status.path.as_deref().unwrap_or("-"), "cannot write the state file; a restart would answer from an older state");
-                }
-                status.write_error = Some(e);
-            }
+        if let Some(persister) = &self.state_file {
+            persister.write(&self.shared, served, false).await;
         }
     }
 
@@ -482,9 +475,92 @@ fn unix_now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// A state-file write that failed is retried this often until it succeeds
+/// or a newer state is written: 5 s.
+const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
+
+/// The state file, written by the watcher on every change and by
+/// [`Persister::retry`] when that write failed: a state served but not on
+/// disk is written as soon as the disk takes it (space freed, the folder
+/// writable again), not only at the next change, which may never come.
+struct Persister {
+    file: StateFile,
+    prefix: String,
+    /// Serialises the writes (the watcher's and the retries').
+    writing: tokio::sync::Mutex<()>,
+    /// The newest state whose write failed.
+    behind: std::sync::Mutex<Option<Arc<ServedState>>>,
+}
+
+impl Persister {
+    /// Writes `state`. A retry (`retry`) writes only if `state` is still the
+    /// newest unwritten one, so it never puts an older state over a newer.
+    async fn write(&self, shared: &Shared, state: &Arc<ServedState>, retry: bool) {
+        let _writing = self.writing.lock().await;
+        if retry
+            && !self
+                .behind
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|b| Arc::ptr_eq(b, state))
+        {
+            return;
+        }
+        let (file, prefix, to_write) = (self.file.clone(), self.prefix.clone(), Arc::clone(state));
+        let result = tokio::task::spawn_blocking(move || file.save(&prefix, &to_write)).await;
+        let result = match result {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let metrics = &shared.metrics;
+        let mut status = shared.state_file.lock().unwrap();
+        let mut behind = self.behind.lock().unwrap();
+        match result {
+            Ok(()) => {
+                metrics.state_file_writes.with_label_values(&["ok"]).inc();
+                *behind = None;
+                if status.write_error.take().is_some() {
+                    info!(path = %self.file.path().display(), "state file written again: it holds the state served");
+                }
+            }
+            Err(e) => {
+                metrics
+                    .state_file_writes
+                    .with_label_values(&["error"])
+                    .inc();
+                *behind = Some(Arc::clone(state));
+                if status.write_error.is_none() {
+                    warn!(error = %e, path = %self.file.path().display(), "cannot write the state file; retrying every 5 s. Until it is written, a restart would start from an older state (answering only its drain and maint until Consul answers)");
+                }
+                status.write_error = Some(e);
+            }
+        }
+        metrics.state_file_behind.set(i64::from(behind.is_some()));
+    }
+
+    /// Retries the newest failed write every [`STATE_FILE_RETRY`] until
+    /// `shutdown`.
+    async fn retry(self: Arc<Self>, shared: Arc<Shared>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
+            }
+            let behind = self.behind.lock().unwrap().clone();
+            if let Some(state) = behind {
+                self.write(&shared, &state, true).await;
+            }
+        }
+    }
+}
+
 /// Swaps the served state in: the snapshot the responder answers from, the
-/// state `/status` shows, and the gauges.
-pub fn publish(shared: &Shared, served: &Arc<ServedState>) {
+/// state `/status` shows, and the gauges. `provisional`: the state comes
+/// from the state file and no Consul answer was applied since the start
+/// ([`Snapshot::provisional`](crate::model::snapshot::Snapshot::provisional):
+/// only drain and maint are answered).
+pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
     use crate::decision::HoldCause;
     let metrics = &shared.metrics;
     metrics.consul_index.set(served.index as i64);
@@ -519,7 +595,9 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>) {
         .set(i64::from(served.store_id.is_some()));
     metrics.observe_out_keys(served);
     *shared.served.lock().unwrap() = Some(Arc::clone(served));
-    shared.snapshot.store(Some(Arc::new(served.snapshot())));
+    let mut snapshot = served.snapshot();
+    snapshot.provisional = provisional;
+    shared.snapshot.store(Some(Arc::new(snapshot)));
 }
 
 fn log_change(change: &Change, index: u64) {

@@ -428,6 +428,7 @@ impl ServedState {
         Snapshot {
             index: self.index,
             keys,
+            provisional: false,
         }
     }
 

@@ -54,6 +54,13 @@ pub struct Snapshot {
     pub index: u64,
     /// Keys relative to the prefix (`web/web-01`, `canary`).
     pub keys: HashMap<Box<str>, KeyState>,
+    /// Read from the agent's state file, no Consul answer applied since the
+    /// start: only drain and maint are answered ([`Answer::Withheld`]).
+    /// The file can lag what the agent served before it stopped (a write
+    /// that failed), and what was served then is what HAProxy still holds:
+    /// a `ready` or a weight from a lagging file could undo a drain, no
+    /// answer keeps HAProxy's state. Default `false`.
+    pub provisional: bool,
 }
 
 /// The agent's decision for one agent-send line.
@@ -72,6 +79,14 @@ pub enum Answer {
         /// Position in the line of the first identity with an invalid key.
         decided_by: usize,
     },
+    /// A provisional snapshot ([`Snapshot::provisional`]) would put the
+    /// server in rotation: send nothing until Consul has answered.
+    Withheld {
+        /// The state the file says.
+        state: AdminState,
+        /// As in [`Answer::State`].
+        decided_by: Option<usize>,
+    },
 }
 
 impl Answer {
@@ -81,6 +96,7 @@ impl Answer {
         match self {
             Answer::State { state, .. } => state.kind(),
             Answer::Invalid { .. } => AnswerKind::Invalid,
+            Answer::Withheld { .. } => AnswerKind::Unsynced,
         }
     }
 }
@@ -108,12 +124,7 @@ impl Snapshot {
         let mut first_invalid = None;
         for (position, identity) in identities.into_iter().enumerate() {
             match self.keys.get(identity).map(|k| &k.entry) {
-                Some(Entry::Valid(state)) => {
-                    return Answer::State {
-                        state: *state,
-                        decided_by: Some(position),
-                    }
-                }
+                Some(Entry::Valid(state)) => return self.answer(*state, Some(position)),
                 Some(Entry::Invalid(_)) => {
                     first_invalid.get_or_insert(position);
                 }
@@ -122,10 +133,18 @@ impl Snapshot {
         }
         match first_invalid {
             Some(decided_by) => Answer::Invalid { decided_by },
-            None => Answer::State {
-                state: AdminState::Ready,
-                decided_by: None,
-            },
+            None => self.answer(AdminState::Ready, None),
+        }
+    }
+
+    /// The answer of `state`, withheld when this snapshot is provisional and
+    /// the state puts the server in rotation.
+    fn answer(&self, state: AdminState, decided_by: Option<usize>) -> Answer {
+        let out = matches!(state, AdminState::Drain | AdminState::Maint);
+        if self.provisional && !out {
+            Answer::Withheld { state, decided_by }
+        } else {
+            Answer::State { state, decided_by }
         }
     }
 }
@@ -181,6 +200,7 @@ pub fn build_snapshot(prefix: &str, index: u64, pairs: &[KvPair]) -> Snapshot {
     Snapshot {
         index: index.max(1),
         keys,
+        provisional: false,
     }
 }
 
@@ -253,7 +273,11 @@ mod tests {
                 )
             })
             .collect();
-        Snapshot { index: 1, keys }
+        Snapshot {
+            index: 1,
+            keys,
+            provisional: false,
+        }
     }
 
     #[test]
@@ -279,6 +303,62 @@ mod tests {
                 state: AdminState::Ready,
                 decided_by: None
             }
+        );
+    }
+
+    #[test]
+    fn a_provisional_snapshot_answers_only_drain_and_maint() {
+        let mut snap = snapshot(&[
+            ("canary", b"drain"),
+            ("web/web-02", b"maint"),
+            ("web/web-03", b"50%"),
+            ("web/web-04", b"ready"),
+        ]);
+        snap.provisional = true;
+        let table: [(&[&str], Answer); 5] = [
+            (
+                &["web/web-01", "canary"],
+                Answer::State {
+                    state: AdminState::Drain,
+                    decided_by: Some(1),
+                },
+            ),
+            (
+                &["web/web-02"],
+                Answer::State {
+                    state: AdminState::Maint,
+                    decided_by: Some(0),
+                },
+            ),
+            (
+                &["web/web-03", "canary"],
+                Answer::Withheld {
+                    state: AdminState::Weight(50),
+                    decided_by: Some(0),
+                },
+            ),
+            (
+                &["web/web-04"],
+                Answer::Withheld {
+                    state: AdminState::Ready,
+                    decided_by: Some(0),
+                },
+            ),
+            (
+                &["web/web-05"],
+                Answer::Withheld {
+                    state: AdminState::Ready,
+                    decided_by: None,
+                },
+            ),
+        ];
+        for (line, want) in table {
+            assert_eq!(snap.lookup(line.iter().copied()), want, "{line:?}");
+        }
+        assert_eq!(
+            snap.lookup(["web/web-04"]).kind(),
+            AnswerKind::Unsynced,
+            "counted as not synced"
         );
     }
 

@@ -507,7 +507,7 @@ impl Writer {
             .collect();
         let result = snapshot.lookup(ids.iter().copied());
         let deciding = match result {
-            Answer::State { decided_by, .. } => decided_by,
+            Answer::State { decided_by, .. } | Answer::Withheld { decided_by, .. } => decided_by,
             Answer::Invalid { decided_by } => Some(decided_by),
         };
         // The group keys set now, any of which decides the server if its
@@ -592,6 +592,14 @@ impl Writer {
                     ),
                 )
             }
+            // A snapshot built from Consul here is never provisional.
+            Answer::Withheld { state, .. } => (
+                None,
+                format!(
+                    "nothing: {} withheld until the agent reads Consul",
+                    state.reply_text()
+                ),
+            ),
             Answer::State {
                 state,
                 decided_by: None,

@@ -405,6 +405,11 @@ impl Report<'_> {
                 "none (invalid value)".into(),
                 Some(ids[decided_by].to_string()),
             ),
+            // A snapshot built from Consul here is never provisional.
+            Answer::Withheld { decided_by, .. } => (
+                "none (withheld until Consul answers)".into(),
+                decided_by.map(|d| ids[d].to_string()),
+            ),
         }
     }
 

@@ -336,9 +336,11 @@ fn run(args: &Args, acl: Acl) -> AclRun {
             )),
         ),
     };
-    // One PUT per key, as operators' writes come: each key gets its own
-    // index, which matters to how well an answer compresses (a
-    // transaction would give them all one).
+    // The store id the writer creates before its first write, as on a
+    // fleet that uses it; then one PUT per key, as operators' writes come:
+    // each key gets its own index, which matters to how well an answer
+    // compresses (a transaction would give them all one).
+    consul.put(&format!("{PREFIX}~store-id"), "5f0c2b1e9a7d4c3b");
     for i in 0..args.keys {
         consul.put(&format!("{PREFIX}web/web-{i:04}"), &seed_value(i));
     }

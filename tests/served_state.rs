@@ -720,3 +720,60 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     assert!(saved.contains("maint"), "{saved}");
     assert!(status(&agent)["state_file"]["write_error"].is_null());
 }
+
+/// Creates a client token with the one policy `policy`; returns its secret.
+fn token_for(consul: &Consul, policy: &str) -> String {
+    let body = serde_json::json!({"Description": "agent", "Policies": [{"Name": policy}]});
+    let (status, _, answer) = consul.request("PUT", "/v1/acl/token", body.to_string().as_bytes());
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    v["SecretID"].as_str().unwrap().to_string()
+}
+
+/// A key denied to the token (`key ".../web/s2" deny` under a readable
+/// prefix, which the read check cannot see) that the agent never saw: a new
+/// load balancer, or an agent that lost its state file. The writer's record
+/// of the key (`~meta/web/s2`) names it: the agent reads it directly (403),
+/// holds it as hidden with no value known and answers nothing for the line
+/// it decides, so HAProxy keeps s2 in MAINT rather than taking `canary`'s
+/// ready.
+#[test]
+fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
+    let consul = Consul::start_acl(MASTER);
+    let read = format!(r#"key_prefix "{PREFIX}" {{ policy = "read" }}"#);
+    put_policy(&consul, "all-read", &read);
+    put_policy(
+        &consul,
+        "deny-s2",
+        &format!(r#"{read} key "{PREFIX}web/s2" {{ policy = "deny" }}"#),
+    );
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    std::fs::write(&token_file, token_for(&consul, "all-read")).unwrap();
+    write_store_marker(&consul);
+    consul.put("canary", "ready");
+    consul.put("web/s2", "maint");
+    let record = serde_json::json!({"by": "alice", "reason": "disk", "at": 1_700_000_000u64, "value": "maint"});
+    consul.put("~meta/web/s2", &record.to_string());
+
+    let (port, http_port) = (free_port(), free_port());
+    let token_args = ["--consul-token-file", token_file.to_str().unwrap()];
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &token_args);
+    agent.wait_ready();
+    let haproxy = haproxy(port, &[("s2", &["web/s2", "canary"])]);
+    haproxy.wait_server("web", "s2", Duration::from_secs(10), ServerState::is_maint);
+
+    // The same node's agent starts again without its state file, with a
+    // token that is denied web/s2.
+    agent.proc().kill();
+    drop(agent);
+    std::fs::write(&token_file, token_for(&consul, "deny-s2")).unwrap();
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &token_args);
+    agent.wait_ready();
+    wait_held(&agent, "web/s2", "hidden");
+    keeps_answering(&agent, "web/s2 canary", "", Duration::from_secs(1));
+    server_stays(&haproxy, "s2", "MAINT", Duration::from_secs(1), |r| {
+        r.is_maint()
+    });
+    assert_eq!(agent.ask("web/s1 canary"), "ready 100%\n");
+}

@@ -448,6 +448,8 @@ pub fn status(shared: &Shared) -> Value {
                         json!({"reason": e.to_string(), "modify_index": state.modify_index}),
                     );
                 }
+                // Listed under `held` (hidden, no value known).
+                Entry::Unreadable => {}
             }
         }
     }

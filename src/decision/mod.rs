@@ -370,6 +370,10 @@ pub struct Core {
     awaiting_acl: Option<PrefixRead>,
     /// The last request handed out.
     asked: Option<Request>,
+    /// Writer records (`~meta/<key>`) whose key a direct read found absent,
+    /// with the record's ModifyIndex: not read again until the record
+    /// changes (a key deleted by hand leaves its record behind).
+    records_read: BTreeMap<Box<str>, u64>,
 }
 
 impl Core {
@@ -389,6 +393,7 @@ impl Core {
             pending: None,
             awaiting_acl: None,
             asked: None,
+            records_read: BTreeMap::new(),
             config,
         }
     }
@@ -618,6 +623,25 @@ impl Core {
             _ => Vec::new(),
         };
         let probe = acl_on && self.config.rules.probe_missing;
+        // Keys only a writer record names (the answer lacks the key, the
+        // state does not know it): with ACLs on, a key the token may not
+        // read shows only so (a deny on the one key passes the read check).
+        // Each is read directly once per write of its record; a 403 holds
+        // it as hidden with no value known, which gets no answer.
+        let mut missing = missing;
+        if probe && !rolled_back {
+            let known = |k: &str| self.served.as_ref().is_some_and(|s| s.keys.contains_key(k));
+            missing.extend(
+                view.meta
+                    .iter()
+                    .filter(|(k, (_, mi))| {
+                        !view.keys.contains_key(*k)
+                            && !known(k)
+                            && self.records_read.get(*k) != Some(mi)
+                    })
+                    .map(|(k, _)| k.clone()),
+            );
+        }
 
         // 5. An index moved past every key shown, with nothing deleted to
         // explain it, may hide a write: read once more, fresh.
@@ -796,6 +820,11 @@ impl Core {
             KeyRead::Absent => (Probe::Absent, "absent"),
             KeyRead::Forbidden => (Probe::Forbidden, "forbidden"),
         };
+        if probe == Probe::Absent {
+            if let Some((_, mi)) = p.view.meta.get(&key) {
+                self.records_read.insert(key.clone(), *mi);
+            }
+        }
         if probe == Probe::Forbidden {
             // The token's policy changed: read the token file again (a
             // rotated token), and check its read access before applying.

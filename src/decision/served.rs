@@ -110,7 +110,7 @@ impl ConsulKey {
 
     fn new(entry: Entry, raw: &[u8], modify_index: u64) -> ConsulKey {
         let value = match entry {
-            Entry::Valid(_) => None,
+            Entry::Valid(_) | Entry::Unreadable => None,
             Entry::Invalid(_) => Some(String::from_utf8_lossy(raw).into()),
         };
         ConsulKey {
@@ -361,6 +361,14 @@ impl ServedState {
             invalid_meta,
             ..
         } = view;
+        // Keys neither served nor in the answer that a direct read was made
+        // of (named only by a writer record).
+        let probed_new: Vec<Box<str>> = input
+            .probes
+            .keys()
+            .filter(|k| !self.keys.contains_key(*k) && !shown_keys.contains_key(*k))
+            .cloned()
+            .collect();
         let mut keys = BTreeMap::new();
         let mut one = |key: Box<str>, prev: Option<&KeyRecord>, in_answer: Option<ConsulKey>| {
             let from_answer = in_answer.is_some();
@@ -393,6 +401,9 @@ impl ServedState {
         for (key, in_answer) in shown_keys {
             one(key, None, Some(in_answer));
         }
+        for key in probed_new {
+            one(key, None, None);
+        }
         let next = ServedState {
             index,
             store_id,
@@ -411,6 +422,10 @@ impl ServedState {
             let modify_index = record.consul.as_ref().map_or(0, |c| c.modify_index);
             let entry = match (record.served, &record.consul) {
                 (Some(state), _) => Entry::Valid(state),
+                // Hidden from the token with no value ever seen.
+                (None, None) if record.hold.is_some_and(|h| h.cause == HoldCause::Hidden) => {
+                    Entry::Unreadable
+                }
                 // Held absent: a value that appeared from a store that lost
                 // data is not answered.
                 (None, _) if record.hold.is_some() => continue,
@@ -585,8 +600,19 @@ fn merge_key(
         }
     }
     if forbidden {
+        // Hidden from the token, never seen (known by its writer record):
+        // no value known, answered by no answer.
+        let Some(p) = prev else {
+            return Some(KeyRecord {
+                consul: None,
+                served: None,
+                hold: hold(HoldCause::Hidden),
+                meta: None,
+                since: 0,
+            });
+        };
         // Hidden from the token: keep what was answered, whatever it was.
-        return prev.map(|p| KeyRecord {
+        return Some(KeyRecord {
             // A skipped key stays skipped: its invalid value is kept.
             consul: if p.served.is_some() {
                 None
@@ -623,6 +649,8 @@ fn merge_key(
             (prev_served, hold(HoldCause::RolledBack))
         }
         Entry::Valid(state) => (Some(*state), None),
+        // Never parsed from a value: only the snapshot names a key so.
+        Entry::Unreadable => (prev_served, None),
     };
     Some(KeyRecord {
         consul: Some(c),
@@ -757,7 +785,7 @@ impl Serialize for KeysOut<'_> {
                     value: r.consul.as_ref().map(|c| match (&c.value, &c.entry) {
                         (Some(v), _) => v.to_string(),
                         (None, Entry::Valid(state)) => state.to_string(),
-                        (None, Entry::Invalid(_)) => String::new(),
+                        (None, Entry::Invalid(_) | Entry::Unreadable) => String::new(),
                     }),
                     modify_index: r.consul.as_ref().map(|c| c.modify_index),
                     served: r.served.map(|s| s.to_string()),

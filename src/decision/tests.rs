@@ -1140,3 +1140,106 @@ fn a_held_key_keeps_its_record_and_its_since() {
         vec![("canary".into(), Drain, 500, Some(9_000))]
     );
 }
+
+#[test]
+fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() {
+    let rec = record("alice", "maint", 500, None);
+    let answer = |index| {
+        prefix(
+            index,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "ready", 3),
+                ("~meta/web/s2", rec.as_str(), 4),
+                ("~meta/web/s3", rec.as_str(), 5),
+            ],
+        )
+    };
+    // A fresh agent (no state file); the token may read the prefix but not
+    // web/s2 (`key ".../web/s2" deny`): the answer lacks it, its record
+    // names it. web/s3 was deleted by hand, leaving its record.
+    let mut c = started(true, false, None);
+    let out = step(&mut c, answer(5));
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &key("web/s3"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(5),
+        },
+    );
+    assert_eq!(asks(&out), &key("web/s2"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Forbidden,
+            index: Some(5),
+        },
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    // web/s3's 404 is confirmed by the store id, as every 404 is.
+    assert_eq!(asks(&out), &key("~store-id"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Present(pair("~store-id", "a1", 2)),
+            index: Some(2),
+        },
+    );
+    assert_eq!(asks(&out), &blocks_on(5));
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    let snapshot = c.served().unwrap().snapshot();
+    assert_eq!(
+        snapshot.lookup(["web/s2", "canary"]),
+        Answer::Invalid { decided_by: 0 },
+        "no answer: HAProxy keeps the server's state"
+    );
+    assert_eq!(
+        snapshot.lookup(["web/s1", "canary"]),
+        Answer::State {
+            state: Ready,
+            decided_by: Some(1)
+        }
+    );
+    // The next change: web/s2 is read again (held hidden), web/s3's record
+    // is not (its key was absent at this record's index); once readable,
+    // web/s2's value applies.
+    let out = step(
+        &mut c,
+        prefix(
+            6,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "ready", 6),
+                ("~meta/web/s2", rec.as_str(), 4),
+                ("~meta/web/s3", rec.as_str(), 5),
+            ],
+        ),
+    );
+    // (The token was read again after the 403: its read access is checked
+    // once more.)
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &key("web/s2"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Present(pair("web/s2", "maint", 4)),
+            index: Some(4),
+        },
+    );
+    assert_eq!(asks(&out), &key("~store-id"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Present(pair("~store-id", "a1", 2)),
+            index: Some(2),
+        },
+    );
+    assert_eq!(asks(&out), &blocks_on(6));
+    assert_eq!(served(&c, "web/s2"), Some(Maint));
+    assert_eq!(hold(&c, "web/s2"), None);
+}

@@ -34,6 +34,12 @@ pub enum Entry {
     /// are such gets no answer, so HAProxy keeps its current state. Boxed:
     /// rare, and an entry stays two words for every key held.
     Invalid(Box<InvalidValue>),
+    /// A key the agent's token may not read (403), known only by the
+    /// writer's record of it (`~meta/<key>`), its value never seen: the
+    /// lookup stops at it with no answer, so HAProxy keeps the server's
+    /// state. Skipping it could let a later identity put a server the key
+    /// keeps out back in rotation.
+    Unreadable,
 }
 
 /// One key below the prefix, as held in a snapshot.
@@ -127,6 +133,11 @@ impl Snapshot {
                 Some(Entry::Valid(state)) => return self.answer(*state, Some(position)),
                 Some(Entry::Invalid(_)) => {
                     first_invalid.get_or_insert(position);
+                }
+                Some(Entry::Unreadable) => {
+                    return Answer::Invalid {
+                        decided_by: position,
+                    }
                 }
                 None => {}
             }

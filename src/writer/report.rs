@@ -94,7 +94,7 @@ impl KeyView {
             let state = match e {
                 Some(Entry::Valid(s)) => Ok(*s),
                 Some(Entry::Invalid(e)) => Err(InvalidValue::clone(e)),
-                None => parse_value(&p.value),
+                Some(Entry::Unreadable) | None => parse_value(&p.value),
             };
             PairView {
                 value: String::from_utf8_lossy(&p.value).into(),

@@ -18,6 +18,10 @@ pub const NOT_READY: u8 = 69;
 /// The agent-send line asked: a group name no key is expected to have.
 pub const PROBE_LINE: &[u8] = b"check-ready\n";
 
+/// How `/-/answering`'s 200 begins while the agent answers from its state
+/// file, before any Consul answer.
+pub const FROM_STATE_FILE: &str = "answering from the state file";
+
 /// What the check found.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Outcome {
@@ -67,13 +71,28 @@ pub fn main(agent: &AgentArgs, args: &CheckReadyArgs) -> ExitCode {
 /// Asks the agent, then looks at the override file when the agent fails.
 pub fn check(agent_addr: SocketAddr, http_addr: SocketAddr, args: &CheckReadyArgs) -> Outcome {
     let why = match answering(http_addr, args.timeout)
-        .and_then(|how| Ok((how, answer(agent_addr, args.timeout)?)))
+        .and_then(|how| Ok((answer(agent_addr, args.timeout)?, how)))
     {
-        Ok((how, reply)) => return Outcome::Ready(format!("{how}; {reply:?}")),
+        Ok((Some(reply), how)) => return Outcome::Ready(format!("{how}; {reply:?}")),
+        // From the state file only drain and maint are answered: the port
+        // read the line and withheld its ready, as it should.
+        Ok((None, how)) if how.starts_with(FROM_STATE_FILE) => {
+            return Outcome::Ready(format!(
+            "{how}; the agent-check port read the line and withheld its ready until Consul answers"
+        ))
+        }
+        Ok((None, _)) => format!(
+            "the agent-check port {} closed without an answer",
+            loopback_if_unspecified(agent_addr)
+        ),
         Err(why) => why,
     };
     match override_age(&args.override_file) {
         Some(age) if age <= args.override_max_age => Outcome::Overridden(why),
+        Some(Duration::MAX) => Outcome::NotReady(format!(
+            "{why} (the override file {} is dated in the future: ignored; touch it again)",
+            args.override_file.display(),
+        )),
         Some(age) => Outcome::NotReady(format!(
             "{why} (the override file {} is {} old, older than {}: ignored)",
             args.override_file.display(),
@@ -84,14 +103,20 @@ pub fn check(agent_addr: SocketAddr, http_addr: SocketAddr, args: &CheckReadyArg
     }
 }
 
-/// The age of the override file, `None` when there is none. A file dated in
-/// the future counts as new.
+/// The age of the override file, `None` when there is none or it is not a
+/// regular file. A file dated in the future has no age that can be told
+/// (`touch -d` by mistake, a clock set back): it counts as older than any
+/// limit, so it does not disarm the check.
 fn override_age(path: &Path) -> Option<Duration> {
-    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() {
+        return None;
+    }
+    let modified = meta.modified().ok()?;
     Some(
         SystemTime::now()
             .duration_since(modified)
-            .unwrap_or(Duration::ZERO),
+            .unwrap_or(Duration::MAX),
     )
 }
 
@@ -161,7 +186,8 @@ fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String),
                 .as_bytes(),
         )
         .map_err(|e| format!("{url}: {e}"))?;
-    let raw = read_bounded(&mut stream, 4096, false).map_err(|e| format!("{url}: {e}"))?;
+    let raw = read_bounded(&mut stream, 4096, false)
+        .map_err(|e| format!("{url}: {}", read_error(&e, timeout)))?;
     let text = String::from_utf8_lossy(&raw);
     let status = text
         .lines()
@@ -180,20 +206,33 @@ fn get(addr: SocketAddr, path: &str, timeout: Duration) -> Result<(u16, String),
     Ok((status, body))
 }
 
-/// The agent-check port answers [`PROBE_LINE`] with a line.
-fn answer(addr: SocketAddr, timeout: Duration) -> Result<String, String> {
+/// The agent-check port answers [`PROBE_LINE`] with a line; `None` when it
+/// read the line and closed without one.
+fn answer(addr: SocketAddr, timeout: Duration) -> Result<Option<String>, String> {
     let mut stream = connect(addr, timeout, "agent-check port")?;
     stream
         .write_all(PROBE_LINE)
         .map_err(|e| format!("the agent-check port {addr}: {e}"))?;
-    let raw = read_bounded(&mut stream, 1024, true)
-        .map_err(|e| format!("the agent-check port {addr} did not answer ({e})"))?;
+    let raw = read_bounded(&mut stream, 1024, true).map_err(|e| {
+        format!(
+            "the agent-check port {addr} did not answer ({})",
+            read_error(&e, timeout)
+        )
+    })?;
     let text = String::from_utf8_lossy(&raw);
-    match text.split_once('\n') {
-        Some((line, _)) => Ok(line.trim_end_matches('\r').to_string()),
-        None => Err(format!(
-            "the agent-check port {addr} closed without an answer"
-        )),
+    Ok(text
+        .split_once('\n')
+        .map(|(line, _)| line.trim_end_matches('\r').to_string()))
+}
+
+/// A read error in words: a timeout (`EAGAIN` on a socket with a read
+/// timeout) says how long was waited.
+fn read_error(e: &std::io::Error, timeout: Duration) -> String {
+    match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            format!("no answer within {}", humantime::format_duration(timeout))
+        }
+        _ => e.to_string(),
     }
 }
 
@@ -212,5 +251,37 @@ mod tests {
         assert_eq!(loopback_if_unspecified(a), "[::1]:9777".parse().unwrap());
         let a: SocketAddr = "127.0.0.2:9777".parse().unwrap();
         assert_eq!(loopback_if_unspecified(a), a);
+    }
+
+    #[test]
+    fn only_a_regular_file_dated_in_the_past_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("allow");
+        assert_eq!(override_age(&file), None, "no file");
+        std::fs::create_dir(&file).unwrap();
+        assert_eq!(override_age(&file), None, "a folder is not an override");
+        std::fs::remove_dir(&file).unwrap();
+        let f = std::fs::File::create(&file).unwrap();
+        assert!(override_age(&file).unwrap() < Duration::from_secs(60));
+        let future = SystemTime::now() + Duration::from_secs(10 * 86_400);
+        f.set_modified(future).unwrap();
+        assert_eq!(
+            override_age(&file),
+            Some(Duration::MAX),
+            "dated in the future"
+        );
+        let past = SystemTime::now() - Duration::from_secs(7_200);
+        f.set_modified(past).unwrap();
+        let age = override_age(&file).unwrap();
+        assert!(age >= Duration::from_secs(7_199) && age < Duration::from_secs(7_300));
+    }
+
+    #[test]
+    fn a_read_timeout_says_how_long_was_waited() {
+        let e = std::io::Error::from(std::io::ErrorKind::WouldBlock);
+        assert_eq!(
+            read_error(&e, Duration::from_secs(2)),
+            "no answer within 2s"
+        );
     }
 }

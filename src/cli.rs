@@ -62,9 +62,12 @@ pub enum Command {
     /// which starts every server READY, is refused while no agent would put
     /// the drained ones back.
     ///
-    /// Ready: `/-/ready` on the agent's HTTP port answers 200 (synced with
-    /// Consul). Answering: the agent-check port answers the line
-    /// `check-ready` (a group name, seen on `/status` for 10 minutes). A
+    /// Answering: `/-/answering` on the agent's HTTP port answers 200 (the
+    /// agent answers from Consul, or from its state file while Consul has
+    /// not answered since it started: what it serves through an outage),
+    /// and the agent-check port answers the line `check-ready` (a group
+    /// name, seen on `/status` for 10 minutes; from the state file it reads
+    /// the line and withholds the ready). A regular
     /// file at --override-file younger than --override-max-age lets the
     /// reload through anyway (exit 0, with a warning), for the day the agent
     /// itself is what is broken.
@@ -89,12 +92,13 @@ pub struct CheckReadyArgs {
     /// Time each of the two questions may take.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
-    /// A file whose presence lets the reload through while the agent is not
-    /// ready (`touch` it, reload, remove it).
+    /// A regular file whose presence lets the reload through while the agent
+    /// is not answering (`touch` it, reload, remove it).
     #[arg(long, value_name = "PATH", default_value = DEFAULT_RELOAD_OVERRIDE)]
     pub override_file: PathBuf,
     /// An override file older than this (by its modification time) is
-    /// ignored, so one left behind does not disarm the check for good.
+    /// ignored, so one left behind does not disarm the check for good; so is
+    /// one dated in the future, whose age cannot be told.
     #[arg(long, default_value = "1h", value_parser = parse_duration)]
     pub override_max_age: Duration,
 }

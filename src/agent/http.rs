@@ -345,7 +345,10 @@ fn route(path: &str, shared: &Shared) -> Answer {
             (true, true) => Answer::plain(200, "answering from Consul\n"),
             (true, false) => Answer::plain(
                 200,
-                "answering from the state file; Consul not reached since the start\n",
+                format!(
+                    "{}; Consul not reached since the start\n",
+                    crate::check_ready::FROM_STATE_FILE
+                ),
             ),
             (false, _) => Answer::plain(
                 503,

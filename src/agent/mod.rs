@@ -198,7 +198,13 @@ fn open_state_file(
             None
         }
         state_file::Loaded::Unusable(e) => {
-            warn!(path = %file.path().display(), error = %e, "state file unusable: starting with no memory of held keys; answering nobody until Consul answers");
+            // Kept aside for a post-mortem: the first write replaces the file.
+            let aside = file.path().with_extension("json.unusable");
+            let kept = match std::fs::rename(file.path(), &aside) {
+                Ok(()) => aside.display().to_string(),
+                Err(_) => "not kept".to_string(),
+            };
+            warn!(path = %file.path().display(), error = %e, copy = %kept, "state file unusable: starting with no memory of held keys; answering nobody until Consul answers");
             status.load_error = Some(e);
             None
         }

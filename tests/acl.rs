@@ -12,22 +12,7 @@ const MASTER: &str = "7f1c9a52-3c1e-4b9e-9a6b-6d2f0a9e1c01";
 
 /// Creates a token that may read the state prefix; returns (accessor, secret).
 fn read_token(consul: &Consul) -> (String, String) {
-    token_with(consul, "agent-read")
-}
-
-/// Creates a token with the one policy `policy`; returns (accessor, secret).
-fn token_with(consul: &Consul, policy: &str) -> (String, String) {
-    let (status, _, body) = consul.request(
-        "PUT",
-        "/v1/acl/token",
-        format!(r#"{{"Description":"agent","Policies":[{{"Name":"{policy}"}}]}}"#).as_bytes(),
-    );
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    (
-        v["AccessorID"].as_str().unwrap().to_string(),
-        v["SecretID"].as_str().unwrap().to_string(),
-    )
+    consul.token_with("agent-read")
 }
 
 fn delete_token(consul: &Consul, accessor: &str) {
@@ -133,7 +118,7 @@ fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix(
     // At start: no sync, no answer, exit 1 naming the refusal. The first
     // two see a 404, the third a 200 with web/web-01 alone.
     for policy in ["elsewhere", "folder-key", "one-backend"] {
-        let (_, secret) = token_with(&consul, policy);
+        let (_, secret) = consul.token_with(policy);
         std::fs::write(&token_file, &secret).unwrap();
         let mut agent = Agent::spawn(
             &consul.url(),
@@ -151,7 +136,7 @@ fn a_token_that_cannot_read_the_prefix_is_refused_not_taken_for_an_empty_prefix(
         assert_eq!(status.code(), Some(1), "{policy}: {}", agent.log());
         assert!(agent.log().contains("403"), "{policy}: {}", agent.log());
     }
-    let (_, folder_key) = token_with(&consul, "folder-key");
+    let (_, folder_key) = consul.token_with("folder-key");
 
     // Running: the token is swapped for one that cannot read the prefix.
     // The agent keeps serving its last copy (drain), never ready.

@@ -277,15 +277,6 @@ fn an_invalid_key_with_no_valid_value_is_skipped_for_the_next_identity() {
     });
 }
 
-/// Creates a policy named `name` with `rules`; returns its ID.
-fn put_policy(consul: &Consul, name: &str, rules: &str) -> String {
-    let body = serde_json::json!({"Name": name, "Rules": rules});
-    let (status, _, answer) = consul.request("PUT", "/v1/acl/policy", body.to_string().as_bytes());
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-    v["ID"].as_str().unwrap().to_string()
-}
-
 /// Path 3: the token keeps `key_prefix ".../state/" read` and gains `key
 /// ".../state/canary" deny`. Recursive reads now leave `canary` out, as a
 /// delete would; a direct read of it is a 403. After unrelated writes
@@ -294,17 +285,10 @@ fn put_policy(consul: &Consul, name: &str, rules: &str) -> String {
 fn a_key_denied_to_the_token_is_held_as_hidden() {
     let consul = Consul::start_acl(MASTER);
     let read = format!(r#"key_prefix "{PREFIX}" {{ policy = "read" }}"#);
-    let policy = put_policy(&consul, "agent-read", &read);
-    let (status_code, _, body) = consul.request(
-        "PUT",
-        "/v1/acl/token",
-        br#"{"Description":"agent","Policies":[{"Name":"agent-read"}]}"#,
-    );
-    assert_eq!(status_code, 200, "{}", String::from_utf8_lossy(&body));
-    let token: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let policy = consul.put_policy("agent-read", &read);
     let dir = TempDir::new("token");
     let token_file = dir.path().join("consul-token");
-    std::fs::write(&token_file, token["SecretID"].as_str().unwrap()).unwrap();
+    std::fs::write(&token_file, token_for(&consul, "agent-read")).unwrap();
 
     let (status_code, _, _) = consul.request(
         "PUT",
@@ -723,11 +707,7 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
 
 /// Creates a client token with the one policy `policy`; returns its secret.
 fn token_for(consul: &Consul, policy: &str) -> String {
-    let body = serde_json::json!({"Description": "agent", "Policies": [{"Name": policy}]});
-    let (status, _, answer) = consul.request("PUT", "/v1/acl/token", body.to_string().as_bytes());
-    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
-    let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
-    v["SecretID"].as_str().unwrap().to_string()
+    consul.token_with(policy).1
 }
 
 /// A key denied to the token (`key ".../web/s2" deny` under a readable
@@ -741,9 +721,8 @@ fn token_for(consul: &Consul, policy: &str) -> String {
 fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
     let consul = Consul::start_acl(MASTER);
     let read = format!(r#"key_prefix "{PREFIX}" {{ policy = "read" }}"#);
-    put_policy(&consul, "all-read", &read);
-    put_policy(
-        &consul,
+    consul.put_policy("all-read", &read);
+    consul.put_policy(
         "deny-s2",
         &format!(r#"{read} key "{PREFIX}web/s2" {{ policy = "deny" }}"#),
     );

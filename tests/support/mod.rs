@@ -559,6 +559,30 @@ impl Consul {
         assert_eq!(status, 200);
     }
 
+    /// Creates (or replaces, by name) the ACL policy `name` with `rules`
+    /// (HCL); returns its ID.
+    pub fn put_policy(&self, name: &str, rules: &str) -> String {
+        let body = serde_json::json!({"Name": name, "Rules": rules});
+        let (status, _, answer) =
+            self.request("PUT", "/v1/acl/policy", body.to_string().as_bytes());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        v["ID"].as_str().unwrap().to_string()
+    }
+
+    /// Creates a client token with the one policy `policy`; returns
+    /// (accessor, secret).
+    pub fn token_with(&self, policy: &str) -> (String, String) {
+        let body = serde_json::json!({"Description": "agent", "Policies": [{"Name": policy}]});
+        let (status, _, answer) = self.request("PUT", "/v1/acl/token", body.to_string().as_bytes());
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+        let v: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+        (
+            v["AccessorID"].as_str().unwrap().to_string(),
+            v["SecretID"].as_str().unwrap().to_string(),
+        )
+    }
+
     /// The `X-Consul-Index` of the prefix.
     pub fn prefix_index(&self) -> u64 {
         let (_, headers, _) = self.request("GET", &format!("/v1/kv/{PREFIX}?recurse=true"), b"");

@@ -478,3 +478,36 @@ fn with_the_store_id_in_place_deletes_and_releases_apply_without_spinning() {
     wait_answer(&agent, "web/web-02", "drain 100%\n");
     settled("after the release and a drain");
 }
+
+/// A token that may read the prefix but not the writer's store id (`key
+/// ".../~store-id" deny`): no answer shows the id, and its read after a
+/// direct read is a 403. A delete still applies, and the watcher settles.
+#[test]
+fn a_token_denied_the_store_id_still_applies_deletes_without_spinning() {
+    let consul = Consul::start_acl(MASTER);
+    let prefix = support::PREFIX;
+    consul.put_policy(
+        "no-store-id",
+        &format!(
+            r#"key_prefix "{prefix}" {{ policy = "read" }} key "{prefix}~store-id" {{ policy = "deny" }}"#
+        ),
+    );
+    consul.put("~store-id", "a1b2c3");
+    consul.put("canary", "drain");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    std::fs::write(&token_file, consul.token_with("no-store-id").1).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    consul.delete("canary");
+    wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");
+    std::thread::sleep(Duration::from_millis(500));
+    let requests = || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"ok\"}");
+    let before = requests();
+    std::thread::sleep(Duration::from_secs(2));
+    let made = requests() - before;
+    assert!(made <= 2.0, "{made} requests in 2 s\n{}", agent.log());
+}

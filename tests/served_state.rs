@@ -755,4 +755,14 @@ fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
         r.is_maint()
     });
     assert_eq!(agent.ask("web/s1 canary"), "ready 100%\n");
+    // Unrelated writes: web/s2 is read again each time and stays hidden.
+    for weight in ["50%", "60%", "70%"] {
+        consul.put("web/s3", weight);
+        wait_answer(&agent, "web/s3", &format!("ready {weight}\n"));
+        assert_eq!(agent.ask("web/s2 canary"), "", "{}", agent.log());
+    }
+    wait_held(&agent, "web/s2", "hidden");
+    server_stays(&haproxy, "s2", "MAINT", Duration::from_secs(1), |r| {
+        r.is_maint()
+    });
 }

@@ -775,7 +775,11 @@ impl Core {
             KeyRead::Absent => {
                 p.view.store_id.is_none() && index.is_some_and(|i| i >= p.view.index)
             }
-            KeyRead::Forbidden => false,
+            // A token denied the store id cannot check by it: the answer
+            // did not show it either (the loss rules already hold what its
+            // vanishing could undo). One that showed it and now is denied
+            // changed policy meanwhile: read again.
+            KeyRead::Forbidden => p.view.store_id.is_none(),
         };
         // A stale server behind the answer may not have the store id yet:
         // ask the leader before judging.

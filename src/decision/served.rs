@@ -611,7 +611,8 @@ fn merge_key(
                 since: 0,
             });
         };
-        // Hidden from the token: keep what was answered, whatever it was.
+        // Hidden from the token: keep what was answered, whatever it was. A
+        // key hidden with no value known (no Consul value seen) stays so.
         return Some(KeyRecord {
             // A skipped key stays skipped: its invalid value is kept.
             consul: if p.served.is_some() {
@@ -620,7 +621,7 @@ fn merge_key(
                 p.consul.clone()
             },
             served: p.served,
-            hold: if p.served.is_some() {
+            hold: if p.served.is_some() || p.consul.is_none() {
                 hold(HoldCause::Hidden)
             } else {
                 None

@@ -1204,16 +1204,52 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
             decided_by: Some(1)
         }
     );
-    // The next change: web/s2 is read again (held hidden), web/s3's record
-    // is not (its key was absent at this record's index); once readable,
-    // web/s2's value applies.
+    // Unrelated changes: web/s2 is read again each time (held hidden) and
+    // stays hidden while the read is a 403; web/s3's record is not read
+    // again (its key was absent at this record's index).
+    for index in [6, 7] {
+        let out = step(
+            &mut c,
+            prefix(
+                index,
+                &[
+                    ("~store-id", "a1", 2),
+                    ("canary", "ready", index),
+                    ("~meta/web/s2", rec.as_str(), 4),
+                    ("~meta/web/s3", rec.as_str(), 5),
+                ],
+            ),
+        );
+        let out = if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            step(&mut c, Response::ReadCheck { allowed: true })
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &key("web/s2"), "at {index}");
+        let out = step(
+            &mut c,
+            Response::Key {
+                read: KeyRead::Forbidden,
+                index: Some(index),
+            },
+        );
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+        step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "at {index}");
+        assert_eq!(
+            c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
+            Answer::Invalid { decided_by: 0 },
+            "at {index}"
+        );
+    }
+    // Once readable, web/s2's value applies.
     let out = step(
         &mut c,
         prefix(
-            6,
+            8,
             &[
                 ("~store-id", "a1", 2),
-                ("canary", "ready", 6),
+                ("canary", "ready", 8),
                 ("~meta/web/s2", rec.as_str(), 4),
                 ("~meta/web/s3", rec.as_str(), 5),
             ],
@@ -1239,7 +1275,36 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
             index: Some(2),
         },
     );
-    assert_eq!(asks(&out), &blocks_on(6));
+    assert_eq!(asks(&out), &blocks_on(8));
     assert_eq!(served(&c, "web/s2"), Some(Maint));
     assert_eq!(hold(&c, "web/s2"), None);
+}
+
+#[test]
+fn a_token_denied_the_store_id_checks_direct_reads_without_it() {
+    // The token may read the prefix but not `~store-id`: no answer shows it,
+    // and its read after a direct read is a 403. The answer is applied
+    // (not read again without end).
+    let mut c = started(true, false, None);
+    step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(&mut c, prefix(9, &[("x", "ready", 9)]));
+    assert_eq!(asks(&out), &key("canary"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Absent,
+            index: Some(9),
+        },
+    );
+    assert_eq!(asks(&out), &key("~store-id"));
+    let out = step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Forbidden,
+            index: Some(9),
+        },
+    );
+    assert_eq!(asks(&out), &blocks_on(9));
+    assert_eq!(served(&c, "canary"), None);
 }

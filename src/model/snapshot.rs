@@ -96,6 +96,15 @@ pub enum Answer {
 }
 
 impl Answer {
+    /// Position in the line of the identity whose key decided, `None` when
+    /// none has a key (the default).
+    pub fn decided_by(&self) -> Option<usize> {
+        match *self {
+            Answer::State { decided_by, .. } | Answer::Withheld { decided_by, .. } => decided_by,
+            Answer::Invalid { decided_by } => Some(decided_by),
+        }
+    }
+
     /// The answer kind used as the `kind` label of
     /// `gitlab_haproxy_agent_answers_total`.
     pub fn kind(&self) -> AnswerKind {

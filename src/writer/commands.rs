@@ -506,10 +506,7 @@ impl Writer {
             .filter_map(|p| p.key.strip_prefix(&self.prefix).map(|r| (r, p)))
             .collect();
         let result = snapshot.lookup(ids.iter().copied());
-        let deciding = match result {
-            Answer::State { decided_by, .. } | Answer::Withheld { decided_by, .. } => decided_by,
-            Answer::Invalid { decided_by } => Some(decided_by),
-        };
+        let deciding = result.decided_by();
         // The group keys set now, any of which decides the server if its
         // line names it: asked about when only the row key is known.
         let mut groups_set: Vec<(String, String)> = raw

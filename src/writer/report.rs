@@ -398,17 +398,13 @@ impl Report<'_> {
             Enrolment::NotEnrolled(_) => return ("-".into(), None),
         };
         match snapshot.lookup(ids.iter().copied()) {
-            Answer::State { state, decided_by } => {
+            // A snapshot built from Consul here is never provisional.
+            Answer::State { state, decided_by } | Answer::Withheld { state, decided_by } => {
                 (state.reply_text(), decided_by.map(|d| ids[d].to_string()))
             }
             Answer::Invalid { decided_by } => (
                 "none (invalid value)".into(),
                 Some(ids[decided_by].to_string()),
-            ),
-            // A snapshot built from Consul here is never provisional.
-            Answer::Withheld { decided_by, .. } => (
-                "none (withheld until Consul answers)".into(),
-                decided_by.map(|d| ids[d].to_string()),
             ),
         }
     }

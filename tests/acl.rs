@@ -15,6 +15,19 @@ fn read_token(consul: &Consul) -> (String, String) {
     consul.token_with("agent-read")
 }
 
+/// Starts an agent whose token (in a file in the returned folder) has the
+/// one policy `policy`.
+fn agent_with_token(consul: &Consul, policy: &str) -> (Agent, TempDir) {
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    std::fs::write(&token_file, consul.token_with(policy).1).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &["--consul-token-file", token_file.to_str().unwrap()],
+    );
+    (agent, dir)
+}
+
 fn delete_token(consul: &Consul, accessor: &str) {
     let (status, _, _) = consul.request("DELETE", &format!("/v1/acl/token/{accessor}"), b"");
     assert_eq!(status, 200);
@@ -184,14 +197,7 @@ fn a_policy_narrowed_while_running_is_refused_not_taken_for_deletes() {
     policies(&consul);
     consul.put("canary", "drain");
     consul.put("web/web-01", "maint");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    let (_, secret) = read_token(&consul);
-    std::fs::write(&token_file, &secret).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let (agent, _token) = agent_with_token(&consul, "agent-read");
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     let refused =
         || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"http_4xx\"}");
@@ -231,14 +237,7 @@ fn a_write_hidden_by_a_narrowed_policy_is_noticed_and_refused() {
     let consul = Consul::start_acl(MASTER);
     policies(&consul);
     consul.put("web/web-01", "maint");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    let (_, secret) = read_token(&consul);
-    std::fs::write(&token_file, &secret).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let (agent, _token) = agent_with_token(&consul, "agent-read");
     assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
     narrow_agent_read(&consul);
     consul.put("canary", "drain");
@@ -431,14 +430,7 @@ fn with_the_store_id_in_place_deletes_and_releases_apply_without_spinning() {
     consul.put("~store-id", "a1b2c3");
     consul.put("canary", "drain");
     consul.put("web/web-01", "maint");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    let (_, secret) = read_token(&consul);
-    std::fs::write(&token_file, &secret).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let (agent, _token) = agent_with_token(&consul, "agent-read");
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     let requests = || agent.metric("gitlab_haproxy_agent_consul_requests_total{outcome=\"ok\"}");
     // At most this many requests in 2 s once a change is applied: the
@@ -494,13 +486,7 @@ fn a_token_denied_the_store_id_still_applies_deletes_without_spinning() {
     );
     consul.put("~store-id", "a1b2c3");
     consul.put("canary", "drain");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    std::fs::write(&token_file, consul.token_with("no-store-id").1).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let (agent, _token) = agent_with_token(&consul, "no-store-id");
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     consul.delete("canary");
     wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");

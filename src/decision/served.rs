@@ -631,6 +631,16 @@ fn merge_key(
         });
     }
     let Some(c) = shown else {
+        // A key hidden with no value known stays so until a direct read
+        // tells otherwise; an answer from a store that lost data gets none.
+        if let Some(p) = prev.filter(|p| {
+            input.rolled_back
+                && p.consul.is_none()
+                && p.served.is_none()
+                && p.hold.is_some_and(|h| h.cause == HoldCause::Hidden)
+        }) {
+            return Some(p.clone());
+        }
         return (input.rolled_back && undoes(prev_served, None)).then(|| KeyRecord {
             consul: None,
             served: prev_served,

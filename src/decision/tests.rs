@@ -1308,3 +1308,53 @@ fn a_token_denied_the_store_id_checks_direct_reads_without_it() {
     assert_eq!(asks(&out), &blocks_on(9));
     assert_eq!(served(&c, "canary"), None);
 }
+
+#[test]
+fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that_lost_data() {
+    let rec = record("alice", "maint", 500, None);
+    let mut c = started(true, false, None);
+    let out = step(
+        &mut c,
+        prefix(
+            5,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "ready", 3),
+                ("~meta/web/s2", rec.as_str(), 4),
+            ],
+        ),
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    step(&mut c, Response::ReadCheck { allowed: true });
+    step(
+        &mut c,
+        Response::Key {
+            read: KeyRead::Forbidden,
+            index: Some(5),
+        },
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    // Consul answers from an older snapshot (the index went backwards): no
+    // direct reads are made of such an answer, and web/s2 must not fall
+    // back to canary's ready meanwhile.
+    let out = step(
+        &mut c,
+        prefix(
+            4,
+            &[
+                ("~store-id", "a1", 2),
+                ("canary", "ready", 3),
+                ("~meta/web/s2", rec.as_str(), 4),
+            ],
+        ),
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert!(out.notes.iter().any(|n| matches!(n, Note::Applied { .. })));
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    assert_eq!(
+        c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
+        Answer::Invalid { decided_by: 0 }
+    );
+}

@@ -67,13 +67,19 @@ impl HoldCause {
 
 /// What a held key answers, in the one phrase `/status`, the writer (`state
 /// list`, `get`, `explain`, `status`, `release-rollback`) and the runbook
-/// use: `maint 100% (held: invalid value)`, or for a key held absent,
-/// `no answer from this key, the next identity decides (held: rolled back)`.
+/// use: `maint 100% (held: invalid value)`; for a key held absent,
+/// `no answer from this key, the next identity decides (held: rolled back)`;
+/// for a key hidden with no value known, which stops the lookup, `no
+/// answer: its value was never seen (held: hidden from the token)`.
 pub fn held_answer(served: Option<AdminState>, cause: HoldCause) -> String {
     match served {
         Some(state) => format!(
             "{} (held: {})",
             String::from_utf8_lossy(state.reply().as_bytes()).trim_end(),
+            cause.words()
+        ),
+        None if cause == HoldCause::Hidden => format!(
+            "no answer: its value was never seen (held: {})",
             cause.words()
         ),
         None => format!(
@@ -913,6 +919,10 @@ mod held_answer_tests {
         assert_eq!(
             held_answer(None, HoldCause::RolledBack),
             "no answer from this key, the next identity decides (held: rolled back)"
+        );
+        assert_eq!(
+            held_answer(None, HoldCause::Hidden),
+            "no answer: its value was never seen (held: hidden from the token)"
         );
         for c in HoldCause::ALL {
             assert_eq!(HoldCause::from_label(c.as_str()), Some(c));

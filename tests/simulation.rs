@@ -549,13 +549,11 @@ impl Sim {
         let before = self.core.served().cloned();
         let out = self.core.on_response(response, self.step);
         self.before_applied = before;
-        let provisional = self.snapshot.as_ref().is_some_and(|s| s.provisional);
-        if out.served_changed || (provisional && self.core.synced()) {
+        // As the daemon publishes: the first Consul answer ends the
+        // provisional snapshot read from the file.
+        if out.served_changed || out.notes.contains(&Note::FirstSync) {
             let served = self.core.served().expect("a changed state exists").clone();
-            self.snapshot = Some(Snapshot {
-                provisional: !self.core.synced(),
-                ..served.snapshot()
-            });
+            self.snapshot = Some(served.snapshot());
             if out.served_changed {
                 self.file = Some(served);
             }

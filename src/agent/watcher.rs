@@ -265,18 +265,16 @@ impl Watcher {
         if ok && !output.notes.iter().any(|n| matches!(n, Note::NotModified)) {
             metrics.consul_request(ConsulOutcome::Ok);
         }
-        let provisional = self
-            .shared
-            .snapshot
-            .load()
-            .as_ref()
-            .is_some_and(|s| s.provisional);
-        if output.served_changed || (provisional && self.core.synced()) {
+        // The first Consul answer ends the provisional snapshot read from
+        // the state file, even when it changed nothing.
+        let first_sync = output.notes.contains(&Note::FirstSync);
+        if output.served_changed || first_sync {
             if let Some(served) = self.core.served_shared() {
                 if output.served_changed {
                     self.persist(&served).await;
                 }
-                publish(&self.shared, &served, !self.core.synced());
+                // A state changes only by an answer applied: Consul's.
+                publish(&self.shared, &served, false);
             }
         }
         if applied {

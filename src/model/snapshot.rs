@@ -160,8 +160,7 @@ impl Snapshot {
     /// The answer of `state`, withheld when this snapshot is provisional and
     /// the state puts the server in rotation.
     fn answer(&self, state: AdminState, decided_by: Option<usize>) -> Answer {
-        let out = matches!(state, AdminState::Drain | AdminState::Maint);
-        if self.provisional && !out {
+        if self.provisional && !matches!(state, AdminState::Drain | AdminState::Maint) {
             Answer::Withheld { state, decided_by }
         } else {
             Answer::State { state, decided_by }

@@ -93,16 +93,21 @@ fn blocks_on(index: u64) -> Request {
     }
 }
 
-/// The store id read after direct reads: absent (none was written), at
-/// `index`.
-fn no_store_id(core: &mut Core, index: u64) -> Output {
+/// A direct read's answer: `read`, with `X-Consul-Index` `index`.
+fn key_read(core: &mut Core, read: KeyRead, index: u64) -> Output {
     step(
         core,
         Response::Key {
-            read: KeyRead::Absent,
+            read,
             index: Some(index),
         },
     )
+}
+
+/// The store id read after direct reads: absent (none was written), at
+/// `index`.
+fn no_store_id(core: &mut Core, index: u64) -> Output {
+    key_read(core, KeyRead::Absent, index)
 }
 
 fn key(k: &str) -> Request {
@@ -226,13 +231,7 @@ fn with_acls_on_a_lacking_key_is_read_directly() {
         let out = step(&mut c, prefix(9, &[("web/a", "ready", 9)]));
         assert_eq!(asks(&out), &key("canary"));
         assert_eq!(served(&c, "canary"), Some(Drain), "nothing applied yet");
-        let mut out = step(
-            &mut c,
-            Response::Key {
-                read: read.clone(),
-                index: Some(9),
-            },
-        );
+        let mut out = key_read(&mut c, read.clone(), 9);
         if read == KeyRead::Forbidden {
             // A 403: the token's read access is checked before applying.
             assert!(out.reload_token);
@@ -273,13 +272,7 @@ fn a_hidden_key_is_read_again_and_released_once_readable() {
     );
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(asks(&out), &key("canary"));
-    step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Absent,
-            index: Some(7),
-        },
-    );
+    key_read(&mut c, KeyRead::Absent, 7);
     no_store_id(&mut c, 7);
     assert_eq!(served(&c, "canary"), None);
     assert_eq!(hold(&c, "canary"), None);
@@ -718,21 +711,9 @@ fn a_stale_direct_read_behind_the_answer_is_asked_of_the_leader() {
             stale: true
         }
     );
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Absent,
-            index: Some(9),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Absent, 9);
     assert_eq!(asks(&out), &key("canary"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Absent,
-            index: Some(12),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Absent, 12);
     assert_eq!(
         asks(&out),
         &Request::Key {
@@ -1163,32 +1144,14 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(asks(&out), &key("web/s3"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Absent,
-            index: Some(5),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Absent, 5);
     assert_eq!(asks(&out), &key("web/s2"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Forbidden,
-            index: Some(5),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Forbidden, 5);
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     // web/s3's 404 is confirmed by the store id, as every 404 is.
     assert_eq!(asks(&out), &key("~store-id"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Present(pair("~store-id", "a1", 2)),
-            index: Some(2),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Present(pair("~store-id", "a1", 2)), 2);
     assert_eq!(asks(&out), &blocks_on(5));
     assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
     let snapshot = c.served().unwrap().snapshot();
@@ -1226,13 +1189,7 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
             out
         };
         assert_eq!(asks(&out), &key("web/s2"), "at {index}");
-        let out = step(
-            &mut c,
-            Response::Key {
-                read: KeyRead::Forbidden,
-                index: Some(index),
-            },
-        );
+        let out = key_read(&mut c, KeyRead::Forbidden, index);
         assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
         step(&mut c, Response::ReadCheck { allowed: true });
         assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "at {index}");
@@ -1260,21 +1217,9 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(asks(&out), &key("web/s2"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Present(pair("web/s2", "maint", 4)),
-            index: Some(4),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Present(pair("web/s2", "maint", 4)), 4);
     assert_eq!(asks(&out), &key("~store-id"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Present(pair("~store-id", "a1", 2)),
-            index: Some(2),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Present(pair("~store-id", "a1", 2)), 2);
     assert_eq!(asks(&out), &blocks_on(8));
     assert_eq!(served(&c, "web/s2"), Some(Maint));
     assert_eq!(hold(&c, "web/s2"), None);
@@ -1290,21 +1235,9 @@ fn a_token_denied_the_store_id_checks_direct_reads_without_it() {
     step(&mut c, Response::ReadCheck { allowed: true });
     let out = step(&mut c, prefix(9, &[("x", "ready", 9)]));
     assert_eq!(asks(&out), &key("canary"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Absent,
-            index: Some(9),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Absent, 9);
     assert_eq!(asks(&out), &key("~store-id"));
-    let out = step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Forbidden,
-            index: Some(9),
-        },
-    );
+    let out = key_read(&mut c, KeyRead::Forbidden, 9);
     assert_eq!(asks(&out), &blocks_on(9));
     assert_eq!(served(&c, "canary"), None);
 }
@@ -1326,13 +1259,7 @@ fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that
     );
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     step(&mut c, Response::ReadCheck { allowed: true });
-    step(
-        &mut c,
-        Response::Key {
-            read: KeyRead::Forbidden,
-            index: Some(5),
-        },
-    );
+    key_read(&mut c, KeyRead::Forbidden, 5);
     step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
     // Consul answers from an older snapshot (the index went backwards): no

@@ -277,6 +277,11 @@ impl Watcher {
                 publish(&self.shared, &served, false);
             }
         }
+        if first_sync {
+            // Ready only once what the first answer decided is answered
+            // and exported.
+            self.shared.readiness.set(ReadyStep::Synced);
+        }
         if applied {
             self.on_sync();
         }
@@ -404,9 +409,9 @@ impl Watcher {
                     log_change(change, *index);
                 }
             }
+            // Readiness follows in `step`, once the state is published.
             Note::FirstSync => {
                 metrics.synced.set(1);
-                self.shared.readiness.set(ReadyStep::Synced);
                 info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
             }
             Note::IndexReset { previous, index } => {

@@ -36,10 +36,15 @@ pub fn is_meta_key(rel: &str) -> bool {
 
 /// Whether a key below the prefix (relative) is one of the agent's own
 /// control keys ([`READ_CHECK_KEY`], [`RELEASE_ROLLBACK_KEY`],
-/// [`STORE_ID_KEY`]) or a writer's record below [`META_PREFIX`], not state: never served,
+/// [`STORE_ID_KEY`], [`GENERATION_KEY`](super::generation::GENERATION_KEY))
+/// or a writer's record below [`META_PREFIX`], not state: never served,
 /// counted as a key, or invalid.
 pub fn is_control_key(rel: &str) -> bool {
-    rel == RELEASE_ROLLBACK_KEY || rel == READ_CHECK_KEY || rel == STORE_ID_KEY || is_meta_key(rel)
+    rel == RELEASE_ROLLBACK_KEY
+        || rel == READ_CHECK_KEY
+        || rel == STORE_ID_KEY
+        || rel == super::generation::GENERATION_KEY
+        || is_meta_key(rel)
 }
 
 /// Why an identity (a key name or an agent-send word) was refused.

@@ -3,9 +3,11 @@
 //! [`value`] what a key may hold and the reply it maps to, [`snapshot`] how
 //! one Consul answer becomes the copy the agent answers from, and [`marks`]
 //! what a key's Flags say about who wrote it, [`meta`] who wrote a key, why
-//! and until when; [`haproxy_config`] which servers an HAProxy
+//! and until when, [`generation`] how far the writer's transactions went;
+//! [`haproxy_config`] which servers an HAProxy
 //! configuration (or `show servers state` answer) declares.
 
+pub mod generation;
 pub mod haproxy_config;
 pub mod identity;
 pub mod marks;

@@ -256,6 +256,14 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_MAX_STALE", default_value = "5s", value_parser = parse_duration)]
     pub max_stale: Duration,
 
+    /// While a blocking query is parked, how often to check the prefix's
+    /// index with a small stale read (`?keys&separator=/&stale`): a query
+    /// parked on a Consul server cut off from the quorum answers nothing
+    /// until --wait ends, and the check re-issues it. 500ms..60s, or 0 to
+    /// turn the checks off.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_INDEX_CHECK", default_value = "2s", value_parser = parse_duration)]
+    pub index_check: Duration,
+
     /// Folder of the state file (served-state.json): the state served, holds
     /// included, written on every change and read at start, so a restart
     /// answers what the agent answered before. Default: systemd's

@@ -17,6 +17,10 @@ use crate::decision::stale::MAX_STALE_RANGE;
 /// above any load balancer's server count (each holds a file descriptor).
 pub const MAX_CONNECTIONS_LIMIT: usize = 65_536;
 
+/// The allowed `--index-check` when not 0 (inclusive): 500 ms to 60 s.
+pub const INDEX_CHECK_RANGE: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_secs(60));
+
 /// The allowed `--min-query-interval` (inclusive): at least 10 ms so the
 /// watcher loop never spins under churn, at most 10 s so a change still
 /// reaches the agent quickly.
@@ -92,6 +96,15 @@ impl AgentConfig {
                 "must be between 100ms and 10m",
             ));
         }
+        if !a.index_check.is_zero()
+            && (a.index_check < INDEX_CHECK_RANGE.0 || a.index_check > INDEX_CHECK_RANGE.1)
+        {
+            return Err(bad(
+                "--index-check",
+                human(a.index_check),
+                "must be 0 (off) or between 500ms and 60s",
+            ));
+        }
         if a.listen == a.http_listen && a.listen.port() != 0 {
             return Err(bad(
                 "--http-listen",
@@ -107,6 +120,7 @@ impl AgentConfig {
                 backoff: Backoff::default(),
                 consistency: a.consistency,
                 max_stale: a.max_stale,
+                index_check: a.index_check,
             },
             consul,
             listen: a.listen,

@@ -490,6 +490,8 @@ pub fn status(shared: &Shared) -> Value {
         "last_sync_age_seconds": sync.last_sync.and_then(|t| now.duration_since(t).ok()).map(|d| d.as_secs_f64()),
         "consul_failing_for_seconds": sync.failing_since.map(|t| t.elapsed().as_secs_f64()),
         "last_error": sync.last_error,
+        "consul_current": sync.unconfirmed_for().is_some_and(|d| d <= crate::agent::shared::CURRENT_WITHIN),
+        "consul_unconfirmed_seconds": sync.unconfirmed_for().map(|d| d.as_secs_f64()),
         "keys": keys,
         "invalid": invalid,
         "held": held,

@@ -171,6 +171,21 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_consul_last_contact_seconds`: the last
     /// answer's `X-Consul-LastContact` (0 from the leader).
     pub consul_last_contact: Gauge,
+    /// `gitlab_haproxy_agent_consul_unconfirmed_seconds`: seconds since the
+    /// state served was last confirmed to be Consul's latest (by an answer
+    /// or an index check), counted from the answering server's last
+    /// contact with the leader; -1 before the first confirmation.
+    pub consul_unconfirmed: Gauge,
+    /// `gitlab_haproxy_agent_index_checks_total{result}`: index checks made
+    /// while a blocking read was parked, by result: `current`, `behind`
+    /// (the read was re-issued), `failed`, `no_leader`, `too_old`.
+    index_checks: IntCounterVec,
+    /// `gitlab_haproxy_agent_generation_lost_total`: answers whose write
+    /// generation did not descend from the one served (a restored snapshot).
+    pub generation_lost: IntCounter,
+    /// `gitlab_haproxy_agent_consul_tombstones_reaped_total`: times the
+    /// index went back with nothing moved (a reaped tombstone, not a loss).
+    pub tombstones_reaped: IntCounter,
     /// `gitlab_haproxy_agent_profiles_total{outcome}`: requests for a CPU
     /// profile or flame graph on `/debug/pprof/`, by outcome: `ok`, `busy`
     /// (another profile was running), `bad_request` (bad `seconds`),
@@ -535,6 +550,41 @@ impl Metrics {
         .unwrap();
         reg(Box::new(consul_last_contact.clone()));
 
+        let consul_unconfirmed = Gauge::with_opts(opts(
+            "consul_unconfirmed_seconds",
+            "Seconds since the state served was last confirmed to be Consul's latest (by an answer or an index check); -1 before the first.",
+        ))
+        .unwrap();
+        consul_unconfirmed.set(-1.0);
+        reg(Box::new(consul_unconfirmed.clone()));
+
+        let index_checks = IntCounterVec::new(
+            opts(
+                "index_checks_total",
+                "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
+            ),
+            &["result"],
+        )
+        .unwrap();
+        for r in ["current", "behind", "failed", "no_leader", "too_old"] {
+            index_checks.with_label_values(&[r]);
+        }
+        reg(Box::new(index_checks.clone()));
+
+        let generation_lost = IntCounter::with_opts(opts(
+            "generation_lost_total",
+            "Consul answers whose write generation did not descend from the one served (a restored snapshot): drain and maint that would be undone are held.",
+        ))
+        .unwrap();
+        reg(Box::new(generation_lost.clone()));
+
+        let tombstones_reaped = IntCounter::with_opts(opts(
+            "consul_tombstones_reaped_total",
+            "Times the prefix index went back with nothing moved: a reaped tombstone, not a loss.",
+        ))
+        .unwrap();
+        reg(Box::new(tombstones_reaped.clone()));
+
         let profiles = IntCounterVec::new(
             opts(
                 "profiles_total",
@@ -735,6 +785,10 @@ impl Metrics {
             last_check_timestamp,
             stale_answers_held,
             consul_last_contact,
+            consul_unconfirmed,
+            index_checks,
+            generation_lost,
+            tombstones_reaped,
             profiles,
             http_idle_closed,
             held_keys,
@@ -839,6 +893,11 @@ impl Metrics {
     /// The counter for one answer kind.
     pub fn answers(&self, kind: AnswerKind) -> &IntCounter {
         &self.answers[kind as usize]
+    }
+
+    /// Counts one index check by its result label.
+    pub fn index_check(&self, result: &str) {
+        self.index_checks.with_label_values(&[result]).inc();
     }
 
     /// Renders the registry in the Prometheus text format, version 0.0.4.

@@ -86,6 +86,23 @@ pub struct SyncStatus {
     pub failing_since: Option<Instant>,
     /// The last Consul error, kept until the next success.
     pub last_error: Option<String>,
+    /// When the state served was last confirmed to be Consul's latest (an
+    /// answer, or an index check while a blocking read is parked), less
+    /// the answering server's `X-Consul-LastContact`.
+    pub confirmed_at: Option<Instant>,
+}
+
+/// How long after its last confirmation the agent still says it serves
+/// Consul's latest state (`/status` `consul_current`): 5 s, two and a half
+/// index checks at the default `--index-check` of 2 s.
+pub const CURRENT_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl SyncStatus {
+    /// Seconds since the state served was last confirmed to be Consul's
+    /// latest; `None` before the first confirmation.
+    pub fn unconfirmed_for(&self) -> Option<std::time::Duration> {
+        self.confirmed_at.map(|t| t.elapsed())
+    }
 }
 
 /// Start-up steps that must all be done before the agent is ready: both

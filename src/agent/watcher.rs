@@ -18,7 +18,7 @@ use crate::agent::state_file::StateFile;
 use crate::cli::Consistency;
 use crate::consul::{ConsulClient, ConsulError};
 use crate::decision::served::{Change, ServedState};
-use crate::decision::{Core, CoreConfig, Delay, Next, Note, Request, Response, Rules};
+use crate::decision::{Core, CoreConfig, Delay, IndexCheck, Next, Note, Request, Response, Rules};
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -40,6 +40,10 @@ pub struct WatcherConfig {
     /// have to be applied without a default read (`--max-stale`). Default
     /// [`crate::decision::stale::DEFAULT_MAX_STALE`] (5 s).
     pub max_stale: Duration,
+    /// How often an index check is made while a blocking read is parked
+    /// (`--index-check`); zero: never. Default 2 s. Each check is also
+    /// bounded by it.
+    pub index_check: Duration,
 }
 
 /// Jittered exponential backoff: the n-th consecutive failure waits a random
@@ -194,11 +198,75 @@ impl Watcher {
         let out = loop {
             tokio::select! {
                 r = &mut work => break r,
-                _ = tick.tick() => self.shared.watcher_heartbeat.beat(),
+                _ = tick.tick() => self.beat(),
             }
         };
-        self.shared.watcher_heartbeat.beat();
+        self.beat();
         out
+    }
+
+    /// Proves the loop alive, and exports how long the state served has
+    /// gone unconfirmed.
+    fn beat(&self) {
+        self.shared.watcher_heartbeat.beat();
+        let unconfirmed = self.shared.sync.lock().unwrap().unconfirmed_for();
+        if let Some(d) = unconfirmed {
+            self.shared.metrics.consul_unconfirmed.set(d.as_secs_f64());
+        }
+    }
+
+    /// Awaits a blocking read, with an index check every `--index-check`
+    /// (one at a time, each bounded by the interval) whose findings go to
+    /// the core. `None`: the core re-issued the read (now in `self.next`);
+    /// the parked one is dropped, which closes its connection.
+    async fn parked(&mut self, request: &Request) -> Option<Result<Response, ConsulError>> {
+        let every = self.config.index_check;
+        let work = perform(
+            Arc::clone(&self.client),
+            self.config.prefix.clone(),
+            self.config.wait,
+            request.clone(),
+        );
+        tokio::pin!(work);
+        let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+        let mut due = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut check = None;
+        loop {
+            tokio::select! {
+                r = &mut work => {
+                    self.beat();
+                    return Some(r);
+                }
+                _ = beat.tick() => self.beat(),
+                _ = due.tick(), if check.is_none() => {
+                    let (client, prefix) = (Arc::clone(&self.client), self.config.prefix.clone());
+                    check = Some(Box::pin(async move { client.check_index(&prefix, every).await }));
+                }
+                result = async { check.as_mut().expect("a check in flight").await }, if check.is_some() => {
+                    check = None;
+                    let found = match result {
+                        Ok((index, meta)) => IndexCheck::Answered { index, meta },
+                        Err(_) => IndexCheck::Failed,
+                    };
+                    let out = self.core.on_index_check(found);
+                    for note in &out.notes {
+                        let result = match note {
+                            Note::Confirmed { .. } => "current",
+                            Note::ParkedBehind { .. } => "behind",
+                            Note::Unconfirmed { reason } => reason.as_str(),
+                            _ => continue,
+                        };
+                        self.shared.metrics.index_check(result);
+                        self.note(note);
+                    }
+                    if let Some(next) = out.reissue {
+                        self.next = next;
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     /// Waits as the core said, performs its request, and hands the answer
@@ -220,7 +288,21 @@ impl Watcher {
             self.last_prefix_start = Some(tokio::time::Instant::now());
         }
         let started = Instant::now();
-        let result = self.beating(self.perform(&request)).await;
+        let blocking = matches!(request, Request::Prefix { index, .. } if index > 0);
+        let result = if blocking && !self.config.index_check.is_zero() && self.core.parked() {
+            match self.parked(&request).await {
+                Some(result) => result,
+                None => return Ok(()),
+            }
+        } else {
+            let work = perform(
+                Arc::clone(&self.client),
+                self.config.prefix.clone(),
+                self.config.wait,
+                request.clone(),
+            );
+            self.beating(work).await
+        };
         let metrics = &self.shared.metrics;
         metrics
             .consul_request_duration
@@ -246,16 +328,32 @@ impl Watcher {
                 (Response::Failed { forbidden }, Some(e))
             }
         };
+        let mut confirmed = None;
         if let Response::Prefix { meta, .. } = &response {
             if let Some(age) = meta.last_contact {
                 metrics.consul_last_contact.set(age.as_secs_f64());
             }
+            // The leader's answer is current; a stale one as of its
+            // server's last contact, unless the core holds it.
+            confirmed = Some(match request {
+                Request::Prefix { stale: true, .. } => meta.last_contact.unwrap_or_default(),
+                _ => Duration::ZERO,
+            });
         }
         let ok = error.is_none();
         let output = self.core.on_response(response, unix_now_secs());
         if output.reload_token {
             // A rotated token: read the file again before the next try.
             self.client.token().invalidate();
+        }
+        if let Some(last_contact) = confirmed {
+            if !output
+                .notes
+                .iter()
+                .any(|n| matches!(n, Note::StaleHeld { .. }))
+            {
+                self.note(&Note::Confirmed { last_contact });
+            }
         }
         let mut applied = false;
         for note in &output.notes {
@@ -290,43 +388,6 @@ impl Watcher {
         }
         self.next = output.next;
         error.map_or(Ok(()), Err)
-    }
-
-    async fn perform(&self, request: &Request) -> Result<Response, ConsulError> {
-        let consistency = |stale: bool| {
-            if stale {
-                Consistency::Stale
-            } else {
-                Consistency::Default
-            }
-        };
-        let prefix = &self.config.prefix;
-        Ok(match request {
-            Request::AclProbe => Response::Acl {
-                enabled: self.client.acl_enabled().await?,
-            },
-            Request::Prefix { index, stale } => {
-                let (answer, meta) = self
-                    .client
-                    .read_prefix(prefix, *index, self.config.wait, consistency(*stale))
-                    .await?;
-                Response::Prefix {
-                    answer,
-                    meta,
-                    token_load: self.client.token().loads(),
-                }
-            }
-            Request::Key { key, stale } => {
-                let (read, index) = self
-                    .client
-                    .read_key(&format!("{prefix}{key}"), consistency(*stale))
-                    .await?;
-                Response::Key { read, index }
-            }
-            Request::ReadCheck { stale } => Response::ReadCheck {
-                allowed: self.client.read_check(prefix, *stale).await?,
-            },
-        })
     }
 
     /// Writes the state file (before the state is served; a failure is
@@ -414,7 +475,23 @@ impl Watcher {
                 metrics.synced.set(1);
                 info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
             }
-            Note::IndexReset { previous, index } => {
+            Note::IndexReset {
+                previous,
+                index,
+                reaped: true,
+            } => {
+                metrics.tombstones_reaped.inc();
+                info!(
+                    consul_index = index,
+                    previous,
+                    "X-Consul-Index went back with nothing moved: a tombstone was reaped, not a loss"
+                );
+            }
+            Note::IndexReset {
+                previous,
+                index,
+                reaped: false,
+            } => {
                 metrics.consul_index_resets.inc();
                 warn!(
                     consul_index = index,
@@ -429,6 +506,30 @@ impl Watcher {
                     "the store id below the prefix vanished or changed: Consul's data went backwards (a rebuilt or restarted store); drain and maint that would be undone are held"
                 );
             }
+            Note::GenerationLost { served, now } => {
+                metrics.generation_lost.inc();
+                warn!(
+                    served_generation = served.number,
+                    generation = now.map(|g| g.number),
+                    "the write generation below the prefix does not descend from the one served: Consul's data went backwards (a restored snapshot, then writes); drain and maint that would be undone are held"
+                );
+            }
+            Note::Confirmed { last_contact } => {
+                let at = Instant::now().checked_sub(*last_contact);
+                let mut sync = self.shared.sync.lock().unwrap();
+                if at.is_some() && at > sync.confirmed_at {
+                    sync.confirmed_at = at;
+                }
+            }
+            Note::Unconfirmed { reason } => info!(
+                reason = reason.as_str(),
+                "index check could not confirm the state served is Consul's latest"
+            ),
+            Note::ParkedBehind { parked, index } => info!(
+                parked_index = parked,
+                consul_index = index,
+                "the blocking query is parked behind Consul's index (its server may be cut off): re-issued"
+            ),
             Note::NotMoved { index } => warn!(
                 consul_index = index,
                 "an answer that did not move past the served index shows other keys or values: Consul lost data; drain and maint that would be undone are held"
@@ -470,6 +571,48 @@ impl Watcher {
             ),
         }
     }
+}
+
+/// Performs one request of the core, with owned inputs so that the watcher
+/// can hand the core index checks while it is in flight.
+async fn perform(
+    client: Arc<ConsulClient>,
+    prefix: String,
+    wait: Duration,
+    request: Request,
+) -> Result<Response, ConsulError> {
+    let consistency = |stale: bool| {
+        if stale {
+            Consistency::Stale
+        } else {
+            Consistency::Default
+        }
+    };
+    let prefix = &prefix;
+    Ok(match &request {
+        Request::AclProbe => Response::Acl {
+            enabled: client.acl_enabled().await?,
+        },
+        Request::Prefix { index, stale } => {
+            let (answer, meta) = client
+                .read_prefix(prefix, *index, wait, consistency(*stale))
+                .await?;
+            Response::Prefix {
+                answer,
+                meta,
+                token_load: client.token().loads(),
+            }
+        }
+        Request::Key { key, stale } => {
+            let (read, index) = client
+                .read_key(&format!("{prefix}{key}"), consistency(*stale))
+                .await?;
+            Response::Key { read, index }
+        }
+        Request::ReadCheck { stale } => Response::ReadCheck {
+            allowed: client.read_check(prefix, *stale).await?,
+        },
+    })
 }
 
 fn unix_now_secs() -> u64 {

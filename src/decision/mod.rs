@@ -57,6 +57,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
+use crate::model::generation::{GenerationMark, Lineage};
 pub use served::{held_answer, HoldCause, STORE_ID_KEY};
 use served::{AnswerView, Change, ConsulKey, MergeInput, Probe, ServedState};
 use stale::{hold_reason, HoldReason};
@@ -89,6 +90,15 @@ pub struct Rules {
     /// Ask about ACLs again after a failure (Consul may have restarted with
     /// ACLs turned on).
     pub acl_reprobe: bool,
+    /// Treat a write generation the served one is not in the history of
+    /// as lost data.
+    pub generation: bool,
+    /// Take an index that went back with nothing moved for a reaped
+    /// tombstone, not lost data.
+    pub reap: bool,
+    /// Re-issue a parked blocking read that an index check shows behind or
+    /// cut off.
+    pub index_check: bool,
 }
 
 impl Default for Rules {
@@ -97,6 +107,9 @@ impl Default for Rules {
             probe_missing: true,
             store_id: true,
             acl_reprobe: true,
+            generation: true,
+            reap: true,
+            index_check: true,
         }
     }
 }
@@ -248,6 +261,39 @@ pub enum Note {
         previous: u64,
         /// The index now.
         index: u64,
+        /// Nothing moved: a tombstone was reaped (Consul reaps a delete's
+        /// tombstone about 15 minutes later and the prefix index drops to
+        /// the highest live key's). Not a loss.
+        reaped: bool,
+    },
+    /// The write generation ([`crate::model::generation`]) is not one the
+    /// served generation leads to: an older one, another branch (a restored
+    /// snapshot, then writes), or none where there was one.
+    GenerationLost {
+        /// The generation served.
+        served: GenerationMark,
+        /// The answer's (`None`: absent).
+        now: Option<GenerationMark>,
+    },
+    /// An index check confirmed that the state served is Consul's latest,
+    /// as of `last_contact` ago. (A prefix answer that is not held confirms
+    /// it too; the daemon sees that from the response.)
+    Confirmed {
+        /// The answering server's `X-Consul-LastContact`.
+        last_contact: Duration,
+    },
+    /// An index check could not confirm the state served is Consul's latest.
+    Unconfirmed {
+        /// Why.
+        reason: Unconfirmed,
+    },
+    /// An index check showed the prefix past the index a parked blocking
+    /// read waits on: the read was re-issued.
+    ParkedBehind {
+        /// The index the read waited on.
+        parked: u64,
+        /// The check's index.
+        index: u64,
     },
     /// The store id vanished or changed: Consul lost its data.
     StoreChanged {
@@ -288,6 +334,64 @@ pub enum Note {
     /// The store id read after direct reads was not the answer's: Consul
     /// lost data meanwhile; the answer was dropped for a full read.
     StoreMoved,
+}
+
+/// Why an index check did not confirm the served state (the `reason` label
+/// of `gitlab_haproxy_agent_index_checks_total`, beside `current` and
+/// `behind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unconfirmed {
+    /// The check failed or timed out.
+    Failed,
+    /// The check's server knows no leader or last heard from it more than
+    /// `--max-stale` ago: it is cut off, and so is a read parked through it.
+    CutOff(HoldReason),
+}
+
+impl Unconfirmed {
+    /// The label value: `failed`, `no_leader`, `too_old`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unconfirmed::Failed => "failed",
+            Unconfirmed::CutOff(r) => r.as_str(),
+        }
+    }
+}
+
+/// What an index check found: the check is
+/// `GET /v1/kv/<prefix>?keys&separator=/&stale`, whose `X-Consul-Index` is
+/// the prefix's (the same as a recursive read's, tombstones included:
+/// checked on Consul 1.8.7) and whose body is a few top-level names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IndexCheck {
+    /// It answered.
+    Answered {
+        /// `X-Consul-Index`.
+        index: u64,
+        /// Its freshness headers.
+        meta: ReadMeta,
+    },
+    /// It failed or timed out.
+    Failed,
+}
+
+/// What the core decided after an index check.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckOutput {
+    /// Drop the parked read and send this instead.
+    pub reissue: Option<Next>,
+    /// What to log and count.
+    pub notes: Vec<Note>,
+}
+
+/// A blocking prefix read in flight, which index checks watch.
+#[derive(Debug, Clone, Copy)]
+struct Parked {
+    index: u64,
+    /// Re-issued once already: a read re-issued for a cut-off server must
+    /// be left to fail (Consul's `rpc_hold_timeout`, 7 s), which moves the
+    /// Consul client agent to another server.
+    reissued: bool,
 }
 
 /// What the core decided after a response.
@@ -374,6 +478,8 @@ pub struct Core {
     /// with the record's ModifyIndex: not read again until the record
     /// changes (a key deleted by hand leaves its record behind).
     records_read: BTreeMap<Box<str>, u64>,
+    /// The blocking read in flight, if the last request is one.
+    parked: Option<Parked>,
 }
 
 impl Core {
@@ -394,6 +500,7 @@ impl Core {
             awaiting_acl: None,
             asked: None,
             records_read: BTreeMap::new(),
+            parked: None,
             config,
         }
     }
@@ -430,8 +537,88 @@ impl Core {
     }
 
     fn ask(&mut self, request: Request, delay: Delay) -> Next {
+        self.parked = match request {
+            Request::Prefix { index, .. } if index > 0 => Some(Parked {
+                index,
+                reissued: false,
+            }),
+            _ => None,
+        };
         self.asked = Some(request.clone());
         Next { request, delay }
+    }
+
+    /// Whether the request in flight is a blocking read, which the daemon
+    /// watches with an index check every `--index-check`.
+    pub fn parked(&self) -> bool {
+        self.parked.is_some()
+    }
+
+    /// Takes what an index check found while a blocking read is parked.
+    /// Consul keeps a parked query on the server that holds it: one cut off
+    /// from the quorum answers nothing new, and no error, until the wait
+    /// ends (1.8.7 `blockingQuery`; no version releases it on a loss of
+    /// leadership). So:
+    ///
+    /// - a check from a server that knows the leader and heard from it
+    ///   within `--max-stale` at an index not past the parked one confirms
+    ///   the state served;
+    /// - one past it means the read is parked behind: it is re-issued, and
+    ///   answers at once;
+    /// - one from a server that knows no leader, or has not heard from it
+    ///   within `--max-stale`, means a read through it is stuck: it is
+    ///   re-issued as a default read, which such a server fails after
+    ///   Consul's `rpc_hold_timeout` (7 s), and a Consul client agent moves
+    ///   to another server on that error;
+    /// - a failed check confirms nothing.
+    ///
+    /// A parked read is re-issued once; a check that comes after the read
+    /// returned is ignored.
+    pub fn on_index_check(&mut self, check: IndexCheck) -> CheckOutput {
+        let mut out = CheckOutput::default();
+        let Some(parked) = self.parked else {
+            return out;
+        };
+        let reissue = match check {
+            IndexCheck::Failed => {
+                out.notes.push(Note::Unconfirmed {
+                    reason: Unconfirmed::Failed,
+                });
+                false
+            }
+            IndexCheck::Answered { index, meta } => {
+                match hold_reason(None, index, &meta, self.config.max_stale) {
+                    Some(reason) => {
+                        out.notes.push(Note::Unconfirmed {
+                            reason: Unconfirmed::CutOff(reason),
+                        });
+                        self.confirm_default = true;
+                        true
+                    }
+                    None if index > parked.index => {
+                        out.notes.push(Note::ParkedBehind {
+                            parked: parked.index,
+                            index,
+                        });
+                        true
+                    }
+                    None => {
+                        out.notes.push(Note::Confirmed {
+                            last_contact: meta.last_contact.unwrap_or_default(),
+                        });
+                        false
+                    }
+                }
+            }
+        };
+        if reissue && !parked.reissued && self.config.rules.index_check {
+            let next = self.prefix_read(Delay::None);
+            if let Some(p) = self.parked.as_mut() {
+                p.reissued = true;
+            }
+            out.reissue = Some(next);
+        }
+        out
     }
 
     fn stale_now(&self) -> bool {
@@ -461,6 +648,7 @@ impl Core {
             reload_token: false,
             notes: Vec::new(),
         };
+        self.parked = None;
         out.next = match response {
             Response::Failed { forbidden } => self.fail(forbidden, &mut out),
             Response::Acl { enabled } => {
@@ -571,11 +759,20 @@ impl Core {
         // 3. Lost data.
         let mut rolled_back = false;
         if let Some(previous) = self.current().filter(|c| view.index < *c) {
+            // A reaped tombstone moves the index back and nothing else.
+            let reaped = self.config.rules.reap && self.shows_the_same(&view);
             out.notes.push(Note::IndexReset {
                 previous,
                 index: view.index,
+                reaped,
             });
-            rolled_back = true;
+            rolled_back = !reaped;
+        }
+        if self.config.rules.generation {
+            if let Some(lost) = self.generation_lost(&view) {
+                out.notes.push(lost);
+                rolled_back = true;
+            }
         }
         if self.config.rules.store_id {
             if let Some(previous) = self.served.as_ref().and_then(|s| s.store_id.clone()) {
@@ -697,12 +894,36 @@ impl Core {
         moved || (!acl_on && !self.shows_the_same(view))
     }
 
+    /// A note when the answer's write generation does not descend from the
+    /// one served: an older one or another branch (see
+    /// [`crate::model::generation`]), or none where there was one. A value
+    /// that does not parse (written by hand) and one too many writes ahead
+    /// to link say nothing.
+    fn generation_lost(&self, view: &AnswerView) -> Option<Note> {
+        let served = self.served.as_ref()?.generation?;
+        let now = match &view.generation {
+            None => None,
+            Some(Err(_)) => return None,
+            Some(Ok(g)) => match g.lineage(served) {
+                Lineage::Same | Lineage::Descends | Lineage::TooFar => return None,
+                Lineage::Lost => Some(g.mark()),
+            },
+        };
+        Some(Note::GenerationLost { served, now })
+    }
+
     /// Whether `view` shows exactly what the served state shows of Consul.
     fn shows_the_same(&self, view: &AnswerView) -> bool {
         let Some(served) = &self.served else {
             return false;
         };
+        let generation = match &view.generation {
+            None => None,
+            Some(Ok(g)) => Some(g.mark()),
+            Some(Err(_)) => served.generation,
+        };
         served.store_id == view.store_id
+            && served.generation == generation
             && served.release_mark == view.release_mark
             && served.consul_key_count() == view.keys.len()
             && view.keys.iter().all(|(k, c)| {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::generation::{Generation, GenerationMark, GENERATION_KEY};
 use crate::model::identity::{is_control_key, validate_identity, InvalidIdentity};
 use crate::model::meta::{parse_meta, KeyMeta, META_PREFIX};
 use crate::model::snapshot::{parse_entry, Entry, KeyState, KvPair, Snapshot};
@@ -167,6 +168,10 @@ pub struct ServedState {
     /// The ModifyIndex of [`RELEASE_ROLLBACK_KEY`](crate::model::identity::RELEASE_ROLLBACK_KEY)
     /// in the last applied answer.
     pub release_mark: Option<u64>,
+    /// The write generation ([`GENERATION_KEY`]) of the last applied answer;
+    /// `None` when it showed none (a store no writer wrote, or a token that
+    /// may not read it).
+    pub generation: Option<GenerationMark>,
     /// Every key known, relative to the prefix.
     pub keys: BTreeMap<Box<str>, KeyRecord>,
     /// Writer records in the last applied answer that could not be used
@@ -204,6 +209,9 @@ pub struct AnswerView {
     pub store_id_index: u64,
     /// The ModifyIndex of the release-rollback key, if present.
     pub release_mark: Option<u64>,
+    /// The write generation ([`GENERATION_KEY`]), as it parsed: `None` when
+    /// absent, an error for a value that does not parse (written by hand).
+    pub generation: Option<Result<Generation, crate::model::generation::BadGeneration>>,
     /// The writer's records (`~meta/<key>`) by key, with their ModifyIndex.
     pub meta: BTreeMap<Box<str>, (KeyMeta, u64)>,
     /// Records that could not be used.
@@ -233,6 +241,10 @@ impl AnswerView {
             }
             if rel == crate::model::identity::RELEASE_ROLLBACK_KEY {
                 view.release_mark = Some(pair.modify_index);
+                continue;
+            }
+            if rel == GENERATION_KEY {
+                view.generation = Some(Generation::parse(&pair.value));
                 continue;
             }
             if let Some(key) = rel.strip_prefix(META_PREFIX) {
@@ -363,10 +375,18 @@ impl ServedState {
             keys: mut shown_keys,
             store_id,
             release_mark,
+            generation,
             mut meta,
             invalid_meta,
             ..
         } = view;
+        // A generation written by hand that does not parse says nothing:
+        // the one served is kept to judge the next answer by.
+        let generation = match generation {
+            Some(Ok(g)) => Some(g.mark()),
+            Some(Err(_)) => self.generation,
+            None => None,
+        };
         // Keys neither served nor in the answer that a direct read was made
         // of (named only by a writer record).
         let probed_new: Vec<Box<str>> = input
@@ -414,6 +434,7 @@ impl ServedState {
             index,
             store_id,
             release_mark,
+            generation,
             keys,
             invalid_meta,
         };
@@ -473,9 +494,13 @@ impl ServedState {
             .count()
     }
 
-    /// How many keys Consul shows.
+    /// How many keys Consul shows (a key hidden from the token is not
+    /// shown, whatever was last seen of it).
     pub fn consul_key_count(&self) -> usize {
-        self.keys.values().filter(|r| r.consul.is_some()).count()
+        self.keys
+            .values()
+            .filter(|r| r.consul.is_some() && !r.hold.is_some_and(|h| h.cause == HoldCause::Hidden))
+            .count()
     }
 
     /// Every key served drain, maint or a weight, oldest first (ties by
@@ -617,21 +642,27 @@ fn merge_key(
                 since: 0,
             });
         };
-        // Hidden from the token: keep what was answered, whatever it was. A
-        // key hidden with no value known (no Consul value seen) stays so.
+        // Hidden from the token. A drain or maint is held: the key may
+        // still keep its servers out. A `ready` or a weight is not: the key
+        // may have been cleared since, and answering it would outrank a
+        // later identity's drain or maint on the line (the rule that holds
+        // a `ready` appearing from a store that lost data as absent, for the
+        // same reason); it is skipped, the next identity decides, its last
+        // value kept to tell it from a key never seen. A key skipped (an
+        // invalid value) or never seen stays so.
+        let seen = match p.served {
+            Some(state) if state.keeps_out() => None,
+            Some(state) => Some(ConsulKey {
+                value: None,
+                entry: Entry::Valid(state),
+                modify_index: p.consul.as_ref().map_or(0, |c| c.modify_index),
+            }),
+            None => p.consul.clone(),
+        };
         return Some(KeyRecord {
-            // A skipped key stays skipped: its invalid value is kept.
-            consul: if p.served.is_some() {
-                None
-            } else {
-                p.consul.clone()
-            },
-            served: p.served,
-            hold: if p.served.is_some() || p.consul.is_none() {
-                hold(HoldCause::Hidden)
-            } else {
-                None
-            },
+            served: p.served.filter(|s| s.keeps_out()),
+            consul: seen,
+            hold: hold(HoldCause::Hidden),
             meta: None,
             since: 0,
         });
@@ -731,6 +762,10 @@ struct FileV1 {
     index: u64,
     store_id: Option<String>,
     release_mark: Option<u64>,
+    /// The write generation served, `<number> <id>` (absent in files from
+    /// before it was kept).
+    #[serde(default)]
+    generation: Option<String>,
     keys: BTreeMap<String, FileKey>,
 }
 
@@ -786,7 +821,18 @@ struct FileOut<'a> {
     index: u64,
     store_id: Option<&'a str>,
     release_mark: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    generation: Option<String>,
     keys: KeysOut<'a>,
+}
+
+/// A generation served as the file keeps it: `<number> <id>`.
+fn file_generation(mark: GenerationMark) -> String {
+    Generation {
+        number: mark.number,
+        ids: vec![mark.id],
+    }
+    .to_string()
 }
 
 struct KeysOut<'a>(&'a BTreeMap<Box<str>, KeyRecord>);
@@ -831,6 +877,7 @@ impl ServedState {
             index: self.index,
             store_id: self.store_id.as_deref(),
             release_mark: self.release_mark,
+            generation: self.generation.map(file_generation),
             keys: KeysOut(&self.keys),
         };
         serde_json::to_writer(writer, &file).map_err(std::io::Error::other)
@@ -892,10 +939,19 @@ impl ServedState {
                 },
             );
         }
+        let generation = match file.generation {
+            None => None,
+            Some(text) => Some(
+                Generation::parse(text.as_bytes())
+                    .map_err(|e| StateFileError::Malformed(e.to_string()))?
+                    .mark(),
+            ),
+        };
         Ok(ServedState {
             index: file.index.max(1),
             store_id: file.store_id.map(Into::into),
             release_mark: file.release_mark,
+            generation,
             keys,
             invalid_meta: 0,
         })

@@ -133,7 +133,8 @@ fn index_rules_follow_consul_docs() {
     let out = step(&mut c, prefix(4, &[]));
     assert!(out.notes.contains(&Note::IndexReset {
         previous: 10,
-        index: 4
+        index: 4,
+        reaped: false
     }));
     assert_eq!(served(&c, "canary"), Some(Drain));
     assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
@@ -1262,16 +1263,16 @@ fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that
     key_read(&mut c, KeyRead::Forbidden, 5);
     step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
-    // Consul answers from an older snapshot (the index went backwards): no
-    // direct reads are made of such an answer, and web/s2 must not fall
-    // back to canary's ready meanwhile.
+    // Consul answers from an older snapshot (the index went backwards,
+    // canary back at an older write): no direct reads are made of such an
+    // answer, and web/s2 must not fall back to canary's ready meanwhile.
     let out = step(
         &mut c,
         prefix(
             4,
             &[
                 ("~store-id", "a1", 2),
-                ("canary", "ready", 3),
+                ("canary", "ready", 1),
                 ("~meta/web/s2", rec.as_str(), 4),
             ],
         ),
@@ -1284,4 +1285,320 @@ fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that
         c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
         Answer::Invalid { decided_by: 0 }
     );
+}
+
+/// A generation value: number `n`, ids newest first.
+fn generation(n: u64, ids: &[u64]) -> String {
+    crate::model::generation::Generation {
+        number: n,
+        ids: ids.to_vec(),
+    }
+    .to_string()
+}
+
+#[test]
+fn a_restored_snapshot_is_seen_by_its_generation_whatever_is_written_after_it() {
+    let mut c = started(false, false, None);
+    // web/s2 maint (generation 1), then web/s1 drain (generation 2).
+    let g1 = generation(1, &[0xa]);
+    let g2 = generation(2, &[0xb, 0xa]);
+    step(
+        &mut c,
+        prefix(
+            15,
+            &[
+                ("~generation", &g2, 15),
+                ("web/s2", "maint", 12),
+                ("web/s1", "drain", 15),
+            ],
+        ),
+    );
+    assert_eq!(served(&c, "web/s1"), Some(Drain));
+    // The snapshot from generation 1 is restored (web/s1 gone), then
+    // web/s3 is drained: generation 2 again, on another branch, at an
+    // index past the one served.
+    let g2_other = generation(2, &[0xc, 0xa]);
+    let _ = g1;
+    let out = step(
+        &mut c,
+        prefix(
+            21,
+            &[
+                ("~generation", &g2_other, 21),
+                ("web/s2", "maint", 12),
+                ("web/s3", "drain", 21),
+            ],
+        ),
+    );
+    assert!(out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { .. })));
+    assert_eq!(served(&c, "web/s1"), Some(Drain));
+    assert_eq!(hold(&c, "web/s1"), Some(HoldCause::RolledBack));
+    assert_eq!(served(&c, "web/s3"), Some(Drain));
+    // The next writer transaction descends from the new branch: nothing
+    // more is lost, and the hold stays until web/s1 is written.
+    let g3 = generation(3, &[0xd, 0xc, 0xa]);
+    let out = step(
+        &mut c,
+        prefix(
+            22,
+            &[
+                ("~generation", &g3, 22),
+                ("web/s2", "maint", 12),
+                ("web/s3", "ready", 22),
+            ],
+        ),
+    );
+    assert!(!out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { .. })));
+    assert_eq!(hold(&c, "web/s1"), Some(HoldCause::RolledBack));
+    // A generation too many writes ahead to link says nothing either way.
+    let mut far = crate::model::generation::Generation::first(0xd);
+    for i in 0..100 {
+        far = far.next(0x100 + i);
+    }
+    let far = far.to_string();
+    let out = step(
+        &mut c,
+        prefix(30, &[("~generation", &far, 30), ("web/s2", "maint", 12)]),
+    );
+    assert!(!out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { .. })));
+}
+
+#[test]
+fn a_vanished_generation_is_lost_data_and_a_malformed_one_says_nothing() {
+    let mut c = started(false, false, None);
+    let g1 = generation(1, &[0xa]);
+    step(
+        &mut c,
+        prefix(5, &[("~generation", &g1, 5), ("canary", "maint", 4)]),
+    );
+    let out = step(
+        &mut c,
+        prefix(7, &[("~generation", "junk", 7), ("canary", "maint", 4)]),
+    );
+    assert!(!out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { .. })));
+    // The generation served is kept through the junk value.
+    assert_eq!(c.served().unwrap().generation.map(|g| g.number), Some(1));
+    let out = step(&mut c, prefix(9, &[("other", "x", 9)]));
+    assert!(out.notes.contains(&Note::GenerationLost {
+        served: crate::model::generation::GenerationMark { number: 1, id: 0xa },
+        now: None
+    }));
+    assert_eq!(served(&c, "canary"), Some(Maint));
+    assert_eq!(hold(&c, "canary"), Some(HoldCause::RolledBack));
+}
+
+#[test]
+fn an_index_that_goes_back_with_nothing_moved_is_a_reaped_tombstone() {
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(13, &[("web/s1", "drain", 12), ("canary", "maint", 13)]),
+    );
+    // canary deleted by hand: its tombstone keeps the index at 20.
+    step(&mut c, prefix(20, &[("web/s1", "drain", 12)]));
+    assert_eq!(served(&c, "canary"), None);
+    // About 15 minutes later Consul reaps it: the index drops to 12,
+    // nothing else changes. Not a loss: no hold, and the index is taken.
+    let out = step(&mut c, prefix(12, &[("web/s1", "drain", 12)]));
+    assert!(out.notes.contains(&Note::IndexReset {
+        previous: 20,
+        index: 12,
+        reaped: true
+    }));
+    assert_eq!(c.served().unwrap().held_count(HoldCause::RolledBack), 0);
+    assert_eq!(c.served().unwrap().index, 12);
+    // A lower index with a key gone is still lost data: a delete's
+    // tombstone would have kept the index up.
+    step(
+        &mut c,
+        prefix(25, &[("web/s1", "drain", 12), ("zone-b", "maint", 25)]),
+    );
+    let out = step(&mut c, prefix(14, &[("web/s1", "drain", 12)]));
+    assert!(out.notes.contains(&Note::IndexReset {
+        previous: 25,
+        index: 14,
+        reaped: false
+    }));
+    assert_eq!(served(&c, "zone-b"), Some(Maint));
+    assert_eq!(hold(&c, "zone-b"), Some(HoldCause::RolledBack));
+}
+
+#[test]
+fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(
+            10,
+            &[
+                ("web/s1", "ready", 8),
+                ("web/s2", "maint", 9),
+                ("canary", "ready", 10),
+            ],
+        ),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    // The policy gains a deny on web/s1 and web/s2; an unrelated write.
+    step(
+        &mut c,
+        prefix(11, &[("canary", "ready", 10), ("other", "x", 11)]),
+    );
+    let mut out = step(&mut c, Response::ReadCheck { allowed: true });
+    for _ in 0..4 {
+        match asks(&out).clone() {
+            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 11),
+            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
+            _ => break,
+        }
+    }
+    assert_eq!(hold(&c, "web/s1"), Some(HoldCause::Hidden));
+    assert_eq!(served(&c, "web/s1"), None);
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    assert_eq!(served(&c, "web/s2"), Some(Maint));
+    // web/s1 cleared meanwhile (unseen), then canary disabled: canary
+    // decides web/s1's line; web/s2's own maint still decides its line.
+    let mut out = step(
+        &mut c,
+        prefix(13, &[("canary", "maint", 13), ("other", "x", 11)]),
+    );
+    for _ in 0..6 {
+        match asks(&out).clone() {
+            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 13),
+            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
+            _ => break,
+        }
+    }
+    let snapshot = c.served().unwrap().snapshot();
+    assert_eq!(
+        snapshot.lookup(["web/s1", "canary"]),
+        Answer::State {
+            state: Maint,
+            decided_by: Some(1)
+        }
+    );
+    assert_eq!(
+        snapshot.lookup(["web/s2", "canary"]),
+        Answer::State {
+            state: Maint,
+            decided_by: Some(0)
+        }
+    );
+    // Readable again: its value applies and the hold ends.
+    let mut out = step(
+        &mut c,
+        prefix(
+            14,
+            &[
+                ("web/s1", "drain", 14),
+                ("canary", "maint", 13),
+                ("other", "x", 11),
+            ],
+        ),
+    );
+    for _ in 0..6 {
+        match asks(&out).clone() {
+            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 14),
+            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
+            _ => break,
+        }
+    }
+    assert_eq!(served(&c, "web/s1"), Some(Drain));
+    assert_eq!(hold(&c, "web/s1"), None);
+}
+
+fn check(index: u64, meta: ReadMeta) -> IndexCheck {
+    IndexCheck::Answered { index, meta }
+}
+
+#[test]
+fn an_index_check_reissues_a_query_parked_behind_or_on_a_cut_off_server() {
+    let mut c = started(false, false, None);
+    let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    assert_eq!(asks(&out), &blocks_on(10));
+    assert!(c.parked());
+    // Current: confirmed, nothing re-issued.
+    let out = c.on_index_check(check(10, FRESH));
+    assert_eq!(out.reissue, None);
+    assert_eq!(
+        out.notes,
+        vec![Note::Confirmed {
+            last_contact: Duration::from_millis(2)
+        }]
+    );
+    // A failed check confirms nothing and keeps the read.
+    let out = c.on_index_check(IndexCheck::Failed);
+    assert_eq!(out.reissue, None);
+    assert!(matches!(out.notes[0], Note::Unconfirmed { .. }));
+    // The prefix moved past the parked read: re-issued at once, once.
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(
+        out.reissue,
+        Some(Next {
+            request: blocks_on(10),
+            delay: Delay::None
+        })
+    );
+    assert_eq!(
+        out.notes,
+        vec![Note::ParkedBehind {
+            parked: 10,
+            index: 12
+        }]
+    );
+    assert_eq!(c.on_index_check(check(12, FRESH)).reissue, None);
+    // The re-issued read answers: no read is parked until the next.
+    let out = step(&mut c, prefix(12, &[("canary", "maint", 12)]));
+    assert_eq!(served(&c, "canary"), Some(Maint));
+    assert_eq!(asks(&out), &blocks_on(12));
+    // A check from a server that knows no leader: re-issued (as a default
+    // read, which such a server fails after rpc_hold_timeout), once.
+    let leaderless = ReadMeta {
+        known_leader: Some(false),
+        ..FRESH
+    };
+    let out = c.on_index_check(check(12, leaderless));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(12)));
+    assert_eq!(
+        out.notes,
+        vec![Note::Unconfirmed {
+            reason: Unconfirmed::CutOff(HoldReason::NoLeader)
+        }]
+    );
+    assert_eq!(c.on_index_check(check(12, leaderless)).reissue, None);
+    // A check that comes after the read returned is ignored.
+    step(&mut c, Response::Failed { forbidden: false });
+    assert!(!c.parked());
+    assert_eq!(c.on_index_check(check(20, FRESH)), CheckOutput::default());
+}
+
+#[test]
+fn in_stale_mode_a_check_from_a_cut_off_server_reissues_a_default_read() {
+    let mut c = started(false, true, None);
+    step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    assert_eq!(
+        asks(&out),
+        &Request::Prefix {
+            index: 10,
+            stale: true
+        }
+    );
+    let old = ReadMeta {
+        last_contact: Some(Duration::from_secs(9)),
+        ..FRESH
+    };
+    let out = c.on_index_check(check(10, old));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
 }

@@ -32,6 +32,12 @@ pub enum AdminState {
 }
 
 impl AdminState {
+    /// Whether the state keeps its servers out of rotation: drain or maint
+    /// (the states the one promise is about).
+    pub fn keeps_out(self) -> bool {
+        matches!(self, AdminState::Drain | AdminState::Maint)
+    }
+
     /// The reply line sent to HAProxy, with its LF terminator.
     ///
     /// Built only from validated tokens: no KV text ever reaches HAProxy.

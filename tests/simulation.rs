@@ -9,11 +9,19 @@
 //!   that may not read the prefix, a blocking query filtered by the policy it
 //!   parked with, a stale follower that lags the leader, outages, and data
 //!   loss: a `-dev` restart (lower index), a store rebuilt at a higher index,
-//!   an old snapshot restored.
+//!   an old snapshot restored (old keys at their old ModifyIndex, the
+//!   snapshot's store id and write generation, the index moving forward
+//!   again with the next write). Tombstones reaped move the prefix index
+//!   back and nothing else. A server cut off from the quorum keeps the
+//!   blocking query parked on it without answering until the wait ends,
+//!   and the Consul client agent's server may be the cut-off one (index
+//!   checks then say it knows no leader, and the next default read fails
+//!   and moves the client agent to another server).
 //! - **Model HAProxy**: each server asks the agent with its agent-send line;
 //!   an answer sets its admin state, no answer keeps it, a reload sets every
 //!   server READY at full weight.
-//! - **Operators**: writes through the writer (which creates the store id)
+//! - **Operators**: writes through the writer (which creates the store id
+//!   and advances the write generation in every transaction)
 //!   and by hand (`consul kv put`, invalid values too), deletes,
 //!   transactions, `state release-rollback`.
 //! - **The agent**: the core, its state file (written before each new state
@@ -27,8 +35,16 @@
 //! it: a restart that loses the state file forgets everything Consul does
 //! not show as intended (a value lost with Consul's data, an invalid value,
 //! a key hidden from the token), and a data loss that leaves no trace the
-//! agent can see (no store id, and the index did not go below the agent's)
-//! is not a loss it can hold through.
+//! agent can see (no store id, no write generation that left the served
+//! one's history, and the index did not go below the agent's) is not a loss
+//! it can hold through. A key hidden from the token whose intent is not
+//! drain or maint does not excuse the next identity's drain or maint: it
+//! may have been cleared unseen.
+//!
+//! **Two more properties**: with no data lost (and no delete missed by the
+//! agent before its tombstone was reaped) nothing is held as rolled back;
+//! and once an index check showed the blocking query parked behind or on a
+//! cut-off server, the next delivery finds it re-issued, not still parked.
 //!
 //! A violating schedule is shrunk to the fewest events that still violate,
 //! and printed with its seed. `GHA_SIM_SEEDS` (a count) and `GHA_SIM_STEPS`
@@ -39,10 +55,12 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use gitlab_haproxy_agent::consul::{KvPair, PrefixAnswer, ReadMeta};
+use gitlab_haproxy_agent::decision::served::HoldCause;
 use gitlab_haproxy_agent::decision::served::ServedState;
 use gitlab_haproxy_agent::decision::{
-    Core, CoreConfig, KeyRead, Next, Note, Request, Response, Rules,
+    Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rules,
 };
+use gitlab_haproxy_agent::model::generation::{Generation, Lineage, GENERATION_KEY};
 use gitlab_haproxy_agent::model::snapshot::{Answer, Snapshot};
 use gitlab_haproxy_agent::model::value::AdminState;
 
@@ -123,6 +141,13 @@ enum Event {
     Reap,
     /// The follower catches up with the leader.
     CatchUp,
+    /// The server holding the blocking query is cut off from the quorum
+    /// (`client`: it is also the Consul client agent's server).
+    CutOff {
+        client: bool,
+    },
+    /// The daemon's index check, while a blocking read is parked.
+    IndexCheck,
     /// The token loses read on a key; regains it; loses the whole prefix;
     /// regains it.
     Deny {
@@ -313,6 +338,23 @@ struct Sim {
     step: u64,
     /// The agent's state before the last response.
     before_applied: Option<ServedState>,
+    /// The blocking query in flight sits on a cut-off server.
+    stuck: bool,
+    /// The Consul client agent's server is cut off: index checks answer
+    /// with no leader, and the next default read fails (which moves the
+    /// client agent to another server).
+    server_cut: bool,
+    /// An index check showed the parked query behind or cut off.
+    behind_seen: bool,
+    /// Data was lost, or a delete the agent had not applied was reaped:
+    /// a rolled-back hold may be right.
+    may_hold: bool,
+    /// Ids of write generations, one per writer transaction.
+    generation_ids: u64,
+    /// Keys an applied answer showed hidden from the token.
+    known_hidden: BTreeSet<String>,
+    /// A loss the core saw where none happened.
+    false_loss: Option<String>,
 }
 
 fn config(rules: Rules) -> CoreConfig {
@@ -353,6 +395,13 @@ impl Sim {
             epoch: 0,
             step: 0,
             before_applied: None,
+            stuck: false,
+            server_cut: false,
+            behind_seen: false,
+            may_hold: false,
+            generation_ids: 0,
+            known_hidden: BTreeSet::new(),
+            false_loss: None,
         };
         for key in KEYS {
             sim.intent.insert(key.to_string(), (None, 0, 0));
@@ -383,12 +432,31 @@ impl Sim {
         self.epoch += 1;
     }
 
+    /// The writer's transaction advances the write generation (compare and
+    /// set on what it read).
+    fn advance_generation(&mut self) {
+        self.generation_ids += 1;
+        let id = self.generation_ids;
+        let next = match self
+            .leader
+            .value(GENERATION_KEY)
+            .map(|v| Generation::parse(v.as_bytes()))
+        {
+            Some(Ok(g)) => g.next(id),
+            _ => Generation::first(id),
+        };
+        self.leader.set(GENERATION_KEY, &next.to_string());
+    }
+
     fn write(&mut self, key: &str, value: &str, by_writer: bool) {
         if by_writer && self.leader.value("~store-id").is_none() {
             let id = format!("gen{}", self.leader.generation);
             self.leader.set("~store-id", &id);
         }
         self.leader.set(key, value);
+        if by_writer {
+            self.advance_generation();
+        }
         let parsed = gitlab_haproxy_agent::model::value::parse_value(value.as_bytes()).ok();
         if parsed.is_some() {
             self.set_intent(key, parsed);
@@ -409,6 +477,8 @@ impl Sim {
     /// Consul's data is replaced; whether the agent can see it is judged
     /// when it applies the first answer from the new store.
     fn lose_data(&mut self, next: Store) {
+        self.may_hold = true;
+        self.stuck = false;
         let mut next = next;
         next.generation = self.leader.generation + 1;
         self.leader = next;
@@ -502,6 +572,17 @@ impl Sim {
         Some(match self.next.request.clone() {
             Request::AclProbe => Response::Acl { enabled: self.acl },
             Request::Prefix { index, .. } => {
+                if self.server_cut && !self.stale_config() {
+                    self.server_cut = false;
+                    self.stuck = false;
+                    // A default read on a server with no leader fails after
+                    // rpc_hold_timeout; the client agent moves on.
+                    self.parked = None;
+                    return Some(Response::Failed { forbidden: false });
+                }
+                if self.stuck {
+                    return None;
+                }
                 if index > 0 && self.parked.is_none() {
                     self.parked = Some(self.policy.clone());
                 }
@@ -549,6 +630,20 @@ impl Sim {
         let before = self.core.served().cloned();
         let out = self.core.on_response(response, self.step);
         self.before_applied = before;
+        self.stuck = false;
+        self.behind_seen = false;
+        let loss = out.notes.iter().find(|n| {
+            matches!(
+                n,
+                Note::IndexReset { reaped: false, .. }
+                    | Note::StoreChanged { .. }
+                    | Note::GenerationLost { .. }
+                    | Note::NotMoved { .. }
+            )
+        });
+        if let Some(note) = loss.filter(|_| !self.may_hold) {
+            self.false_loss = Some(format!("{note:?}"));
+        }
         // As the daemon publishes: the first Consul answer ends the
         // provisional snapshot read from the file.
         if out.served_changed || out.notes.contains(&Note::FirstSync) {
@@ -561,6 +656,13 @@ impl Sim {
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
         if applied {
             if let Some(shown) = self.shown.take() {
+                for key in KEYS {
+                    if shown.hidden.contains(*key) {
+                        self.known_hidden.insert(key.to_string());
+                    } else {
+                        self.known_hidden.remove(*key);
+                    }
+                }
                 // The first answer from a store that lost data: a key it
                 // lacks may be lost, not deleted; the agent cannot tell.
                 let first_of_store = shown.generation != self.agent_generation;
@@ -598,7 +700,16 @@ impl Sim {
         let id_gone = served.store_id.is_some()
             && shown.keys.get("~store-id").map(|v| v.as_str().into()) != served.store_id;
         let lower = shown.index < served.index;
-        if id_gone || lower {
+        let generation_left = served.generation.is_some_and(|mark| {
+            match shown.keys.get(GENERATION_KEY) {
+                // Vanished: seen once, where the last answer showed it.
+                None => served.generation_shown,
+                Some(v) => {
+                    Generation::parse(v.as_bytes()).is_ok_and(|g| g.lineage(mark) == Lineage::Lost)
+                }
+            }
+        });
+        if id_gone || lower || generation_left {
             return;
         }
         let keys: Vec<String> = self.known.iter().cloned().collect();
@@ -646,6 +757,8 @@ impl Sim {
     fn settle(&mut self) -> Result<(), String> {
         self.up = true;
         self.cut = false;
+        self.stuck = false;
+        self.server_cut = false;
         self.policy.prefix_denied = false;
         self.policy.denied.clear();
         self.follower = self.leader.clone();
@@ -686,7 +799,13 @@ impl Sim {
             let key = line[p];
             let state = self.intent[key].0.expect("decided by a value");
             let out = matches!(state, AdminState::Drain | AdminState::Maint);
-            let known = line[..=p].iter().all(|id| self.known.contains(*id));
+            // A key before the deciding one has no intent: hidden from the
+            // token, the agent cannot know it was cleared, and must not let
+            // a value it last saw (ready, a weight) outrank the decision.
+            let hidden = |id: &str| self.acl && !self.policy.allows(id);
+            let known = line[..p].iter().all(|id| {
+                self.known.contains(*id) || (hidden(id) && self.known_hidden.contains(*id))
+            }) && self.known.contains(line[p]);
             if out && self.haproxy[server] == Admin::Ready && known {
                 return Err(format!(
                     "server {server} ({}) READY while {key} = {state} (agent serves {:?})",
@@ -700,16 +819,82 @@ impl Sim {
         Ok(())
     }
 
+    /// The daemon's index check: the prefix's index on the client agent's
+    /// server (the leader's, or none when that server is cut off).
+    fn index_check(&mut self) {
+        if !self.up || !self.core.parked() {
+            return;
+        }
+        let Request::Prefix { index: parked, .. } = self.next.request else {
+            return;
+        };
+        let check = IndexCheck::Answered {
+            index: self.leader.prefix_index(),
+            meta: ReadMeta {
+                last_contact: Some(Duration::from_millis(10)),
+                known_leader: Some(!self.server_cut),
+                filtered_by_acls: None,
+            },
+        };
+        if self.server_cut || self.leader.prefix_index() > parked {
+            self.behind_seen = self.stuck;
+        }
+        let out = self.core.on_index_check(check);
+        if let Some(next) = out.reissue {
+            // The parked request is dropped; its connection closes.
+            self.next = next;
+            self.parked = None;
+            self.stuck = false;
+            self.behind_seen = false;
+        }
+    }
+
+    /// With no data lost, no loss is seen (no WARN, no page) and nothing
+    /// is held as rolled back.
+    fn no_false_loss(&mut self) -> Result<(), String> {
+        if let Some(note) = self.false_loss.take() {
+            return Err(format!("a loss seen with no data lost: {note}"));
+        }
+        let held = self
+            .core
+            .served()
+            .map_or(0, |s| s.held_count(HoldCause::RolledBack));
+        if held > 0 && !self.may_hold {
+            return Err(format!("{held} keys held as rolled back with no data lost"));
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, event: &Event) -> Result<(), String> {
+        let result = self.apply_event(event);
+        result.and_then(|()| self.no_false_loss())
+    }
+
+    fn apply_event(&mut self, event: &Event) -> Result<(), String> {
         self.step += 1;
         match *event {
             Event::Deliver { follower, lagging } => {
+                let failing = self.server_cut
+                    && matches!(self.next.request, Request::Prefix { stale: false, .. });
+                if self.stuck && self.behind_seen && self.up && !failing {
+                    return Err(format!(
+                        "an index check showed the blocking query {:?} behind or cut off, and it \
+                         is still parked on the cut-off server",
+                        self.next.request
+                    ));
+                }
                 if let Some(r) = self.respond(follower, lagging) {
                     self.deliver(r);
                 }
             }
             Event::WaitEnd => {
-                if self.up
+                if self.up && self.stuck {
+                    // The cut-off server answers its old copy; the next
+                    // read through it fails and moves the client agent.
+                    self.stuck = false;
+                    self.server_cut = false;
+                    self.deliver(Response::Failed { forbidden: false });
+                } else if self.up
                     && !self.cut
                     && matches!(self.next.request, Request::Prefix { index, .. } if index > 0)
                 {
@@ -758,6 +943,7 @@ impl Sim {
                 }
                 let n = self.step.to_string();
                 self.leader.set("~release-rollback", &n);
+                self.advance_generation();
                 // The operator takes Consul's values as the intent.
                 for key in KEYS {
                     let now = self.leader.value(key).map(str::to_string);
@@ -778,6 +964,9 @@ impl Sim {
             Event::ConsulDown => self.up = false,
             Event::ConsulUp => self.up = true,
             Event::AclRestart => {
+                // Keys a policy hid show at the same index once ACLs are
+                // off: the agent cannot tell that from a restore.
+                self.may_hold = true;
                 self.acl = !self.acl;
                 self.cut = true;
                 self.parked = None;
@@ -791,15 +980,47 @@ impl Sim {
                 self.lose_data(next);
             }
             Event::RestoreOld => {
-                if let Some(old) = self.old.clone() {
+                if let Some(mut old) = self.old.clone() {
+                    // The restored keys keep their ModifyIndex; Raft's index
+                    // goes on from where it was, so the next write lands
+                    // past everything served.
+                    old.index = old.index.max(self.leader.index) + 1;
                     self.lose_data(old);
                 }
             }
             Event::Backup => self.old = Some(self.leader.clone()),
             Event::Reap => {
+                // A delete the agent has not applied, reaped before it saw
+                // it, cannot be told from a loss (a hand delete writes no
+                // generation).
+                let served: BTreeSet<&str> = self
+                    .core
+                    .served()
+                    .map(|s| {
+                        s.keys
+                            .iter()
+                            .filter(|(_, r)| r.consul.is_some())
+                            .map(|(k, _)| k.as_ref())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let missed = self.leader.tombstones.keys().any(|k| {
+                    k.strip_prefix(PREFIX)
+                        .is_some_and(|rel| served.contains(rel))
+                });
+                if missed {
+                    self.may_hold = true;
+                }
                 self.leader.tombstones.clear();
                 self.mutated();
             }
+            Event::CutOff { client } => {
+                if self.core.parked() {
+                    self.stuck = true;
+                    self.server_cut |= client;
+                }
+            }
+            Event::IndexCheck => self.index_check(),
             Event::CatchUp => self.follower = self.leader.clone(),
             Event::Deny { key } => {
                 self.policy.denied.insert(KEYS[key].to_string());
@@ -807,7 +1028,14 @@ impl Sim {
             Event::Allow { key } => {
                 self.policy.denied.remove(KEYS[key]);
             }
-            Event::DenyPrefix => self.policy.prefix_denied = true,
+            Event::DenyPrefix => {
+                // A token that may not read the prefix hides the store id
+                // and the generation: an answer read before the read check
+                // saw the policy change cannot be told from a lost store
+                // (the safe way: held).
+                self.policy.prefix_denied = true;
+                self.may_hold = true;
+            }
             Event::AllowPrefix => self.policy.prefix_denied = false,
             Event::Restart { keep_file } => self.restart(keep_file),
             Event::Ask { server } => return self.ask(server),
@@ -825,7 +1053,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
     let stale = rng.u8(..4) == 0;
     let key = |rng: &mut fastrand::Rng| rng.usize(..KEYS.len());
     let events = (0..steps)
-        .map(|_| match rng.u32(..1000) {
+        .map(|_| match rng.u32(..1020) {
             0..=349 => Event::Deliver {
                 follower: rng.bool(),
                 lagging: rng.u8(..10) == 0,
@@ -878,7 +1106,9 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             964..=973 => Event::Restart { keep_file: true },
             974..=976 => Event::Restart { keep_file: false },
             985..=989 => Event::AclRestart,
-            _ => Event::Reload,
+            990..=999 => Event::Reload,
+            1000..=1004 => Event::CutOff { client: rng.bool() },
+            _ => Event::IndexCheck,
         })
         .collect();
     (acl, stale, events)
@@ -1047,15 +1277,66 @@ fn without_direct_reads_a_denied_key_reads_as_deleted() {
 }
 
 #[test]
-fn without_the_store_id_a_store_rebuilt_ahead_undrains() {
+fn without_the_store_id_and_the_generation_a_store_rebuilt_ahead_undrains() {
+    // Either tells a rebuilt store (the writer writes both); the store id
+    // alone covers stores written by a writer from before the generation.
     let setup = Setup {
         rules: Rules {
             store_id: false,
+            generation: false,
             ..Rules::default()
         },
         ..Setup::all()
     };
-    finds_a_violation(setup, "the store id");
+    finds_a_violation(setup, "the store id and the generation");
+}
+
+#[test]
+fn without_the_generation_a_restore_then_a_write_undrains() {
+    let setup = Setup {
+        rules: Rules {
+            generation: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "the write generation");
+}
+
+#[test]
+fn without_telling_a_reap_a_reaped_tombstone_is_held_as_lost_data() {
+    let setup = Setup {
+        rules: Rules {
+            reap: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "telling a reaped tombstone from a loss");
+}
+
+#[test]
+fn without_the_index_check_a_query_parked_on_a_cut_off_server_stays_parked() {
+    let setup = Setup {
+        rules: Rules {
+            index_check: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "re-issuing a query an index check shows behind");
+}
+
+#[test]
+fn without_skipping_a_hidden_ready_it_outranks_a_group_maint() {
+    let setup = Setup {
+        rules: Rules {
+            hidden_holds_only_out: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "skipping a hidden ready or weight");
 }
 
 #[test]

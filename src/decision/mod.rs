@@ -99,6 +99,9 @@ pub struct Rules {
     /// Re-issue a parked blocking read that an index check shows behind or
     /// cut off.
     pub index_check: bool,
+    /// A hidden key holds only drain or maint; a hidden `ready` or weight
+    /// is skipped.
+    pub hidden_holds_only_out: bool,
 }
 
 impl Default for Rules {
@@ -110,6 +113,7 @@ impl Default for Rules {
             generation: true,
             reap: true,
             index_check: true,
+            hidden_holds_only_out: true,
         }
     }
 }
@@ -388,10 +392,10 @@ pub struct CheckOutput {
 #[derive(Debug, Clone, Copy)]
 struct Parked {
     index: u64,
-    /// Re-issued once already: a read re-issued for a cut-off server must
-    /// be left to fail (Consul's `rpc_hold_timeout`, 7 s), which moves the
-    /// Consul client agent to another server.
-    reissued: bool,
+    /// Re-issued for a cut-off server: such a read must be left to fail
+    /// (Consul's `rpc_hold_timeout`, 7 s), which moves the Consul client
+    /// agent to another server, not re-issued again.
+    for_cut_off: bool,
 }
 
 /// What the core decided after a response.
@@ -540,7 +544,7 @@ impl Core {
         self.parked = match request {
             Request::Prefix { index, .. } if index > 0 => Some(Parked {
                 index,
-                reissued: false,
+                for_cut_off: false,
             }),
             _ => None,
         };
@@ -572,19 +576,20 @@ impl Core {
     ///   to another server on that error;
     /// - a failed check confirms nothing.
     ///
-    /// A parked read is re-issued once; a check that comes after the read
-    /// returned is ignored.
+    /// A read re-issued for a cut-off server is not re-issued again for
+    /// that; a check that comes after the read returned is ignored.
     pub fn on_index_check(&mut self, check: IndexCheck) -> CheckOutput {
         let mut out = CheckOutput::default();
         let Some(parked) = self.parked else {
             return out;
         };
+        // Whether to re-issue, and whether for a cut-off server.
         let reissue = match check {
             IndexCheck::Failed => {
                 out.notes.push(Note::Unconfirmed {
                     reason: Unconfirmed::Failed,
                 });
-                false
+                None
             }
             IndexCheck::Answered { index, meta } => {
                 match hold_reason(None, index, &meta, self.config.max_stale) {
@@ -592,32 +597,35 @@ impl Core {
                         out.notes.push(Note::Unconfirmed {
                             reason: Unconfirmed::CutOff(reason),
                         });
-                        self.confirm_default = true;
-                        true
+                        (!parked.for_cut_off).then_some(true)
                     }
                     None if index > parked.index => {
                         out.notes.push(Note::ParkedBehind {
                             parked: parked.index,
                             index,
                         });
-                        true
+                        Some(false)
                     }
                     None => {
                         out.notes.push(Note::Confirmed {
                             last_contact: meta.last_contact.unwrap_or_default(),
                         });
-                        false
+                        None
                     }
                 }
             }
         };
-        if reissue && !parked.reissued && self.config.rules.index_check {
-            let next = self.prefix_read(Delay::None);
-            if let Some(p) = self.parked.as_mut() {
-                p.reissued = true;
-            }
-            out.reissue = Some(next);
+        let Some(for_cut_off) = reissue.filter(|_| self.config.rules.index_check) else {
+            return out;
+        };
+        if for_cut_off {
+            self.confirm_default = true;
         }
+        let next = self.prefix_read(Delay::None);
+        if let Some(p) = self.parked.as_mut() {
+            p.for_cut_off = for_cut_off;
+        }
+        out.reissue = Some(next);
         out
     }
 
@@ -896,12 +904,14 @@ impl Core {
 
     /// A note when the answer's write generation does not descend from the
     /// one served: an older one or another branch (see
-    /// [`crate::model::generation`]), or none where there was one. A value
-    /// that does not parse (written by hand) and one too many writes ahead
-    /// to link say nothing.
+    /// [`crate::model::generation`]), or none where the last answer showed
+    /// one. A value that does not parse (written by hand) and one too many
+    /// writes ahead to link say nothing.
     fn generation_lost(&self, view: &AnswerView) -> Option<Note> {
-        let served = self.served.as_ref()?.generation?;
+        let state = self.served.as_ref()?;
+        let served = state.generation?;
         let now = match &view.generation {
+            None if !state.generation_shown => return None,
             None => None,
             Some(Err(_)) => return None,
             Some(Ok(g)) => match g.lineage(served) {
@@ -918,11 +928,11 @@ impl Core {
             return false;
         };
         let generation = match &view.generation {
-            None => None,
             Some(Ok(g)) => Some(g.mark()),
-            Some(Err(_)) => served.generation,
+            Some(Err(_)) | None => served.generation,
         };
         served.store_id == view.store_id
+            && served.generation_shown == view.generation.is_some()
             && served.generation == generation
             && served.release_mark == view.release_mark
             && served.consul_key_count() == view.keys.len()
@@ -1068,6 +1078,7 @@ impl Core {
 
     fn finish(&mut self, p: Pending, now: u64, out: &mut Output) -> Next {
         let input = MergeInput {
+            hidden_holds_only_out: self.config.rules.hidden_holds_only_out,
             rolled_back: p.rolled_back,
             probes: p.probes,
             now,

@@ -168,10 +168,14 @@ pub struct ServedState {
     /// The ModifyIndex of [`RELEASE_ROLLBACK_KEY`](crate::model::identity::RELEASE_ROLLBACK_KEY)
     /// in the last applied answer.
     pub release_mark: Option<u64>,
-    /// The write generation ([`GENERATION_KEY`]) of the last applied answer;
-    /// `None` when it showed none (a store no writer wrote, or a token that
-    /// may not read it).
+    /// The write generation ([`GENERATION_KEY`]) last shown by an applied
+    /// answer, kept through answers that lack it (a token that may not read
+    /// it, a delete by hand) so that a branch showing up later is still
+    /// told; `None` when none was ever shown.
     pub generation: Option<GenerationMark>,
+    /// Whether the last applied answer showed [`ServedState::generation`]:
+    /// its vanishing is lost data once, not at every answer after.
+    pub generation_shown: bool,
     /// Every key known, relative to the prefix.
     pub keys: BTreeMap<Box<str>, KeyRecord>,
     /// Writer records in the last applied answer that could not be used
@@ -340,6 +344,9 @@ pub struct MergeInput {
     pub probes: BTreeMap<Box<str>, Probe>,
     /// Unix time in seconds, for the start of new holds.
     pub now: u64,
+    /// A hidden key holds only drain or maint (off only in tests that show
+    /// what the rule prevents: then it holds whatever it served).
+    pub hidden_holds_only_out: bool,
 }
 
 impl ServedState {
@@ -382,10 +389,10 @@ impl ServedState {
         } = view;
         // A generation written by hand that does not parse says nothing:
         // the one served is kept to judge the next answer by.
+        let generation_shown = generation.is_some();
         let generation = match generation {
             Some(Ok(g)) => Some(g.mark()),
-            Some(Err(_)) => self.generation,
-            None => None,
+            Some(Err(_)) | None => self.generation,
         };
         // Keys neither served nor in the answer that a direct read was made
         // of (named only by a writer record).
@@ -435,6 +442,7 @@ impl ServedState {
             store_id,
             release_mark,
             generation,
+            generation_shown,
             keys,
             invalid_meta,
         };
@@ -650,8 +658,9 @@ fn merge_key(
         // same reason); it is skipped, the next identity decides, its last
         // value kept to tell it from a key never seen. A key skipped (an
         // invalid value) or never seen stays so.
+        let holds = |s: AdminState| s.keeps_out() || !input.hidden_holds_only_out;
         let seen = match p.served {
-            Some(state) if state.keeps_out() => None,
+            Some(state) if holds(state) => None,
             Some(state) => Some(ConsulKey {
                 value: None,
                 entry: Entry::Valid(state),
@@ -660,7 +669,7 @@ fn merge_key(
             None => p.consul.clone(),
         };
         return Some(KeyRecord {
-            served: p.served.filter(|s| s.keeps_out()),
+            served: p.served.filter(|s| holds(*s)),
             consul: seen,
             hold: hold(HoldCause::Hidden),
             meta: None,
@@ -951,6 +960,7 @@ impl ServedState {
             index: file.index.max(1),
             store_id: file.store_id.map(Into::into),
             release_mark: file.release_mark,
+            generation_shown: generation.is_some(),
             generation,
             keys,
             invalid_meta: 0,

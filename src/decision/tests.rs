@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
-use super::served::ServedState;
+use super::served::{Change, ServedState};
+use super::stale::HoldReason;
 use super::*;
+use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
 use crate::model::snapshot::Answer;
 use crate::model::value::AdminState::{self, Drain, Maint, Ready, Weight};
 
@@ -1451,12 +1453,11 @@ fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
     );
     step(&mut c, Response::ReadCheck { allowed: true });
     // The policy gains a deny on web/s1 and web/s2; an unrelated write.
-    step(
+    let mut out = step(
         &mut c,
         prefix(11, &[("canary", "ready", 10), ("other", "x", 11)]),
     );
-    let mut out = step(&mut c, Response::ReadCheck { allowed: true });
-    for _ in 0..4 {
+    for _ in 0..6 {
         match asks(&out).clone() {
             Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 11),
             Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),

@@ -24,7 +24,7 @@
 #                                Consul leader, a follower, a client agent
 #                                or a 1|2 split is cut off (nftables in a
 #                                private network namespace; as root; about
-#                                4 minutes; benches/partition.rs)
+#                                4 minutes; benches/partition_delay.rs)
 #
 # Other options are passed to the benchmark: --no-record, --quick,
 # --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
@@ -54,7 +54,7 @@ if [ "${1:-}" = "--fleet" ]; then
 fi
 if [ "${1:-}" = "--partition" ]; then
   shift
-  exec cargo bench --locked --bench partition -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
+  exec cargo bench --locked --bench partition_delay -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
 fi
 if [ "${1:-}" = "--consul-cost" ]; then
   shift

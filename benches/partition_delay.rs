@@ -18,7 +18,7 @@
 //! acknowledgement to HAProxy showing each write (p50, p99, worst; writes
 //! shown only after the heal count with their full delay) and when the
 //! agent first said it could not confirm it serves Consul's latest index.
-//! Not run in CI: `./scripts/bench.sh --partition` (about 4 minutes).
+//! Not run in CI: `./scripts/bench.sh --partition` (about 3 minutes).
 //!
 //! Options (after `--`): `--agent-bin PATH`, `--secs S`, `--label TEXT`
 //! (the BENCHMARKS.md section it is recorded in, e.g. `before`),

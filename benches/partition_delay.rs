@@ -81,6 +81,17 @@ fn secs(d: Option<Duration>) -> String {
 
 fn main() {
     let args = Args::parse();
+    if !args.bench {
+        println!(
+            "partition benchmark: not run under cargo test; run ./scripts/bench.sh --partition"
+        );
+        return;
+    }
+    assert!(
+        args.agent_bin.is_file(),
+        "no agent binary at {}",
+        args.agent_bin.display()
+    );
     let forwarded: Vec<String> = std::env::args().skip(1).collect();
     let forwarded: Vec<&str> = forwarded.iter().map(String::as_str).collect();
     if !harness::netns::enter(&forwarded, Duration::from_secs(30 * 60)) {

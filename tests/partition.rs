@@ -16,7 +16,7 @@
 //! every load balancer serves the last write and says it is current again.
 //!
 //! The agent is `GITLAB_HAPROXY_AGENT_TEST_AGENT_BIN` when set (another
-//! build to measure), else this crate's. About 70 s.
+//! build to measure), else this crate's. About 45 s.
 
 mod support;
 

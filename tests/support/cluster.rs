@@ -31,7 +31,8 @@
 //!   prefix never written (404, the whole KV table's index, so moved by a
 //!   write anywhere). A write outside a non-empty prefix moves neither. A
 //!   blocking `?keys&separator=/&stale` query wakes on a write folded
-//!   under the separator (within 25 ms).
+//!   under the separator, as soon as it is written, with and without
+//!   `&stale`.
 //! - A default-consistency read through c1 whose server is cut from the
 //!   other two: when that server already knows it has no leader, 500 "No
 //!   cluster leader" after `rpc_hold_timeout` (7.0-7.1 s); right after the

@@ -19,11 +19,18 @@
 #                                -type=keyprefix`, ACLs off and on, default
 #                                and stale reads (benches/consul_cost.rs;
 #                                about 2 minutes; needs only consul)
+#   ./scripts/bench.sh --partition   instead: time from an acknowledged
+#                                write to every HAProxy showing it while a
+#                                Consul leader, a follower, a client agent
+#                                or a 1|2 split is cut off (nftables in a
+#                                private network namespace; as root; about
+#                                4 minutes; benches/partition_delay.rs)
 #
 # Other options are passed to the benchmark: --no-record, --quick,
 # --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
 # measured beside this one); with --fleet: --agents N,N, --writes N,
-# --outage-secs S; with --consul-cost: --keys N.
+# --outage-secs S; with --consul-cost: --keys N; with --partition: --secs S
+# (per cut), --label TEXT (the BENCHMARKS.md section, e.g. before).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +51,10 @@ if [ "${1:-}" = "--fleet" ]; then
   # Thousands of agents, each with its own descriptors and threads.
   ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
   exec cargo bench --locked --bench fleet -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
+fi
+if [ "${1:-}" = "--partition" ]; then
+  shift
+  exec cargo bench --locked --bench partition_delay -- --agent-bin "$PWD/target/release/gitlab-haproxy-agent" "$@"
 fi
 if [ "${1:-}" = "--consul-cost" ]; then
   shift

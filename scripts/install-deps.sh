@@ -45,6 +45,7 @@ $demo || want+=(
   aptly gnupg
   podman crun netavark aardvark-dns slirp4netns uidmap conmon catatonit runc
   golang-go python3-venv python3-yaml
+  nftables stress-ng
 )
 missing=()
 for p in "${want[@]}"; do

@@ -13,6 +13,46 @@
 //! Raft runs with `performance { raft_multiplier = 1 }` (Consul's
 //! recommended production timing; the default of 5 is for small machines),
 //! so a leader is elected again within about 2 s of losing one.
+//!
+//! Partitions ([`Cluster::start_partitionable`], [`Cluster::cut`],
+//! [`Cluster::heal`]) need the private namespace of `super::netns`: each
+//! node runs under its own uid (Consul's gossip TCP leaves from 127.0.0.1,
+//! not from the node's address), and a cut is nftables DROP rules on the
+//! output hook, by address pair and by `meta skuid`, both directions.
+//!
+//! What Consul 1.8.7 does under a cut, measured with this setup (three
+//! servers, `raft_multiplier = 1`, a client agent c1):
+//!
+//! - The `X-Consul-Index` of `GET /v1/kv/<prefix>?keys&separator=/` (with
+//!   or without `&stale`) is the one of `GET /v1/kv/<prefix>?recurse`,
+//!   always: after a put, a put folded under the separator (`p/b/c`), an
+//!   update, a flags-only change, a delete (the tombstone keeps the index
+//!   up), a prefix emptied by deletes (404, index of its tombstones), and a
+//!   prefix never written (404, the whole KV table's index, so moved by a
+//!   write anywhere). A write outside a non-empty prefix moves neither. A
+//!   blocking `?keys&separator=/&stale` query wakes on a write folded
+//!   under the separator, as soon as it is written, with and without
+//!   `&stale`.
+//! - A default-consistency read through c1 whose server is cut from the
+//!   other two: when that server already knows it has no leader, 500 "No
+//!   cluster leader" after `rpc_hold_timeout` (7.0-7.1 s); right after the
+//!   cut, while the server still forwards to the leader over a pooled
+//!   connection that now drops everything, 500 "rpc error making call: EOF"
+//!   after 30-34 s. After that error c1 moves to another server: the next
+//!   read answers in 40-100 ms, from the quorum. Without an error c1 stays
+//!   on the cut server (a `?stale` read there answers at once, with the old
+//!   data and a growing `X-Consul-LastContact`, `KnownLeader: false` once
+//!   it noticed).
+//! - The leader cut from the other two keeps answering default reads as
+//!   leader (`LastContact: 0`) for its lease (~0.5 s); a quorum-side
+//!   follower forwards to it until the new leader is known: a write through
+//!   it then failed after 10 s (dial timeout to the old leader).
+//! - A client agent cut from every server: the first default read failed
+//!   after 32 s (EOF), the next after 10 s (dial timeout); a `?stale` read
+//!   after 10 s.
+//! - `performance { rpc_hold_timeout = "2s" }` is accepted by 1.8.7 (`consul
+//!   validate` refuses a misspelt key) and shortens "No cluster leader" to
+//!   2.1 s.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -22,7 +62,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{http_request_as, kill, wait_every, Proc, TempDir, PREFIX};
+use super::{http_request_as, kill, netns, wait_every, Proc, TempDir, PREFIX};
 
 /// Consul's default HTTP port, on each node's own address.
 pub const HTTP_PORT: u16 = 8500;
@@ -35,6 +75,13 @@ pub const SERF_LAN_PORT: u16 = 8301;
 pub const FORM_TIMEOUT: Duration = Duration::from_secs(60);
 
 static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// A partitionable cluster's node at `.h` runs as uid `NODE_UID_BASE + h`
+/// (no such user needs to exist).
+const NODE_UID_BASE: u32 = 47_000;
+
+/// The nftables table that holds the cuts.
+const NFT_TABLE: &str = "gha_partition";
 
 /// A free /24 as its first three octets: `127.(100 + pid % 100).n`, n
 /// counting up per cluster, skipping a /24 another process holds (its lock
@@ -108,13 +155,27 @@ pub struct Node {
     logs: PathBuf,
     join: Vec<Ipv4Addr>,
     raft_multiplier: u8,
+    /// Its own uid (in a partitionable cluster), for `meta skuid` rules.
+    pub uid: Option<u32>,
     starts: u32,
     proc: Option<Proc>,
 }
 
 impl Node {
     fn command(&self) -> Command {
-        let mut cmd = Command::new("consul");
+        let mut cmd = match self.uid {
+            Some(uid) => {
+                let mut c = Command::new("setpriv");
+                c.args([
+                    format!("--reuid={uid}"),
+                    format!("--regid={uid}"),
+                    "--clear-groups".to_string(),
+                    "consul".to_string(),
+                ]);
+                c
+            }
+            None => Command::new("consul"),
+        };
         cmd.arg("agent")
             .arg(format!("-node={}", self.name))
             .arg(format!("-bind={}", self.ip))
@@ -316,6 +377,26 @@ pub fn put_at(addr: SocketAddr, key: &str, value: &str) -> bool {
     .is_some_and(|(s, _, b)| s == 200 && b.trim_ascii() == b"true")
 }
 
+/// Runs an nftables script (`nft -f -`) in this process's network
+/// namespace; panics when nft refuses it.
+fn nft(script: &str) {
+    use std::io::Write as _;
+    assert!(netns::inside(), "nftables rules only inside netns::enter");
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("run nft (Debian nftables)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "nft refused:\n{script}");
+}
+
 /// `0100007F:1F90` (little-endian address, hex port) from /proc/net/tcp.
 fn parse_proc_addr(field: &str) -> Option<(Ipv4Addr, u16)> {
     let (ip, port) = field.split_once(':')?;
@@ -356,11 +437,45 @@ impl Cluster {
     /// fleet benchmark runs thousands of agents on two cores) needs the
     /// default of 5 to keep its leader.
     pub fn start_with(clients: u8, raft_multiplier: u8) -> Cluster {
-        let (net, lock) = pick_net(clients);
+        Self::launch(clients, raft_multiplier, false)
+    }
+
+    /// Like [`Cluster::start`], for [`Cluster::cut`]: every node under its
+    /// own uid (`setpriv`). Only inside the private namespace of
+    /// [`netns::enter`].
+    pub fn start_partitionable(clients: u8) -> Cluster {
+        assert!(
+            netns::inside(),
+            "a partitionable cluster runs only inside netns::enter"
+        );
+        Self::launch(clients, 1, true)
+    }
+
+    fn launch(clients: u8, raft_multiplier: u8, own_uids: bool) -> Cluster {
+        // A private namespace's loopback is its own: no lock to take (and
+        // a PID there means nothing to the processes outside).
+        let (net, lock) = if netns::inside() {
+            ([127, 101, 1], PathBuf::new())
+        } else {
+            pick_net(clients)
+        };
         let dir = TempDir::new("consul-cluster");
+        if own_uids {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+                .expect("chmod the cluster folder");
+        }
         let ip = |h: u8| Ipv4Addr::new(net[0], net[1], net[2], h);
         let seeds: Vec<Ipv4Addr> = (1..=3).map(ip).collect();
         let node = |name: String, host: u8, server: bool| Node {
+            uid: own_uids.then(|| {
+                let uid = NODE_UID_BASE + u32::from(host);
+                let data = dir.path().join(&name);
+                std::fs::create_dir(&data).expect("create a node's data folder");
+                std::os::unix::fs::chown(&data, Some(uid), Some(uid))
+                    .expect("chown a node's data folder");
+                uid
+            }),
             data: dir.path().join(&name),
             logs: dir.path().to_path_buf(),
             name,
@@ -500,6 +615,58 @@ impl Cluster {
         }
     }
 
+    /// The node named `name` (`s1`, `c2`, ...).
+    pub fn node(&self, name: &str) -> &Node {
+        self.nodes()
+            .find(|n| n.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Cuts every node of `a` from every node of `b` (names, e.g.
+    /// `cut(&["s1"], &["s2", "s3"])`): nftables drops, on the output hook,
+    /// packets between their addresses and packets any of their processes
+    /// (by uid) sends to the other's address, both directions. Open TCP
+    /// connections stall rather than close, as in a real partition. Adds to
+    /// the cuts already made; [`Cluster::heal`] removes them all.
+    pub fn cut(&self, a: &[&str], b: &[&str]) {
+        let mut rules = format!(
+            "add table inet {NFT_TABLE}\nadd chain inet {NFT_TABLE} out {{ type filter hook output priority 0; policy accept; }}\n"
+        );
+        for x in a {
+            for y in b {
+                let (x, y) = (self.node(x), self.node(y));
+                for (from, to) in [(x, y), (y, x)] {
+                    let uid = from.uid.expect("a partitionable cluster");
+                    rules.push_str(&format!(
+                        "add rule inet {NFT_TABLE} out ip saddr {} ip daddr {} drop\n\
+                         add rule inet {NFT_TABLE} out meta skuid {uid} ip daddr {} drop\n",
+                        from.ip, to.ip, to.ip
+                    ));
+                }
+            }
+        }
+        nft(&rules);
+    }
+
+    /// Cuts node `name` from every server but itself: a server from the
+    /// other two, a client agent from all three.
+    pub fn isolate(&self, name: &str) {
+        let others: Vec<&str> = self
+            .servers
+            .iter()
+            .map(|s| s.name.as_str())
+            .filter(|s| *s != name)
+            .collect();
+        self.cut(&[name], &others);
+    }
+
+    /// Removes every cut.
+    pub fn heal(&self) {
+        nft(&format!(
+            "add table inet {NFT_TABLE}\ndelete table inet {NFT_TABLE}\n"
+        ));
+    }
+
     /// The last lines of every node's logs.
     pub fn logs(&self) -> String {
         self.nodes().map(Node::log).collect()
@@ -516,6 +683,8 @@ impl Drop for Cluster {
         for n in self.clients.iter_mut().chain(self.servers.iter_mut()) {
             n.kill();
         }
-        let _ = std::fs::remove_file(&self.lock);
+        if !self.lock.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.lock);
+        }
     }
 }

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod lbs;
+pub mod netns;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

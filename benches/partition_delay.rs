@@ -1,0 +1,307 @@
+//! Partition benchmark: how long after a write is acknowledged every load
+//! balancer shows it, while part of a three-server Consul cluster is cut
+//! off. Runs in a private network namespace (`support::netns`): three
+//! servers and two client agents, three load balancers (a real HAProxy and
+//! an agent each: lb1 default consistency through client agent c1, lb2
+//! stale through c2, lb3 stale straight to the server that leads at the
+//! start), and a writer that `state set`s a new weight every second through
+//! the servers on the quorum's side. HAProxy's `show servers state` is read
+//! every 100 ms.
+//!
+//! One run, one cluster, four scenarios of `--secs` each (default 30), the
+//! network healed and every load balancer caught up between them: the
+//! leader cut from the other servers; a follower (the one c1 sends to, else
+//! c2's, else lb3's, when one of them is a follower) cut from the other
+//! servers; c1 cut from every
+//! server; a 1|2 split (c1 and the server it sends to | the other two
+//! servers and c2). Printed per scenario and load balancer: the time from
+//! acknowledgement to HAProxy showing each write (p50, p99, worst; writes
+//! shown only after the heal count with their full delay) and when the
+//! agent first said it could not confirm it serves Consul's latest index.
+//! Not run in CI: `./scripts/bench.sh --partition` (about 3 minutes).
+//!
+//! Options (after `--`): `--agent-bin PATH`, `--secs S`, `--label TEXT`
+//! (the BENCHMARKS.md section it is recorded in, e.g. `before`),
+//! `--no-record`.
+#![allow(dead_code)]
+
+#[path = "../tests/support/mod.rs"]
+mod harness;
+#[path = "support/report.rs"]
+mod report;
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use clap::Parser as _;
+use harness::cluster::Cluster;
+use harness::lbs::{self, quantile, says_unconfirmed, wait_all_show, write_weight, Lb, Watch};
+
+#[derive(clap::Parser)]
+#[command(
+    name = "partition",
+    about = "Partition benchmark of gitlab-haproxy-agent"
+)]
+struct Args {
+    #[arg(long, hide = true)]
+    bench: bool,
+    #[arg(long, default_value_os_t = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/release/gitlab-haproxy-agent"))]
+    agent_bin: PathBuf,
+    /// How long each cut lasts, seconds.
+    #[arg(long, default_value_t = 30)]
+    secs: u64,
+    /// The section of BENCHMARKS.md the table goes in.
+    #[arg(long, default_value = "current")]
+    label: String,
+    /// Print only; leave BENCHMARKS.md alone.
+    #[arg(long)]
+    no_record: bool,
+}
+
+/// How long a load balancer may take to catch up after a heal before the
+/// next scenario starts anyway (a query parked on a cut server returns
+/// within --wait 60s plus its jitter).
+const CATCH_UP: Duration = Duration::from_secs(90);
+
+struct Row {
+    scenario: String,
+    lb: String,
+    acked: usize,
+    p50: Option<Duration>,
+    p99: Option<Duration>,
+    worst: Option<Duration>,
+    never: usize,
+    said: Option<Duration>,
+}
+
+fn secs(d: Option<Duration>) -> String {
+    d.map_or("-".to_string(), |d| format!("{:.1}", d.as_secs_f64()))
+}
+
+fn main() {
+    let args = Args::parse();
+    if !args.bench {
+        println!(
+            "partition benchmark: not run under cargo test; run ./scripts/bench.sh --partition"
+        );
+        return;
+    }
+    assert!(
+        args.agent_bin.is_file(),
+        "no agent binary at {}",
+        args.agent_bin.display()
+    );
+    let forwarded: Vec<String> = std::env::args().skip(1).collect();
+    let forwarded: Vec<&str> = forwarded.iter().map(String::as_str).collect();
+    if !harness::netns::enter(&forwarded, Duration::from_secs(30 * 60)) {
+        return;
+    }
+    let started = Instant::now();
+    let bin = &args.agent_bin;
+    eprintln!("partition bench: agent {}", bin.display());
+    let cluster = Cluster::start_partitionable(2);
+    let first_leader = cluster.wait_leader(Duration::from_secs(30));
+    let every = Duration::from_secs(1);
+    let write_timeout = Duration::from_secs(3);
+    let urls =
+        |names: &[&str]| -> Vec<String> { names.iter().map(|n| cluster.node(n).url()).collect() };
+    let all_servers: Vec<&str> = cluster.servers.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        write_weight(bin, &urls(&all_servers)[0], 1, Duration::from_secs(15))
+            .acked
+            .is_some(),
+        "first write refused:\n{}",
+        cluster.logs()
+    );
+    let lb3_server = cluster.servers[first_leader].name.clone();
+    let lbs = vec![
+        Lb::start(bin, "lb1 default via c1", &cluster.client(0).url(), &[]),
+        Lb::start(
+            bin,
+            "lb2 stale via c2",
+            &cluster.client(1).url(),
+            &["--consistency", "stale"],
+        ),
+        Lb::start(
+            bin,
+            &format!("lb3 stale via {lb3_server}"),
+            &cluster.node(&lb3_server).url(),
+            &["--consistency", "stale"],
+        ),
+    ];
+    assert!(
+        wait_all_show(&lbs, 1, Duration::from_secs(30)),
+        "the load balancers did not serve the first write"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+
+    let mut rows = Vec::new();
+    let mut next = 2;
+    let mut notes = String::new();
+    for scenario in [
+        "leader isolated",
+        "follower isolated",
+        "c1 cut from every server",
+        "1|2 split",
+    ] {
+        let leader = cluster.wait_leader(Duration::from_secs(60));
+        let leader = cluster.servers[leader].name.clone();
+        // The server c1 sends its RPCs to (the first, if several).
+        let c1_server = cluster.clients[0]
+            .rpc_peers()
+            .first()
+            .and_then(|ip| cluster.servers.iter().find(|s| s.ip == *ip))
+            .map(|s| s.name.clone());
+        // The follower a load balancer reads through: c1's, else c2's,
+        // else lb3's, else any.
+        let c2_server = cluster.clients[1]
+            .rpc_peers()
+            .first()
+            .and_then(|ip| cluster.servers.iter().find(|s| s.ip == *ip))
+            .map(|s| s.name.clone());
+        let follower = [c1_server.clone(), c2_server, Some(lb3_server.clone())]
+            .into_iter()
+            .flatten()
+            .chain(all_servers.iter().map(|s| s.to_string()))
+            .find(|s| *s != leader)
+            .unwrap();
+        let lone = c1_server.clone().unwrap_or_else(|| leader.clone());
+        let (cut_a, cut_b): (Vec<String>, Vec<String>) = match scenario {
+            "leader isolated" => (vec![leader.clone()], others(&all_servers, &[&leader])),
+            "follower isolated" => (vec![follower.clone()], others(&all_servers, &[&follower])),
+            "c1 cut from every server" => (vec!["c1".into()], others(&all_servers, &[])),
+            _ => {
+                let mut b = others(&all_servers, &[&lone]);
+                b.push("c2".into());
+                (vec![lone.clone(), "c1".into()], b)
+            }
+        };
+        let quorum: Vec<String> = all_servers
+            .iter()
+            .filter(|s| !cut_a.iter().any(|a| a == *s))
+            .map(|s| s.to_string())
+            .collect();
+        let quorum_refs: Vec<&str> = quorum.iter().map(String::as_str).collect();
+        let _ = writeln!(
+            notes,
+            "- {scenario}: leader {leader}, c1 sent to {}, c2 to {}; cut {} from {}",
+            c1_server.as_deref().unwrap_or("?"),
+            peers(&cluster, 1),
+            cut_a.join("+"),
+            cut_b.join("+")
+        );
+        eprintln!("{scenario}: cutting {cut_a:?} from {cut_b:?}");
+        let watch = Watch::start(&lbs);
+        let writer = lbs::Writer::start(bin, &urls(&quorum_refs), next, every, write_timeout);
+        std::thread::sleep(Duration::from_millis(500));
+        let a: Vec<&str> = cut_a.iter().map(String::as_str).collect();
+        let b: Vec<&str> = cut_b.iter().map(String::as_str).collect();
+        let cut_at = Instant::now();
+        cluster.cut(&a, &b);
+        std::thread::sleep(Duration::from_secs(args.secs));
+        let writes = writer.stop();
+        cluster.heal();
+        let healed_at = Instant::now();
+        next = writes.last().map_or(next, |w| w.weight + 1);
+        let last = writes
+            .iter()
+            .rev()
+            .find(|w| w.acked.is_some())
+            .map_or(1, |w| w.weight);
+        if !wait_all_show(&lbs, last, CATCH_UP) {
+            eprintln!("{scenario}: a load balancer did not catch up within {CATCH_UP:?}");
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let samples = watch.stop();
+        let acked = writes.iter().filter(|w| w.acked.is_some()).count();
+        let mut every_lb: Vec<Option<Duration>> = vec![Some(Duration::ZERO); acked];
+        for (i, lb) in lbs.iter().enumerate() {
+            let delays = lbs::delays(&writes, &samples[i]);
+            for (k, (_, d)) in delays.iter().enumerate() {
+                every_lb[k] = match (every_lb[k], d) {
+                    (Some(x), Some(y)) => Some(x.max(*y)),
+                    _ => None,
+                };
+            }
+            rows.push(row(
+                scenario,
+                &lb.name,
+                delays.iter().map(|(_, d)| *d).collect(),
+                says_unconfirmed(&samples[i], cut_at, healed_at),
+            ));
+        }
+        rows.push(row(scenario, "every load balancer", every_lb, None));
+    }
+
+    let mut table = String::from(
+        "| scenario | load balancer | writes acked | p50 s | p99 s | worst s | never shown | says unconfirmed after s |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    for r in &rows {
+        let _ = writeln!(
+            table,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            r.scenario,
+            r.lb,
+            r.acked,
+            secs(r.p50),
+            secs(r.p99),
+            secs(r.worst),
+            r.never,
+            secs(r.said)
+        );
+    }
+    println!("{table}\n{notes}");
+    if !args.no_record {
+        let body = format!(
+            "Recorded by `./scripts/bench.sh --partition --label {}` in {} s, {} s per cut, \
+             agent `{}`.\n\n{}\n{table}\n{notes}",
+            args.label,
+            started.elapsed().as_secs(),
+            args.secs,
+            bin.display(),
+            report::machine(),
+        );
+        report::record(
+            &format!("<!-- bench:partition:{}:begin -->", args.label),
+            &format!("<!-- bench:partition:{}:end -->", args.label),
+            &body,
+        );
+    }
+}
+
+fn others(all: &[&str], not: &[&str]) -> Vec<String> {
+    all.iter()
+        .filter(|s| !not.contains(s))
+        .map(|s| s.to_string())
+        .collect()
+}
+
+fn peers(cluster: &Cluster, client: usize) -> String {
+    let names: Vec<String> = cluster.clients[client]
+        .rpc_peers()
+        .iter()
+        .filter_map(|ip| cluster.servers.iter().find(|s| s.ip == *ip))
+        .map(|s| s.name.clone())
+        .collect();
+    if names.is_empty() {
+        "?".into()
+    } else {
+        names.join("+")
+    }
+}
+
+fn row(scenario: &str, lb: &str, delays: Vec<Option<Duration>>, said: Option<Duration>) -> Row {
+    let never = delays.iter().filter(|d| d.is_none()).count();
+    let mut shown: Vec<Duration> = delays.iter().flatten().copied().collect();
+    Row {
+        scenario: scenario.to_string(),
+        lb: lb.to_string(),
+        acked: delays.len(),
+        p50: quantile(&mut shown, 0.5),
+        p99: quantile(&mut shown, 0.99),
+        worst: quantile(&mut shown, 1.0),
+        never,
+        said,
+    }
+}

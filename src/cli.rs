@@ -65,9 +65,10 @@ pub enum Command {
     /// Answering: `/-/answering` on the agent's HTTP port answers 200 (the
     /// agent answers from Consul, or from its state file while Consul has
     /// not answered since it started: what it serves through an outage),
-    /// and the agent-check port answers the line `check-ready` (a group
-    /// name, seen on `/status` for 10 minutes; from the state file it reads
-    /// the line and withholds the ready). A regular
+    /// and the agent-check port answers the line `check-ready` (answered
+    /// like a group, but no row: never on `/status`, in the group names or
+    /// the answered index; from the state file it reads the line and
+    /// withholds the ready). A regular
     /// file at --override-file younger than --override-max-age lets the
     /// reload through anyway (exit 0, with a warning), for the day the agent
     /// itself is what is broken.

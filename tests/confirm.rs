@@ -405,3 +405,93 @@ fn the_runbook_confirmation_commands_parse() {
         );
     }
 }
+
+/// The reload guard's probe line (`check-ready`, run by every HAProxy
+/// reload) is no row: a write made after it is confirmed at once (the probe
+/// does not hold the agent's answered index at the snapshot it was answered
+/// from), it is not on `/status`, in the rows seen or in the group names,
+/// and a drain of the group `check-ready` is refused.
+#[test]
+fn the_reload_guard_probe_is_no_row() {
+    let consul = Consul::start();
+    let one = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            1,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape the agent asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+    let run = cli(
+        &consul,
+        &["set", "web/web-01", "drain", "--prometheus", &prom],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+
+    // What `systemctl reload haproxy` runs first.
+    let guard = Command::new(AGENT_BIN)
+        .env_clear()
+        .args(["check-ready", "--agent-addr"])
+        .arg(one.agent.listen.to_string())
+        .arg("--http-addr")
+        .arg(one.agent.http.to_string())
+        .args(["--override-file", "/nonexistent/override"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run check-ready");
+    let guard = Run::from(guard);
+    assert_eq!(guard.code, 0, "{guard:?}");
+    // Scraped at least once after the probe.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-cny-01",
+            "drain",
+            "--prometheus",
+            &prom,
+            "--confirm-timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("confirmed: 1/1 agents at index >= "),
+        "{run:?}"
+    );
+
+    let (code, status) = one.agent.http_get("/status").expect("/status");
+    assert_eq!(code, 200);
+    assert!(!status.contains("check-ready"), "{status}");
+    assert_eq!(one.agent.metric("gitlab_haproxy_agent_rows_seen"), 2.0);
+    let probe = prometheus.values(r#"gitlab_haproxy_agent_group_rows{group="check-ready"}"#);
+    assert!(probe.is_empty(), "{probe:?}");
+    assert_eq!(
+        prometheus
+            .values(r#"gitlab_haproxy_agent_group_rows{group="canary"}"#)
+            .len(),
+        1,
+        "the group query works"
+    );
+
+    // Not a group to write, whatever Prometheus says.
+    for extra in [&[][..], &["--new-group"][..]] {
+        let mut args = vec!["drain", "--group", "check-ready", "--dry-run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--prometheus", &prom]);
+        let run = cli(&consul, &args);
+        assert_eq!(run.code, 65, "{run:?}");
+        assert!(
+            run.stderr
+                .contains("check-ready is the line the reload guard"),
+            "{run:?}"
+        );
+    }
+}

@@ -82,6 +82,9 @@ pub async fn fleet_groups(
             .map_err(bad)?
             .into_iter()
             .filter_map(|s| s.labels.get("group").cloned())
+            // Agents of earlier versions export the reload guard's probe
+            // line as a group: it is none.
+            .filter(|g| g != crate::check_ready::PROBE_IDENTITY)
             .collect(),
         over_cap: samples(&over, "groups_over_cap")
             .map_err(bad)?

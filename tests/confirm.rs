@@ -495,3 +495,148 @@ fn the_reload_guard_probe_is_no_row() {
         );
     }
 }
+
+/// `state status` is a verdict: not ok (exit 68) while an agent holds keys
+/// (an invalid value), has a row answered maint that HAProxy no longer asks
+/// about (its HAProxy stopped), or follows a store without an id (an
+/// emptied store, followed by an agent restarted without a state file);
+/// with Consul down it still shows every agent, Consul's index unknown,
+/// and exits 69.
+#[test]
+fn status_is_a_verdict_and_shows_the_fleet_without_consul() {
+    let mut consul = Consul::start();
+    let mut one = lb(&consul);
+    let mut two = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http, two.agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            2,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape both agents asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+    let run = cli(
+        &consul,
+        &["set", "web/web-01", "maint", "--prometheus", &prom],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let status = |consul: &Consul, json: bool| {
+        let mut args = vec!["status", "--prometheus", &prom];
+        if json {
+            args.push("--json");
+        }
+        cli(consul, &args)
+    };
+    // Every agent at the index, nothing held: ok.
+    let ok = support::wait_for(Duration::from_secs(20), || {
+        let run = status(&consul, false);
+        (run.code == 0).then_some(run)
+    });
+    let ok = ok.unwrap_or_else(|| panic!("never ok: {:?}", status(&consul, false)));
+    assert!(ok.stdout.contains("2/2 agents at index >= "), "{ok:?}");
+    let held = "sum by (instance) (gitlab_haproxy_agent_held_keys)";
+
+    // A typo over the maint: both agents hold the maint.
+    consul.put("web/web-01", "mantenance");
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), held, 2, |v| v == 1.0),
+        "no hold scraped"
+    );
+    let run = status(&consul, false);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    assert!(run.stdout.contains(" held_keys\n"), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("1 key held, answered with another state"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("Verdict: NOT OK"), "{run:?}");
+    assert!(run.stderr.contains("2 agents are not ok: "), "{run:?}");
+    assert!(ok.stdout.contains("Verdict: ok."), "{ok:?}");
+    consul.put("web/web-01", "maint");
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), held, 2, |v| v == 0.0),
+        "the hold did not end"
+    );
+
+    // One load balancer's HAProxy stops asking: its maint row is no
+    // longer asked about (after the 10 s floor).
+    one._haproxy.proc().kill();
+    let not_asked = format!(
+        "gitlab_haproxy_agent_out_rows_not_asked{{instance=\"{}\"}}",
+        one.agent.http
+    );
+    assert!(
+        prometheus.wait_until(Duration::from_secs(30), &not_asked, 1, |v| v == 1.0),
+        "the row not asked was not scraped"
+    );
+    let run = status(&consul, true);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let view = run.json();
+    assert_eq!(view["ok"], false, "{view}");
+    assert_eq!(view["error"]["kind"], "not_ok", "{view}");
+    let agent = |view: &Value, lb: &Lb| {
+        view["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["instance"] == lb.agent.http.to_string())
+            .cloned()
+            .unwrap_or_else(|| panic!("{} not shown: {view}", lb.agent.http))
+    };
+    assert_eq!(agent(&view, &one)["status"], "rows_not_asked", "{view}");
+    assert_eq!(agent(&view, &two)["status"], "ok", "{view}");
+
+    // The store is emptied, and the second agent restarts without a state
+    // file: it follows the empty store, which has no id.
+    let (code, _, _) = consul.request("DELETE", &format!("/v1/kv/{PREFIX}?recurse"), b"");
+    assert_eq!(code, 200);
+    let (port, http) = (two.agent.listen.port(), two.agent.http.port());
+    two.agent.terminate();
+    two.agent = support::Agent::spawn_on(&consul.url(), port, http, &[]);
+    two.agent.wait_ready();
+    let store = format!(
+        "gitlab_haproxy_agent_store_id_present{{instance=\"{}\"}}",
+        two.agent.http
+    );
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), &store, 1, |v| v == 0.0),
+        "the agent following the empty store was not scraped"
+    );
+    let run = status(&consul, true);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let view = run.json();
+    let problems = agent(&view, &two)["problems"].clone();
+    assert!(
+        problems
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["kind"] == "no_store_id"),
+        "{view}"
+    );
+
+    // Consul down: every agent still shown, Consul's index unknown, exit 69.
+    consul.stop();
+    let run = status(&consul, false);
+    assert_eq!(run.code, 69, "{run:?}");
+    for lb in [&one, &two] {
+        assert!(
+            run.stdout.contains(&lb.agent.http.to_string()),
+            "{} not shown: {run:?}",
+            lb.agent.http
+        );
+    }
+    assert!(run.stdout.contains("Consul's index is unknown"), "{run:?}");
+    assert!(run.stdout.contains("Keys out: unknown"), "{run:?}");
+    let run = status(&consul, true);
+    assert_eq!(run.code, 69, "{run:?}");
+    let view = run.json();
+    assert!(view["consul_index"].is_null(), "{view}");
+    assert_eq!(view["agents"].as_array().unwrap().len(), 2, "{view}");
+    assert_eq!(view["ok"], false, "{view}");
+}

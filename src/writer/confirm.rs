@@ -27,7 +27,8 @@ use crate::cli::{ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::fleet::groups;
 use crate::fleet::{
-    check_url, fetch_fleet, fetch_sessions, http_client, AgentView, Fleet, Lag, Sessions, Verdict,
+    check_url, fetch_fleet, fetch_health, fetch_sessions, http_client, AgentView, Fleet, Lag,
+    Sessions, Trouble, Verdict,
 };
 use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
@@ -291,14 +292,69 @@ fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
     )
 }
 
-/// The failure of `state status` when agents lag, naming them.
-fn status_lagging_text(verdict: &Verdict<'_>) -> String {
-    format!("{}; {}", headline(verdict), behind_text(verdict))
+/// The failure of `state status` when agents lag or are not ok, naming
+/// them.
+fn status_failure_text(fleet: &Fleet, verdict: &Verdict<'_>, index: Option<u64>) -> String {
+    let mut parts = Vec::new();
+    if index.is_some() {
+        parts.push(headline(verdict));
+    }
+    if !verdict.lagging.is_empty() {
+        parts.push(behind_text(verdict));
+    }
+    let troubled: Vec<String> = troubled(fleet)
+        .map(|(a, t)| {
+            let why: Vec<String> = t.iter().map(|t| t.text()).collect();
+            format!("{}: {}", a.name(), why.join("; "))
+        })
+        .collect();
+    if !troubled.is_empty() {
+        parts.push(format!(
+            "{} not ok: {}",
+            plural(troubled.len(), "agent is", "agents are"),
+            troubled.join(" | ")
+        ));
+    }
+    parts.join("; ")
 }
 
-/// The fleet view for `state status` against Consul's index `index`, as
-/// text.
-pub fn status_text(fleet: &Fleet, index: u64) -> String {
+/// The agents with something wrong besides a lag, and what.
+fn troubled(fleet: &Fleet) -> impl Iterator<Item = (&AgentView, Vec<Trouble>)> {
+    fleet
+        .agents
+        .iter()
+        .map(|a| (a, a.troubles()))
+        .filter(|(_, t)| !t.is_empty())
+}
+
+/// The STATUS column (and `status` in `--json`): `ok`, or why not, comma
+/// separated.
+fn agent_status(agent: &AgentView, index: Option<u64>) -> String {
+    let mut why: Vec<&str> = agent
+        .lag(index.unwrap_or(0))
+        .map(Lag::as_str)
+        .into_iter()
+        .collect();
+    why.extend(agent.troubles().into_iter().map(Trouble::as_str));
+    match why.is_empty() {
+        true => "ok".to_string(),
+        false => why.join(","),
+    }
+}
+
+/// The verdict of `state status`: Consul's index is known, there is an
+/// agent, none lags, and none has rows HAProxy no longer asks about, held
+/// keys, or a store without an id.
+pub fn status_ok(fleet: &Fleet, index: Option<u64>) -> bool {
+    index.is_some()
+        && status_verdict(fleet, index).all_confirmed()
+        && troubled(fleet).next().is_none()
+}
+
+/// The fleet view for `state status` against Consul's index `index` (the
+/// prefix's X-Consul-Index now; `None` when Consul could not be read: each
+/// agent's own index is shown, none is judged against Consul's), as text.
+pub fn status_text(fleet: &Fleet, index: Option<u64>) -> String {
     let verdict = status_verdict(fleet, index);
     let rows: Vec<Vec<String>> = fleet
         .agents
@@ -324,7 +380,7 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
                 } else {
                     answers.join(", ")
                 },
-                a.lag(index).map_or("ok", Lag::as_str).to_string(),
+                agent_status(a, index),
             ]
         })
         .collect();
@@ -352,41 +408,61 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
         .filter(|(_, n)| **n > 0)
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
+    let at = match index {
+        Some(index) => format!(
+            "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now){}",
+            verdict.confirmed.len(),
+            fleet.agents.len(),
+            groups::by_index_text(&verdict),
+        ),
+        None => format!(
+            "{} agents; Consul's index is unknown (Consul could not be read): INDEX is each \
+             agent's last scraped one, not judged against Consul's",
+            fleet.agents.len()
+        ),
+    };
     text.push_str(&format!(
-        "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now){}; rows answered: \
-         {}.\n",
-        verdict.confirmed.len(),
-        fleet.agents.len(),
-        groups::by_index_text(&verdict),
+        "{at}; rows answered: {}.\n",
         if answered.is_empty() {
             "none".to_string()
         } else {
             answered.join(", ")
         }
     ));
+    for (agent, troubles) in troubled(fleet) {
+        for t in troubles {
+            text.push_str(&format!("{}: {}\n", agent.name(), t.text()));
+        }
+    }
     text
 }
 
 /// How the fleet stands for `state status`: as for a confirmation, an
 /// agent HAProxy asks nothing (a node with nothing enrolled) is at the
-/// index by its index alone (its STATUS still says `not_asked`).
-fn status_verdict(fleet: &Fleet, index: u64) -> Verdict<'_> {
-    let mut verdict = fleet.verdict(index, None);
+/// index by its index alone (its STATUS still says `not_asked`). With
+/// Consul's index unknown, no agent is behind it.
+fn status_verdict(fleet: &Fleet, index: Option<u64>) -> Verdict<'_> {
+    let mut verdict = fleet.verdict(index.unwrap_or(0), None);
     groups::by_index_alone(&mut verdict);
     verdict
 }
 
 /// The fleet view for `state status --json`.
-pub fn status_json(fleet: &Fleet, index: u64) -> Value {
+pub fn status_json(fleet: &Fleet, index: Option<u64>) -> Value {
     let verdict = status_verdict(fleet, index);
     json!({
-        "ok": verdict.all_confirmed(),
+        "ok": status_ok(fleet, index),
         "consul_index": index,
         "agents_total": fleet.agents.len(),
-        "agents_at_index": verdict.confirmed.len(),
+        "agents_at_index": index.map(|_| verdict.confirmed.len()),
         "agents": fleet.agents.iter().map(|a| {
             let mut v = json!(a);
-            v["lag"] = json!(a.lag(index).map(Lag::as_str));
+            v["lag"] = json!(a.lag(index.unwrap_or(0)).map(Lag::as_str));
+            v["problems"] = json!(a.troubles().into_iter().map(|t| json!({
+                "kind": t.as_str(),
+                "message": t.text(),
+            })).collect::<Vec<_>>());
+            v["status"] = json!(agent_status(a, index));
             v
         }).collect::<Vec<_>>(),
     })
@@ -504,7 +580,11 @@ impl Writer {
     }
 
     /// `state status`: reads the prefix's index from Consul and shows every
-    /// agent against it; exit 68 (`not_confirmed`) when one lags.
+    /// agent against it, with what else is wrong with each; exit 68
+    /// (`not_confirmed`) when one lags, (`not_ok`) when one has rows
+    /// HAProxy no longer asks about, held keys, or a store without an id.
+    /// With Consul unreadable it still shows every agent Prometheus
+    /// scrapes, Consul's index marked unknown, and fails as Consul did.
     pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
         if args.prometheus.trim().is_empty() {
             return Err(Failure::usage(
@@ -514,22 +594,79 @@ impl Writer {
         }
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
-        let answer = self.client.list_prefix(&self.prefix).await?;
-        let (index, out) = (
-            answer.index,
-            keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
-        );
-        let unavailable = |e| not_confirmed("prometheus_unavailable", e);
+        let store_id = format!("{}{}", self.prefix, crate::model::identity::STORE_ID_KEY);
+        let mut consul_has_id = false;
+        let (index, out, consul_failure) = match self.client.list_prefix(&self.prefix).await {
+            Ok(answer) => {
+                consul_has_id = answer.pairs.iter().any(|p| p.key == store_id);
+                (
+                    Some(answer.index),
+                    keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
+                    None,
+                )
+            }
+            Err(e) => {
+                let failure = Failure::from(e);
+                let out = match self.json {
+                    true => Value::Null,
+                    false => json!(format!(
+                        "Keys out: unknown (Consul could not be read: {})",
+                        failure.message
+                    )),
+                };
+                (None, out, Some(failure))
+            }
+        };
+        let unavailable = |e: String| match &consul_failure {
+            // Neither can be read: Consul's failure decides the exit.
+            Some(f) => Failure::new(f.code, f.kind, format!("{}; and {e}", f.message)),
+            None => not_confirmed("prometheus_unavailable", e),
+        };
         let http = http_client().map_err(unavailable)?;
-        let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
+        let mut fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
             .await
             .map_err(|e| unavailable(e.message))?;
-        let verdict = status_verdict(&fleet, index);
+        fetch_health(&http, &args.prometheus, &args.selector, &mut fleet)
+            .await
+            .map_err(|e| unavailable(e.message))?;
+        fleet.expect_store_id(consul_has_id);
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
+        let failure = match consul_failure {
+            Some(mut f) => {
+                f.message = format!(
+                    "{}: the agents are shown as Prometheus last scraped them, against no Consul \
+                     index",
+                    f.message
+                );
+                Some(f)
+            }
+            None if status_ok(&fleet, index) => None,
+            None if fleet.agents.is_empty() => Some(not_confirmed(
+                "not_confirmed",
+                format!(
+                    "no agent: Prometheus at {} has no target matching {{{}}}",
+                    args.prometheus, args.selector
+                ),
+            )),
+            None => {
+                let verdict = status_verdict(&fleet, index);
+                let kind = match verdict.lagging.is_empty() {
+                    true => "not_ok",
+                    false => "not_confirmed",
+                };
+                Some(not_confirmed(
+                    kind,
+                    status_failure_text(&fleet, &verdict, index),
+                ))
+            }
+        };
         if self.json {
             let mut view = status_json(&fleet, index);
             view["held"] = holds.json();
             view["keys_out"] = out;
+            if let Some(f) = &failure {
+                view["error"] = json!(f);
+            }
             out_line(&serde_json::to_string_pretty(&view).unwrap_or_default());
         } else if fleet.agents.is_empty() {
             out_line(&format!(
@@ -540,23 +677,19 @@ impl Writer {
             out_line(status_text(&fleet, index).trim_end());
             out_line(out.as_str().unwrap_or_default().trim_end());
             out_line(&holds.section(&[]).unwrap_or_else(|| holds.heading()));
+            out_line(match (&failure, index) {
+                (None, _) => "Verdict: ok.",
+                (Some(_), None) => "Verdict: NOT OK: Consul could not be read (see the error).",
+                (Some(_), Some(_)) => "Verdict: NOT OK (see STATUS and the error).",
+            });
         }
-        if verdict.all_confirmed() {
-            return Ok(());
+        match failure {
+            None => Ok(()),
+            Some(mut f) => {
+                f.reported = self.json;
+                Err(f)
+            }
         }
-        let mut failure = not_confirmed(
-            "not_confirmed",
-            if fleet.agents.is_empty() {
-                format!(
-                    "no agent: Prometheus at {} has no target matching {{{}}}",
-                    args.prometheus, args.selector
-                )
-            } else {
-                status_lagging_text(&verdict)
-            },
-        );
-        failure.reported = self.json;
-        Err(failure)
     }
 }
 
@@ -568,7 +701,7 @@ mod tests {
     #[test]
     fn status_json_names_each_agent_s_fields_and_lag() {
         let fleet = Fleet::from_answers(&answers()).unwrap();
-        let v = status_json(&fleet, 120);
+        let v = status_json(&fleet, Some(120));
         let a = &v["agents"][1];
         let mut keys: Vec<&str> = a.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -581,8 +714,10 @@ mod tests {
                 "instance",
                 "lag",
                 "last_sync_age_seconds",
+                "problems",
                 "rows_answered",
                 "rows_seen",
+                "status",
                 "up"
             ]
         );
@@ -635,7 +770,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            status_lagging_text(&fleet.verdict(120, None)),
+            status_failure_text(&fleet, &fleet.verdict(120, None), Some(120)),
             "1/3 agents at index >= 120; 2 agents are behind: 10.0.0.2:9101 (lb-02): target \
              down (the last scrape failed), index 90, answered from 90, last sync 75s ago; \
              10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, index \
@@ -664,9 +799,59 @@ mod tests {
     }
 
     #[test]
+    fn status_is_not_ok_for_rows_not_asked_held_keys_or_no_store_id() {
+        let a = [JOB, ("instance", "10.0.0.1:9101")];
+        let mut answers = answers();
+        answers[0] = vector(&[("up", &a, "1")]);
+        let mut fleet = Fleet::from_answers(&answers).unwrap();
+        assert!(status_ok(&fleet, Some(120)));
+        // Consul's index unknown: never ok, every agent still shown.
+        assert!(!status_ok(&fleet, None));
+        let text = status_text(&fleet, None);
+        assert!(text.contains("10.0.0.1:9101"), "{text}");
+        assert!(text.contains("Consul's index is unknown"), "{text}");
+        let health = |not_asked: &str, held: &str, store: &str| {
+            vec![
+                vector(&[("", &a, not_asked)]),
+                vector(&[("", &a, held)]),
+                vector(&[("", &a, store)]),
+                vector(&[("", &a, "1")]),
+            ]
+        };
+        fleet.add_health(&health("0", "0", "1")).unwrap();
+        assert!(status_ok(&fleet, Some(120)));
+        fleet.add_health(&health("0", "0", "0")).unwrap();
+        // A store the writer never wrote: no id anywhere, ok.
+        fleet.expect_store_id(false);
+        assert!(status_ok(&fleet, Some(120)));
+        fleet.add_health(&health("1", "2", "0")).unwrap();
+        fleet.expect_store_id(true);
+        assert!(!status_ok(&fleet, Some(120)));
+        let text = status_text(&fleet, Some(120));
+        assert!(
+            text.contains(" rows_not_asked,held_keys,no_store_id\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("10.0.0.1:9101: 1 row answered drain or maint that HAProxy"),
+            "{text}"
+        );
+        let v = status_json(&fleet, Some(120));
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["agents"][0]["problems"][1]["kind"], "held_keys");
+        assert_eq!(v["agents"][0]["held_keys"], 2);
+        let verdict = status_verdict(&fleet, Some(120));
+        let text = status_failure_text(&fleet, &verdict, Some(120));
+        assert!(
+            text.contains("1 agent is not ok: 10.0.0.1:9101: 1 row"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn status_shows_every_agent_and_the_totals() {
         let fleet = Fleet::from_answers(&answers()).unwrap();
-        let text = status_text(&fleet, 120);
+        let text = status_text(&fleet, Some(120));
         assert!(text.starts_with("INSTANCE "), "{text}");
         assert!(text.contains("target_down"), "{text}");
         assert!(text.contains("answered_behind"), "{text}");
@@ -676,7 +861,7 @@ mod tests {
             ),
             "{text}"
         );
-        let v = status_json(&fleet, 120);
+        let v = status_json(&fleet, Some(120));
         assert_eq!(v["ok"], false);
         assert_eq!(v["agents"][1]["lag"], "target_down");
     }

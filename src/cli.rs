@@ -742,7 +742,7 @@ pub struct WriteOpts {
     pub confirm: ConfirmArgs,
     /// Who the write is for, recorded with every key written (a ChatOps bot
     /// names the person it acts for) [default: $SUDO_USER, else $USER,
-    /// else $LOGNAME].
+    /// else $LOGNAME, else `uid N on host H`].
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
     /// Why, recorded with every key written and shown by `state get`,
@@ -752,7 +752,9 @@ pub struct WriteOpts {
     #[arg(long, value_name = "TEXT", env = "GITLAB_HAPROXY_AGENT_REASON")]
     pub reason: Option<String>,
     /// Until when the servers are meant to stay out: a duration from now
-    /// (`2h`, `3d`) or an RFC 3339 time (`2026-12-01T18:00:00Z`). Recorded
+    /// (`2h`, `3d`) or an RFC 3339 time with its zone
+    /// (`2026-12-01T18:00:00Z`, `2026-12-01T19:00:00+01:00`; one without a
+    /// zone is refused). Recorded
     /// with the write; past it the agents' metrics raise
     /// GitLabHAProxyAgentKeyPastUntil (a ticket). A reminder: nothing is
     /// undone on its own.
@@ -770,7 +772,8 @@ impl WriteOpts {
     pub fn author(&self, reason_required: bool, now: u64) -> Result<Author, String> {
         let login = ["SUDO_USER", "USER", "LOGNAME"]
             .iter()
-            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()));
+            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()))
+            .or_else(crate::model::meta::process_author);
         Author::resolve(
             self.by.as_deref(),
             login.as_deref(),

@@ -2017,3 +2017,39 @@ fn waits_below_the_floor_are_refused_before_anything_is_written() {
     let help = defaults(&["canary", "enable", "--help"]);
     assert!(help.stdout.contains("2 x --agent-inter"), "{help:?}");
 }
+
+/// `--until` takes RFC 3339 in full (offsets, lowercase `t`/`z`) and
+/// refuses a time without a zone rather than take it as UTC; with no login
+/// in the environment (`USER`, `LOGNAME`, `SUDO_USER` unset, as under cron)
+/// the record names the uid and the host, not `unknown`.
+#[test]
+fn until_takes_rfc3339_offsets_and_an_author_without_a_login_is_named() {
+    let consul = Consul::start();
+    let record = |key: &str| -> Value {
+        serde_json::from_str(&kv(&consul, &format!("~meta/{key}")).expect("a record")).unwrap()
+    };
+    // 2030-01-01T09:00:00Z, written three ways.
+    for (key, until) in [
+        ("web/s1", "2030-01-01T10:00:00+01:00"),
+        ("web/s2", "2030-01-01t04:00:00-05:00"),
+        ("web/s3", "2030-01-01t09:00:00z"),
+    ] {
+        let run = cli(&consul, &["set", key, "drain", "--until", until]);
+        assert_eq!(run.code, 0, "{until}: {run:?}");
+        let r = record(key);
+        assert_eq!(r["until"], 1_893_488_400_u64, "{until}: {r}");
+        let by = r["by"].as_str().unwrap();
+        assert!(by.starts_with("uid ") && by.contains(" on host "), "{by}");
+    }
+    let run = cli(&consul, &["get", "web/s1"]);
+    assert!(!run.stdout.contains("by unknown"), "{run:?}");
+    assert!(run.stdout.contains("by uid "), "{run:?}");
+    // No zone: refused, nothing written.
+    let run = cli(
+        &consul,
+        &["set", "web/s4", "drain", "--until", "2030-01-01T09:00:00"],
+    );
+    assert_eq!(run.code, 64, "{run:?}");
+    assert!(run.stderr.contains("has no time zone"), "{run:?}");
+    assert_eq!(kv(&consul, "web/s4"), None);
+}

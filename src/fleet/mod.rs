@@ -242,10 +242,12 @@ pub struct Verdict<'a> {
     pub confirmed: Vec<&'a AgentView>,
     /// Agents that lag, with why.
     pub lagging: Vec<(&'a AgentView, Lag)>,
-    /// Rows the confirmed agents last answered `state` (0 without one); for
-    /// a group write, the rows naming the group that its key decides and
-    /// that answer `state`.
-    pub rows: u64,
+    /// Rows the confirmed agents last answered `state` (every row they are
+    /// asked about: the fleet's, not a selection's); for a group write, the
+    /// rows naming the group that its key decides and that answer
+    /// `state`. `None` without a state, and for a write of row keys, whose
+    /// rows the agents do not count apart.
+    pub rows: Option<u64>,
     /// For a group write: the servers the key decides, and those another
     /// key decides (see [`groups`]).
     pub group: Option<GroupVerdict>,
@@ -290,14 +292,25 @@ pub struct GroupVerdict {
     pub overridden_block: bool,
 }
 
-/// [`GroupVerdict::overridden`] as `[{agent, row, decided_by, answer, rows}]`.
+/// [`GroupVerdict::overridden`] as `[{row, decided_by, answer, agents,
+/// rows}]`: one entry per server, with the load balancers that keep it
+/// ([`groups::overridden_servers`]).
 fn overridden_json<S: serde::Serializer>(
     rows: &[(String, String, String, String, u64)],
     s: S,
 ) -> Result<S::Ok, S::Error> {
-    s.collect_seq(rows.iter().map(|(agent, row, by, answer, n)| {
-        serde_json::json!({"agent": agent, "row": row, "decided_by": by, "answer": answer, "rows": n})
-    }))
+    let g = GroupVerdict {
+        overridden: rows.to_vec(),
+        ..GroupVerdict::default()
+    };
+    s.collect_seq(
+        groups::overridden_servers(&g)
+            .into_iter()
+            .map(|(row, by, answer, agents, n)| {
+                serde_json::json!({"row": row, "decided_by": by, "answer": answer, "agents": agents,
+                "rows": n})
+            }),
+    )
 }
 
 impl GroupVerdict {
@@ -453,7 +466,7 @@ impl Fleet {
                 Some(lag) => lagging.push((agent, lag)),
             }
         }
-        let rows = state.map_or(0, |s| confirmed.iter().map(|a| a.rows(s)).sum());
+        let rows = state.map(|s| confirmed.iter().map(|a| a.rows(s)).sum());
         Verdict {
             index,
             state,

@@ -144,6 +144,11 @@ impl ConfirmArgs {
                         }
                         _ => groups::by_index_alone(&mut verdict),
                     }
+                    if group.is_none() {
+                        // The agents count rows by answer over every row
+                        // they are asked about: no count of the selection.
+                        verdict.rows = None;
+                    }
                     if let Some(text) = groups::overridden_text(&verdict) {
                         return Err(failed("overridden", text));
                     }
@@ -198,7 +203,8 @@ fn waiting_text(action: &str, index: u64, base: &str, timeout: Duration) -> Stri
 }
 
 /// The headline of every outcome: `N/M agents at index >= I, R rows
-/// answered S` (without the rows when there is no state to count).
+/// answered S` (without the rows when there is no state to count, or for
+/// row keys, which the agents count no rows apart for).
 pub fn headline(verdict: &Verdict<'_>) -> String {
     let mut text = format!(
         "{}/{} agents at index >= {}",
@@ -206,11 +212,11 @@ pub fn headline(verdict: &Verdict<'_>) -> String {
         verdict.confirmed.len() + verdict.lagging.len(),
         verdict.index,
     );
-    match (verdict.state, &verdict.group) {
-        (Some(state), Some(g)) => text.push_str(&groups::describe(g, state)),
-        (Some(state), None) => text.push_str(&format!(
+    match (verdict.state, &verdict.group, verdict.rows) {
+        (Some(state), Some(g), _) => text.push_str(&groups::describe(g, state)),
+        (Some(state), None, Some(rows)) => text.push_str(&format!(
             ", {} answered {state}",
-            plural(verdict.rows as usize, "row", "rows")
+            plural(rows as usize, "row", "rows")
         )),
         _ => {}
     }

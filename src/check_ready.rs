@@ -21,6 +21,12 @@ pub const NOT_READY: u8 = 69;
 /// the writer refuses it as a group key.
 pub const PROBE_IDENTITY: &str = "check-ready";
 
+/// Why the writer refuses [`PROBE_IDENTITY`] as a group key.
+pub const NOT_A_GROUP: &str = "check-ready is the line the reload guard (`gitlab-haproxy-agent \
+     check-ready`) sends to the agent, not a group: no server names it, and a key check-ready \
+     would only change what the guard is answered; nothing written (a key check-ready written \
+     earlier goes with `state clear check-ready`)";
+
 /// The agent-send line asked: [`PROBE_IDENTITY`] and a LF.
 pub const PROBE_LINE: &[u8] = b"check-ready\n";
 

@@ -12,6 +12,8 @@
 
 pub mod groups;
 pub mod held;
+pub mod status;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

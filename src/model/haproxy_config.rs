@@ -408,6 +408,40 @@ pub fn static_backends(text: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// The backends of `text` that ignore weights ([`static_backends`]) among
+/// those a write selects: the backend of row key `key` (`B/S`), the
+/// backends of the servers naming group `key`, or backend `key` when
+/// `whole_backend`: why their weights are ignored, in words; `None` when
+/// none is such a backend.
+pub fn weights_ignored(text: &str, key: &str, whole_backend: bool) -> Option<String> {
+    let statics = static_backends(text);
+    if statics.is_empty() {
+        return None;
+    }
+    let backends: Vec<String> = match key.split_once('/') {
+        _ if whole_backend => vec![key.to_string()],
+        Some((backend, _)) => vec![backend.to_string()],
+        None => parse_config(text)
+            .into_iter()
+            .filter(|s| s.groups.iter().any(|g| g == key))
+            .map(|s| s.backend)
+            .collect(),
+    };
+    let mut out: Vec<String> = backends
+        .into_iter()
+        .filter_map(|b| statics.get(&b).map(|algo| format!("{b} (balance {algo})")))
+        .collect();
+    out.sort();
+    out.dedup();
+    (!out.is_empty()).then(|| {
+        format!(
+            "in {} the algorithm ignores server weights, and HAProxy applies only 0% and 100% \
+             there, so the servers would jump to their full weight",
+            out.join(", ")
+        )
+    })
+}
+
 /// The server numbers of a `server-template` `<num | range>`: `3` is 1..=3,
 /// `5-7` is 5..=7; empty when it is neither, or declares more than
 /// [`MAX_TEMPLATE_SERVERS`].

@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
@@ -26,9 +26,12 @@ use super::session::Writer;
 use crate::cli::{ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::fleet::groups;
+use crate::fleet::status::status_json;
+use crate::fleet::text::{
+    confirmed_text, lagging_text, no_agents_text, unavailable_text, waiting_text,
+};
 use crate::fleet::{
-    check_url, fetch_fleet, fetch_health, fetch_sessions, http_client, AgentView, Fleet, Lag,
-    Sessions, Trouble, Verdict,
+    check_url, fetch_fleet, fetch_health, fetch_sessions, http_client, Fleet, Sessions,
 };
 use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
@@ -144,11 +147,8 @@ impl ConfirmArgs {
                         }
                         _ => groups::by_index_alone(&mut verdict),
                     }
-                    if group.is_none() {
-                        // The agents count rows by answer over every row
-                        // they are asked about: no count of the selection.
-                        verdict.rows = None;
-                    }
+                    // Row keys: the agents count no rows apart for them.
+                    verdict.rows = verdict.rows.filter(|_| group.is_some());
                     if let Some(text) = groups::overridden_text(&verdict) {
                         return Err(failed("overridden", text));
                     }
@@ -190,178 +190,11 @@ impl ConfirmArgs {
     }
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-fn waiting_text(action: &str, index: u64, base: &str, timeout: Duration) -> String {
-    format!(
-        "{action}: confirming with Prometheus at {base} that every agent answers from index \
-         >= {index} (up to {})",
-        humantime::format_duration(timeout)
-    )
-}
-
-/// The headline of every outcome: `N/M agents at index >= I, R rows
-/// answered S` (without the rows when there is no state to count, or for
-/// row keys, which the agents count no rows apart for).
-pub fn headline(verdict: &Verdict<'_>) -> String {
-    let mut text = format!(
-        "{}/{} agents at index >= {}",
-        verdict.confirmed.len(),
-        verdict.confirmed.len() + verdict.lagging.len(),
-        verdict.index,
-    );
-    match (verdict.state, &verdict.group, verdict.rows) {
-        (Some(state), Some(g), _) => text.push_str(&groups::describe(g, state)),
-        (Some(state), None, Some(rows)) => text.push_str(&format!(
-            ", {} answered {state}",
-            plural(rows as usize, "row", "rows")
-        )),
-        _ => {}
-    }
-    text.push_str(&groups::by_index_text(verdict));
-    text
-}
-
-fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> String {
-    format!(
-        "{action}: confirmed: {} (after {:.1}s)",
-        headline(verdict),
-        waited.as_secs()
-    )
-}
-
-/// One lagging agent: `instance (why; index X, answered from Y, last sync
-/// Zs ago)`.
-fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
-    let why = match lag {
-        Lag::Down => "target down (the last scrape failed)".to_string(),
-        Lag::NoMetrics => "scraped without the agent's metrics".to_string(),
-        Lag::Behind => format!("snapshot older than {index}"),
-        Lag::NotAsked => "HAProxy asked it nothing in the last 60 s".to_string(),
-        Lag::AnsweredBehind => format!("rows last answered from a snapshot older than {index}"),
-    };
-    let known = |v: Option<u64>| v.map_or("unknown".to_string(), |v| v.to_string());
-    let age = agent
-        .last_sync_age
-        .map_or("unknown".to_string(), |a| format!("{a:.0}s ago"));
-    format!(
-        "{}: {why}, index {}, answered from {}, last sync {age}",
-        agent.name(),
-        known(agent.consul_index),
-        known(agent.answered_index),
-    )
-}
-
-/// `N agents are behind: <agent>; <agent>`, naming every lagging agent.
-fn behind_text(verdict: &Verdict<'_>) -> String {
-    let names: Vec<String> = verdict
-        .lagging
-        .iter()
-        .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
-        .collect();
-    format!(
-        "{} behind: {}",
-        plural(verdict.lagging.len(), "agent is", "agents are"),
-        names.join("; ")
-    )
-}
-
-/// The failure when agents still lag at the deadline, naming every one.
-pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: {}; {}. The write is in Consul, but those load \
-         balancers may still answer the old state. Follow them with `state status \
-         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
-         HAProxy not asking), re-run the same command to go on (it is idempotent)",
-        waited.as_secs(),
-        headline(verdict),
-        behind_text(verdict),
-    )
-}
-
-fn no_agents_text(base: &str, selector: &str, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: Prometheus at {base} has no target matching \
-         {{{selector}}}; nothing tells whether the fleet applied the write (set \
-         --confirm-selector to the agents' scrape job)",
-        waited.as_secs()
-    )
-}
-
-fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: {error}; the write (index {index}) is in Consul, but \
-         whether every agent applied it is unknown",
-        waited.as_secs()
-    )
-}
-
-/// The failure of `state status` when agents lag or are not ok, naming
-/// them.
-fn status_failure_text(fleet: &Fleet, verdict: &Verdict<'_>, index: Option<u64>) -> String {
-    let mut parts = Vec::new();
-    if index.is_some() {
-        parts.push(headline(verdict));
-    }
-    if !verdict.lagging.is_empty() {
-        parts.push(behind_text(verdict));
-    }
-    let troubled: Vec<String> = troubled(fleet)
-        .map(|(a, t)| {
-            let why: Vec<String> = t.iter().map(|t| t.text()).collect();
-            format!("{}: {}", a.name(), why.join("; "))
-        })
-        .collect();
-    if !troubled.is_empty() {
-        parts.push(format!(
-            "{} not ok: {}",
-            plural(troubled.len(), "agent is", "agents are"),
-            troubled.join(" | ")
-        ));
-    }
-    parts.join("; ")
-}
-
-/// The agents with something wrong besides a lag, and what.
-fn troubled(fleet: &Fleet) -> impl Iterator<Item = (&AgentView, Vec<Trouble>)> {
-    fleet
-        .agents
-        .iter()
-        .map(|a| (a, a.troubles()))
-        .filter(|(_, t)| !t.is_empty())
-}
-
-/// The STATUS column (and `status` in `--json`): `ok`, or why not, comma
-/// separated.
-fn agent_status(agent: &AgentView, index: Option<u64>) -> String {
-    let mut why: Vec<&str> = agent
-        .lag(index.unwrap_or(0))
-        .map(Lag::as_str)
-        .into_iter()
-        .collect();
-    why.extend(agent.troubles().into_iter().map(Trouble::as_str));
-    match why.is_empty() {
-        true => "ok".to_string(),
-        false => why.join(","),
-    }
-}
-
-/// The verdict of `state status`: Consul's index is known, there is an
-/// agent, none lags, and none has rows HAProxy no longer asks about, held
-/// keys, or a store without an id.
-pub fn status_ok(fleet: &Fleet, index: Option<u64>) -> bool {
-    index.is_some()
-        && status_verdict(fleet, index).all_confirmed()
-        && troubled(fleet).next().is_none()
-}
-
 /// The fleet view for `state status` against Consul's index `index` (the
 /// prefix's X-Consul-Index now; `None` when Consul could not be read: each
 /// agent's own index is shown, none is judged against Consul's), as text.
 pub fn status_text(fleet: &Fleet, index: Option<u64>) -> String {
-    let verdict = status_verdict(fleet, index);
+    let verdict = fleet.status_verdict(index);
     let rows: Vec<Vec<String>> = fleet
         .agents
         .iter()
@@ -386,7 +219,7 @@ pub fn status_text(fleet: &Fleet, index: Option<u64>) -> String {
                 } else {
                     answers.join(", ")
                 },
-                agent_status(a, index),
+                a.status(index),
             ]
         })
         .collect();
@@ -435,43 +268,12 @@ pub fn status_text(fleet: &Fleet, index: Option<u64>) -> String {
             answered.join(", ")
         }
     ));
-    for (agent, troubles) in troubled(fleet) {
+    for (agent, troubles) in fleet.troubled() {
         for t in troubles {
             text.push_str(&format!("{}: {}\n", agent.name(), t.text()));
         }
     }
     text
-}
-
-/// How the fleet stands for `state status`: as for a confirmation, an
-/// agent HAProxy asks nothing (a node with nothing enrolled) is at the
-/// index by its index alone (its STATUS still says `not_asked`). With
-/// Consul's index unknown, no agent is behind it.
-fn status_verdict(fleet: &Fleet, index: Option<u64>) -> Verdict<'_> {
-    let mut verdict = fleet.verdict(index.unwrap_or(0), None);
-    groups::by_index_alone(&mut verdict);
-    verdict
-}
-
-/// The fleet view for `state status --json`.
-pub fn status_json(fleet: &Fleet, index: Option<u64>) -> Value {
-    let verdict = status_verdict(fleet, index);
-    json!({
-        "ok": status_ok(fleet, index),
-        "consul_index": index,
-        "agents_total": fleet.agents.len(),
-        "agents_at_index": index.map(|_| verdict.confirmed.len()),
-        "agents": fleet.agents.iter().map(|a| {
-            let mut v = json!(a);
-            v["lag"] = json!(a.lag(index.unwrap_or(0)).map(Lag::as_str));
-            v["problems"] = json!(a.troubles().into_iter().map(|t| json!({
-                "kind": t.as_str(),
-                "message": t.text(),
-            })).collect::<Vec<_>>());
-            v["status"] = json!(agent_status(a, index));
-            v
-        }).collect::<Vec<_>>(),
-    })
 }
 
 /// The answer a write makes the servers it decides get: its state, or for a
@@ -601,28 +403,20 @@ impl Writer {
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
         let store_id = format!("{}{}", self.prefix, crate::model::identity::STORE_ID_KEY);
-        let mut consul_has_id = false;
-        let (index, out, consul_failure) = match self.client.list_prefix(&self.prefix).await {
-            Ok(answer) => {
-                consul_has_id = answer.pairs.iter().any(|p| p.key == store_id);
-                (
+        let (index, out, consul_failure, consul_has_id) =
+            match self.client.list_prefix(&self.prefix).await {
+                Ok(answer) => (
                     Some(answer.index),
                     keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
                     None,
-                )
-            }
-            Err(e) => {
-                let failure = Failure::from(e);
-                let out = match self.json {
-                    true => Value::Null,
-                    false => json!(format!(
-                        "Keys out: unknown (Consul could not be read: {})",
-                        failure.message
-                    )),
-                };
-                (None, out, Some(failure))
-            }
-        };
+                    answer.pairs.iter().any(|p| p.key == store_id),
+                ),
+                Err(e) => {
+                    let keys =
+                        (!self.json).then_some("Keys out: unknown (Consul could not be read).");
+                    (None, json!(keys), Some(Failure::from(e)), false)
+                }
+            };
         let unavailable = |e: String| match &consul_failure {
             // Neither can be read: Consul's failure decides the exit.
             Some(f) => Failure::new(f.code, f.kind, format!("{}; and {e}", f.message)),
@@ -646,25 +440,8 @@ impl Writer {
                 );
                 Some(f)
             }
-            None if status_ok(&fleet, index) => None,
-            None if fleet.agents.is_empty() => Some(not_confirmed(
-                "not_confirmed",
-                format!(
-                    "no agent: Prometheus at {} has no target matching {{{}}}",
-                    args.prometheus, args.selector
-                ),
-            )),
-            None => {
-                let verdict = status_verdict(&fleet, index);
-                let kind = match verdict.lagging.is_empty() {
-                    true => "not_ok",
-                    false => "not_confirmed",
-                };
-                Some(not_confirmed(
-                    kind,
-                    status_failure_text(&fleet, &verdict, index),
-                ))
-            }
+            None => (fleet.status_failure(index, &args.prometheus, &args.selector))
+                .map(|(kind, message)| not_confirmed(kind, message)),
         };
         if self.json {
             let mut view = status_json(&fleet, index);
@@ -703,6 +480,8 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::fleet::tests::{answers, vector, JOB};
+    use crate::fleet::text::{headline, status_failure_text};
+    use crate::fleet::Lag;
 
     #[test]
     fn status_json_names_each_agent_s_fields_and_lag() {
@@ -810,9 +589,9 @@ mod tests {
         let mut answers = answers();
         answers[0] = vector(&[("up", &a, "1")]);
         let mut fleet = Fleet::from_answers(&answers).unwrap();
-        assert!(status_ok(&fleet, Some(120)));
+        assert!(fleet.status_ok(Some(120)));
         // Consul's index unknown: never ok, every agent still shown.
-        assert!(!status_ok(&fleet, None));
+        assert!(!fleet.status_ok(None));
         let text = status_text(&fleet, None);
         assert!(text.contains("10.0.0.1:9101"), "{text}");
         assert!(text.contains("Consul's index is unknown"), "{text}");
@@ -825,14 +604,14 @@ mod tests {
             ]
         };
         fleet.add_health(&health("0", "0", "1")).unwrap();
-        assert!(status_ok(&fleet, Some(120)));
+        assert!(fleet.status_ok(Some(120)));
         fleet.add_health(&health("0", "0", "0")).unwrap();
         // A store the writer never wrote: no id anywhere, ok.
         fleet.expect_store_id(false);
-        assert!(status_ok(&fleet, Some(120)));
+        assert!(fleet.status_ok(Some(120)));
         fleet.add_health(&health("1", "2", "0")).unwrap();
         fleet.expect_store_id(true);
-        assert!(!status_ok(&fleet, Some(120)));
+        assert!(!fleet.status_ok(Some(120)));
         let text = status_text(&fleet, Some(120));
         assert!(
             text.contains(" rows_not_asked,held_keys,no_store_id\n"),
@@ -846,7 +625,7 @@ mod tests {
         assert_eq!(v["ok"], false);
         assert_eq!(v["agents"][0]["problems"][1]["kind"], "held_keys");
         assert_eq!(v["agents"][0]["held_keys"], 2);
-        let verdict = status_verdict(&fleet, Some(120));
+        let verdict = fleet.status_verdict(Some(120));
         let text = status_failure_text(&fleet, &verdict, Some(120));
         assert!(
             text.contains("1 agent is not ok: 10.0.0.1:9101: 1 row"),

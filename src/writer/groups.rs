@@ -114,15 +114,11 @@ impl Writer {
             _ => return Ok(()),
         };
         if key == crate::check_ready::PROBE_IDENTITY {
+            let why = crate::check_ready::NOT_A_GROUP;
             return Err(Failure::new(
                 super::error::exit::DATAERR,
                 "unknown_group",
-                format!(
-                    "{key} is the line the reload guard (`gitlab-haproxy-agent check-ready`) \
-                     sends to the agent, not a group: no server names it, and a key {key} \
-                     would only change what the guard is answered; nothing written (a key \
-                     {key} written earlier goes with `state clear {key}`)"
-                ),
+                why,
             ));
         }
         if write.new_group {

@@ -15,7 +15,19 @@ use crate::cli::{AgentArgs, CheckReadyArgs};
 /// Exit status when the agent is not ready or not answering (EX_UNAVAILABLE).
 pub const NOT_READY: u8 = 69;
 
-/// The agent-send line asked: a group name no key is expected to have.
+/// The identity the probe line names. It is no server and no group: the
+/// agent answers it without remembering it as a row (so it never holds
+/// `answered_index` back, names no group and shows on no `/status`), and
+/// the writer refuses it as a group key.
+pub const PROBE_IDENTITY: &str = "check-ready";
+
+/// Why the writer refuses [`PROBE_IDENTITY`] as a group key.
+pub const NOT_A_GROUP: &str = "check-ready is the line the reload guard (`gitlab-haproxy-agent \
+     check-ready`) sends to the agent, not a group: no server names it, and a key check-ready \
+     would only change what the guard is answered; nothing written (a key check-ready written \
+     earlier goes with `state clear check-ready`)";
+
+/// The agent-send line asked: [`PROBE_IDENTITY`] and a LF.
 pub const PROBE_LINE: &[u8] = b"check-ready\n";
 
 /// How `/-/answering`'s 200 begins while the agent answers from its state

@@ -65,9 +65,10 @@ pub enum Command {
     /// Answering: `/-/answering` on the agent's HTTP port answers 200 (the
     /// agent answers from Consul, or from its state file while Consul has
     /// not answered since it started: what it serves through an outage),
-    /// and the agent-check port answers the line `check-ready` (a group
-    /// name, seen on `/status` for 10 minutes; from the state file it reads
-    /// the line and withholds the ready). A regular
+    /// and the agent-check port answers the line `check-ready` (answered
+    /// like a group, but no row: never on `/status`, in the group names or
+    /// the answered index; from the state file it reads the line and
+    /// withholds the ready). A regular
     /// file at --override-file younger than --override-max-age lets the
     /// reload through anyway (exit 0, with a warning), for the day the agent
     /// itself is what is broken.
@@ -749,7 +750,7 @@ pub struct WriteOpts {
     pub confirm: ConfirmArgs,
     /// Who the write is for, recorded with every key written (a ChatOps bot
     /// names the person it acts for) [default: $SUDO_USER, else $USER,
-    /// else $LOGNAME].
+    /// else $LOGNAME, else `uid N on host H`].
     #[arg(long, value_name = "NAME")]
     pub by: Option<String>,
     /// Why, recorded with every key written and shown by `state get`,
@@ -759,7 +760,9 @@ pub struct WriteOpts {
     #[arg(long, value_name = "TEXT", env = "GITLAB_HAPROXY_AGENT_REASON")]
     pub reason: Option<String>,
     /// Until when the servers are meant to stay out: a duration from now
-    /// (`2h`, `3d`) or an RFC 3339 time (`2026-12-01T18:00:00Z`). Recorded
+    /// (`2h`, `3d`) or an RFC 3339 time with its zone
+    /// (`2026-12-01T18:00:00Z`, `2026-12-01T19:00:00+01:00`; one without a
+    /// zone is refused). Recorded
     /// with the write; past it the agents' metrics raise
     /// GitLabHAProxyAgentKeyPastUntil (a ticket). A reminder: nothing is
     /// undone on its own.
@@ -777,7 +780,8 @@ impl WriteOpts {
     pub fn author(&self, reason_required: bool, now: u64) -> Result<Author, String> {
         let login = ["SUDO_USER", "USER", "LOGNAME"]
             .iter()
-            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()));
+            .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()))
+            .or_else(crate::model::meta::process_author);
         Author::resolve(
             self.by.as_deref(),
             login.as_deref(),

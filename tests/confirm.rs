@@ -169,7 +169,7 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
         .find(|l| l.trim().starts_with("canary "));
     let canary = canary.unwrap_or_else(|| panic!("no key out: {status:?}"));
     assert!(
-        canary.contains("canary maint: by unknown, since ") && canary.ends_with(": test"),
+        canary.contains("canary maint: by uid ") && canary.ends_with(": test"),
         "{canary}"
     );
 
@@ -217,7 +217,10 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
         "{report}"
     );
     assert_eq!(report["confirmed"]["agents_at_index"], 2, "{report}");
-    assert_eq!(report["confirmed"]["rows_answered"], 4, "{report}");
+    // Counts for the selection, never the fleet's: the agents count no
+    // rows apart for a row key.
+    assert!(report["confirmed"]["rows_answered"].is_null(), "{report}");
+    assert!(!run.stderr.contains("rows answered"), "{run:?}");
 
     // One load balancer's agent stops: the next write is not confirmed,
     // that agent is named, and the command exits 68.
@@ -240,9 +243,8 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
     let index = modify_index(&consul, "web/web-01");
     assert!(
         run.stderr.contains(&format!(
-            "s: 1/2 agents at index >= {index}, 1 row answered drain; 1 \
-             agent is behind: {stopped} (lb-2.test): target down (the last scrape failed), \
-             index "
+            "s: 1/2 agents at index >= {index}; 1 agent is behind: {stopped} (lb-2.test): \
+             target down (the last scrape failed), index "
         )),
         "{run:?}"
     );
@@ -404,4 +406,311 @@ fn the_runbook_confirmation_commands_parse() {
             "{command} parsed without a subcommand"
         );
     }
+}
+
+/// The reload guard's probe line (`check-ready`, run by every HAProxy
+/// reload) is no row: a write made after it is confirmed at once (the probe
+/// does not hold the agent's answered index at the snapshot it was answered
+/// from), it is not on `/status`, in the rows seen or in the group names,
+/// and a drain of the group `check-ready` is refused.
+#[test]
+fn the_reload_guard_probe_is_no_row() {
+    let consul = Consul::start();
+    let one = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            1,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape the agent asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+    let run = cli(
+        &consul,
+        &["set", "web/web-01", "drain", "--prometheus", &prom],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+
+    // What `systemctl reload haproxy` runs first.
+    let guard = Command::new(AGENT_BIN)
+        .env_clear()
+        .args(["check-ready", "--agent-addr"])
+        .arg(one.agent.listen.to_string())
+        .arg("--http-addr")
+        .arg(one.agent.http.to_string())
+        .args(["--override-file", "/nonexistent/override"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run check-ready");
+    let guard = Run::from(guard);
+    assert_eq!(guard.code, 0, "{guard:?}");
+    // Scraped at least once after the probe.
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "web/web-cny-01",
+            "drain",
+            "--prometheus",
+            &prom,
+            "--confirm-timeout",
+            "10s",
+        ],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stderr.contains("confirmed: 1/1 agents at index >= "),
+        "{run:?}"
+    );
+
+    let (code, status) = one.agent.http_get("/status").expect("/status");
+    assert_eq!(code, 200);
+    assert!(!status.contains("check-ready"), "{status}");
+    assert_eq!(one.agent.metric("gitlab_haproxy_agent_rows_seen"), 2.0);
+    let probe = prometheus.values(r#"gitlab_haproxy_agent_group_rows{group="check-ready"}"#);
+    assert!(probe.is_empty(), "{probe:?}");
+    assert_eq!(
+        prometheus
+            .values(r#"gitlab_haproxy_agent_group_rows{group="canary"}"#)
+            .len(),
+        1,
+        "the group query works"
+    );
+
+    // Not a group to write, whatever Prometheus says.
+    for extra in [&[][..], &["--new-group"][..]] {
+        let mut args = vec!["drain", "--group", "check-ready", "--dry-run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--prometheus", &prom]);
+        let run = cli(&consul, &args);
+        assert_eq!(run.code, 65, "{run:?}");
+        assert!(
+            run.stderr
+                .contains("check-ready is the line the reload guard"),
+            "{run:?}"
+        );
+    }
+}
+
+/// `state status` is a verdict: not ok (exit 68) while an agent holds keys
+/// (an invalid value), has a row answered maint that HAProxy no longer asks
+/// about (its HAProxy stopped), or follows a store without an id (an
+/// emptied store, followed by an agent restarted without a state file);
+/// with Consul down it still shows every agent, Consul's index unknown,
+/// and exits 69.
+#[test]
+fn status_is_a_verdict_and_shows_the_fleet_without_consul() {
+    let mut consul = Consul::start();
+    let mut one = lb(&consul);
+    let mut two = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http, two.agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            2,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape both agents asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+    let run = cli(
+        &consul,
+        &["set", "web/web-01", "maint", "--prometheus", &prom],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let status = |consul: &Consul, json: bool| {
+        let mut args = vec!["status", "--prometheus", &prom];
+        if json {
+            args.push("--json");
+        }
+        cli(consul, &args)
+    };
+    // Every agent at the index, nothing held: ok.
+    let ok = support::wait_for(Duration::from_secs(20), || {
+        let run = status(&consul, false);
+        (run.code == 0).then_some(run)
+    });
+    let ok = ok.unwrap_or_else(|| panic!("never ok: {:?}", status(&consul, false)));
+    assert!(ok.stdout.contains("2/2 agents at index >= "), "{ok:?}");
+    let held = "sum by (instance) (gitlab_haproxy_agent_held_keys)";
+
+    // A typo over the maint: both agents hold the maint.
+    consul.put("web/web-01", "mantenance");
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), held, 2, |v| v == 1.0),
+        "no hold scraped"
+    );
+    let run = status(&consul, false);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    assert!(run.stdout.contains(" held_keys\n"), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("1 key held, answered with another state"),
+        "{run:?}"
+    );
+    assert!(run.stdout.contains("Verdict: NOT OK"), "{run:?}");
+    assert!(run.stderr.contains("2 agents are not ok: "), "{run:?}");
+    assert!(ok.stdout.contains("Verdict: ok."), "{ok:?}");
+    consul.put("web/web-01", "maint");
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), held, 2, |v| v == 0.0),
+        "the hold did not end"
+    );
+
+    // One load balancer's HAProxy stops asking: its maint row is no
+    // longer asked about (after the 10 s floor).
+    one._haproxy.proc().kill();
+    let not_asked = format!(
+        "gitlab_haproxy_agent_out_rows_not_asked{{instance=\"{}\"}}",
+        one.agent.http
+    );
+    assert!(
+        prometheus.wait_until(Duration::from_secs(30), &not_asked, 1, |v| v == 1.0),
+        "the row not asked was not scraped"
+    );
+    let run = status(&consul, true);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let view = run.json();
+    assert_eq!(view["ok"], false, "{view}");
+    assert_eq!(view["error"]["kind"], "not_ok", "{view}");
+    let agent = |view: &Value, lb: &Lb| {
+        view["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["instance"] == lb.agent.http.to_string())
+            .cloned()
+            .unwrap_or_else(|| panic!("{} not shown: {view}", lb.agent.http))
+    };
+    assert_eq!(agent(&view, &one)["status"], "rows_not_asked", "{view}");
+    assert_eq!(agent(&view, &two)["status"], "ok", "{view}");
+
+    // The store is emptied, and the second agent restarts without a state
+    // file: it follows the empty store, which has no id.
+    let (code, _, _) = consul.request("DELETE", &format!("/v1/kv/{PREFIX}?recurse"), b"");
+    assert_eq!(code, 200);
+    let (port, http) = (two.agent.listen.port(), two.agent.http.port());
+    two.agent.terminate();
+    two.agent = support::Agent::spawn_on(&consul.url(), port, http, &[]);
+    two.agent.wait_ready();
+    let store = format!(
+        "gitlab_haproxy_agent_store_id_present{{instance=\"{}\"}}",
+        two.agent.http
+    );
+    assert!(
+        prometheus.wait_until(Duration::from_secs(20), &store, 1, |v| v == 0.0),
+        "the agent following the empty store was not scraped"
+    );
+    let run = status(&consul, true);
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    let view = run.json();
+    let problems = agent(&view, &two)["problems"].clone();
+    assert!(
+        problems
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["kind"] == "no_store_id"),
+        "{view}"
+    );
+
+    // Consul down: every agent still shown, Consul's index unknown, exit 69.
+    consul.stop();
+    let run = status(&consul, false);
+    assert_eq!(run.code, 69, "{run:?}");
+    for lb in [&one, &two] {
+        assert!(
+            run.stdout.contains(&lb.agent.http.to_string()),
+            "{} not shown: {run:?}",
+            lb.agent.http
+        );
+    }
+    assert!(run.stdout.contains("Consul's index is unknown"), "{run:?}");
+    assert!(run.stdout.contains("Keys out: unknown"), "{run:?}");
+    let run = status(&consul, true);
+    assert_eq!(run.code, 69, "{run:?}");
+    let view = run.json();
+    assert!(view["consul_index"].is_null(), "{view}");
+    assert_eq!(view["agents"].as_array().unwrap().len(), 2, "{view}");
+    assert_eq!(view["ok"], false, "{view}");
+}
+
+/// A server its row key keeps in service while its group is drained is
+/// named once, with the load balancers that keep it, not once per load
+/// balancer, and counted as one server; a write of a row key reports no
+/// fleet totals.
+#[test]
+fn an_overridden_server_is_one_entry_listing_its_load_balancers() {
+    let consul = Consul::start();
+    let one = lb(&consul);
+    let two = lb(&consul);
+    let prometheus = Prometheus::start(&[one.agent.http, two.agent.http]);
+    let prom = prometheus.url();
+    assert!(
+        prometheus.wait_until(
+            Duration::from_secs(30),
+            "gitlab_haproxy_agent_rows_seen",
+            2,
+            |v| v == 2.0
+        ),
+        "Prometheus did not scrape both agents asked about 2 rows:\n{}",
+        prometheus.log()
+    );
+    let run = cli(
+        &consul,
+        &["set", "web/web-cny-01", "ready", "--prometheus", &prom],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    let run = cli(
+        &consul,
+        &[
+            "canary",
+            "disable",
+            "--drain-wait",
+            "1s",
+            "--prometheus",
+            &prom,
+            "--confirm-timeout",
+            "20s",
+        ],
+    );
+    assert_eq!(run.code, NOT_CONFIRMED, "{run:?}");
+    assert!(
+        run.stderr
+            .contains("1 server naming canary is kept in service by another key"),
+        "{run:?}"
+    );
+    assert_eq!(
+        run.stderr.matches("web/web-cny-01 (decided by").count(),
+        1,
+        "{run:?}"
+    );
+    assert!(
+        run.stderr.contains(&format!(
+            "web/web-cny-01 (decided by web/web-cny-01: ready, on 2 load balancers: {} \
+             (lb-1.test), {} (lb-2.test))",
+            one.agent.http, two.agent.http
+        )),
+        "{run:?}"
+    );
+
+    // Clearing one row key: no fleet totals in its confirmation.
+    let run = cli(
+        &consul,
+        &["clear", "web/web-cny-01", "--prometheus", &prom, "--json"],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(!run.stderr.contains("rows answered"), "{run:?}");
+    assert!(
+        run.json()["confirmed"]["rows_answered"].is_null(),
+        "{run:?}"
+    );
 }

@@ -392,3 +392,46 @@ fn ramp_steps_through_each_weight_and_an_interrupted_ramp_stops_at_a_valid_one()
         assert_eq!(out.status.code(), Some(64), "{bad}");
     }
 }
+
+/// A ramp interrupted at its first step, then a plain `canary enable` (no
+/// `--ramp`): the ramp is finished (the key removed, the server back at its
+/// full weight), not left at 25% with "nothing to do".
+#[test]
+fn a_plain_enable_finishes_an_interrupted_ramp() {
+    let lb = lb();
+    let (code, report, stderr) = lb.run(&["canary", "disable", "--drain-wait", "1s"]);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| s.is_maint());
+    let slow = [
+        "canary",
+        "enable",
+        "--ramp",
+        "25%,50%",
+        "--ramp-every",
+        "30s",
+        "--maint-wait",
+        "1s",
+    ];
+    let child = lb.spawn(&slow);
+    lb.wait_kv("canary", Some("25%"), Duration::from_secs(20));
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| {
+            s.admin_state == 0 && s.uweight == 25
+        });
+    kill(child.id(), "INT");
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 130, "{report}\n{stderr}");
+    assert_eq!(lb.kv("canary").as_deref(), Some("25%"));
+
+    let (code, report, stderr) = lb.run(&["canary", "enable", "--maint-wait", "1s"]);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(lb.kv("canary"), None, "{report}");
+    assert_eq!(report["keys"][0]["before"], "25%", "{report}");
+    let note = report["keys"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("interrupted ramp"), "{report}");
+    lb.haproxy
+        .wait_server("web", "web-01", Duration::from_secs(5), |s| {
+            s.is_ready_full_weight()
+        });
+}

@@ -2017,3 +2017,115 @@ fn waits_below_the_floor_are_refused_before_anything_is_written() {
     let help = defaults(&["canary", "enable", "--help"]);
     assert!(help.stdout.contains("2 x --agent-inter"), "{help:?}");
 }
+
+/// `--until` takes RFC 3339 in full (offsets, lowercase `t`/`z`) and
+/// refuses a time without a zone rather than take it as UTC; with no login
+/// in the environment (`USER`, `LOGNAME`, `SUDO_USER` unset, as under cron)
+/// the record names the uid and the host, not `unknown`.
+#[test]
+fn until_takes_rfc3339_offsets_and_an_author_without_a_login_is_named() {
+    let consul = Consul::start();
+    let record = |key: &str| -> Value {
+        serde_json::from_str(&kv(&consul, &format!("~meta/{key}")).expect("a record")).unwrap()
+    };
+    // 2030-01-01T09:00:00Z, written three ways.
+    for (key, until) in [
+        ("web/s1", "2030-01-01T10:00:00+01:00"),
+        ("web/s2", "2030-01-01t04:00:00-05:00"),
+        ("web/s3", "2030-01-01t09:00:00z"),
+    ] {
+        let run = cli(&consul, &["set", key, "drain", "--until", until]);
+        assert_eq!(run.code, 0, "{until}: {run:?}");
+        let r = record(key);
+        assert_eq!(r["until"], 1_893_488_400_u64, "{until}: {r}");
+        let by = r["by"].as_str().unwrap();
+        assert!(by.starts_with("uid ") && by.contains(" on host "), "{by}");
+    }
+    let run = cli(&consul, &["get", "web/s1"]);
+    assert!(!run.stdout.contains("by unknown"), "{run:?}");
+    assert!(run.stdout.contains("by uid "), "{run:?}");
+    // No zone: refused, nothing written.
+    let run = cli(
+        &consul,
+        &["set", "web/s4", "drain", "--until", "2030-01-01T09:00:00"],
+    );
+    assert_eq!(run.code, 64, "{run:?}");
+    assert!(run.stderr.contains("has no time zone"), "{run:?}");
+    assert_eq!(kv(&consul, "web/s4"), None);
+}
+
+/// A backend balanced by a static algorithm (`balance source`): HAProxy
+/// applies only 0% and 100% there, so a weight the agent answers is not
+/// applied (shown on a real HAProxy). The writer, reading the same
+/// configuration, refuses a weight and a ramp there, writing nothing.
+#[test]
+fn weights_and_ramps_on_a_static_algorithm_are_refused() {
+    let consul = Consul::start();
+    let agent = Agent::start(&consul.url(), &[]);
+    let mut backends = String::from("backend web\n    balance source\n");
+    backends.push_str(&server_line(
+        "web",
+        "s1",
+        &["canary"],
+        agent.listen.port(),
+        100,
+    ));
+    backends.push_str("\nbackend api\n    balance roundrobin\n");
+    backends.push_str(&server_line("api", "a1", &[], agent.listen.port(), 100));
+    let config = haproxy_config(&backends);
+    let haproxy = Haproxy::start(&config);
+    let dir = TempDir::new("static-algo");
+    let cfg = dir.path().join("haproxy.cfg");
+    std::fs::write(&cfg, &config).unwrap();
+    let cfg = cfg.to_str().unwrap();
+
+    // What HAProxy does with a weight there: the agent answers it, HAProxy
+    // keeps the full weight (api, roundrobin, applies it).
+    consul.put("web/s1", "25%");
+    consul.put("api/a1", "25%");
+    haproxy.wait_server("api", "a1", CONVERGE, |s| s.uweight == 25);
+    assert_eq!(agent.ask("web/s1 canary"), "ready 25%\n");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(haproxy.server("web", "s1").uweight, 100);
+    consul.delete("web/s1");
+    consul.delete("api/a1");
+
+    let with_config = |args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", cfg)
+            .output()
+            .unwrap();
+        Run::from(out)
+    };
+    for args in [
+        &["set", "web/s1", "25%"][..],
+        &["set", "canary", "50%", "--new-group"][..],
+        &[
+            "undrain",
+            "--backend",
+            "web",
+            "--server",
+            "s1",
+            "--ramp",
+            "25%,50%",
+        ][..],
+        &["canary", "enable", "--ramp", "25%,50%"][..],
+    ] {
+        let run = with_config(args);
+        assert_eq!(run.code, 65, "{args:?}: {run:?}");
+        assert!(
+            run.stderr.contains("web (balance source)")
+                && run
+                    .stderr
+                    .contains("HAProxy applies only 0% and 100% there"),
+            "{args:?}: {run:?}"
+        );
+    }
+    assert_eq!(kv(&consul, "web/s1"), None);
+    assert_eq!(kv(&consul, "canary"), None);
+    // Where the algorithm applies weights, and 0% / 100% anywhere: written.
+    for args in [&["set", "api/a1", "25%"][..], &["set", "web/s1", "0%"][..]] {
+        let run = with_config(args);
+        assert_eq!(run.code, 0, "{args:?}: {run:?}");
+    }
+}

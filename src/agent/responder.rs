@@ -454,11 +454,14 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
             return None;
         }
     };
+    let row = text.trim();
+    if row == crate::check_ready::PROBE_IDENTITY {
+        return probe_reply(shared);
+    }
     shared
         .metrics
         .last_check_timestamp
         .set(crate::agent::metrics::unix_now());
-    let row = text.trim();
     let snapshot = shared.snapshot.load();
     let Some(snapshot) = snapshot.as_ref() else {
         shared.metrics.answers(AnswerKind::Unsynced).inc();
@@ -489,6 +492,22 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
                 .record(row, kind, Some(text.trim_end()), snapshot.index, decided_by);
             Some(reply)
         }
+    }
+}
+
+/// The answer to the reload guard's probe line (`check-ready`): what the
+/// snapshot answers it, like any line, but the probe is no server HAProxy
+/// asks about, so it is neither counted as an agent-check nor remembered as
+/// a row (a row asked once would hold `answered_index` at the probe's
+/// snapshot for a minute, and offer `check-ready` as a group).
+fn probe_reply(shared: &Shared) -> Option<ReplyLine> {
+    let snapshot = shared.snapshot.load();
+    match snapshot
+        .as_ref()?
+        .lookup(identities(crate::check_ready::PROBE_IDENTITY))
+    {
+        Answer::State { state, .. } => Some(state.reply()),
+        Answer::Invalid { .. } | Answer::Withheld { .. } => None,
     }
 }
 
@@ -671,6 +690,23 @@ mod tests {
         // Answered from the snapshot at index 1.
         assert_eq!(shared.seen.rows()[0].1.index, 1);
         assert!(shared.metrics.last_check_timestamp.get() > 0.0);
+        running.stop().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_reload_guard_probe_is_answered_and_is_no_row() {
+        let (listener, addr) = bound();
+        let shared = synced();
+        let running = start(listener, &shared, timeout(Duration::from_millis(500)));
+        let mut probe = Client::connect(addr).await.unwrap();
+        probe
+            .write_all(crate::check_ready::PROBE_LINE)
+            .await
+            .unwrap();
+        assert_eq!(reply(probe).await, "ready 100%\n");
+        assert!(shared.seen.rows().is_empty(), "{:?}", shared.seen.rows());
+        assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 0);
+        assert_eq!(shared.metrics.last_check_timestamp.get(), 0.0);
         running.stop().await;
     }
 

@@ -82,6 +82,9 @@ pub async fn fleet_groups(
             .map_err(bad)?
             .into_iter()
             .filter_map(|s| s.labels.get("group").cloned())
+            // Agents of earlier versions export the reload guard's probe
+            // line as a group: it is none.
+            .filter(|g| g != crate::check_ready::PROBE_IDENTITY)
             .collect(),
         over_cap: samples(&over, "groups_over_cap")
             .map_err(bad)?
@@ -215,7 +218,7 @@ pub fn apply(
                 .push((agent.name(), row.clone(), by.clone(), answer.clone(), *n));
         }
     }
-    verdict.rows = g.answering;
+    verdict.rows = Some(g.answering);
     verdict.group = Some(g);
 }
 
@@ -279,17 +282,77 @@ pub fn by_index_text(verdict: &Verdict<'_>) -> String {
     )
 }
 
-/// `web/s1 (by web/s1 on lb-01), ...`.
+/// At most this many load balancers are named per overridden server: 10
+/// (the others are counted).
+const AGENTS_NAMED: usize = 10;
+
+/// The overridden rows of `g`, one entry per server (row, deciding key and
+/// its answer) with the load balancers that keep it so, in order: a server
+/// on 80 load balancers is one entry, not 80.
+pub fn overridden_servers(g: &GroupVerdict) -> Vec<(String, String, String, Vec<String>, u64)> {
+    let mut out: Vec<(String, String, String, Vec<String>, u64)> = Vec::new();
+    for (agent, row, by, answer, n) in &g.overridden {
+        match out
+            .iter_mut()
+            .find(|o| (&o.0, &o.1, &o.2) == (row, by, answer))
+        {
+            Some(o) => {
+                o.3.push(agent.clone());
+                o.4 += n;
+            }
+            None => out.push((
+                row.clone(),
+                by.clone(),
+                answer.clone(),
+                vec![agent.clone()],
+                *n,
+            )),
+        }
+    }
+    out
+}
+
+/// `web/s1 (decided by web/s1: ready, on lb-01, lb-02), ...`.
 fn overridden_list(g: &GroupVerdict) -> String {
-    let named: Vec<String> = g
-        .overridden
+    let named: Vec<String> = overridden_servers(g)
         .iter()
-        .map(|(agent, row, by, answer, _)| format!("{row} (decided by {by}: {answer}, on {agent})"))
+        .map(|(row, by, answer, agents, _)| {
+            let more = agents.len().saturating_sub(AGENTS_NAMED);
+            let on = agents[..agents.len().min(AGENTS_NAMED)].join(", ");
+            let on = match (agents.len(), more) {
+                (1, _) => format!("on {on}"),
+                (n, 0) => format!("on {n} load balancers: {on}"),
+                (n, more) => format!("on {n} load balancers: {on} and {more} more"),
+            };
+            format!("{row} (decided by {by}: {answer}, {on})")
+        })
         .collect();
     if named.is_empty() {
         "not named by the agents".to_string()
     } else {
         named.join(", ")
+    }
+}
+
+/// The servers kept in service by another key, counted once whatever the
+/// number of load balancers that keep them: the distinct rows named, when
+/// the agents named every such row; otherwise the rows counted per load
+/// balancer.
+fn servers_in_service(g: &GroupVerdict) -> (u64, &'static str, &'static str) {
+    let servers = overridden_servers(g);
+    let in_service: Vec<_> = servers
+        .iter()
+        .filter(|s| !matches!(s.2.as_str(), "drain" | "maint"))
+        .collect();
+    let named_rows: u64 = in_service.iter().map(|s| s.4).sum();
+    if named_rows == g.overridden_in_service {
+        (in_service.len() as u64, "server", "servers")
+    } else {
+        (
+            g.overridden_in_service,
+            "server row (counted per load balancer)",
+            "server rows (counted per load balancer)",
+        )
     }
 }
 
@@ -300,13 +363,13 @@ pub fn overridden_text(verdict: &Verdict<'_>) -> Option<String> {
     if !verdict.lagging.is_empty() || g.other_answer > 0 || g.holds() {
         return None;
     }
-    let n = g.overridden_in_service;
+    let (n, one, many) = servers_in_service(g);
     Some(format!(
         "not confirmed: {} naming {} {} kept in service by another key, so this write does not \
          move {}: {}. The write is in Consul; the next step is not written. Clear or change \
          those keys (`state explain`, `state clear`), or re-run the same command with \
          --accept-overridden to go on without them",
-        plural(n, "server", "servers"),
+        plural(n, one, many),
         g.key,
         if n == 1 { "is" } else { "are" },
         if n == 1 { "it" } else { "them" },
@@ -360,7 +423,7 @@ mod tests {
             false,
         );
         assert!(verdict.all_confirmed());
-        assert_eq!(verdict.rows, 2);
+        assert_eq!(verdict.rows, Some(2));
         let text = describe(verdict.group.as_ref().unwrap(), "drain");
         assert!(
             text.contains("zone-b: 2/2 servers naming it answer drain"),

@@ -12,6 +12,8 @@
 
 pub mod groups;
 pub mod held;
+pub mod status;
+pub mod text;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -60,6 +62,88 @@ pub struct AgentView {
     pub rows_seen: Option<u64>,
     /// Last scraped `gitlab_haproxy_agent_rows_answered`, by `state`.
     pub rows_answered: BTreeMap<String, u64>,
+    /// What `state status` also asks ([`health_queries`]); empty in a
+    /// confirmation.
+    #[serde(flatten)]
+    pub health: Health,
+}
+
+/// What `state status` asks of each agent besides its index: whether it
+/// answers every server as Consul says, and follows the store the writer
+/// writes.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct Health {
+    /// Last scraped `gitlab_haproxy_agent_out_rows_not_asked`: rows it
+    /// answered drain or maint that HAProxy stopped asking about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_rows_not_asked: Option<u64>,
+    /// Last scraped `gitlab_haproxy_agent_held_keys`, every cause: keys it
+    /// answers with another state than Consul's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_keys: Option<u64>,
+    /// Of those, keys held since Consul's data went backwards
+    /// (`cause="rolled_back"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rolled_back_keys: Option<u64>,
+    /// Last scraped `gitlab_haproxy_agent_store_id_present`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_id_present: Option<bool>,
+    /// Last scraped `gitlab_haproxy_agent_synced`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub synced: Option<bool>,
+    /// The store is known to have had an id (see
+    /// [`Fleet::expect_store_id`]): an agent synced without one followed
+    /// an emptied or rebuilt store.
+    #[serde(skip)]
+    pub store_id_expected: bool,
+}
+
+/// Why `state status` finds an agent not ok although it may be at the
+/// index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trouble {
+    /// Rows it answered drain or maint that HAProxy no longer asks about:
+    /// those servers are likely back in traffic on that load balancer.
+    RowsNotAsked(u64),
+    /// Keys it answers with another state than Consul's (an invalid value,
+    /// a rollback, a key hidden from its token).
+    HeldKeys(u64),
+    /// Synced with a store that has no `~store-id` while the store is
+    /// known to have had one: an emptied or rebuilt store it followed
+    /// (what was lost is not held).
+    NoStoreId,
+}
+
+impl Trouble {
+    /// The stable name for `--json` and the STATUS column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trouble::RowsNotAsked(_) => "rows_not_asked",
+            Trouble::HeldKeys(_) => "held_keys",
+            Trouble::NoStoreId => "no_store_id",
+        }
+    }
+
+    /// What it means, for people.
+    pub fn text(self) -> String {
+        match self {
+            Trouble::RowsNotAsked(n) => format!(
+                "{n} row{} answered drain or maint that HAProxy no longer asks about (those \
+                 servers are likely in traffic again; runbook: Drain not applied)",
+                if n == 1 { "" } else { "s" }
+            ),
+            Trouble::HeldKeys(n) => format!(
+                "{n} key{} held, answered with another state than Consul's (see held keys \
+                 below; runbook: State rolled back, Invalid values, Keys hidden)",
+                if n == 1 { "" } else { "s" }
+            ),
+            Trouble::NoStoreId => "synced with a store that has no ~store-id, though Consul \
+                 or other agents show the store had one: it followed an emptied or rebuilt \
+                 store, and drains and maint the store lost are not held there (runbook: State \
+                 rolled back)"
+                .to_string(),
+        }
+    }
 }
 
 impl AgentView {
@@ -89,6 +173,23 @@ impl AgentView {
             return Some(Lag::AnsweredBehind);
         }
         None
+    }
+
+    /// What `state status` finds wrong with this agent besides a lag
+    /// (nothing unless [`Fleet::add_health`] filled [`AgentView::health`]).
+    pub fn troubles(&self) -> Vec<Trouble> {
+        let h = &self.health;
+        let mut out = Vec::new();
+        if let Some(n) = h.out_rows_not_asked.filter(|n| *n > 0) {
+            out.push(Trouble::RowsNotAsked(n));
+        }
+        if let Some(n) = h.held_keys.filter(|n| *n > 0) {
+            out.push(Trouble::HeldKeys(n));
+        }
+        if h.store_id_expected && h.synced == Some(true) && h.store_id_present == Some(false) {
+            out.push(Trouble::NoStoreId);
+        }
+        out
     }
 
     fn rows(&self, state: &str) -> u64 {
@@ -143,10 +244,12 @@ pub struct Verdict<'a> {
     pub confirmed: Vec<&'a AgentView>,
     /// Agents that lag, with why.
     pub lagging: Vec<(&'a AgentView, Lag)>,
-    /// Rows the confirmed agents last answered `state` (0 without one); for
-    /// a group write, the rows naming the group that its key decides and
-    /// that answer `state`.
-    pub rows: u64,
+    /// Rows the confirmed agents last answered `state` (every row they are
+    /// asked about: the fleet's, not a selection's); for a group write, the
+    /// rows naming the group that its key decides and that answer
+    /// `state`. `None` without a state, and for a write of row keys, whose
+    /// rows the agents do not count apart.
+    pub rows: Option<u64>,
     /// For a group write: the servers the key decides, and those another
     /// key decides (see [`groups`]).
     pub group: Option<GroupVerdict>,
@@ -191,14 +294,25 @@ pub struct GroupVerdict {
     pub overridden_block: bool,
 }
 
-/// [`GroupVerdict::overridden`] as `[{agent, row, decided_by, answer, rows}]`.
+/// [`GroupVerdict::overridden`] as `[{row, decided_by, answer, agents,
+/// rows}]`: one entry per server, with the load balancers that keep it
+/// ([`groups::overridden_servers`]).
 fn overridden_json<S: serde::Serializer>(
     rows: &[(String, String, String, String, u64)],
     s: S,
 ) -> Result<S::Ok, S::Error> {
-    s.collect_seq(rows.iter().map(|(agent, row, by, answer, n)| {
-        serde_json::json!({"agent": agent, "row": row, "decided_by": by, "answer": answer, "rows": n})
-    }))
+    let g = GroupVerdict {
+        overridden: rows.to_vec(),
+        ..GroupVerdict::default()
+    };
+    s.collect_seq(
+        groups::overridden_servers(&g)
+            .into_iter()
+            .map(|(row, by, answer, agents, n)| {
+                serde_json::json!({"row": row, "decided_by": by, "answer": answer, "agents": agents,
+                "rows": n})
+            }),
+    )
 }
 
 impl GroupVerdict {
@@ -247,6 +361,7 @@ impl Fleet {
                     last_sync_age: None,
                     rows_seen: None,
                     rows_answered: BTreeMap::new(),
+                    health: Health::default(),
                 },
             );
         }
@@ -277,6 +392,71 @@ impl Fleet {
         })
     }
 
+    /// Adds the answers to [`health_queries`], in that order, to the
+    /// agents they belong to.
+    ///
+    /// # Errors
+    ///
+    /// As [`Fleet::from_answers`].
+    pub fn add_health(&mut self, answers: &[Value]) -> Result<(), String> {
+        let [not_asked, held, store_id, synced] = answers else {
+            return Err(format!("{} answers, not 4", answers.len()));
+        };
+        for agent in self.agents.iter_mut() {
+            agent.health.held_keys = None;
+            agent.health.rolled_back_keys = None;
+        }
+        for sample in samples(held, "held_keys")? {
+            let instance = sample.labels.get("instance");
+            let rolled_back = sample.labels.get("cause").map(String::as_str) == Some("rolled_back");
+            for agent in self.agents.iter_mut() {
+                if Some(&agent.instance) == instance {
+                    let h = &mut agent.health;
+                    *h.held_keys.get_or_insert(0) += as_index(sample.value);
+                    if rolled_back {
+                        *h.rolled_back_keys.get_or_insert(0) += as_index(sample.value);
+                    }
+                }
+            }
+        }
+        // The selector picks one job's targets: the instance tells them
+        // apart.
+        let mut add = |answer: &Value, what: &str, set: fn(&mut Health, f64)| {
+            for sample in samples(answer, what)? {
+                let instance = sample.labels.get("instance");
+                for agent in self.agents.iter_mut() {
+                    if Some(&agent.instance) == instance {
+                        set(&mut agent.health, sample.value);
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        };
+        add(not_asked, "out_rows_not_asked", |h, v| {
+            h.out_rows_not_asked = Some(as_index(v))
+        })?;
+        add(store_id, "store_id_present", |h, v| {
+            h.store_id_present = Some(v == 1.0)
+        })?;
+        add(synced, "synced", |h, v| h.synced = Some(v == 1.0))?;
+        Ok(())
+    }
+
+    /// Whether an agent synced without a store id is in trouble: the store
+    /// is known to have had an id when Consul shows one now
+    /// (`consul_has_id`), or an agent still sees one or holds keys since a
+    /// rollback. A store the writer never wrote has none anywhere, which
+    /// is not such trouble (`GitLabHAProxyAgentNoStoreId` opens a ticket).
+    pub fn expect_store_id(&mut self, consul_has_id: bool) {
+        let expected = consul_has_id
+            || self.agents.iter().any(|a| {
+                a.health.store_id_present == Some(true) || a.health.rolled_back_keys > Some(0)
+            });
+        for agent in &mut self.agents {
+            agent.health.store_id_expected = expected;
+        }
+    }
+
     /// How the fleet stands against `index`, counting rows answered `state`.
     pub fn verdict(&self, index: u64, state: Option<AnswerKind>) -> Verdict<'_> {
         let state = state.map(AnswerKind::as_str);
@@ -288,7 +468,7 @@ impl Fleet {
                 Some(lag) => lagging.push((agent, lag)),
             }
         }
-        let rows = state.map_or(0, |s| confirmed.iter().map(|a| a.rows(s)).sum());
+        let rows = state.map(|s| confirmed.iter().map(|a| a.rows(s)).sum());
         Verdict {
             index,
             state,
@@ -316,6 +496,41 @@ pub fn queries(selector: &str) -> [String; 6] {
         last("gitlab_haproxy_agent_rows_seen"),
         last("gitlab_haproxy_agent_rows_answered"),
     ]
+}
+
+/// The PromQL queries of [`Fleet::add_health`], for agents matched by
+/// `selector`: rows answered out that HAProxy no longer asks about, keys
+/// held (every cause), whether the store has an id, whether synced.
+pub fn health_queries(selector: &str) -> [String; 4] {
+    let last = |metric: &str| format!("last_over_time({metric}{{{selector}}}[{LOOKBACK}])");
+    [
+        last("gitlab_haproxy_agent_out_rows_not_asked"),
+        last("gitlab_haproxy_agent_held_keys"),
+        last("gitlab_haproxy_agent_store_id_present"),
+        last("gitlab_haproxy_agent_synced"),
+    ]
+}
+
+/// Asks Prometheus at `base` for [`health_queries`] and adds them to
+/// `fleet`.
+///
+/// # Errors
+///
+/// As [`fetch_fleet`].
+pub async fn fetch_health(
+    http: &reqwest::Client,
+    base: &str,
+    selector: &str,
+    fleet: &mut Fleet,
+) -> Result<(), FetchError> {
+    let mut answers = Vec::with_capacity(4);
+    for query in health_queries(selector) {
+        answers.push(instant_query(http, base, &query).await?);
+    }
+    fleet.add_health(&answers).map_err(|e| FetchError {
+        message: format!("Prometheus at {base}: {e}"),
+        lasting: false,
+    })
 }
 
 /// Adds the values of one answer to the agents they belong to (samples of

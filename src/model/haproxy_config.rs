@@ -5,7 +5,7 @@
 //! agent-send line, so no zones). Reading the file and the socket is the
 //! writer's.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::model::identity::{parse_line, validate_identity, MAX_LINE};
 
@@ -318,6 +318,130 @@ pub fn parse_config(text: &str) -> Vec<Server> {
     servers
 }
 
+/// The backends (and listen sections) of `text` whose load-balancing
+/// algorithm ignores server weights, with that algorithm: `static-rr` and
+/// `first`, and the hashing ones (`source`, `uri`, `url_param`, `hdr(...)`,
+/// `rdp-cookie`, `hash`) unless `hash-type consistent`. HAProxy applies
+/// only 0% and 100% there at runtime (configuration.txt "balance": static
+/// algorithms), so a weight or a ramp is answered and not applied. A
+/// `balance` or `hash-type` of a `defaults` section (named, or the last
+/// one) applies to the proxies after it, as HAProxy does.
+pub fn static_backends(text: &str) -> BTreeMap<String, String> {
+    #[derive(Clone, Default)]
+    struct Algo {
+        balance: Option<String>,
+        consistent: bool,
+    }
+    impl Algo {
+        fn apply(&mut self, words: &[String]) {
+            match words.first().map(String::as_str) {
+                Some("balance") => self.balance = words.get(1).map(|w| w.to_ascii_lowercase()),
+                Some("hash-type") => {
+                    self.consistent = words.get(1).is_some_and(|w| w == "consistent");
+                }
+                _ => {}
+            }
+        }
+        fn ignores_weights(&self) -> bool {
+            let Some(b) = &self.balance else {
+                return false;
+            };
+            let name = b.split('(').next().unwrap_or_default();
+            match name {
+                "static-rr" | "first" => true,
+                "source" | "uri" | "url_param" | "hdr" | "rdp-cookie" | "hash" => !self.consistent,
+                _ => false,
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    let mut named: HashMap<String, Algo> = HashMap::new();
+    let mut last = Algo::default();
+    let mut current: Option<(Option<String>, Algo, bool)> = None;
+    let finish = |current: &mut Option<(Option<String>, Algo, bool)>,
+                  out: &mut BTreeMap<String, String>| {
+        if let Some((Some(name), algo, true)) = current.take() {
+            if algo.ignores_weights() {
+                out.insert(name, algo.balance.unwrap_or_default());
+            }
+        }
+    };
+    for raw in text.lines() {
+        let words = tokenize(raw);
+        let Some(first) = words.first() else {
+            continue;
+        };
+        if SECTIONS.contains(&first.as_str()) {
+            finish(&mut current, &mut out);
+            let from = words
+                .iter()
+                .position(|w| w == "from")
+                .and_then(|i| words.get(i + 1));
+            let name = words.get(1).filter(|w| *w != "from").cloned();
+            current = match first.as_str() {
+                "defaults" => {
+                    last = from.and_then(|f| named.get(f).cloned()).unwrap_or_default();
+                    Some((name, last.clone(), false))
+                }
+                "backend" | "listen" => {
+                    let algo = match from {
+                        Some(f) => named.get(f).cloned().unwrap_or_default(),
+                        None => last.clone(),
+                    };
+                    Some((name, algo, true))
+                }
+                _ => None,
+            };
+            continue;
+        }
+        if let Some((name, algo, proxy)) = &mut current {
+            algo.apply(&words);
+            if !*proxy {
+                last = algo.clone();
+                if let Some(n) = name {
+                    named.insert(n.clone(), algo.clone());
+                }
+            }
+        }
+    }
+    finish(&mut current, &mut out);
+    out
+}
+
+/// The backends of `text` that ignore weights ([`static_backends`]) among
+/// those a write selects: the backend of row key `key` (`B/S`), the
+/// backends of the servers naming group `key`, or backend `key` when
+/// `whole_backend`: why their weights are ignored, in words; `None` when
+/// none is such a backend.
+pub fn weights_ignored(text: &str, key: &str, whole_backend: bool) -> Option<String> {
+    let statics = static_backends(text);
+    if statics.is_empty() {
+        return None;
+    }
+    let backends: Vec<String> = match key.split_once('/') {
+        _ if whole_backend => vec![key.to_string()],
+        Some((backend, _)) => vec![backend.to_string()],
+        None => parse_config(text)
+            .into_iter()
+            .filter(|s| s.groups.iter().any(|g| g == key))
+            .map(|s| s.backend)
+            .collect(),
+    };
+    let mut out: Vec<String> = backends
+        .into_iter()
+        .filter_map(|b| statics.get(&b).map(|algo| format!("{b} (balance {algo})")))
+        .collect();
+    out.sort();
+    out.dedup();
+    (!out.is_empty()).then(|| {
+        format!(
+            "in {} the algorithm ignores server weights, and HAProxy applies only 0% and 100% \
+             there, so the servers would jump to their full weight",
+            out.join(", ")
+        )
+    })
+}
+
 /// The server numbers of a `server-template` `<num | range>`: `3` is 1..=3,
 /// `5-7` is 5..=7; empty when it is neither, or declares more than
 /// [`MAX_TEMPLATE_SERVERS`].
@@ -606,6 +730,33 @@ fn shell_pattern(pattern: &str) -> glob::Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn static_algorithms_are_found_with_their_defaults() {
+        let cfg = "defaults\n    balance source\n\n\
+                   backend a\n    server s 10.0.0.1:80\n\n\
+                   backend b\n    balance roundrobin\n\n\
+                   backend c\n    balance uri\n    hash-type consistent\n\n\
+                   backend d\n    balance hdr(host)\n\n\
+                   defaults named\n    balance leastconn\n\n\
+                   backend e\n\n\
+                   listen f\n    balance static-rr\n\n\
+                   backend g from named\n    balance first\n";
+        let found = static_backends(cfg);
+        let names: Vec<(&str, &str)> = found
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a", "source"),
+                ("d", "hdr(host)"),
+                ("f", "static-rr"),
+                ("g", "first")
+            ]
+        );
+    }
     use crate::model::identity::MAX_IDENTITIES;
 
     impl Enrolment {

@@ -247,31 +247,91 @@ pub fn keys_out(prefix: &str, pairs: &[KvPair], now: u64, json: bool) -> serde_j
 }
 
 /// Parses `--until`: a duration from `now` (`2h`, `90m`, `3d`, humantime's
-/// grammar) or an RFC 3339 timestamp (`2026-12-01T18:00:00Z`); Unix
-/// seconds.
+/// grammar) or an RFC 3339 time ([`parse_rfc3339`]); Unix seconds.
 ///
 /// # Errors
 ///
-/// A text naming both accepted forms, for a value that is neither or that
-/// is not after `now`.
+/// A text naming both accepted forms, for a value that is neither, one
+/// saying a time needs its zone, or that it is not after `now`.
 pub fn parse_until(text: &str, now: u64) -> Result<u64, String> {
     let until = match humantime::parse_duration(text) {
         Ok(d) => now.saturating_add(d.as_secs()),
-        Err(_) => humantime::parse_rfc3339_weak(text)
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_secs())
-            .ok_or_else(|| {
-                format!(
-                    "--until {text:?} is neither a duration (2h, 90m, 3d) nor an RFC 3339 time \
-                     (2026-12-01T18:00:00Z)"
-                )
-            })?,
+        Err(_) => parse_rfc3339(text).map_err(|why| format!("--until {text:?} {why}"))?,
     };
     if until <= now {
         return Err(format!("--until {text:?} is not in the future"));
     }
     Ok(until)
+}
+
+/// An RFC 3339 date-time in Unix seconds: `2026-12-01T18:00:00Z`, with
+/// `Z` or an offset (`+01:00`, `-05:00`), `t`/`z` in either case, a space
+/// for the `T`, fractions of a second (dropped). A time without a zone is
+/// refused: taken as UTC it would be hours off for whoever meant local
+/// time, and the reminder would fire at the wrong moment.
+///
+/// # Errors
+///
+/// Why the text is not such a time (for "--until TEXT ...").
+pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
+    let neither = "is neither a duration (2h, 90m, 3d) nor an RFC 3339 time \
+                   (2026-12-01T18:00:00Z, 2026-12-01T19:00:00+01:00)";
+    let mut t = text.trim().to_ascii_uppercase();
+    if t.len() > 10 && t.as_bytes()[10] == b' ' {
+        t.replace_range(10..11, "T");
+    }
+    let (body, offset) = if let Some(body) = t.strip_suffix('Z') {
+        (body.to_string(), 0i64)
+    } else {
+        let n = t.len();
+        let zone = t.get(n.saturating_sub(6)..).unwrap_or("").as_bytes();
+        let digits = |r: std::ops::Range<usize>| {
+            zone.get(r)
+                .filter(|d| d.iter().all(u8::is_ascii_digit))
+                .map(|d| d.iter().fold(0i64, |acc, c| acc * 10 + i64::from(c - b'0')))
+        };
+        match (zone.first(), zone.get(3), digits(1..3), digits(4..6)) {
+            (Some(sign @ (b'+' | b'-')), Some(b':'), Some(h), Some(m))
+                if n > 16 && h < 24 && m < 60 =>
+            {
+                let sign = if *sign == b'-' { -1 } else { 1 };
+                (t[..n - 6].to_string(), sign * (h * 3600 + m * 60))
+            }
+            _ if humantime::parse_rfc3339_weak(&t).is_ok() => {
+                return Err(format!(
+                    "has no time zone: add Z for UTC ({}Z) or the offset meant (e.g. {}+01:00); \
+                     a time without a zone is not taken as UTC",
+                    text.trim(),
+                    text.trim()
+                ))
+            }
+            _ => return Err(neither.to_string()),
+        }
+    };
+    let utc = humantime::parse_rfc3339(&format!("{body}Z")).map_err(|_| neither.to_string())?;
+    let secs = utc
+        .duration_since(UNIX_EPOCH)
+        .map_err(|_| neither.to_string())?
+        .as_secs();
+    u64::try_from(i64::try_from(secs).map_err(|_| neither.to_string())? - offset)
+        .map_err(|_| neither.to_string())
+}
+
+/// Who wrote, when no login is known (`USER`, `LOGNAME` and `SUDO_USER`
+/// unset, as under cron or a CI runner): `uid N on host H`, from the
+/// process's own `/proc` entry and the kernel's host name, so the record
+/// still tells where to look.
+pub fn process_author() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty());
+    Some(match host {
+        Some(h) => format!("uid {uid} on host {h}"),
+        None => format!("uid {uid}"),
+    })
 }
 
 fn time_text(unix: u64) -> String {
@@ -520,6 +580,45 @@ mod tests {
         let record = serde_json::to_vec(&a.unwrap().record(AdminState::Maint)).unwrap();
         assert!(record.len() > 4096);
         assert!(parse_meta(&record).is_ok());
+    }
+
+    #[test]
+    fn until_takes_rfc3339_in_full_and_refuses_a_time_without_a_zone() {
+        let now = 1_700_000_000;
+        let utc = 1_764_612_000; // 2025-12-01T18:00:00Z
+        for text in [
+            "2025-12-01T18:00:00Z",
+            "2025-12-01t18:00:00z",
+            "2025-12-01 18:00:00Z",
+            "2025-12-01T18:00:00.250Z",
+            "2025-12-01T19:00:00+01:00",
+            "2025-12-01T13:00:00-05:00",
+            "2025-12-01t13:00:00-05:00",
+            "2025-12-02T03:30:00+09:30",
+        ] {
+            assert_eq!(parse_until(text, now), Ok(utc), "{text}");
+        }
+        for text in ["2025-12-01T18:00:00", "2025-12-01 18:00:00"] {
+            let e = parse_until(text, now).unwrap_err();
+            assert!(e.contains("has no time zone: add Z for UTC"), "{e}");
+        }
+        for text in [
+            "soon",
+            "2025-12-01T18:00:00+1:00",
+            "2025-12-01T18:00:00+24:00",
+        ] {
+            let e = parse_until(text, now).unwrap_err();
+            assert!(e.contains("is neither a duration"), "{text}: {e}");
+        }
+        assert_eq!(parse_until("2h", now), Ok(now + 7200));
+        let e = parse_until("2020-01-01T00:00:00+01:00", now).unwrap_err();
+        assert!(e.contains("not in the future"), "{e}");
+    }
+
+    #[test]
+    fn an_author_without_a_login_is_named_by_uid_and_host() {
+        let by = process_author().unwrap();
+        assert!(by.starts_with("uid "), "{by}");
     }
 
     #[test]

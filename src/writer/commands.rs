@@ -89,6 +89,9 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
     if let Err(f) = writer.check_group(args).await {
         return report_failure(args.json, &f);
     }
+    if let Err(f) = super::weights::check(args) {
+        return report_failure(args.json, &f);
+    }
     let floor = super::waits::floor(args.agent_inter, args.agent_read_delay);
     let result = match &args.command {
         StateCommand::Get { key } => writer.get(key).await,

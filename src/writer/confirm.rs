@@ -15,7 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::error::{exit, Failure};
@@ -26,8 +26,12 @@ use super::session::Writer;
 use crate::cli::{ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::fleet::groups;
+use crate::fleet::status::status_json;
+use crate::fleet::text::{
+    confirmed_text, lagging_text, no_agents_text, unavailable_text, waiting_text,
+};
 use crate::fleet::{
-    check_url, fetch_fleet, fetch_sessions, http_client, AgentView, Fleet, Lag, Sessions, Verdict,
+    check_url, fetch_fleet, fetch_health, fetch_sessions, http_client, Fleet, Sessions,
 };
 use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
@@ -143,6 +147,8 @@ impl ConfirmArgs {
                         }
                         _ => groups::by_index_alone(&mut verdict),
                     }
+                    // Row keys: the agents count no rows apart for them.
+                    verdict.rows = verdict.rows.filter(|_| group.is_some());
                     if let Some(text) = groups::overridden_text(&verdict) {
                         return Err(failed("overridden", text));
                     }
@@ -184,122 +190,11 @@ impl ConfirmArgs {
     }
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
-    format!("{n} {}", if n == 1 { one } else { many })
-}
-
-fn waiting_text(action: &str, index: u64, base: &str, timeout: Duration) -> String {
-    format!(
-        "{action}: confirming with Prometheus at {base} that every agent answers from index \
-         >= {index} (up to {})",
-        humantime::format_duration(timeout)
-    )
-}
-
-/// The headline of every outcome: `N/M agents at index >= I, R rows
-/// answered S` (without the rows when there is no state to count).
-pub fn headline(verdict: &Verdict<'_>) -> String {
-    let mut text = format!(
-        "{}/{} agents at index >= {}",
-        verdict.confirmed.len(),
-        verdict.confirmed.len() + verdict.lagging.len(),
-        verdict.index,
-    );
-    match (verdict.state, &verdict.group) {
-        (Some(state), Some(g)) => text.push_str(&groups::describe(g, state)),
-        (Some(state), None) => text.push_str(&format!(
-            ", {} answered {state}",
-            plural(verdict.rows as usize, "row", "rows")
-        )),
-        _ => {}
-    }
-    text.push_str(&groups::by_index_text(verdict));
-    text
-}
-
-fn confirmed_text(action: &str, verdict: &Verdict<'_>, waited: Duration) -> String {
-    format!(
-        "{action}: confirmed: {} (after {:.1}s)",
-        headline(verdict),
-        waited.as_secs()
-    )
-}
-
-/// One lagging agent: `instance (why; index X, answered from Y, last sync
-/// Zs ago)`.
-fn lagging_agent(agent: &AgentView, lag: Lag, index: u64) -> String {
-    let why = match lag {
-        Lag::Down => "target down (the last scrape failed)".to_string(),
-        Lag::NoMetrics => "scraped without the agent's metrics".to_string(),
-        Lag::Behind => format!("snapshot older than {index}"),
-        Lag::NotAsked => "HAProxy asked it nothing in the last 60 s".to_string(),
-        Lag::AnsweredBehind => format!("rows last answered from a snapshot older than {index}"),
-    };
-    let known = |v: Option<u64>| v.map_or("unknown".to_string(), |v| v.to_string());
-    let age = agent
-        .last_sync_age
-        .map_or("unknown".to_string(), |a| format!("{a:.0}s ago"));
-    format!(
-        "{}: {why}, index {}, answered from {}, last sync {age}",
-        agent.name(),
-        known(agent.consul_index),
-        known(agent.answered_index),
-    )
-}
-
-/// `N agents are behind: <agent>; <agent>`, naming every lagging agent.
-fn behind_text(verdict: &Verdict<'_>) -> String {
-    let names: Vec<String> = verdict
-        .lagging
-        .iter()
-        .map(|(a, lag)| lagging_agent(a, *lag, verdict.index))
-        .collect();
-    format!(
-        "{} behind: {}",
-        plural(verdict.lagging.len(), "agent is", "agents are"),
-        names.join("; ")
-    )
-}
-
-/// The failure when agents still lag at the deadline, naming every one.
-pub fn lagging_text(verdict: &Verdict<'_>, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: {}; {}. The write is in Consul, but those load \
-         balancers may still answer the old state. Follow them with `state status \
-         --prometheus URL`; once they are fixed (runbook: Agent down, Consul sync stale, \
-         HAProxy not asking), re-run the same command to go on (it is idempotent)",
-        waited.as_secs(),
-        headline(verdict),
-        behind_text(verdict),
-    )
-}
-
-fn no_agents_text(base: &str, selector: &str, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: Prometheus at {base} has no target matching \
-         {{{selector}}}; nothing tells whether the fleet applied the write (set \
-         --confirm-selector to the agents' scrape job)",
-        waited.as_secs()
-    )
-}
-
-fn unavailable_text(index: u64, error: &str, waited: Duration) -> String {
-    format!(
-        "not confirmed after {}s: {error}; the write (index {index}) is in Consul, but \
-         whether every agent applied it is unknown",
-        waited.as_secs()
-    )
-}
-
-/// The failure of `state status` when agents lag, naming them.
-fn status_lagging_text(verdict: &Verdict<'_>) -> String {
-    format!("{}; {}", headline(verdict), behind_text(verdict))
-}
-
-/// The fleet view for `state status` against Consul's index `index`, as
-/// text.
-pub fn status_text(fleet: &Fleet, index: u64) -> String {
-    let verdict = status_verdict(fleet, index);
+/// The fleet view for `state status` against Consul's index `index` (the
+/// prefix's X-Consul-Index now; `None` when Consul could not be read: each
+/// agent's own index is shown, none is judged against Consul's), as text.
+pub fn status_text(fleet: &Fleet, index: Option<u64>) -> String {
+    let verdict = fleet.status_verdict(index);
     let rows: Vec<Vec<String>> = fleet
         .agents
         .iter()
@@ -324,7 +219,7 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
                 } else {
                     answers.join(", ")
                 },
-                a.lag(index).map_or("ok", Lag::as_str).to_string(),
+                a.status(index),
             ]
         })
         .collect();
@@ -352,44 +247,33 @@ pub fn status_text(fleet: &Fleet, index: u64) -> String {
         .filter(|(_, n)| **n > 0)
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
+    let at = match index {
+        Some(index) => format!(
+            "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now){}",
+            verdict.confirmed.len(),
+            fleet.agents.len(),
+            groups::by_index_text(&verdict),
+        ),
+        None => format!(
+            "{} agents; Consul's index is unknown (Consul could not be read): INDEX is each \
+             agent's last scraped one, not judged against Consul's",
+            fleet.agents.len()
+        ),
+    };
     text.push_str(&format!(
-        "{}/{} agents at index >= {index} (the prefix's X-Consul-Index now){}; rows answered: \
-         {}.\n",
-        verdict.confirmed.len(),
-        fleet.agents.len(),
-        groups::by_index_text(&verdict),
+        "{at}; rows answered: {}.\n",
         if answered.is_empty() {
             "none".to_string()
         } else {
             answered.join(", ")
         }
     ));
+    for (agent, troubles) in fleet.troubled() {
+        for t in troubles {
+            text.push_str(&format!("{}: {}\n", agent.name(), t.text()));
+        }
+    }
     text
-}
-
-/// How the fleet stands for `state status`: as for a confirmation, an
-/// agent HAProxy asks nothing (a node with nothing enrolled) is at the
-/// index by its index alone (its STATUS still says `not_asked`).
-fn status_verdict(fleet: &Fleet, index: u64) -> Verdict<'_> {
-    let mut verdict = fleet.verdict(index, None);
-    groups::by_index_alone(&mut verdict);
-    verdict
-}
-
-/// The fleet view for `state status --json`.
-pub fn status_json(fleet: &Fleet, index: u64) -> Value {
-    let verdict = status_verdict(fleet, index);
-    json!({
-        "ok": verdict.all_confirmed(),
-        "consul_index": index,
-        "agents_total": fleet.agents.len(),
-        "agents_at_index": verdict.confirmed.len(),
-        "agents": fleet.agents.iter().map(|a| {
-            let mut v = json!(a);
-            v["lag"] = json!(a.lag(index).map(Lag::as_str));
-            v
-        }).collect::<Vec<_>>(),
-    })
 }
 
 /// The answer a write makes the servers it decides get: its state, or for a
@@ -504,7 +388,11 @@ impl Writer {
     }
 
     /// `state status`: reads the prefix's index from Consul and shows every
-    /// agent against it; exit 68 (`not_confirmed`) when one lags.
+    /// agent against it, with what else is wrong with each; exit 68
+    /// (`not_confirmed`) when one lags, (`not_ok`) when one has rows
+    /// HAProxy no longer asks about, held keys, or a store without an id.
+    /// With Consul unreadable it still shows every agent Prometheus
+    /// scrapes, Consul's index marked unknown, and fails as Consul did.
     pub(super) async fn status(&self, args: &StatusArgs) -> Result<(), Failure> {
         if args.prometheus.trim().is_empty() {
             return Err(Failure::usage(
@@ -514,22 +402,54 @@ impl Writer {
         }
         check_url(args.prometheus.trim())
             .map_err(|e| Failure::usage(format!("--prometheus: {e}")))?;
-        let answer = self.client.list_prefix(&self.prefix).await?;
-        let (index, out) = (
-            answer.index,
-            keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
-        );
-        let unavailable = |e| not_confirmed("prometheus_unavailable", e);
+        let store_id = format!("{}{}", self.prefix, crate::model::identity::STORE_ID_KEY);
+        let (index, out, consul_failure, consul_has_id) =
+            match self.client.list_prefix(&self.prefix).await {
+                Ok(answer) => (
+                    Some(answer.index),
+                    keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
+                    None,
+                    answer.pairs.iter().any(|p| p.key == store_id),
+                ),
+                Err(e) => {
+                    let keys =
+                        (!self.json).then_some("Keys out: unknown (Consul could not be read).");
+                    (None, json!(keys), Some(Failure::from(e)), false)
+                }
+            };
+        let unavailable = |e: String| match &consul_failure {
+            // Neither can be read: Consul's failure decides the exit.
+            Some(f) => Failure::new(f.code, f.kind, format!("{}; and {e}", f.message)),
+            None => not_confirmed("prometheus_unavailable", e),
+        };
         let http = http_client().map_err(unavailable)?;
-        let fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
+        let mut fleet = fetch_fleet(&http, &args.prometheus, &args.selector)
             .await
             .map_err(|e| unavailable(e.message))?;
-        let verdict = status_verdict(&fleet, index);
+        fetch_health(&http, &args.prometheus, &args.selector, &mut fleet)
+            .await
+            .map_err(|e| unavailable(e.message))?;
+        fleet.expect_store_id(consul_has_id);
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
+        let failure = match consul_failure {
+            Some(mut f) => {
+                f.message = format!(
+                    "{}: the agents are shown as Prometheus last scraped them, against no Consul \
+                     index",
+                    f.message
+                );
+                Some(f)
+            }
+            None => (fleet.status_failure(index, &args.prometheus, &args.selector))
+                .map(|(kind, message)| not_confirmed(kind, message)),
+        };
         if self.json {
             let mut view = status_json(&fleet, index);
             view["held"] = holds.json();
             view["keys_out"] = out;
+            if let Some(f) = &failure {
+                view["error"] = json!(f);
+            }
             out_line(&serde_json::to_string_pretty(&view).unwrap_or_default());
         } else if fleet.agents.is_empty() {
             out_line(&format!(
@@ -540,23 +460,19 @@ impl Writer {
             out_line(status_text(&fleet, index).trim_end());
             out_line(out.as_str().unwrap_or_default().trim_end());
             out_line(&holds.section(&[]).unwrap_or_else(|| holds.heading()));
+            out_line(match (&failure, index) {
+                (None, _) => "Verdict: ok.",
+                (Some(_), None) => "Verdict: NOT OK: Consul could not be read (see the error).",
+                (Some(_), Some(_)) => "Verdict: NOT OK (see STATUS and the error).",
+            });
         }
-        if verdict.all_confirmed() {
-            return Ok(());
+        match failure {
+            None => Ok(()),
+            Some(mut f) => {
+                f.reported = self.json;
+                Err(f)
+            }
         }
-        let mut failure = not_confirmed(
-            "not_confirmed",
-            if fleet.agents.is_empty() {
-                format!(
-                    "no agent: Prometheus at {} has no target matching {{{}}}",
-                    args.prometheus, args.selector
-                )
-            } else {
-                status_lagging_text(&verdict)
-            },
-        );
-        failure.reported = self.json;
-        Err(failure)
     }
 }
 
@@ -564,11 +480,13 @@ impl Writer {
 mod tests {
     use super::*;
     use crate::fleet::tests::{answers, vector, JOB};
+    use crate::fleet::text::{headline, status_failure_text};
+    use crate::fleet::Lag;
 
     #[test]
     fn status_json_names_each_agent_s_fields_and_lag() {
         let fleet = Fleet::from_answers(&answers()).unwrap();
-        let v = status_json(&fleet, 120);
+        let v = status_json(&fleet, Some(120));
         let a = &v["agents"][1];
         let mut keys: Vec<&str> = a.as_object().unwrap().keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -581,8 +499,10 @@ mod tests {
                 "instance",
                 "lag",
                 "last_sync_age_seconds",
+                "problems",
                 "rows_answered",
                 "rows_seen",
+                "status",
                 "up"
             ]
         );
@@ -635,7 +555,7 @@ mod tests {
             "{text}"
         );
         assert_eq!(
-            status_lagging_text(&fleet.verdict(120, None)),
+            status_failure_text(&fleet, &fleet.verdict(120, None), Some(120)),
             "1/3 agents at index >= 120; 2 agents are behind: 10.0.0.2:9101 (lb-02): target \
              down (the last scrape failed), index 90, answered from 90, last sync 75s ago; \
              10.0.0.3:9101 (lb-03): rows last answered from a snapshot older than 120, index \
@@ -664,9 +584,59 @@ mod tests {
     }
 
     #[test]
+    fn status_is_not_ok_for_rows_not_asked_held_keys_or_no_store_id() {
+        let a = [JOB, ("instance", "10.0.0.1:9101")];
+        let mut answers = answers();
+        answers[0] = vector(&[("up", &a, "1")]);
+        let mut fleet = Fleet::from_answers(&answers).unwrap();
+        assert!(fleet.status_ok(Some(120)));
+        // Consul's index unknown: never ok, every agent still shown.
+        assert!(!fleet.status_ok(None));
+        let text = status_text(&fleet, None);
+        assert!(text.contains("10.0.0.1:9101"), "{text}");
+        assert!(text.contains("Consul's index is unknown"), "{text}");
+        let health = |not_asked: &str, held: &str, store: &str| {
+            vec![
+                vector(&[("", &a, not_asked)]),
+                vector(&[("", &a, held)]),
+                vector(&[("", &a, store)]),
+                vector(&[("", &a, "1")]),
+            ]
+        };
+        fleet.add_health(&health("0", "0", "1")).unwrap();
+        assert!(fleet.status_ok(Some(120)));
+        fleet.add_health(&health("0", "0", "0")).unwrap();
+        // A store the writer never wrote: no id anywhere, ok.
+        fleet.expect_store_id(false);
+        assert!(fleet.status_ok(Some(120)));
+        fleet.add_health(&health("1", "2", "0")).unwrap();
+        fleet.expect_store_id(true);
+        assert!(!fleet.status_ok(Some(120)));
+        let text = status_text(&fleet, Some(120));
+        assert!(
+            text.contains(" rows_not_asked,held_keys,no_store_id\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("10.0.0.1:9101: 1 row answered drain or maint that HAProxy"),
+            "{text}"
+        );
+        let v = status_json(&fleet, Some(120));
+        assert_eq!(v["ok"], false);
+        assert_eq!(v["agents"][0]["problems"][1]["kind"], "held_keys");
+        assert_eq!(v["agents"][0]["held_keys"], 2);
+        let verdict = fleet.status_verdict(Some(120));
+        let text = status_failure_text(&fleet, &verdict, Some(120));
+        assert!(
+            text.contains("1 agent is not ok: 10.0.0.1:9101: 1 row"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn status_shows_every_agent_and_the_totals() {
         let fleet = Fleet::from_answers(&answers()).unwrap();
-        let text = status_text(&fleet, 120);
+        let text = status_text(&fleet, Some(120));
         assert!(text.starts_with("INSTANCE "), "{text}");
         assert!(text.contains("target_down"), "{text}");
         assert!(text.contains("answered_behind"), "{text}");
@@ -676,7 +646,7 @@ mod tests {
             ),
             "{text}"
         );
-        let v = status_json(&fleet, 120);
+        let v = status_json(&fleet, Some(120));
         assert_eq!(v["ok"], false);
         assert_eq!(v["agents"][1]["lag"], "target_down");
     }

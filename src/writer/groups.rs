@@ -113,6 +113,14 @@ impl Writer {
             },
             _ => return Ok(()),
         };
+        if key == crate::check_ready::PROBE_IDENTITY {
+            let why = crate::check_ready::NOT_A_GROUP;
+            return Err(Failure::new(
+                super::error::exit::DATAERR,
+                "unknown_group",
+                why,
+            ));
+        }
         if write.new_group {
             return Ok(());
         }

@@ -38,6 +38,7 @@ mod select;
 mod session;
 pub mod settings;
 pub mod waits;
+mod weights;
 
 use std::process::ExitCode;
 

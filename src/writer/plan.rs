@@ -455,12 +455,22 @@ pub fn plan_undrain(
                 to_clear.push((key.clone(), 0));
                 (None, None)
             }
+            // A ramp interrupted (a group key, or a row key with the drain
+            // mark, below 100%): a ramp goes on from its step; a plain
+            // undrain or enable finishes it rather than leave the servers
+            // at a partial weight.
             Current::Valid {
                 state: AdminState::Weight(w @ 1..=99),
                 ..
-            } if !ramp.weights().is_empty() && (!is_row_key(&key) || before.by_drain()) => {
+            } if !is_row_key(&key) || before.by_drain() => {
                 to_clear.push((key.clone(), *w));
-                (None, Some("at a ramp step: the ramp goes on from there"))
+                match ramp.weights().is_empty() {
+                    false => (None, Some("at a ramp step: the ramp goes on from there")),
+                    true => (
+                        None,
+                        Some("at an interrupted ramp's weight: finished, removed (ready 100%)"),
+                    ),
+                }
             }
             Current::Valid { state, .. } => (Some(*state), Some("in service: left alone")),
             Current::Invalid { .. } => unreachable!("refused above"),
@@ -1100,14 +1110,26 @@ mod tests {
                 write(Change::Clear, 0, &["canary"]),
             ]
         );
-        // Without a ramp a weight is in service.
+        // Without a ramp, an interrupted one is finished: the key removed.
         let plan = plan_undrain(
-            vec![("canary".into(), valid(AdminState::Weight(50), 3))],
+            vec![
+                ("canary".into(), valid(AdminState::Weight(50), 3)),
+                ("web/c".into(), by_drain(AdminState::Weight(25), 5)),
+                ("web/d".into(), valid(AdminState::Weight(25), 6)),
+            ],
             M,
             &RampArgs::default(),
         )
         .unwrap();
-        assert!(plan.steps.is_empty());
+        assert_eq!(
+            plan.steps,
+            vec![write(Change::Clear, 0, &["canary", "web/c"])]
+        );
+        assert_eq!(
+            key(&plan, "canary").note,
+            Some("at an interrupted ramp's weight: finished, removed (ready 100%)")
+        );
+        assert_eq!(key(&plan, "web/d").note, Some("in service: left alone"));
     }
 
     #[test]

@@ -75,9 +75,10 @@ pub(super) struct Confirmation {
     pub(super) agents: usize,
     /// The answer the write produces (`drain`, `maint`, `ready`, ...).
     pub(super) state: &'static str,
-    /// Rows those agents last answered `state`.
+    /// For a group key, the servers naming it that answer `state`; `None`
+    /// (null) for row keys, whose rows the agents do not count apart.
     #[serde(rename = "rows_answered")]
-    pub(super) rows: u64,
+    pub(super) rows: Option<u64>,
     /// From the start of the wait to the confirmation (to the millisecond).
     #[serde(rename = "waited_seconds", serialize_with = "to_the_ms")]
     pub(super) waited: Duration,

@@ -225,8 +225,8 @@ pub struct Metrics {
     /// otherwise. A restart then would start from an older state.
     pub state_file_behind: IntGauge,
     /// `gitlab_haproxy_agent_http_bad_requests_total`: HTTP requests refused
-    /// as malformed, too large or carrying a body (answered 400, 413, 431 or
-    /// 505 and closed).
+    /// as malformed, too large or carrying a body (answered 400, 413 or 431
+    /// and closed).
     pub http_bad_requests: IntCounter,
     /// `gitlab_haproxy_agent_http_write_timeouts_total`: HTTP answers cut
     /// off because the client had not read them within

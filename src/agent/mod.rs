@@ -12,7 +12,6 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
-pub mod profile;
 pub mod responder;
 pub mod seen;
 pub mod shared;

@@ -24,7 +24,7 @@ use pprof::protos::Message as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::agent::http::Answer;
+use super::answer::Answer;
 use crate::agent::shared::Shared;
 
 /// Samples per second: 99, as pprof-rs and Go's default of 100 (an odd

@@ -5,6 +5,7 @@
 //! ([`serve`]), `routes` says what each request is answered.
 
 mod answer;
+pub mod metrics;
 mod profile;
 mod routes;
 mod status;
@@ -225,7 +226,7 @@ impl Port {
 /// permit), the request takes a slot and is answered, hyper writes the
 /// answer within [`WRITE_TIMEOUT`], and the connection closes.
 async fn serve_connection(stream: TcpStream, exchange: Arc<Exchange>, port: Arc<Port>) {
-    let metrics = &port.shared.metrics;
+    let metrics = &port.shared.metrics.http;
     let service = {
         let (exchange, port) = (exchange.clone(), port.clone());
         service_fn(move |request| {
@@ -238,7 +239,7 @@ async fn serve_connection(stream: TcpStream, exchange: Arc<Exchange>, port: Arc<
     let ended = tokio::select! {
         r = connection.as_mut() => r,
         _ = exchange.reader.close.cancelled() => {
-            metrics.http_idle_closed.inc();
+            metrics.idle_closed.inc();
             return;
         }
         _ = exchange.answered.cancelled() => {
@@ -249,7 +250,7 @@ async fn serve_connection(stream: TcpStream, exchange: Arc<Exchange>, port: Arc<
                 }
             };
             if written.is_err() {
-                metrics.http_write_timeouts.inc();
+                metrics.write_timeouts.inc();
             }
             return;
         }
@@ -265,8 +266,8 @@ async fn serve_connection(stream: TcpStream, exchange: Arc<Exchange>, port: Arc<
         // the connection ended before a whole request came.
         exchange.reader.done.store(true, Ordering::Release);
         match ended {
-            Err(e) if e.is_parse() => metrics.http_bad_requests.inc(),
-            _ => metrics.http_idle_closed.inc(),
+            Err(e) if e.is_parse() => metrics.bad_requests.inc(),
+            _ => metrics.idle_closed.inc(),
         }
     }
 }
@@ -283,7 +284,7 @@ async fn handle(
     exchange.reader.done.store(true, Ordering::Release);
     drop(exchange.reading.lock().unwrap().take());
     let answer = if !request.body().is_end_stream() {
-        port.shared.metrics.http_bad_requests.inc();
+        port.shared.metrics.http.bad_requests.inc();
         Answer::plain(413, "request bodies are not accepted\n")
     } else {
         let request = Request::of(&request);
@@ -324,7 +325,7 @@ async fn take_slot(request: &Request, port: &Port) -> Option<OwnedSemaphorePermi
         },
     };
     if slot.is_none() {
-        port.shared.metrics.http_busy.inc();
+        port.shared.metrics.http.busy.inc();
     }
     slot
 }
@@ -409,7 +410,7 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let (out, shared) = rt.block_on(exchange(bytes.clone()));
             let m = &shared.metrics;
-            let (bad, idle) = (m.http_bad_requests.get(), m.http_idle_closed.get());
+            let (bad, idle) = (m.http.bad_requests.get(), m.http.idle_closed.get());
             let text = String::from_utf8_lossy(&out);
             match status_of(&out) {
                 None => {
@@ -441,7 +442,7 @@ mod tests {
             let (status, shared) = status_for(request).await;
             assert_eq!(status, want, "{}", String::from_utf8_lossy(request));
             let m = &shared.metrics;
-            assert_eq!(m.http_bad_requests.get() + m.http_idle_closed.get(), 0);
+            assert_eq!(m.http.bad_requests.get() + m.http.idle_closed.get(), 0);
         }
     }
 
@@ -473,8 +474,8 @@ mod tests {
             let (status, shared) = status_for(request).await;
             let shown = String::from_utf8_lossy(&request[..request.len().min(80)]).to_string();
             assert_eq!(status, want, "{shown}");
-            assert_eq!(shared.metrics.http_bad_requests.get(), 1, "{shown}");
-            assert_eq!(shared.metrics.http_idle_closed.get(), 0, "{shown}");
+            assert_eq!(shared.metrics.http.bad_requests.get(), 1, "{shown}");
+            assert_eq!(shared.metrics.http.idle_closed.get(), 0, "{shown}");
         }
     }
 
@@ -483,8 +484,8 @@ mod tests {
         for bytes in [&b""[..], b"G", b"GET /metrics HTTP/1.1\r\nHost: a\r\n"] {
             let (out, shared) = exchange(bytes.to_vec()).await;
             assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
-            assert_eq!(shared.metrics.http_idle_closed.get(), 1);
-            assert_eq!(shared.metrics.http_bad_requests.get(), 0);
+            assert_eq!(shared.metrics.http.idle_closed.get(), 1);
+            assert_eq!(shared.metrics.http.bad_requests.get(), 0);
         }
     }
 

@@ -152,7 +152,14 @@ pub async fn serve(
     shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Answer {
-    let count = |outcome: &str| shared.metrics.profiles.with_label_values(&[outcome]).inc();
+    let count = |outcome: &str| {
+        shared
+            .metrics
+            .http
+            .profiles
+            .with_label_values(&[outcome])
+            .inc()
+    };
     let seconds = match parse_seconds(query) {
         Ok(s) => s,
         Err(e) => {

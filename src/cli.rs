@@ -12,27 +12,17 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub mod help;
 pub mod state;
+mod values;
 
 pub use help::EXIT_CODES_HELP;
 pub use state::{
     CanaryAction, ConfirmArgs, IdleArgs, RampArgs, RampSteps, Selector, StateArgs, StateCommand,
     StatusArgs, WriteOpts, DEFAULT_PROMETHEUS_SELECTOR, GLOBAL_OPTIONS,
 };
+pub use values::parse_duration;
 
 /// Default KV prefix.
 pub const DEFAULT_PREFIX: &str = "gitlab-haproxy-agent/state/";
-
-/// A duration option's value (humantime: `500ms`, `60s`, `2m`, `1h30m`).
-///
-/// # Errors
-///
-/// A message naming the value and the form expected, which clap prints
-/// with the option (exit 64).
-pub fn parse_duration(value: &str) -> Result<Duration, String> {
-    humantime::parse_duration(value).map_err(|e| {
-        format!("`{value}` is not a duration ({e}): write a number and a unit, e.g. 500ms, 60s, 2m, 1h30m")
-    })
-}
 
 /// Exit code for bad options: EX_USAGE from sysexits.h.
 pub const EX_USAGE: i32 = 64;
@@ -296,20 +286,5 @@ pub(crate) fn bad(
         option,
         value: value.to_string(),
         reason: reason.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bad_duration_names_the_value_and_the_form_expected() {
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        let e = parse_duration("abc").unwrap_err();
-        assert!(
-            e.starts_with("`abc` is not a duration") && e.contains("60s"),
-            "{e}"
-        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 use super::help::EXIT_CODES_HELP;
-use super::parse_duration;
+use super::values::parse_duration;
 
 /// Read and write the desired state in Consul KV, validated, with
 /// compare-and-set, in the drain -> wait -> maint order.

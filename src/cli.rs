@@ -82,7 +82,8 @@ pub struct CheckReadyArgs {
     #[arg(long, value_name = "IP:PORT")]
     pub agent_addr: Option<SocketAddr>,
     /// The agent's HTTP address [default: --http-listen, i.e.
-    /// $GITLAB_HAPROXY_AGENT_HTTP_LISTEN, else 127.0.0.1:9778].
+    /// $GITLAB_HAPROXY_AGENT_HTTP_LISTEN, else 0.0.0.0:9778; an unspecified
+    /// address is asked on loopback].
     #[arg(long, value_name = "IP:PORT")]
     pub http_addr: Option<SocketAddr>,
     /// Time each of the two questions may take.
@@ -192,14 +193,23 @@ pub struct AgentArgs {
     )]
     pub listen: SocketAddr,
 
-    /// HTTP listener for /metrics, /-/healthy, /-/ready, /status and
-    /// /debug/pprof/.
+    /// HTTP listener for /metrics, /-/healthy, /-/ready and /-/answering:
+    /// every IPv4 address by default, so the fleet's Prometheus can scrape
+    /// it (`[::]:9778` adds IPv6). /status and /debug/pprof/ are served on
+    /// it to loopback clients only (see --http-remote-debug).
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
-        default_value = "127.0.0.1:9778"
+        default_value = "0.0.0.0:9778"
     )]
     pub http_listen: SocketAddr,
+
+    /// Serve /status and /debug/pprof/ to clients beyond loopback too
+    /// (`true`/`false` in the environment). Without it they answer 403 to
+    /// every address but 127.0.0.0/8 and ::1: /status lists every key and
+    /// the servers HAProxy asks about, and a profile costs CPU.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG")]
+    pub http_remote_debug: bool,
 
     /// Blocking-query wait sent to Consul (1s to 10m; Consul adds up to
     /// 1/16 of jitter).

@@ -1,5 +1,6 @@
 //! The operator HTTP port: `/metrics` (Prometheus text format),
-//! `/-/healthy`, `/-/ready`, `/status` (JSON for humans and tools) and
+//! `/-/healthy`, `/-/ready`, and, for loopback clients unless
+//! [`DebugAccess::Anyone`], `/status` (JSON for humans and tools) and
 //! on-demand CPU profiles under `/debug/pprof/` (`profile`). hyper reads
 //! and writes HTTP/1.1; this module bounds what each connection may hold
 //! ([`serve`]), `routes` says what each request is answered.
@@ -12,6 +13,7 @@ mod status;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +21,8 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -70,6 +73,30 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long answers being written may go on once shutdown begins: 2 s.
 const SHUTDOWN_WRITE_GRACE: Duration = Duration::from_secs(2);
+
+/// Who may read `/status` and `/debug/pprof/` (`--http-remote-debug`).
+/// The other endpoints are for the fleet's Prometheus and the kubelet and
+/// answer anyone, as node_exporter's do; these two stay on the node, as
+/// linkerd2-proxy keeps its admin actions to loopback clients: `/status`
+/// lists every key and every server HAProxy asks about, and a profile
+/// costs CPU for up to a minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DebugAccess {
+    /// Loopback clients only (127.0.0.0/8, ::1, and 127.0.0.0/8 mapped to
+    /// IPv6 on a `[::]` listener); others are answered 403.
+    #[default]
+    Loopback,
+    /// Every client.
+    Anyone,
+}
+
+impl DebugAccess {
+    /// Whether a client at `peer` may be answered `path`.
+    pub fn allows(self, path: &str, peer: IpAddr) -> bool {
+        let local_only = path == "/status" || path.starts_with("/debug/pprof/");
+        !local_only || self == DebugAccess::Anyone || peer.to_canonical().is_loopback()
+    }
+}
 
 /// One connection still reading its request: closed by [`Readers`] to
 /// make room, or marked read by the connection itself.
@@ -125,10 +152,13 @@ struct Port {
     queued: Arc<Semaphore>,
     status: StatusCache,
     http1: http1::Builder,
+    debug: DebugAccess,
 }
 
 /// One connection's state, shared by its task and the request it serves.
 struct Exchange {
+    /// The client's address.
+    peer: IpAddr,
     reader: Arc<Reader>,
     /// The reading permit, released once the request is read.
     reading: Mutex<Option<OwnedSemaphorePermit>>,
@@ -152,23 +182,25 @@ struct Exchange {
 /// Connections closed with no complete request are counted in
 /// `gitlab_haproxy_agent_http_idle_closed_total`, refused requests (hyper's
 /// 400 and 431, and 413 for a body) in
-/// `gitlab_haproxy_agent_http_bad_requests_total`.
+/// `gitlab_haproxy_agent_http_bad_requests_total`. `/status` and
+/// `/debug/pprof/` answer as `debug` allows.
 pub async fn serve(
     listener: TcpListener,
+    debug: DebugAccess,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_HTTP_PENDING));
     let readers = Arc::new(Readers::default());
-    let port = Arc::new(Port::new(shared, shutdown.clone()));
+    let port = Arc::new(Port::new(debug, shared, shutdown.clone()));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => r,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 warn!(error = %e, "HTTP accept failed; backing off");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -188,6 +220,7 @@ pub async fn serve(
             }
         };
         let exchange = Arc::new(Exchange {
+            peer: peer.ip(),
             reader: readers.push(),
             reading: Mutex::new(Some(reading)),
             slot: Mutex::new(None),
@@ -199,7 +232,7 @@ pub async fn serve(
 }
 
 impl Port {
-    fn new(shared: Arc<Shared>, shutdown: CancellationToken) -> Port {
+    fn new(debug: DebugAccess, shared: Arc<Shared>, shutdown: CancellationToken) -> Port {
         let mut http1 = http1::Builder::new();
         http1
             .timer(TokioTimer::new())
@@ -218,6 +251,7 @@ impl Port {
             queued: Arc::new(Semaphore::new(MAX_HTTP_PENDING)),
             status: StatusCache::default(),
             http1,
+            debug,
         }
     }
 }
@@ -225,7 +259,10 @@ impl Port {
 /// One connection: hyper reads its request (holding only the reading
 /// permit), the request takes a slot and is answered, hyper writes the
 /// answer within [`WRITE_TIMEOUT`], and the connection closes.
-async fn serve_connection(stream: TcpStream, exchange: Arc<Exchange>, port: Arc<Port>) {
+async fn serve_connection<S>(stream: S, exchange: Arc<Exchange>, port: Arc<Port>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let metrics = &port.shared.metrics.http;
     let service = {
         let (exchange, port) = (exchange.clone(), port.clone());
@@ -288,6 +325,15 @@ async fn handle(
         Answer::plain(413, "request bodies are not accepted\n")
     } else {
         let request = Request::of(&request);
+        if !port.debug.allows(&request.path, exchange.peer) {
+            let answer = Answer::plain(
+                403,
+                "/status and /debug/pprof/ are served to loopback clients only \
+                 (--http-remote-debug serves them to every client)\n",
+            );
+            exchange.answered.cancel();
+            return answer.into_response();
+        }
         let slot = take_slot(&request, port).await;
         let answer = match slot {
             Some(_) => routes::answer(&request, &port.shared, &port.status, &port.shutdown).await,
@@ -336,6 +382,7 @@ mod tests {
 
     use proptest::prelude::*;
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
 
     /// Sends `bytes` to a fresh port, closes the sending side, and returns
     /// what came back, with the port's shared state.
@@ -347,6 +394,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let server = tokio::spawn(serve(
             listener,
+            DebugAccess::Loopback,
             shared.clone(),
             shutdown.clone(),
             tracker.clone(),
@@ -496,5 +544,90 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
         assert!(text.contains("Content-Length: 3\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n"), "{text}");
+    }
+
+    #[test]
+    fn status_and_profiles_are_for_loopback_clients_unless_allowed() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let local = ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"];
+        let remote = ["10.0.0.1", "192.0.2.7", "::ffff:10.0.0.1", "2001:db8::1"];
+        let debug = ["/status", "/debug/pprof/profile", "/debug/pprof/flamegraph"];
+        let public = [
+            "/metrics",
+            "/-/healthy",
+            "/-/ready",
+            "/-/answering",
+            "/nothing",
+        ];
+        for peer in local.iter().chain(&remote) {
+            for path in public {
+                assert!(
+                    DebugAccess::Loopback.allows(path, ip(peer)),
+                    "{peer} {path}"
+                );
+            }
+            for path in debug {
+                let is_local = local.contains(peer);
+                assert_eq!(
+                    DebugAccess::Loopback.allows(path, ip(peer)),
+                    is_local,
+                    "{peer} {path}"
+                );
+                assert!(DebugAccess::Anyone.allows(path, ip(peer)), "{peer} {path}");
+            }
+        }
+    }
+
+    /// One request from a client at `peer` over an in-memory stream (no
+    /// network: the peer address is what accept would have given).
+    async fn from_peer(peer: &str, debug: DebugAccess, request: &str) -> u16 {
+        let shared = Shared::new("http://127.0.0.1:1", "p/");
+        let port = Arc::new(Port::new(debug, shared, CancellationToken::new()));
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let reading = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        let exchange = Arc::new(Exchange {
+            peer: peer.parse().unwrap(),
+            reader: Readers::default().push(),
+            reading: Mutex::new(Some(reading)),
+            slot: Mutex::new(None),
+            requested: AtomicBool::new(false),
+            answered: CancellationToken::new(),
+        });
+        let task = tokio::spawn(serve_connection(server, exchange, port));
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        task.await.unwrap();
+        status_of(&out).unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&out)))
+    }
+
+    #[tokio::test]
+    async fn a_client_beyond_loopback_gets_metrics_but_not_status_or_profiles() {
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: 10.0.0.5:9778\r\n\r\n");
+        for (path, want) in [
+            ("/metrics", 200),
+            ("/-/healthy", 200),
+            ("/-/ready", 503),
+            ("/status", 403),
+            ("/debug/pprof/profile?seconds=1", 403),
+            ("/debug/pprof/flamegraph?seconds=1", 403),
+        ] {
+            assert_eq!(
+                from_peer("10.0.0.1", DebugAccess::Loopback, &get(path)).await,
+                want,
+                "{path}"
+            );
+        }
+        for peer in ["127.0.0.1", "::ffff:127.0.0.1"] {
+            assert_eq!(
+                from_peer(peer, DebugAccess::Loopback, &get("/status")).await,
+                200,
+                "{peer}"
+            );
+        }
+        assert_eq!(
+            from_peer("10.0.0.1", DebugAccess::Anyone, &get("/status")).await,
+            200
+        );
     }
 }

@@ -80,6 +80,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     shared.readiness.set(ReadyStep::ResponderBound);
     tracker.spawn(http::serve(
         http_listener,
+        config.http_debug,
         shared.clone(),
         shutdown.clone(),
         tracker.clone(),

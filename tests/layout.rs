@@ -1,14 +1,25 @@
 //! The source layout's rules, checked on the files themselves: no import
-//! cycle between the modules of `src/`, and the writer (`src/writer/`) stays
-//! under its line budget outside `#[cfg(test)]` items.
+//! cycle between the modules of `src/` (also none through a re-export), no
+//! file of `src/` over [`FILE_LINE_BUDGET`] lines and the writer
+//! (`src/writer/`) under its line budget, outside `#[cfg(test)]` items.
 //!
 //! Run alone with `cargo test --test layout`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Most lines `src/writer/**/*.rs` may hold outside `#[cfg(test)]` items.
-const WRITER_LINE_BUDGET: usize = 4_825;
+/// Most lines `src/writer/**/*.rs` may hold outside `#[cfg(test)]` items
+/// (4,825 plus `writer/author.rs`, which came from `cli.rs`).
+const WRITER_LINE_BUDGET: usize = 4_886;
+
+/// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
+const FILE_LINE_BUDGET: usize = 800;
+
+/// Folders of `src/` left out of [`FILE_LINE_BUDGET`] for now, with why.
+const OVER_BUDGET_FOR_NOW: &[(&str, &str)] = &[(
+    "decision",
+    "the decision core is being rewritten as a state machine; it is split then",
+)];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -88,11 +99,13 @@ fn paths_in(code: &str, module: &[String], children: &BTreeSet<String>) -> Vec<V
             i += 1;
         }
         let word: String = chars[start..i].iter().collect();
-        let after_use = chars[..start]
-            .iter()
-            .collect::<String>()
-            .trim_end()
-            .ends_with("use");
+        let mut before = start;
+        while before > 0 && chars[before - 1].is_whitespace() {
+            before -= 1;
+        }
+        let after_use = before >= 3
+            && chars[before - 3..before] == ['u', 's', 'e']
+            && (before == 3 || !ident(chars[before - 4]));
         let continues = chars.get(i) == Some(&':') && chars.get(i + 1) == Some(&':');
         let base: Vec<String> = match word.as_str() {
             _ if !continues => continue,
@@ -184,9 +197,10 @@ fn expand(chars: &[char], i: &mut usize, ident: &dyn Fn(char) -> bool) -> Vec<Ve
 }
 
 /// The module graph of `src/`, from non-test code: an edge from each file's
-/// module to the deepest module each of its paths names (itself excluded),
-/// looking through `pub use` re-exports to the module that defines the item.
-fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+/// module to the deepest module each of its paths names (itself excluded);
+/// with `through_reexports`, looking through `pub use` re-exports to the
+/// module that defines the item, else to the module that re-exports it.
+fn module_graph(through_reexports: bool) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
     files.retain(|f| !f.ends_with("main.rs"));
@@ -240,7 +254,7 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
                 .get(n)
                 .and_then(|item| reexports.get(&path[..n])?.get(item));
             match via {
-                Some(p) if *p != path => path = p.clone(),
+                Some(p) if through_reexports && *p != path => path = p.clone(),
                 _ => return path[..n].to_vec(),
             }
         }
@@ -293,7 +307,7 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
 
 #[test]
 fn no_import_cycle_between_modules() {
-    let graph = module_graph();
+    let graph = module_graph(true);
     assert!(
         graph
             .get("writer::commands")
@@ -305,9 +319,31 @@ fn no_import_cycle_between_modules() {
     }
 }
 
+/// A module that imports an item through a module that re-exports it
+/// depends on that module too: `profile` taking `Answer` from `http`, which
+/// imports `profile`, is a cycle a reader has to untangle.
+#[test]
+fn no_import_cycle_through_a_reexport() {
+    let mut graph = module_graph(false);
+    // The decision core names Consul's types through `crate::consul`, which
+    // re-exports them beside the client that drives the core; its rewrite
+    // names them where they are defined. Until then its imports are left out.
+    for (module, edges) in graph.iter_mut() {
+        if module == "decision" || module.starts_with("decision::") {
+            edges.clear();
+        }
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!(
+            "import cycle between modules, through a re-export: {}",
+            cycle.join(" -> ")
+        );
+    }
+}
+
 #[test]
 fn the_cycle_check_finds_a_cycle() {
-    let mut graph = module_graph();
+    let mut graph = module_graph(true);
     graph
         .entry("model".into())
         .or_default()
@@ -335,5 +371,31 @@ fn the_writer_stays_under_its_line_budget() {
         lines <= WRITER_LINE_BUDGET,
         "src/writer holds {lines} lines outside #[cfg(test)] items, over its budget of \
          {WRITER_LINE_BUDGET}: shrink it before adding to it"
+    );
+}
+
+#[test]
+fn no_source_file_over_its_line_budget() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    let over: Vec<String> = files
+        .iter()
+        .filter(|f| {
+            let rel = f.strip_prefix(src()).unwrap();
+            !OVER_BUDGET_FOR_NOW
+                .iter()
+                .any(|(dir, _)| rel.starts_with(dir))
+                && !f.ends_with("tests.rs")
+        })
+        .filter_map(|f| {
+            let lines = non_test_lines(&std::fs::read_to_string(f).unwrap()).len();
+            let rel = f.strip_prefix(src()).unwrap().display();
+            (lines > FILE_LINE_BUDGET).then(|| format!("src/{rel}: {lines}"))
+        })
+        .collect();
+    assert!(
+        over.is_empty(),
+        "files over {FILE_LINE_BUDGET} lines outside #[cfg(test)] items (split them by concern): {}",
+        over.join(", ")
     );
 }

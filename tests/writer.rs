@@ -1939,7 +1939,7 @@ fn runbook_commands_parse_with_this_cli() {
                 panic!("{doc}: {line} is not a state command");
             };
             // What the docs show taking servers out says why, as it must.
-            if let Err(e) = state.command.author() {
+            if let Err(e) = gitlab_haproxy_agent::writer::author::of(&state.command) {
                 panic!("{doc}: {line}\n{e}");
             }
             checked += 1;

@@ -6,6 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::agent::http::DebugAccess;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
 use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
@@ -36,6 +37,8 @@ pub struct AgentConfig {
     pub listen: SocketAddr,
     /// HTTP listener.
     pub http_listen: SocketAddr,
+    /// Who may read `/status` and `/debug/pprof/`.
+    pub http_debug: DebugAccess,
     /// How long to retry the first sync.
     pub startup_timeout: Duration,
     /// What to do when the first sync has not succeeded by then.
@@ -125,6 +128,11 @@ impl AgentConfig {
             consul,
             listen: a.listen,
             http_listen: a.http_listen,
+            http_debug: if a.http_remote_debug {
+                DebugAccess::Anyone
+            } else {
+                DebugAccess::Loopback
+            },
             startup_timeout: a.startup_timeout,
             on_startup_timeout: a.on_startup_timeout,
             responder: ResponderConfig {
@@ -169,13 +177,20 @@ mod tests {
     }
 
     #[test]
+    fn status_and_profiles_reach_remote_clients_only_when_asked() {
+        let c = config(&["--http-remote-debug"], &Fallbacks::default()).unwrap();
+        assert_eq!(c.http_debug, DebugAccess::Anyone);
+    }
+
+    #[test]
     fn defaults_match_the_documented_interface() {
         let c = config(&[], &Fallbacks::default()).unwrap();
         assert_eq!(c.consul.addr, "http://127.0.0.1:8500");
         assert_eq!(c.consul.prefix, "gitlab-haproxy-agent/state/");
         assert_eq!(c.consul.token_file, None);
         assert_eq!(c.listen, "127.0.0.1:9777".parse().unwrap());
-        assert_eq!(c.http_listen, "127.0.0.1:9778".parse().unwrap());
+        assert_eq!(c.http_listen, "0.0.0.0:9778".parse().unwrap());
+        assert_eq!(c.http_debug, DebugAccess::Loopback);
         assert_eq!(c.watcher.wait, Duration::from_secs(60));
         assert_eq!(c.responder.check_timeout, Duration::from_millis(500));
         assert_eq!(c.log_format, LogFormat::Auto);

@@ -1,30 +1,37 @@
-//! The operator HTTP endpoint: `/metrics` (Prometheus text format),
-//! `/-/healthy`, `/-/ready`, `/status` (JSON for humans and tools) and
-//! on-demand CPU profiles under `/debug/pprof/` ([`crate::agent::profile`]).
+//! The operator HTTP port: `/metrics` (Prometheus text format),
+//! `/-/healthy`, `/-/ready`, and, for loopback clients unless
+//! [`DebugAccess::Anyone`], `/status` (JSON for humans and tools) and
+//! on-demand CPU profiles under `/debug/pprof/` (`profile`). hyper reads
+//! and writes HTTP/1.1; this module bounds what each connection may hold
+//! ([`serve`]), `routes` says what each request is answered.
 
-pub mod answer;
-pub mod request;
+mod answer;
+pub mod metrics;
+mod profile;
+mod routes;
+mod status;
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt as _;
-use tokio::net::{TcpListener, TcpStream};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::agent::profile;
 use crate::agent::shared::Shared;
-use crate::decision::served::ServedState;
-use crate::decision::HoldCause;
-use crate::model::snapshot::Entry;
-use crate::model::value::AnswerKind;
-pub use answer::{Answer, PLAIN};
-use request::{Method, Read, Request};
+use answer::Answer;
+use routes::Request;
+use status::StatusCache;
 
 /// Requests answered at once (an answer being built or written): 64, one
 /// of which is kept for probes ([`PROBE_SLOTS`]). Scrapers, probes and
@@ -43,9 +50,16 @@ pub const PROBE_SLOTS: usize = 1;
 /// nothing, or one byte, cannot keep a probe out.
 pub const MAX_HTTP_PENDING: usize = 512;
 
-/// Time a client has, from connecting, to send its whole request head: 2 s.
-/// A kubelet probe or a Prometheus scrape sends it at once.
+/// Time a client has, from connecting, to send its whole request head: 2 s
+/// (hyper's header read timeout). A kubelet probe or a Prometheus scrape
+/// sends it at once.
 pub const REQUEST_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest request head accepted (request line and headers): 8 KiB,
+/// hyper's read buffer limit (and its smallest). A kubelet probe or a
+/// Prometheus scrape sends a few hundred bytes; a larger head is answered
+/// 431.
+pub const MAX_REQUEST_HEAD: usize = 8 * 1024;
 
 /// Time a request other than a probe waits for a serving slot before it is
 /// answered 503 with `Retry-After: 1`: 2 s.
@@ -60,29 +74,65 @@ pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long answers being written may go on once shutdown begins: 2 s.
 const SHUTDOWN_WRITE_GRACE: Duration = Duration::from_secs(2);
 
-/// Connections reading their request, oldest first, so the oldest can be
-/// closed at [`MAX_HTTP_PENDING`]. A connection cancels its own token once
-/// its request is read; cancelled entries are dropped from the front.
+/// Who may read `/status` and `/debug/pprof/` (`--http-remote-debug`).
+/// The other endpoints are for the fleet's Prometheus and the kubelet and
+/// answer anyone, as node_exporter's do; these two stay on the node, as
+/// linkerd2-proxy keeps its admin actions to loopback clients: `/status`
+/// lists every key and every server HAProxy asks about, and a profile
+/// costs CPU for up to a minute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DebugAccess {
+    /// Loopback clients only (127.0.0.0/8, ::1, and 127.0.0.0/8 mapped to
+    /// IPv6 on a `[::]` listener); others are answered 403.
+    #[default]
+    Loopback,
+    /// Every client.
+    Anyone,
+}
+
+impl DebugAccess {
+    /// Whether a client at `peer` may be answered `path`.
+    pub fn allows(self, path: &str, peer: IpAddr) -> bool {
+        let local_only = path == "/status" || path.starts_with("/debug/pprof/");
+        !local_only || self == DebugAccess::Anyone || peer.to_canonical().is_loopback()
+    }
+}
+
+/// One connection still reading its request: closed by [`Readers`] to
+/// make room, or marked read by the connection itself.
 #[derive(Default)]
-struct Readers(Mutex<VecDeque<CancellationToken>>);
+struct Reader {
+    /// Set once the request is read, or when the reader is closed.
+    done: AtomicBool,
+    /// Cancelled to close the connection before its request is read.
+    close: CancellationToken,
+}
+
+/// Connections reading their request, oldest first, so the oldest can be
+/// closed at [`MAX_HTTP_PENDING`]. Entries done are dropped from the front.
+#[derive(Default)]
+struct Readers(Mutex<VecDeque<Arc<Reader>>>);
 
 impl Readers {
-    fn push(&self) -> CancellationToken {
-        let token = CancellationToken::new();
+    fn push(&self) -> Arc<Reader> {
+        let reader = Arc::new(Reader::default());
         let mut queue = self.0.lock().unwrap();
-        while queue.front().is_some_and(|t| t.is_cancelled()) {
+        while queue
+            .front()
+            .is_some_and(|r| r.done.load(Ordering::Acquire))
+        {
             queue.pop_front();
         }
-        queue.push_back(token.clone());
-        token
+        queue.push_back(reader.clone());
+        reader
     }
 
     /// Closes the connection that has been reading longest; false if none is.
     fn close_oldest(&self) -> bool {
         let mut queue = self.0.lock().unwrap();
-        while let Some(token) = queue.pop_front() {
-            if !token.is_cancelled() {
-                token.cancel();
+        while let Some(reader) = queue.pop_front() {
+            if !reader.done.swap(true, Ordering::AcqRel) {
+                reader.close.cancel();
                 return true;
             }
         }
@@ -100,45 +150,57 @@ struct Port {
     probe_slots: Arc<Semaphore>,
     /// Requests read and waiting for a slot.
     queued: Arc<Semaphore>,
-    /// The last `/status` body and when its building began; held while one
-    /// is built, so requests at once share one build.
-    status: tokio::sync::Mutex<Option<(Instant, Arc<[u8]>)>>,
+    status: StatusCache,
+    http1: http1::Builder,
+    debug: DebugAccess,
+}
+
+/// One connection's state, shared by its task and the request it serves.
+struct Exchange {
+    /// The client's address.
+    peer: IpAddr,
+    reader: Arc<Reader>,
+    /// The reading permit, released once the request is read.
+    reading: Mutex<Option<OwnedSemaphorePermit>>,
+    /// The serving slot, held until the answer is written.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    /// Set when a request was read (hyper called the service).
+    requested: AtomicBool,
+    /// Cancelled once the answer is handed to hyper to write.
+    answered: CancellationToken,
 }
 
 /// Serves the operator endpoints on `listener` until `shutdown`.
 ///
-/// One request per connection (`Connection: close`), in three steps, each
-/// bounded: the whole request head is read within [`REQUEST_READ_TIMEOUT`]
-/// holding no serving slot (at most [`MAX_HTTP_PENDING`] at once, the
-/// oldest closed for a new one); then the request takes one of
-/// [`MAX_HTTP_CONNECTIONS`] serving slots (probes from the ones kept for
-/// them, others waiting at most [`SLOT_WAIT`]); then the answer is written
-/// within [`WRITE_TIMEOUT`]. Connections closed with no complete request
-/// are counted in `gitlab_haproxy_agent_http_idle_closed_total`, refused
-/// requests in `gitlab_haproxy_agent_http_bad_requests_total`.
+/// One request per connection (keep-alive off, `Connection: close`), in
+/// three steps, each bounded: hyper reads the whole request head within
+/// [`REQUEST_READ_TIMEOUT`] and [`MAX_REQUEST_HEAD`], holding no serving
+/// slot (at most [`MAX_HTTP_PENDING`] at once, the oldest closed for a new
+/// one); then the request takes one of [`MAX_HTTP_CONNECTIONS`] serving
+/// slots (probes from the ones kept for them, others waiting at most
+/// [`SLOT_WAIT`]); then the answer is written within [`WRITE_TIMEOUT`].
+/// Connections closed with no complete request are counted in
+/// `gitlab_haproxy_agent_http_idle_closed_total`, refused requests (hyper's
+/// 400 and 431, and 413 for a body) in
+/// `gitlab_haproxy_agent_http_bad_requests_total`. `/status` and
+/// `/debug/pprof/` answer as `debug` allows.
 pub async fn serve(
     listener: TcpListener,
+    debug: DebugAccess,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
     tracker: TaskTracker,
 ) {
     let pending = Arc::new(Semaphore::new(MAX_HTTP_PENDING));
     let readers = Arc::new(Readers::default());
-    let port = Arc::new(Port {
-        shared,
-        shutdown: shutdown.clone(),
-        slots: Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS - PROBE_SLOTS)),
-        probe_slots: Arc::new(Semaphore::new(PROBE_SLOTS)),
-        queued: Arc::new(Semaphore::new(MAX_HTTP_PENDING)),
-        status: tokio::sync::Mutex::new(None),
-    });
+    let port = Arc::new(Port::new(debug, shared, shutdown.clone()));
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return,
             r = listener.accept() => r,
         };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(e) => {
                 warn!(error = %e, "HTTP accept failed; backing off");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -157,56 +219,140 @@ pub async fn serve(
                 }
             }
         };
-        let token = readers.push();
-        tracker.spawn(serve_connection(stream, reading, token, port.clone()));
+        let exchange = Arc::new(Exchange {
+            peer: peer.ip(),
+            reader: readers.push(),
+            reading: Mutex::new(Some(reading)),
+            slot: Mutex::new(None),
+            requested: AtomicBool::new(false),
+            answered: CancellationToken::new(),
+        });
+        tracker.spawn(serve_connection(stream, exchange, port.clone()));
     }
 }
 
-/// One connection: read its request (holding only `reading`), take a slot,
-/// answer, close.
-async fn serve_connection(
-    mut stream: TcpStream,
-    reading: OwnedSemaphorePermit,
-    token: CancellationToken,
-    port: Arc<Port>,
-) {
-    let metrics = &port.shared.metrics;
-    let read = tokio::select! {
-        _ = port.shutdown.cancelled() => return,
-        _ = token.cancelled() => Read::Incomplete,
-        r = request::read(&mut stream, REQUEST_READ_TIMEOUT) => r,
+impl Port {
+    fn new(debug: DebugAccess, shared: Arc<Shared>, shutdown: CancellationToken) -> Port {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(REQUEST_READ_TIMEOUT)
+            .max_buf_size(MAX_REQUEST_HEAD)
+            .keep_alive(false)
+            // A client may close its sending side once its request is sent
+            // (`printf ... | nc -N`) and still read the answer.
+            .half_close(true)
+            .title_case_headers(true);
+        Port {
+            shared,
+            shutdown,
+            slots: Arc::new(Semaphore::new(MAX_HTTP_CONNECTIONS - PROBE_SLOTS)),
+            probe_slots: Arc::new(Semaphore::new(PROBE_SLOTS)),
+            queued: Arc::new(Semaphore::new(MAX_HTTP_PENDING)),
+            status: StatusCache::default(),
+            http1,
+            debug,
+        }
+    }
+}
+
+/// One connection: hyper reads its request (holding only the reading
+/// permit), the request takes a slot and is answered, hyper writes the
+/// answer within [`WRITE_TIMEOUT`], and the connection closes.
+async fn serve_connection<S>(stream: S, exchange: Arc<Exchange>, port: Arc<Port>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let metrics = &port.shared.metrics.http;
+    let service = {
+        let (exchange, port) = (exchange.clone(), port.clone());
+        service_fn(move |request| {
+            let (exchange, port) = (exchange.clone(), port.clone());
+            async move { Ok::<_, Infallible>(handle(request, &exchange, &port).await) }
+        })
     };
-    token.cancel();
-    drop(reading);
-    let request = match read {
-        Read::Request(request) => request,
-        Read::Incomplete => {
-            metrics.http_idle_closed.inc();
+    let connection = port.http1.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        r = connection.as_mut() => r,
+        _ = exchange.reader.close.cancelled() => {
+            metrics.idle_closed.inc();
             return;
         }
-        Read::Refused(refusal) => {
-            metrics.http_bad_requests.inc();
-            let answer = Answer::plain(refusal.status, format!("{}\n", refusal.reason));
-            write(&mut stream, &answer, false, &port).await;
+        _ = exchange.answered.cancelled() => {
+            let written = tokio::select! {
+                r = tokio::time::timeout(WRITE_TIMEOUT, connection.as_mut()) => r,
+                _ = port.shutdown.cancelled() => {
+                    tokio::time::timeout(SHUTDOWN_WRITE_GRACE, connection.as_mut()).await
+                }
+            };
+            if written.is_err() {
+                metrics.write_timeouts.inc();
+            }
+            return;
+        }
+        _ = port.shutdown.cancelled() => {
+            connection.as_mut().graceful_shutdown();
+            let _ = tokio::time::timeout(SHUTDOWN_WRITE_GRACE, connection.as_mut()).await;
             return;
         }
     };
-    let slot = take_slot(&request, &port).await;
-    let answer = match &slot {
-        Some(_) => answer(&request, &port).await,
-        None if port.shutdown.is_cancelled() => return,
-        None => Answer::plain(503, "every serving slot is busy; try again\n")
-            .with_header("Retry-After", "1".into()),
+    drop(exchange.slot.lock().unwrap().take());
+    if !exchange.requested.load(Ordering::Acquire) {
+        // hyper answered a request it could not read (400, 431), or
+        // the connection ended before a whole request came.
+        exchange.reader.done.store(true, Ordering::Release);
+        match ended {
+            Err(e) if e.is_parse() => metrics.bad_requests.inc(),
+            _ => metrics.idle_closed.inc(),
+        }
+    }
+}
+
+/// The service hyper calls with the request it read: release the reading
+/// permit, take a serving slot, answer.
+async fn handle(
+    request: hyper::Request<hyper::body::Incoming>,
+    exchange: &Exchange,
+    port: &Arc<Port>,
+) -> hyper::Response<http_body_util::Full<hyper::body::Bytes>> {
+    use hyper::body::Body as _;
+    exchange.requested.store(true, Ordering::Release);
+    exchange.reader.done.store(true, Ordering::Release);
+    drop(exchange.reading.lock().unwrap().take());
+    let answer = if !request.body().is_end_stream() {
+        port.shared.metrics.http.bad_requests.inc();
+        Answer::plain(413, "request bodies are not accepted\n")
+    } else {
+        let request = Request::of(&request);
+        if !port.debug.allows(&request.path, exchange.peer) {
+            let answer = Answer::plain(
+                403,
+                "/status and /debug/pprof/ are served to loopback clients only \
+                 (--http-remote-debug serves them to every client)\n",
+            );
+            exchange.answered.cancel();
+            return answer.into_response();
+        }
+        let slot = take_slot(&request, port).await;
+        let answer = match slot {
+            Some(_) => routes::answer(&request, &port.shared, &port.status, &port.shutdown).await,
+            None if port.shutdown.is_cancelled() => Answer::plain(503, "shutting down\n"),
+            None => Answer::plain(503, "every serving slot is busy; try again\n")
+                .with_header("Retry-After", "1".into()),
+        };
+        *exchange.slot.lock().unwrap() = slot;
+        answer
     };
-    write(&mut stream, &answer, request.method == Method::Head, &port).await;
-    drop(slot);
+    exchange.answered.cancel();
+    answer.into_response()
 }
 
 /// A serving slot for `request`: probes from the kept slots (or a free
 /// ordinary one), others waiting at most [`SLOT_WAIT`] (counted in
 /// `gitlab_haproxy_agent_http_busy_total` when none came). `None` when no
 /// slot came in time, or at shutdown.
-async fn take_slot(request: &Request, port: &Arc<Port>) -> Option<OwnedSemaphorePermit> {
+async fn take_slot(request: &Request, port: &Port) -> Option<OwnedSemaphorePermit> {
     if request.is_probe() {
         if let Ok(slot) = port.slots.clone().try_acquire_owned() {
             return Some(slot);
@@ -225,286 +371,9 @@ async fn take_slot(request: &Request, port: &Arc<Port>) -> Option<OwnedSemaphore
         },
     };
     if slot.is_none() {
-        port.shared.metrics.http_busy.inc();
+        port.shared.metrics.http.busy.inc();
     }
     slot
-}
-
-/// The answer to a request that parsed.
-async fn answer(request: &Request, port: &Port) -> Answer {
-    let (get, head) = (
-        request.method == Method::Get,
-        request.method == Method::Head,
-    );
-    if get {
-        if let Some(format) = profile::Format::for_path(&request.path) {
-            return profile::serve(
-                format,
-                request.query.as_deref(),
-                &port.shared,
-                &port.shutdown,
-            )
-            .await;
-        }
-    }
-    if !get && !head {
-        return Answer::plain(405, "GET only\n").with_header("Allow", "GET, HEAD".into());
-    }
-    if request.path == "/status" {
-        return status_answer(port).await;
-    }
-    route(&request.path, &port.shared)
-}
-
-/// `/status`, built off the async workers (for 45,000 keys it is a few MB
-/// of JSON) and at most one at a time: a request that finds a body whose
-/// building began after it arrived takes that one, so it is never older
-/// than the request and a crowd of requests costs one build.
-async fn status_answer(port: &Port) -> Answer {
-    let arrived = Instant::now();
-    let mut last = port.status.lock().await;
-    if let Some((began, body)) = last.as_ref() {
-        if *began >= arrived {
-            return Answer::new(200, "application/json", Vec::new()).with_shared_body(body.clone());
-        }
-    }
-    let began = Instant::now();
-    let shared = port.shared.clone();
-    let built = tokio::task::spawn_blocking(move || {
-        let mut body =
-            serde_json::to_vec_pretty(&status(&shared)).expect("a JSON value always serialises");
-        body.push(b'\n');
-        Arc::<[u8]>::from(body)
-    })
-    .await;
-    match built {
-        Ok(body) => {
-            *last = Some((began, body.clone()));
-            Answer::new(200, "application/json", Vec::new()).with_shared_body(body)
-        }
-        Err(e) => Answer::plain(500, format!("building the status failed: {e}\n")),
-    }
-}
-
-/// Writes `answer` (without its body for HEAD) within [`WRITE_TIMEOUT`],
-/// then closes the sending side.
-async fn write(stream: &mut TcpStream, answer: &Answer, head_only: bool, port: &Port) {
-    let writing = async {
-        stream.write_all(answer.head().as_bytes()).await?;
-        if !head_only {
-            stream.write_all(&answer.body).await?;
-        }
-        stream.shutdown().await
-    };
-    tokio::pin!(writing);
-    let written = tokio::select! {
-        r = tokio::time::timeout(WRITE_TIMEOUT, &mut writing) => r,
-        _ = port.shutdown.cancelled() => tokio::time::timeout(SHUTDOWN_WRITE_GRACE, &mut writing).await,
-    };
-    if written.is_err() {
-        port.shared.metrics.http_write_timeouts.inc();
-    }
-}
-
-/// The rows seen, judged against the state served now: a silent row counts
-/// as out only while the current snapshot still answers it drain or maint.
-fn seen_summary(shared: &Shared) -> crate::agent::seen::SeenSummary {
-    let snapshot = shared.snapshot.load();
-    shared.seen.summary(|line| {
-        snapshot.as_ref().as_ref().is_none_or(|s| {
-            matches!(
-                s.lookup(crate::model::identity::identities(line)).kind(),
-                AnswerKind::Drain | AnswerKind::Maint
-            )
-        })
-    })
-}
-
-fn route(path: &str, shared: &Shared) -> Answer {
-    match path {
-        "/metrics" => {
-            shared.metrics.observe_seen(&seen_summary(shared));
-            Answer::new(
-                200,
-                "text/plain; version=0.0.4; charset=utf-8",
-                shared.metrics.render(shared.started_at).into_bytes(),
-            )
-        }
-        "/-/healthy" => Answer::plain(200, "OK\n"),
-        "/-/ready" => {
-            if shared.readiness.is_ready() {
-                Answer::plain(200, "ready\n")
-            } else {
-                Answer::plain(503, "not ready: waiting for the first Consul sync\n")
-            }
-        }
-        "/-/answering" => match (
-            shared.snapshot.load().is_some(),
-            shared.readiness.is_ready(),
-        ) {
-            (true, true) => Answer::plain(200, "answering from Consul\n"),
-            (true, false) => Answer::plain(
-                200,
-                format!(
-                    "{}; Consul not reached since the start\n",
-                    crate::check_ready::FROM_STATE_FILE
-                ),
-            ),
-            (false, _) => Answer::plain(
-                503,
-                "not answering: no state file and no Consul answer yet\n",
-            ),
-        },
-        _ => Answer::plain(404, "not found\n"),
-    }
-}
-
-fn unix(t: SystemTime) -> f64 {
-    t.duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// The `held` object of `/status`: each key answered with another state
-/// than Consul's, with the state answered and why. Keys held for an invalid
-/// value are also added to `invalid`, since that is their value.
-fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>) -> Value {
-    let mut out = serde_json::Map::new();
-    for (key, record) in &served.keys {
-        let Some(hold) = record.hold else {
-            continue;
-        };
-        let state_text = record.served.map_or("none".to_string(), |s| s.to_string());
-        let reply = record
-            .served
-            .map_or("none (the key is not answered)".to_string(), |s| {
-                String::from_utf8_lossy(s.reply().as_bytes())
-                    .trim_end()
-                    .to_string()
-            });
-        let consul_modify_index = record.consul.as_ref().map(|c| c.modify_index);
-        let detail = match hold.cause {
-            HoldCause::InvalidValue => {
-                let reason = match record.consul.as_ref().map(|c| &c.entry) {
-                    Some(Entry::Invalid(e)) => e.to_string(),
-                    _ => String::new(),
-                };
-                invalid.insert(
-                    key.to_string(),
-                    json!({"reason": reason, "modify_index": consul_modify_index, "held": state_text}),
-                );
-                format!("current value is invalid: {reason}")
-            }
-            HoldCause::RolledBack => match consul_modify_index {
-                None => "Consul lost its data and the key is gone; release with `state release-rollback` or a new write".to_string(),
-                Some(_) => "Consul lost its data and the key's value there would put servers back in rotation; release with `state release-rollback` or a new write".to_string(),
-            },
-            HoldCause::Hidden => "the token may not read the key (403); its last state is answered until it can".to_string(),
-        };
-        out.insert(
-            key.to_string(),
-            json!({
-                "state": state_text,
-                "reply": reply,
-                "cause": hold.cause.as_str(),
-                "answer": crate::decision::held_answer(record.served, hold.cause),
-                "detail": detail,
-                "consul_modify_index": consul_modify_index,
-                "since": hold.since as f64,
-            }),
-        );
-    }
-    Value::Object(out)
-}
-
-/// The `/status` document: sync state, keys held with their parsed state,
-/// invalid keys with the reason, and the rows HAProxy asked about.
-pub fn status(shared: &Shared) -> Value {
-    let snapshot = shared.snapshot.load_full();
-    let sync = shared.sync.lock().unwrap().clone();
-    let now = SystemTime::now();
-    let mut keys = serde_json::Map::new();
-    let mut invalid = serde_json::Map::new();
-    let served = shared.served.lock().unwrap().clone();
-    if let Some(snap) = &snapshot {
-        let mut sorted: Vec<_> = snap.keys.iter().collect();
-        sorted.sort_by(|a, b| a.0.cmp(b.0));
-        for (key, state) in sorted {
-            match &state.entry {
-                Entry::Valid(s) => {
-                    let record = served.as_deref().and_then(|v| v.keys.get(key));
-                    let meta = record.and_then(|r| r.meta.as_deref());
-                    keys.insert(
-                        key.to_string(),
-                        json!({
-                            "state": s.to_string(),
-                            "reply": String::from_utf8_lossy(s.reply().as_bytes()).trim_end(),
-                            "modify_index": state.modify_index,
-                            "served_since": record.map(|r| r.since),
-                            "written": crate::model::meta::written_json(meta),
-                        }),
-                    );
-                }
-                Entry::Invalid(e) => {
-                    invalid.insert(
-                        key.to_string(),
-                        json!({"reason": e.to_string(), "modify_index": state.modify_index}),
-                    );
-                }
-                // Listed under `held` (hidden, no value known).
-                Entry::Unreadable => {}
-            }
-        }
-    }
-    let held = served
-        .as_deref()
-        .map_or_else(|| json!({}), |s| held_json(s, &mut invalid));
-    let state_file = shared.state_file.lock().unwrap().clone();
-    let summary = seen_summary(shared);
-    let rows: Vec<Value> = shared
-        .seen
-        .rows()
-        .into_iter()
-        .map(|(line, row)| {
-            let silent = row.last_asked.elapsed();
-            json!({
-                "agent_send": line,
-                "last_asked": unix(row.last_asked_wall),
-                "last_asked_age_seconds": silent.as_secs_f64(),
-                "answer": row.answer,
-                "kind": row.kind.as_str(),
-                "decided_by": row.decided_by.and_then(|p| crate::model::identity::identities(&line).nth(usize::from(p))),
-                "ask_interval_seconds": row.interval.map(|i| i.as_secs_f64()),
-                "not_asked": silent > row.deadline(),
-            })
-        })
-        .collect();
-    json!({
-        "version": env!("CARGO_PKG_VERSION"),
-        "synced": snapshot.is_some(),
-        "ready": shared.readiness.is_ready(),
-        "consul_addr": shared.consul_addr,
-        "prefix": shared.prefix,
-        "consul_index": snapshot.as_ref().map(|s| s.index),
-        "last_sync": sync.last_sync.map(unix),
-        "last_sync_age_seconds": sync.last_sync.and_then(|t| now.duration_since(t).ok()).map(|d| d.as_secs_f64()),
-        "consul_failing_for_seconds": sync.failing_since.map(|t| t.elapsed().as_secs_f64()),
-        "last_error": sync.last_error,
-        "consul_current": sync.unconfirmed_for().is_some_and(|d| d <= crate::agent::shared::CURRENT_WITHIN),
-        "consul_unconfirmed_seconds": sync.unconfirmed_for().map(|d| d.as_secs_f64()),
-        "keys": keys,
-        "invalid": invalid,
-        "held": held,
-        "store_id": served.as_ref().and_then(|s| s.store_id.as_deref().map(str::to_string)),
-        "state_file": {
-            "path": state_file.path,
-            "loaded": state_file.loaded,
-            "load_error": state_file.load_error,
-            "write_error": state_file.write_error,
-        },
-        "rows": rows,
-        "out_rows_not_asked": summary.out_not_asked,
-    })
 }
 
 #[cfg(test)]
@@ -512,7 +381,8 @@ mod tests {
     use super::*;
 
     use proptest::prelude::*;
-    use tokio::io::AsyncReadExt as _;
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    use tokio::net::TcpStream;
 
     /// Sends `bytes` to a fresh port, closes the sending side, and returns
     /// what came back, with the port's shared state.
@@ -524,6 +394,7 @@ mod tests {
         let tracker = TaskTracker::new();
         let server = tokio::spawn(serve(
             listener,
+            DebugAccess::Loopback,
             shared.clone(),
             shutdown.clone(),
             tracker.clone(),
@@ -535,19 +406,41 @@ mod tests {
         let mut out = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut out));
         assert!(read.await.is_ok(), "no close within 5 s");
-        shutdown.cancel();
-        server.await.unwrap();
+        // The connection task counts once hyper is done with it.
         tracker.close();
         tracker.wait().await;
+        shutdown.cancel();
+        server.await.unwrap();
         (out, shared)
+    }
+
+    /// The status of an answer, if `out` is one answer with
+    /// `Connection: close`.
+    fn status_of(out: &[u8]) -> Option<u16> {
+        let text = String::from_utf8_lossy(out);
+        if !text.starts_with("HTTP/1.")
+            || !text
+                .to_ascii_lowercase()
+                .contains("\r\nconnection: close\r\n")
+        {
+            return None;
+        }
+        text.get(9..12)?.parse().ok()
+    }
+
+    async fn status_for(bytes: &[u8]) -> (u16, Arc<Shared>) {
+        let (out, shared) = exchange(bytes.to_vec()).await;
+        let status = status_of(&out)
+            .unwrap_or_else(|| panic!("not an answer: {:?}", String::from_utf8_lossy(&out)));
+        (status, shared)
     }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 
         /// Any bytes over TCP: the port answers a request it reads with a
-        /// well-formed answer, refuses anything else with 400, 413, 431 or
-        /// 505 counted in `http_bad_requests_total`, or closes without an
+        /// well-formed answer, refuses anything else with 400, 413, 414 or
+        /// 431 counted in `http_bad_requests_total`, or closes without an
         /// answer counted in `http_idle_closed_total`; it never panics.
         #[test]
         fn any_bytes_are_answered_or_refused_and_counted(
@@ -565,38 +458,82 @@ mod tests {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let (out, shared) = rt.block_on(exchange(bytes.clone()));
             let m = &shared.metrics;
-            let expected = match request::head_end(&bytes) {
-                None if bytes.len() >= request::MAX_REQUEST_HEAD => Some(Read::Refused(request::Refusal { status: 431, reason: "" })),
-                None => None,
-                Some(end) => Some(request::parse(&bytes[..end])),
-            };
-            match expected {
+            let (bad, idle) = (m.http.bad_requests.get(), m.http.idle_closed.get());
+            let text = String::from_utf8_lossy(&out);
+            match status_of(&out) {
                 None => {
-                    prop_assert!(out.is_empty());
-                    prop_assert_eq!(m.http_idle_closed.get(), 1);
+                    prop_assert!(out.is_empty(), "{}", text);
+                    prop_assert_eq!((bad, idle), (0, 1));
                 }
-                Some(Read::Refused(r)) => {
-                    let status_line = format!("HTTP/1.1 {} ", r.status);
-                    prop_assert!(out.starts_with(status_line.as_bytes()), "{:?}", String::from_utf8_lossy(&out));
-                    prop_assert_eq!(m.http_bad_requests.get(), 1);
+                Some(status) if bad == 1 => {
+                    prop_assert!([400, 413, 414, 431].contains(&status), "{}", text);
+                    prop_assert_eq!(idle, 0);
                 }
-                Some(Read::Request(req)) => {
-                    let text = String::from_utf8_lossy(&out);
-                    prop_assert!(text.starts_with("HTTP/1.1 "), "{}", text);
-                    prop_assert!(text.contains("\r\nConnection: close\r\n"), "{}", text);
-                    let status: u16 = text[9..12].parse().unwrap();
-                    let want = match (&req.method, req.path.as_str()) {
-                        (Method::Other(_), _) => 405,
-                        (_, "/-/healthy" | "/metrics" | "/status") => 200,
-                        (_, "/-/ready" | "/-/answering") => 503,
-                        (Method::Get, p) if profile::Format::for_path(p).is_some() => status,
-                        _ => 404,
-                    };
-                    prop_assert_eq!(status, want, "{}", text);
-                    prop_assert_eq!(m.http_bad_requests.get() + m.http_idle_closed.get(), 0);
+                Some(status) => {
+                    prop_assert!([200, 404, 405, 503].contains(&status), "{}", text);
+                    prop_assert_eq!((bad, idle), (0, 0));
                 }
-                Some(Read::Incomplete) => unreachable!(),
             }
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_what_probes_scrapers_and_curl_send() {
+        for (request, want) in [
+            (&b"GET /-/healthy HTTP/1.1\r\nHost: 10.0.0.1:9778\r\nUser-Agent: kube-probe/1.30\r\nAccept: */*\r\nConnection: close\r\n\r\n"[..], 200),
+            (b"GET /metrics HTTP/1.0\n\n", 200),
+            (b"GET /-/ready HTTP/1.1\r\nHost: a\r\n\r\n", 503),
+            (b"GET /status?x=1 HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 200),
+            (b"GET /nothing HTTP/1.1\r\n\r\n", 404),
+            (b"POST /metrics HTTP/1.1\r\n\r\n", 405),
+        ] {
+            let (status, shared) = status_for(request).await;
+            assert_eq!(status, want, "{}", String::from_utf8_lossy(request));
+            let m = &shared.metrics;
+            assert_eq!(m.http.bad_requests.get() + m.http.idle_closed.get(), 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn refuses_bodies_bad_heads_and_other_versions_and_counts_them() {
+        let large = format!(
+            "GET / HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(MAX_REQUEST_HEAD)
+        );
+        for (request, want) in [
+            (&b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\n"[..], 413),
+            (
+                b"GET /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                413,
+            ),
+            (
+                b"GET /x HTTP/1.1\r\nContent-Length: 0\r\nContent-Length: 1\r\n\r\n",
+                400,
+            ),
+            (b"GET /x HTTP/1.1\r\nContent-Length: x\r\n\r\n", 400),
+            (b"GET /x HTTP/2.0\r\n\r\n", 400),
+            (b"GET /x\r\n\r\n", 400),
+            (b"GET /x HTTP/1.1\r\n folded\r\n\r\n", 400),
+            (b"GET /x HTTP/1.1\r\nNo colon\r\n\r\n", 400),
+            (b"GET /x HTTP/1.1\r\nA: b\x00c\r\n\r\n", 400),
+            (b"G\xffT /x HTTP/1.1\r\n\r\n", 400),
+            (large.as_bytes(), 431),
+        ] {
+            let (status, shared) = status_for(request).await;
+            let shown = String::from_utf8_lossy(&request[..request.len().min(80)]).to_string();
+            assert_eq!(status, want, "{shown}");
+            assert_eq!(shared.metrics.http.bad_requests.get(), 1, "{shown}");
+            assert_eq!(shared.metrics.http.idle_closed.get(), 0, "{shown}");
+        }
+    }
+
+    #[tokio::test]
+    async fn closes_unanswered_and_counts_a_connection_with_no_whole_request() {
+        for bytes in [&b""[..], b"G", b"GET /metrics HTTP/1.1\r\nHost: a\r\n"] {
+            let (out, shared) = exchange(bytes.to_vec()).await;
+            assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
+            assert_eq!(shared.metrics.http.idle_closed.get(), 1);
+            assert_eq!(shared.metrics.http.bad_requests.get(), 0);
         }
     }
 
@@ -607,5 +544,90 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
         assert!(text.contains("Content-Length: 3\r\n"), "{text}");
         assert!(text.ends_with("\r\n\r\n"), "{text}");
+    }
+
+    #[test]
+    fn status_and_profiles_are_for_loopback_clients_unless_allowed() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let local = ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"];
+        let remote = ["10.0.0.1", "192.0.2.7", "::ffff:10.0.0.1", "2001:db8::1"];
+        let debug = ["/status", "/debug/pprof/profile", "/debug/pprof/flamegraph"];
+        let public = [
+            "/metrics",
+            "/-/healthy",
+            "/-/ready",
+            "/-/answering",
+            "/nothing",
+        ];
+        for peer in local.iter().chain(&remote) {
+            for path in public {
+                assert!(
+                    DebugAccess::Loopback.allows(path, ip(peer)),
+                    "{peer} {path}"
+                );
+            }
+            for path in debug {
+                let is_local = local.contains(peer);
+                assert_eq!(
+                    DebugAccess::Loopback.allows(path, ip(peer)),
+                    is_local,
+                    "{peer} {path}"
+                );
+                assert!(DebugAccess::Anyone.allows(path, ip(peer)), "{peer} {path}");
+            }
+        }
+    }
+
+    /// One request from a client at `peer` over an in-memory stream (no
+    /// network: the peer address is what accept would have given).
+    async fn from_peer(peer: &str, debug: DebugAccess, request: &str) -> u16 {
+        let shared = Shared::new("http://127.0.0.1:1", "p/");
+        let port = Arc::new(Port::new(debug, shared, CancellationToken::new()));
+        let (mut client, server) = tokio::io::duplex(64 * 1024);
+        let reading = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        let exchange = Arc::new(Exchange {
+            peer: peer.parse().unwrap(),
+            reader: Readers::default().push(),
+            reading: Mutex::new(Some(reading)),
+            slot: Mutex::new(None),
+            requested: AtomicBool::new(false),
+            answered: CancellationToken::new(),
+        });
+        let task = tokio::spawn(serve_connection(server, exchange, port));
+        client.write_all(request.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        client.read_to_end(&mut out).await.unwrap();
+        task.await.unwrap();
+        status_of(&out).unwrap_or_else(|| panic!("{}", String::from_utf8_lossy(&out)))
+    }
+
+    #[tokio::test]
+    async fn a_client_beyond_loopback_gets_metrics_but_not_status_or_profiles() {
+        let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: 10.0.0.5:9778\r\n\r\n");
+        for (path, want) in [
+            ("/metrics", 200),
+            ("/-/healthy", 200),
+            ("/-/ready", 503),
+            ("/status", 403),
+            ("/debug/pprof/profile?seconds=1", 403),
+            ("/debug/pprof/flamegraph?seconds=1", 403),
+        ] {
+            assert_eq!(
+                from_peer("10.0.0.1", DebugAccess::Loopback, &get(path)).await,
+                want,
+                "{path}"
+            );
+        }
+        for peer in ["127.0.0.1", "::ffff:127.0.0.1"] {
+            assert_eq!(
+                from_peer(peer, DebugAccess::Loopback, &get("/status")).await,
+                200,
+                "{peer}"
+            );
+        }
+        assert_eq!(
+            from_peer("10.0.0.1", DebugAccess::Anyone, &get("/status")).await,
+            200
+        );
     }
 }

@@ -1,22 +1,27 @@
 //! The agent's Prometheus metrics: one registry, created once and shared by
-//! the watcher, the responder and the HTTP endpoint. Names and units are
-//! listed in README.md ("Metrics").
+//! the watcher, the responder and the HTTP endpoint. Each owner declares its
+//! families ([`families::Families`]): the responder's in
+//! [`crate::agent::responder::metrics`], the rows seen's in
+//! [`crate::agent::seen`], the HTTP port's in [`crate::agent::http::metrics`], the watcher's and the served
+//! state's here. Names and units are listed in README.md ("Metrics").
+
+pub mod families;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Registry, TextEncoder,
 };
 
-use crate::agent::seen::SeenSummary;
+use crate::agent::http::metrics::HttpMetrics;
+use crate::agent::responder::metrics::CheckMetrics;
+use crate::agent::seen::{SeenMetrics, SeenSummary};
 use crate::consul::ConsulError;
 use crate::decision::served::ServedState;
 use crate::decision::stale::HoldReason;
 use crate::decision::Refused;
-use crate::model::value::AnswerKind;
-
-const NAMESPACE: &str = "gitlab_haproxy_agent";
+use families::Families;
 
 /// Outcomes of one Consul request, the values of the `outcome` label on
 /// `gitlab_haproxy_agent_consul_requests_total`.
@@ -119,52 +124,6 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_state_changes_total`: key changes applied
     /// (added, changed or removed).
     pub state_changes: IntCounter,
-    /// One counter per [`AnswerKind`], in [`AnswerKind::ALL`] order, resolved
-    /// once so the responder's hot path does no label lookup.
-    answers: [IntCounter; AnswerKind::ALL.len()],
-    /// `gitlab_haproxy_agent_answer_duration_seconds`: from accept to the
-    /// reply written (or the connection closed without one).
-    pub answer_duration: Histogram,
-    /// `gitlab_haproxy_agent_connections_in_flight`: agent-check connections
-    /// being served.
-    pub connections_in_flight: IntGauge,
-    /// `gitlab_haproxy_agent_connections_refused_total`: agent-check
-    /// connections closed unanswered at the `--max-connections` cap: the one
-    /// that had waited longest for its line, to make room for a new one.
-    pub connections_refused: IntCounter,
-    /// `gitlab_haproxy_agent_accept_errors_total`: failed accepts (EMFILE and
-    /// the like), after each of which the responder backs off briefly.
-    pub accept_errors: IntCounter,
-    /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
-    /// seen in the last [`crate::agent::seen::SEEN_WINDOW`].
-    pub rows_seen: IntGauge,
-    /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
-    /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
-    rows_answered: [IntGauge; ROWS_ANSWERED_STATES.len()],
-    /// `gitlab_haproxy_agent_out_rows_not_asked`: rows last answered drain
-    /// or maint, still so in the current state, that HAProxy stopped asking
-    /// about ([`crate::agent::seen::SeenRow::deadline`]).
-    out_rows_not_asked: IntGauge,
-    /// `gitlab_haproxy_agent_group_rows{group,answer}`: rows asked about in
-    /// the last 60 s whose line names the group, by their last answer;
-    /// only non-zero series.
-    group_rows: IntGaugeVec,
-    /// `gitlab_haproxy_agent_group_decided_rows{group,answer}`: those of
-    /// them whose last answer the group's key decided; only non-zero series.
-    group_decided_rows: IntGaugeVec,
-    /// `gitlab_haproxy_agent_group_overridden_rows{group,row,key,answer}`: rows
-    /// naming the group whose answer another key decided, at most
-    /// [`crate::agent::seen::MAX_OVERRIDDEN_PER_GROUP`] per group.
-    group_overridden_rows: IntGaugeVec,
-    /// `gitlab_haproxy_agent_groups_over_cap`: groups left out of the two
-    /// above beyond [`crate::agent::seen::MAX_GROUPS`].
-    groups_over_cap: IntGauge,
-    /// `gitlab_haproxy_agent_answered_index`: the lowest snapshot index
-    /// among the last answers to those rows (0 when there are none).
-    answered_index: IntGauge,
-    /// `gitlab_haproxy_agent_last_check_timestamp_seconds`: Unix time of the
-    /// last agent-check received.
-    pub last_check_timestamp: Gauge,
     /// `gitlab_haproxy_agent_stale_answers_held_total{reason}`: stale-mode
     /// answers held, not applied, until a default read confirmed the copy.
     stale_answers_held: IntCounterVec,
@@ -186,15 +145,6 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_consul_tombstones_reaped_total`: times the
     /// index went back with nothing moved (a reaped tombstone, not a loss).
     pub tombstones_reaped: IntCounter,
-    /// `gitlab_haproxy_agent_profiles_total{outcome}`: requests for a CPU
-    /// profile or flame graph on `/debug/pprof/`, by outcome: `ok`, `busy`
-    /// (another profile was running), `bad_request` (bad `seconds`),
-    /// `failed` (the profiler could not start or report).
-    pub profiles: IntCounterVec,
-    /// `gitlab_haproxy_agent_http_idle_closed_total`: HTTP connections closed
-    /// because no complete request came within
-    /// [`crate::agent::http::REQUEST_READ_TIMEOUT`].
-    pub http_idle_closed: IntCounter,
     /// `gitlab_haproxy_agent_held_keys{cause}`: keys answered with another
     /// state than Consul's, by cause (`invalid_value`, `rolled_back`,
     /// `hidden`).
@@ -239,18 +189,12 @@ pub struct Metrics {
     /// not in the state file (its write failed; retried every 5 s), 0
     /// otherwise. A restart then would start from an older state.
     pub state_file_behind: IntGauge,
-    /// `gitlab_haproxy_agent_http_bad_requests_total`: HTTP requests refused
-    /// as malformed, too large or carrying a body (answered 400, 413, 431 or
-    /// 505 and closed).
-    pub http_bad_requests: IntCounter,
-    /// `gitlab_haproxy_agent_http_write_timeouts_total`: HTTP answers cut
-    /// off because the client had not read them within
-    /// [`crate::agent::http::WRITE_TIMEOUT`].
-    pub http_write_timeouts: IntCounter,
-    /// `gitlab_haproxy_agent_http_busy_total`: HTTP requests answered 503
-    /// because every serving slot stayed taken for
-    /// [`crate::agent::http::SLOT_WAIT`].
-    pub http_busy: IntCounter,
+    /// The agent-check responder's families.
+    pub checks: CheckMetrics,
+    /// The families of the rows seen, set at scrape time.
+    pub seen: SeenMetrics,
+    /// The HTTP port's families.
+    pub http: HttpMetrics,
 }
 
 /// At most this many held keys get a `gitlab_haproxy_agent_held_key`
@@ -258,25 +202,10 @@ pub struct Metrics {
 /// scrape; `gitlab_haproxy_agent_held_keys{cause}` counts them all.
 pub const MAX_HELD_KEYS_EXPORTED: usize = 100;
 
-/// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
-/// answer kind a seen row can have (a bad request is never a row).
-pub const ROWS_ANSWERED_STATES: [AnswerKind; 6] = [
-    AnswerKind::Ready,
-    AnswerKind::Drain,
-    AnswerKind::Maint,
-    AnswerKind::Weight,
-    AnswerKind::Invalid,
-    AnswerKind::Unsynced,
-];
-
 /// At most this many keys served drain, maint or a weight get their own
 /// `key_since_timestamp_seconds` series (the oldest; each agent exports
 /// them): 500. The rest are counted in `out_keys_over_cap`.
 pub const MAX_OUT_KEYS: usize = 500;
-
-fn opts(name: &str, help: &str) -> Opts {
-    Opts::new(name, help).namespace(NAMESPACE)
-}
 
 impl Metrics {
     /// Creates and registers every metric, label values pre-created at 0,
@@ -287,474 +216,140 @@ impl Metrics {
     /// Only on a programming error (a duplicate or malformed metric name).
     pub fn new() -> Self {
         let registry = Registry::new();
-        let reg = |c: Box<dyn prometheus::core::Collector>| {
-            registry.register(c).expect("metric names are unique");
-        };
-
-        let build_info = IntGaugeVec::new(
-            opts("build_info", "Build of the agent; always 1."),
-            &["version"],
-        )
-        .unwrap();
-        build_info
+        let f = Families(&registry);
+        f.int_gauge_vec("build_info", "Build of the agent; always 1.", &["version"])
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-        reg(Box::new(build_info));
-
-        let synced = IntGauge::with_opts(opts(
-            "synced",
-            "1 once the first Consul answer is applied, 0 before (also while answering from the state file).",
-        ))
-        .unwrap();
-        reg(Box::new(synced.clone()));
-
-        let last_sync_timestamp = Gauge::with_opts(opts(
+        #[cfg(target_os = "linux")]
+        registry
+            .register(Box::new(
+                prometheus::process_collector::ProcessCollector::for_self(),
+            ))
+            .expect("metric names are unique");
+        let synced = f.int_gauge("synced", "1 once the first Consul answer is applied, 0 before (also while answering from the state file).");
+        let last_sync_timestamp = f.gauge(
             "last_sync_timestamp_seconds",
             "Unix time of the last successful Consul sync (new snapshot or confirmed current).",
-        ))
-        .unwrap();
-        reg(Box::new(last_sync_timestamp.clone()));
-
-        let last_sync_age = Gauge::with_opts(opts(
+        );
+        let last_sync_age = f.gauge(
             "last_sync_age_seconds",
             "Seconds since the last successful Consul sync; since start-up before the first.",
-        ))
-        .unwrap();
-        reg(Box::new(last_sync_age.clone()));
-
-        let consul_requests = IntCounterVec::new(
-            opts("consul_requests_total", "Consul KV requests by outcome."),
+        );
+        let consul_requests = f.int_counter_vec(
+            "consul_requests_total",
+            "Consul KV requests by outcome.",
             &["outcome"],
-        )
-        .unwrap();
-        for o in ConsulOutcome::ALL {
-            consul_requests.with_label_values(&[o.as_str()]);
-        }
-        reg(Box::new(consul_requests.clone()));
-
-        let consul_request_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "consul_request_duration_seconds",
-                "Duration of Consul KV requests, blocking queries included.",
-            )
-            .namespace(NAMESPACE)
-            .buckets(vec![
+            &ConsulOutcome::ALL.map(ConsulOutcome::as_str),
+        );
+        let consul_request_duration = f.histogram(
+            "consul_request_duration_seconds",
+            "Duration of Consul KV requests, blocking queries included.",
+            vec![
                 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0,
-            ]),
-        )
-        .unwrap();
-        reg(Box::new(consul_request_duration.clone()));
-
-        let consul_index = IntGauge::with_opts(opts(
+            ],
+        );
+        let consul_index = f.int_gauge(
             "consul_index",
             "X-Consul-Index of the snapshot being served.",
-        ))
-        .unwrap();
-        reg(Box::new(consul_index.clone()));
-
-        let consul_index_resets = IntCounter::with_opts(opts(
+        );
+        let consul_index_resets = f.int_counter(
             "consul_index_resets_total",
             "Times X-Consul-Index went backwards and the watcher re-read from 0.",
-        ))
-        .unwrap();
-        reg(Box::new(consul_index_resets.clone()));
-
-        let consul_answers_refused = IntCounterVec::new(
-            opts(
-                "consul_answers_refused_total",
-                "Consul answers not applied because they may hide a write, by reason; one fresh read is applied instead.",
-            ),
-            &["reason"],
-        )
-        .unwrap();
-        for r in Refused::ALL {
-            consul_answers_refused.with_label_values(&[r.as_str()]);
-        }
-        reg(Box::new(consul_answers_refused.clone()));
-
-        let keys = IntGauge::with_opts(opts("keys", "Keys held below the prefix.")).unwrap();
-        reg(Box::new(keys.clone()));
-
-        let invalid_keys = IntGauge::with_opts(opts(
+        );
+        let consul_answers_refused = f.int_counter_vec("consul_answers_refused_total", "Consul answers not applied because they may hide a write, by reason; one fresh read is applied instead.", &["reason"], &Refused::ALL.map(Refused::as_str));
+        let keys = f.int_gauge("keys", "Keys held below the prefix.");
+        let invalid_keys = f.int_gauge(
             "invalid_keys",
             "Keys whose value in Consul is invalid (held at their last valid state, or skipped).",
-        ))
-        .unwrap();
-        reg(Box::new(invalid_keys.clone()));
-
-        let invalid_held_keys = IntGauge::with_opts(opts(
+        );
+        let invalid_held_keys = f.int_gauge(
             "invalid_held_keys",
             "Keys whose current value is invalid, answered with their last valid value.",
-        ))
-        .unwrap();
-        reg(Box::new(invalid_held_keys.clone()));
-
-        let rollback_held_keys = IntGauge::with_opts(opts(
-            "rollback_held_keys",
-            "Keys answered with their state from before Consul lost its data (drain or maint that would be undone, or a ready or weight that appeared), until written again or released.",
-        ))
-        .unwrap();
-        reg(Box::new(rollback_held_keys.clone()));
-
-        let state_changes = IntCounter::with_opts(opts(
+        );
+        let rollback_held_keys = f.int_gauge("rollback_held_keys", "Keys answered with their state from before Consul lost its data (drain or maint that would be undone, or a ready or weight that appeared), until written again or released.");
+        let state_changes = f.int_counter(
             "state_changes_total",
             "Key changes applied from Consul (added, changed or removed keys).",
-        ))
-        .unwrap();
-        reg(Box::new(state_changes.clone()));
-
-        let answers = IntCounterVec::new(
-            opts("answers_total", "Agent-check answers by kind."),
-            &["kind"],
-        )
-        .unwrap();
-        let answer_counters = AnswerKind::ALL.map(|k| answers.with_label_values(&[k.as_str()]));
-        reg(Box::new(answers));
-
-        let answer_duration = Histogram::with_opts(
-            HistogramOpts::new(
-                "answer_duration_seconds",
-                "Time from accepting an agent-check connection to the answer.",
-            )
-            .namespace(NAMESPACE)
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
-            ]),
-        )
-        .unwrap();
-        reg(Box::new(answer_duration.clone()));
-
-        let connections_in_flight = IntGauge::with_opts(opts(
-            "connections_in_flight",
-            "Agent-check connections being served.",
-        ))
-        .unwrap();
-        reg(Box::new(connections_in_flight.clone()));
-
-        let connections_refused = IntCounter::with_opts(opts(
-            "connections_refused_total",
-            "Agent-check connections closed unanswered at the connection cap: the one that had waited longest for its line, to make room.",
-        ))
-        .unwrap();
-        reg(Box::new(connections_refused.clone()));
-
-        let accept_errors = IntCounter::with_opts(opts(
-            "accept_errors_total",
-            "Failed accepts on the agent-check listener (e.g. out of file descriptors).",
-        ))
-        .unwrap();
-        reg(Box::new(accept_errors.clone()));
-
-        let rows_seen = IntGauge::with_opts(opts(
-            "rows_seen",
-            "Distinct agent-send lines (enrolled servers) received in the last 60 seconds.",
-        ))
-        .unwrap();
-        reg(Box::new(rows_seen.clone()));
-
-        let rows_answered_vec = IntGaugeVec::new(
-            opts(
-                "rows_answered",
-                "Rows received in the last 60 seconds, by the state of their last answer.",
-            ),
-            &["state"],
-        )
-        .unwrap();
-        let rows_answered =
-            ROWS_ANSWERED_STATES.map(|k| rows_answered_vec.with_label_values(&[k.as_str()]));
-        reg(Box::new(rows_answered_vec));
-
-        let answered_index = IntGauge::with_opts(opts(
-            "answered_index",
-            "Lowest snapshot X-Consul-Index among the last answers to the rows received in the \
-             last 60 seconds; 0 when there are none.",
-        ))
-        .unwrap();
-        reg(Box::new(answered_index.clone()));
-
-        let out_rows_not_asked = IntGauge::with_opts(opts(
-            "out_rows_not_asked",
-            "Rows last answered drain or maint (and still so in Consul) that HAProxy stopped asking \
-             about: silent for more than 3 of their ask intervals, at least 10 s. HAProxy is likely \
-             serving those servers again.",
-        ))
-        .unwrap();
-        reg(Box::new(out_rows_not_asked.clone()));
-
-        let group_rows = IntGaugeVec::new(
-            opts(
-                "group_rows",
-                "Rows received in the last 60 seconds whose agent-send line names the group, by their \
-                 last answer (non-zero series only).",
-            ),
-            &["group", "answer"],
-        )
-        .unwrap();
-        reg(Box::new(group_rows.clone()));
-
-        let group_decided_rows = IntGaugeVec::new(
-            opts(
-                "group_decided_rows",
-                "Rows received in the last 60 seconds whose last answer the group's key decided, by \
-                 answer (non-zero series only).",
-            ),
-            &["group", "answer"],
-        )
-        .unwrap();
-        reg(Box::new(group_decided_rows.clone()));
-
-        let group_overridden_rows = IntGaugeVec::new(
-            opts(
-                "group_overridden_rows",
-                "Rows received in the last 60 seconds whose agent-send line names the group but \
-                 whose last answer another key decided: row is the line's first identity, key the \
-                 identity that decided, answer what it answered (at most 10 per group).",
-            ),
-            &["group", "row", "key", "answer"],
-        )
-        .unwrap();
-        reg(Box::new(group_overridden_rows.clone()));
-
-        let groups_over_cap = IntGauge::with_opts(opts(
-            "groups_over_cap",
-            "Groups named by rows received in the last 60 seconds but left out of group_rows and \
-             group_decided_rows beyond the cap of 200 groups.",
-        ))
-        .unwrap();
-        reg(Box::new(groups_over_cap.clone()));
-
-        let last_check_timestamp = Gauge::with_opts(opts(
-            "last_check_timestamp_seconds",
-            "Unix time of the last agent-check received.",
-        ))
-        .unwrap();
-        reg(Box::new(last_check_timestamp.clone()));
-
-        let stale_answers_held = IntCounterVec::new(
-            opts(
-                "stale_answers_held_total",
-                "Stale-mode Consul answers held until a default-consistency read confirmed the copy, by reason.",
-            ),
-            &["reason"],
-        )
-        .unwrap();
-        for r in HoldReason::ALL {
-            stale_answers_held.with_label_values(&[r.as_str()]);
-        }
-        reg(Box::new(stale_answers_held.clone()));
-
-        let consul_last_contact = Gauge::with_opts(opts(
-            "consul_last_contact_seconds",
-            "X-Consul-LastContact of the last Consul answer: how long its server had not heard from the leader.",
-        ))
-        .unwrap();
-        reg(Box::new(consul_last_contact.clone()));
-
-        let consul_unconfirmed = Gauge::with_opts(opts(
+        );
+        let stale_answers_held = f.int_counter_vec("stale_answers_held_total", "Stale-mode Consul answers held until a default-consistency read confirmed the copy, by reason.", &["reason"], &HoldReason::ALL.map(HoldReason::as_str));
+        let consul_last_contact = f.gauge("consul_last_contact_seconds", "X-Consul-LastContact of the last Consul answer: how long its server had not heard from the leader.");
+        let consul_unconfirmed = f.gauge(
             "consul_unconfirmed_seconds",
             "Seconds since the state served was last confirmed to be Consul's latest (by an answer or an index check); -1 before the first.",
-        ))
-        .unwrap();
+        );
         consul_unconfirmed.set(-1.0);
-        reg(Box::new(consul_unconfirmed.clone()));
-
-        let index_checks = IntCounterVec::new(
-            opts(
-                "index_checks_total",
-                "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
-            ),
+        let index_checks = f.int_counter_vec(
+            "index_checks_total",
+            "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
             &["result"],
-        )
-        .unwrap();
-        for r in ["current", "behind", "failed", "no_leader", "too_old"] {
-            index_checks.with_label_values(&[r]);
-        }
-        reg(Box::new(index_checks.clone()));
-
-        let generation_lost = IntCounter::with_opts(opts(
+            &["current", "behind", "failed", "no_leader", "too_old"],
+        );
+        let generation_lost = f.int_counter(
             "generation_lost_total",
             "Consul answers whose write generation did not descend from the one served (a restored snapshot): drain and maint that would be undone are held.",
-        ))
-        .unwrap();
-        reg(Box::new(generation_lost.clone()));
-
-        let tombstones_reaped = IntCounter::with_opts(opts(
+        );
+        let tombstones_reaped = f.int_counter(
             "consul_tombstones_reaped_total",
             "Times the prefix index went back with nothing moved: a reaped tombstone, not a loss.",
-        ))
-        .unwrap();
-        reg(Box::new(tombstones_reaped.clone()));
-
-        let profiles = IntCounterVec::new(
-            opts(
-                "profiles_total",
-                "CPU profile and flame graph requests on /debug/pprof/, by outcome.",
-            ),
-            &["outcome"],
-        )
-        .unwrap();
-        for outcome in ["ok", "busy", "bad_request", "failed"] {
-            profiles.with_label_values(&[outcome]);
-        }
-        reg(Box::new(profiles.clone()));
-
-        let http_idle_closed = IntCounter::with_opts(opts(
-            "http_idle_closed_total",
-            "HTTP connections closed because no complete request came within the request timeout.",
-        ))
-        .unwrap();
-        reg(Box::new(http_idle_closed.clone()));
-
-        let http_bad_requests = IntCounter::with_opts(opts(
-            "http_bad_requests_total",
-            "HTTP requests refused as malformed, too large or carrying a body.",
-        ))
-        .unwrap();
-        reg(Box::new(http_bad_requests.clone()));
-
-        let http_write_timeouts = IntCounter::with_opts(opts(
-            "http_write_timeouts_total",
-            "HTTP answers cut off because the client did not read them within the write timeout.",
-        ))
-        .unwrap();
-        reg(Box::new(http_write_timeouts.clone()));
-
-        let http_busy = IntCounter::with_opts(opts(
-            "http_busy_total",
-            "HTTP requests answered 503 because every serving slot stayed taken for 2 s.",
-        ))
-        .unwrap();
-        reg(Box::new(http_busy.clone()));
-
-        #[cfg(target_os = "linux")]
-        reg(Box::new(
-            prometheus::process_collector::ProcessCollector::for_self(),
-        ));
-
-        let held_keys = IntGaugeVec::new(
-            opts(
-                "held_keys",
-                "Keys answered with another state than Consul's, by cause: invalid_value, rolled_back, hidden.",
-            ),
-            &["cause"],
-        )
-        .unwrap();
-        for c in crate::decision::HoldCause::ALL {
-            held_keys.with_label_values(&[c.as_str()]);
-        }
-        reg(Box::new(held_keys.clone()));
-
-        let held_key = IntGaugeVec::new(
-            opts(
-                "held_key",
-                "1 per key answered with another state than Consul's: its cause and the state \
+        );
+        let held_keys = f.int_gauge_vec("held_keys", "Keys answered with another state than Consul's, by cause: invalid_value, rolled_back, hidden.", &["cause"]);
+        let held_key = f.int_gauge_vec(
+            "held_key",
+            "1 per key answered with another state than Consul's: its cause and the state \
                  answered (none: held absent); at most 100 keys, the rest counted in held_keys.",
-            ),
             &["key", "cause", "state"],
-        )
-        .unwrap();
-        reg(Box::new(held_key.clone()));
-
-        let key_reads = IntCounterVec::new(
-            opts(
-                "key_reads_total",
-                "Direct reads of keys a Consul answer lacked, by result: present, absent (a delete), forbidden (hidden from the token).",
-            ),
-            &["result"],
-        )
-        .unwrap();
-        for r in ["present", "absent", "forbidden"] {
-            key_reads.with_label_values(&[r]);
-        }
-        reg(Box::new(key_reads.clone()));
-
-        let filtered_answers = IntCounter::with_opts(opts(
-            "filtered_answers_total",
-            "Consul answers marked as filtered by the token's ACL (X-Consul-Results-Filtered-By-ACLs).",
-        ))
-        .unwrap();
-        reg(Box::new(filtered_answers.clone()));
-
-        let store_changes = IntCounter::with_opts(opts(
+        );
+        let key_reads = f.int_counter_vec("key_reads_total", "Direct reads of keys a Consul answer lacked, by result: present, absent (a delete), forbidden (hidden from the token).", &["result"], &["present", "absent", "forbidden"]);
+        let filtered_answers = f.int_counter("filtered_answers_total", "Consul answers marked as filtered by the token's ACL (X-Consul-Results-Filtered-By-ACLs).");
+        let store_changes = f.int_counter(
             "store_changes_total",
             "Consul answers whose store id vanished or changed: the store lost its data.",
-        ))
-        .unwrap();
-        reg(Box::new(store_changes.clone()));
-
-        let store_id_present = IntGauge::with_opts(opts(
+        );
+        let store_id_present = f.int_gauge(
             "store_id_present",
             "1 when the served state has a store id (~store-id), 0 when not.",
-        ))
-        .unwrap();
-        reg(Box::new(store_id_present.clone()));
-
-        let key_since = GaugeVec::new(
-            opts(
-                "key_since_timestamp_seconds",
-                "Per key served drain, maint or a weight: Unix time since when (the writer's record, \
+        );
+        let key_since = f.gauge_vec(
+            "key_since_timestamp_seconds",
+            "Per key served drain, maint or a weight: Unix time since when (the writer's record, \
                  else when this agent first served it).",
-            ),
             &["key", "state"],
-        )
-        .unwrap();
-        reg(Box::new(key_since.clone()));
-
-        let key_until = GaugeVec::new(
-            opts(
-                "key_until_timestamp_seconds",
-                "Per key served drain, maint or a weight: the Unix time its writer's record gives as \
+        );
+        let key_until = f.gauge_vec(
+            "key_until_timestamp_seconds",
+            "Per key served drain, maint or a weight: the Unix time its writer's record gives as \
                  until (a reminder, never an automatic undo).",
-            ),
             &["key"],
-        )
-        .unwrap();
-        reg(Box::new(key_until.clone()));
-
-        let out_keys_over_cap = IntGauge::with_opts(opts(
+        );
+        let out_keys_over_cap = f.int_gauge(
             "out_keys_over_cap",
             "Keys served drain, maint or a weight left out of key_since_timestamp_seconds beyond \
              the cap (the newest).",
-        ))
-        .unwrap();
-        reg(Box::new(out_keys_over_cap.clone()));
-
-        let invalid_meta_keys = IntGauge::with_opts(opts(
+        );
+        let invalid_meta_keys = f.int_gauge(
             "invalid_meta_keys",
             "Writer records (~meta/) in the last applied answer that could not be used (malformed \
              or below no valid key); their keys show as written outside the writer.",
-        ))
-        .unwrap();
-        reg(Box::new(invalid_meta_keys.clone()));
-
-        let state_file_loaded = IntGauge::with_opts(opts(
+        );
+        let state_file_loaded = f.int_gauge(
             "state_file_loaded",
             "1 when the agent started from its state file, 0 when it had none or could not use it.",
-        ))
-        .unwrap();
-        reg(Box::new(state_file_loaded.clone()));
-
-        let state_file_writes = IntCounterVec::new(
-            opts(
-                "state_file_writes_total",
-                "Writes of the state file, by result: ok, error.",
-            ),
+        );
+        let state_file_writes = f.int_counter_vec(
+            "state_file_writes_total",
+            "Writes of the state file, by result: ok, error.",
             &["result"],
-        )
-        .unwrap();
-        for r in ["ok", "error"] {
-            state_file_writes.with_label_values(&[r]);
+            &["ok", "error"],
+        );
+        let state_file_behind = f.int_gauge("state_file_behind", "1 while the state served is not in the state file (its write failed and is retried every 5 s).");
+        let held_keys_family = held_keys;
+        for c in crate::decision::HoldCause::ALL {
+            held_keys_family.with_label_values(&[c.as_str()]);
         }
-        reg(Box::new(state_file_writes.clone()));
-
-        let state_file_behind = IntGauge::with_opts(opts(
-            "state_file_behind",
-            "1 while the state served is not in the state file (its write failed and is retried every 5 s).",
-        ))
-        .unwrap();
-        reg(Box::new(state_file_behind.clone()));
-
         Metrics {
+            checks: CheckMetrics::new(&f),
+            seen: SeenMetrics::new(&f),
+            http: HttpMetrics::new(&f),
             registry,
             synced,
             last_sync_timestamp,
@@ -769,29 +364,13 @@ impl Metrics {
             invalid_held_keys,
             rollback_held_keys,
             state_changes,
-            answers: answer_counters,
-            answer_duration,
-            connections_in_flight,
-            connections_refused,
-            accept_errors,
-            rows_seen,
-            rows_answered,
-            answered_index,
-            out_rows_not_asked,
-            group_rows,
-            group_decided_rows,
-            group_overridden_rows,
-            groups_over_cap,
-            last_check_timestamp,
             stale_answers_held,
             consul_last_contact,
             consul_unconfirmed,
             index_checks,
             generation_lost,
             tombstones_reaped,
-            profiles,
-            http_idle_closed,
-            held_keys,
+            held_keys: held_keys_family,
             held_key,
             key_reads,
             filtered_answers,
@@ -804,9 +383,6 @@ impl Metrics {
             state_file_loaded,
             state_file_writes,
             state_file_behind,
-            http_bad_requests,
-            http_write_timeouts,
-            http_busy,
         }
     }
 
@@ -831,42 +407,9 @@ impl Metrics {
             .inc();
     }
 
-    /// Sets `rows_seen`, `rows_answered`, `answered_index`,
-    /// `out_rows_not_asked` and the group gauges from the rows seen (at
-    /// scrape time).
+    /// Sets the families of the rows seen from `summary` (at scrape time).
     pub fn observe_seen(&self, summary: &SeenSummary) {
-        self.out_rows_not_asked.set(summary.out_not_asked as i64);
-        self.groups_over_cap.set(summary.groups_over_cap as i64);
-        self.group_rows.reset();
-        self.group_decided_rows.reset();
-        self.group_overridden_rows.reset();
-        for (group, rows) in &summary.groups {
-            for (row, key, answer, n) in &rows.overridden {
-                self.group_overridden_rows
-                    .with_label_values(&[group, row, key, answer.as_str()])
-                    .set(*n as i64);
-            }
-            for kind in ROWS_ANSWERED_STATES {
-                let (naming, decided) = (rows.naming[kind as usize], rows.decided[kind as usize]);
-                if naming > 0 {
-                    self.group_rows
-                        .with_label_values(&[group, kind.as_str()])
-                        .set(naming as i64);
-                }
-                if decided > 0 {
-                    self.group_decided_rows
-                        .with_label_values(&[group, kind.as_str()])
-                        .set(decided as i64);
-                }
-            }
-        }
-        self.rows_seen.set(summary.rows as i64);
-        for (gauge, kind) in self.rows_answered.iter().zip(ROWS_ANSWERED_STATES) {
-            gauge.set(summary.by_kind[kind as usize] as i64);
-        }
-        let lowest = summary.lowest_index.unwrap_or(0);
-        self.answered_index
-            .set(i64::try_from(lowest).unwrap_or(i64::MAX));
+        self.seen.observe(summary);
     }
 
     /// Sets the per-key gauges (`key_since_timestamp_seconds`,
@@ -888,11 +431,6 @@ impl Metrics {
         self.out_keys_over_cap
             .set(out.len().saturating_sub(MAX_OUT_KEYS) as i64);
         self.invalid_meta_keys.set(served.invalid_meta as i64);
-    }
-
-    /// The counter for one answer kind.
-    pub fn answers(&self, kind: AnswerKind) -> &IntCounter {
-        &self.answers[kind as usize]
     }
 
     /// Counts one index check by its result label.
@@ -931,7 +469,9 @@ pub fn unix_now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::seen::ROWS_ANSWERED_STATES;
     use crate::consul::client::status_error;
+    use crate::model::value::AnswerKind;
     use reqwest::StatusCode;
 
     #[test]
@@ -961,7 +501,7 @@ mod tests {
         let m = Metrics::new();
         for (i, k) in AnswerKind::ALL.into_iter().enumerate() {
             assert_eq!(k as usize, i);
-            m.answers(k).inc_by(i as u64 + 1);
+            m.checks.answers(k).inc_by(i as u64 + 1);
         }
         let text = m.render(unix_now());
         for (i, k) in AnswerKind::ALL.into_iter().enumerate() {

@@ -12,7 +12,6 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
-pub mod profile;
 pub mod responder;
 pub mod seen;
 pub mod shared;
@@ -81,6 +80,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     shared.readiness.set(ReadyStep::ResponderBound);
     tracker.spawn(http::serve(
         http_listener,
+        config.http_debug,
         shared.clone(),
         shutdown.clone(),
         tracker.clone(),

@@ -12,6 +12,8 @@
 //! only a line still on its way is registered and waited for, until its
 //! deadline.
 
+pub mod metrics;
+
 use std::collections::VecDeque;
 use std::io::{self, Write as _};
 use std::net::SocketAddr;
@@ -222,7 +224,7 @@ impl Responder {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
-                    self.shared.metrics.accept_errors.inc();
+                    self.shared.metrics.checks.accept_errors.inc();
                     if is_per_connection(&e) {
                         continue;
                     }
@@ -249,11 +251,16 @@ impl Responder {
         let mut filled = 0;
         match read_line(&mut &stream, &mut self.scratch[..], &mut filled) {
             Progress::Line(len) => answer(&stream, &self.scratch[..len], &self.shared),
-            Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+            Progress::Refused => self
+                .shared
+                .metrics
+                .checks
+                .answers(AnswerKind::BadRequest)
+                .inc(),
             Progress::Pending => {
                 if self.open >= self.config.max_connections && !self.close_oldest() {
                     // No slot and none to free (a cap of zero).
-                    self.shared.metrics.connections_refused.inc();
+                    self.shared.metrics.checks.connections_refused.inc();
                     return;
                 }
                 return self.wait_for_line(stream, started, filled);
@@ -283,7 +290,11 @@ impl Responder {
         if let Err(e) = registered {
             debug!(error = %e, "cannot wait for an agent-send line");
             self.free.push(slot);
-            self.shared.metrics.answers(AnswerKind::BadRequest).inc();
+            self.shared
+                .metrics
+                .checks
+                .answers(AnswerKind::BadRequest)
+                .inc();
             observe(&self.shared, started);
             return;
         }
@@ -297,7 +308,7 @@ impl Responder {
             (slot, entry.generation),
         );
         self.open += 1;
-        self.shared.metrics.connections_in_flight.inc();
+        self.shared.metrics.checks.connections_in_flight.inc();
     }
 
     /// Reads what arrived on a waiting connection; answers and closes it once
@@ -312,7 +323,12 @@ impl Responder {
         match read_line(&mut &*stream, &mut entry.buf, &mut entry.filled) {
             Progress::Pending => return,
             Progress::Line(len) => answer(stream, &entry.buf[..len], &self.shared),
-            Progress::Refused => self.shared.metrics.answers(AnswerKind::BadRequest).inc(),
+            Progress::Refused => self
+                .shared
+                .metrics
+                .checks
+                .answers(AnswerKind::BadRequest)
+                .inc(),
         }
         self.close(slot);
     }
@@ -321,7 +337,11 @@ impl Responder {
     fn expire(&mut self, now: Instant) {
         while let Some((slot, generation)) = self.deadlines.pop_expired(now) {
             if self.is_live(slot, generation) {
-                self.shared.metrics.answers(AnswerKind::BadRequest).inc();
+                self.shared
+                    .metrics
+                    .checks
+                    .answers(AnswerKind::BadRequest)
+                    .inc();
                 self.close(slot);
             }
         }
@@ -341,7 +361,7 @@ impl Responder {
         let Some((slot, _)) = self.deadlines.pop_front() else {
             return false;
         };
-        self.shared.metrics.connections_refused.inc();
+        self.shared.metrics.checks.connections_refused.inc();
         self.close(slot);
         true
     }
@@ -368,7 +388,7 @@ impl Responder {
         let started = entry.started;
         self.free.push(slot);
         self.open -= 1;
-        self.shared.metrics.connections_in_flight.dec();
+        self.shared.metrics.checks.connections_in_flight.dec();
         observe(&self.shared, started);
     }
 }
@@ -394,6 +414,7 @@ fn is_per_connection(e: &io::Error) -> bool {
 fn observe(shared: &Shared, started: Instant) {
     shared
         .metrics
+        .checks
         .answer_duration
         .observe(started.elapsed().as_secs_f64());
 }
@@ -450,7 +471,7 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
         Ok(text) => text,
         Err(e) => {
             debug!(error = %e, "bad agent-send line");
-            shared.metrics.answers(AnswerKind::BadRequest).inc();
+            shared.metrics.checks.answers(AnswerKind::BadRequest).inc();
             return None;
         }
     };
@@ -458,19 +479,20 @@ fn decide(line: &[u8], shared: &Shared) -> Option<ReplyLine> {
     if row == crate::check_ready::PROBE_IDENTITY {
         return probe_reply(shared);
     }
-    shared
-        .metrics
-        .last_check_timestamp
-        .set(crate::agent::metrics::unix_now());
+    shared.metrics.checks.last_check_timestamp.set(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64()),
+    );
     let snapshot = shared.snapshot.load();
     let Some(snapshot) = snapshot.as_ref() else {
-        shared.metrics.answers(AnswerKind::Unsynced).inc();
+        shared.metrics.checks.answers(AnswerKind::Unsynced).inc();
         shared.seen.record(row, AnswerKind::Unsynced, None, 0, None);
         return None;
     };
     let answer = snapshot.lookup(identities(text));
     let kind = answer.kind();
-    shared.metrics.answers(kind).inc();
+    shared.metrics.checks.answers(kind).inc();
     match answer {
         Answer::Invalid { decided_by } => {
             shared
@@ -683,13 +705,13 @@ mod tests {
         let running = start(listener, &shared, timeout(Duration::from_millis(500)));
         assert_eq!(reply(a).await, "drain 100%\n");
         assert_eq!(reply(b).await, "ready 100%\n");
-        assert_eq!(shared.metrics.answers(AnswerKind::Drain).get(), 1);
-        assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 1);
-        assert!(eventually(|| shared.metrics.answer_duration.get_sample_count() == 2).await);
+        assert_eq!(shared.metrics.checks.answers(AnswerKind::Drain).get(), 1);
+        assert_eq!(shared.metrics.checks.answers(AnswerKind::Ready).get(), 1);
+        assert!(eventually(|| shared.metrics.checks.answer_duration.get_sample_count() == 2).await);
         assert_eq!(shared.seen.rows()[0].0, "web/web-01 canary");
         // Answered from the snapshot at index 1.
         assert_eq!(shared.seen.rows()[0].1.index, 1);
-        assert!(shared.metrics.last_check_timestamp.get() > 0.0);
+        assert!(shared.metrics.checks.last_check_timestamp.get() > 0.0);
         running.stop().await;
     }
 
@@ -705,8 +727,8 @@ mod tests {
             .unwrap();
         assert_eq!(reply(probe).await, "ready 100%\n");
         assert!(shared.seen.rows().is_empty(), "{:?}", shared.seen.rows());
-        assert_eq!(shared.metrics.answers(AnswerKind::Ready).get(), 0);
-        assert_eq!(shared.metrics.last_check_timestamp.get(), 0.0);
+        assert_eq!(shared.metrics.checks.answers(AnswerKind::Ready).get(), 0);
+        assert_eq!(shared.metrics.checks.last_check_timestamp.get(), 0.0);
         running.stop().await;
     }
 
@@ -717,12 +739,12 @@ mod tests {
         let running = start(listener, &shared, timeout(Duration::from_millis(1000)));
         let mut client = Client::connect(addr).await.unwrap();
         // Accepted with nothing to read: it waits for the line.
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 1).await);
         client.write_all(b"web/web-01 ca").await.unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
         client.write_all(b"nary\n").await.unwrap();
         assert_eq!(reply(client).await, "drain 100%\n");
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 0).await);
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 0).await);
         running.stop().await;
     }
 
@@ -762,8 +784,10 @@ mod tests {
         assert!(out.is_empty());
         // The loop counts a connection after closing it, so the client can
         // see the close first.
-        assert!(eventually(|| shared.metrics.answers(AnswerKind::BadRequest).get() == 4).await);
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 0).await);
+        assert!(
+            eventually(|| shared.metrics.checks.answers(AnswerKind::BadRequest).get() == 4).await
+        );
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 0).await);
         running.stop().await;
     }
 
@@ -775,7 +799,7 @@ mod tests {
         client.write_all(b"web/web-01 canary\n").await.unwrap();
         let running = start(listener, &shared, timeout(Duration::from_millis(500)));
         assert_eq!(reply(client).await, "");
-        assert_eq!(shared.metrics.answers(AnswerKind::Unsynced).get(), 1);
+        assert_eq!(shared.metrics.checks.answers(AnswerKind::Unsynced).get(), 1);
         running.stop().await;
     }
 
@@ -789,20 +813,20 @@ mod tests {
         };
         let running = start(listener, &shared, config);
         let oldest = Client::connect(addr).await.unwrap();
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 1).await);
         let mut second = Client::connect(addr).await.unwrap();
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 2).await);
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 2).await);
         // A check accepted before its line arrives needs a slot: the oldest
         // connection, silent since, is closed to free one.
         let mut check = Client::connect(addr).await.unwrap();
         assert_eq!(reply(oldest).await, "");
-        assert!(eventually(|| shared.metrics.connections_refused.get() == 1).await);
+        assert!(eventually(|| shared.metrics.checks.connections_refused.get() == 1).await);
         check.write_all(b"canary\n").await.unwrap();
         assert_eq!(reply(check).await, "drain 100%\n");
         // The second one kept its slot.
         second.write_all(b"web/web-01\n").await.unwrap();
         assert_eq!(reply(second).await, "ready 100%\n");
-        assert_eq!(shared.metrics.connections_refused.get(), 1);
+        assert_eq!(shared.metrics.checks.connections_refused.get(), 1);
         running.stop().await;
     }
 
@@ -812,7 +836,7 @@ mod tests {
         let shared = synced();
         let running = start(listener, &shared, timeout(Duration::from_secs(2)));
         let mut pending = Client::connect(addr).await.unwrap();
-        assert!(eventually(|| shared.metrics.connections_in_flight.get() == 1).await);
+        assert!(eventually(|| shared.metrics.checks.connections_in_flight.get() == 1).await);
         running.shutdown.cancel();
         // The listener closes at once.
         let refused = eventually(|| std::net::TcpStream::connect(addr).is_err());

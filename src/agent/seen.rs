@@ -12,7 +12,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use lru::LruCache;
 
+use crate::agent::metrics::families::Families;
 use crate::model::value::AnswerKind;
+use prometheus::{IntGauge, IntGaugeVec};
 
 /// A row counts in `gitlab_haproxy_agent_rows_seen` if asked within this
 /// window: 60 s, thirty times the default agent-inter of 2 s.
@@ -324,6 +326,146 @@ impl Seen {
             .collect();
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+}
+
+/// The `state` label values of `gitlab_haproxy_agent_rows_answered`: every
+/// answer kind a seen row can have (a bad request is never a row).
+pub const ROWS_ANSWERED_STATES: [AnswerKind; 6] = [
+    AnswerKind::Ready,
+    AnswerKind::Drain,
+    AnswerKind::Maint,
+    AnswerKind::Weight,
+    AnswerKind::Invalid,
+    AnswerKind::Unsynced,
+];
+
+/// The metric families of the rows seen, set from a [`SeenSummary`] at
+/// scrape time.
+pub struct SeenMetrics {
+    /// `gitlab_haproxy_agent_rows_seen`: distinct agent-send lines (servers)
+    /// seen in the last [`SEEN_WINDOW`].
+    rows_seen: IntGauge,
+    /// `gitlab_haproxy_agent_rows_answered{state}`: those rows by the kind
+    /// of their last answer, in [`ROWS_ANSWERED_STATES`] order.
+    rows_answered: [IntGauge; ROWS_ANSWERED_STATES.len()],
+    /// `gitlab_haproxy_agent_out_rows_not_asked`: rows last answered drain
+    /// or maint, still so in the current state, that HAProxy stopped asking
+    /// about ([`SeenRow::deadline`]).
+    out_rows_not_asked: IntGauge,
+    /// `gitlab_haproxy_agent_group_rows{group,answer}`: rows asked about in
+    /// the last 60 s whose line names the group, by their last answer;
+    /// only non-zero series.
+    group_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_group_decided_rows{group,answer}`: those of
+    /// them whose last answer the group's key decided; only non-zero series.
+    group_decided_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_group_overridden_rows{group,row,key,answer}`: rows
+    /// naming the group whose answer another key decided, at most
+    /// [`MAX_OVERRIDDEN_PER_GROUP`] per group.
+    group_overridden_rows: IntGaugeVec,
+    /// `gitlab_haproxy_agent_groups_over_cap`: groups left out of the two
+    /// above beyond [`MAX_GROUPS`].
+    groups_over_cap: IntGauge,
+    /// `gitlab_haproxy_agent_answered_index`: the lowest snapshot index
+    /// among the last answers to those rows (0 when there are none).
+    answered_index: IntGauge,
+}
+
+impl SeenMetrics {
+    /// Declares the families in `f`.
+    pub fn new(f: &Families) -> SeenMetrics {
+        let rows_seen = f.int_gauge(
+            "rows_seen",
+            "Distinct agent-send lines (enrolled servers) received in the last 60 seconds.",
+        );
+        let rows_answered_vec = f.int_gauge_vec(
+            "rows_answered",
+            "Rows received in the last 60 seconds, by the state of their last answer.",
+            &["state"],
+        );
+        let out_rows_not_asked = f.int_gauge("out_rows_not_asked", "Rows last answered drain or maint (and still so in Consul) that HAProxy stopped asking \
+             about: silent for more than 3 of their ask intervals, at least 10 s. HAProxy is likely \
+             serving those servers again.");
+        let group_rows = f.int_gauge_vec(
+            "group_rows",
+            "Rows received in the last 60 seconds whose agent-send line names the group, by their \
+                 last answer (non-zero series only).",
+            &["group", "answer"],
+        );
+        let group_decided_rows = f.int_gauge_vec(
+            "group_decided_rows",
+            "Rows received in the last 60 seconds whose last answer the group's key decided, by \
+                 answer (non-zero series only).",
+            &["group", "answer"],
+        );
+        let group_overridden_rows = f.int_gauge_vec(
+            "group_overridden_rows",
+            "Rows received in the last 60 seconds whose agent-send line names the group but \
+                 whose last answer another key decided: row is the line's first identity, key the \
+                 identity that decided, answer what it answered (at most 10 per group).",
+            &["group", "row", "key", "answer"],
+        );
+        let groups_over_cap = f.int_gauge(
+            "groups_over_cap",
+            "Groups named by rows received in the last 60 seconds but left out of group_rows and \
+             group_decided_rows beyond the cap of 200 groups.",
+        );
+        let answered_index = f.int_gauge(
+            "answered_index",
+            "Lowest snapshot X-Consul-Index among the last answers to the rows received in the \
+             last 60 seconds; 0 when there are none.",
+        );
+        let rows_answered =
+            ROWS_ANSWERED_STATES.map(|k| rows_answered_vec.with_label_values(&[k.as_str()]));
+        SeenMetrics {
+            rows_seen,
+            rows_answered,
+            out_rows_not_asked,
+            group_rows,
+            group_decided_rows,
+            group_overridden_rows,
+            groups_over_cap,
+            answered_index,
+        }
+    }
+
+    /// Sets `rows_seen`, `rows_answered`, `answered_index`,
+    /// `out_rows_not_asked` and the group gauges from the rows seen (at
+    /// scrape time).
+    pub fn observe(&self, summary: &SeenSummary) {
+        self.out_rows_not_asked.set(summary.out_not_asked as i64);
+        self.groups_over_cap.set(summary.groups_over_cap as i64);
+        self.group_rows.reset();
+        self.group_decided_rows.reset();
+        self.group_overridden_rows.reset();
+        for (group, rows) in &summary.groups {
+            for (row, key, answer, n) in &rows.overridden {
+                self.group_overridden_rows
+                    .with_label_values(&[group, row, key, answer.as_str()])
+                    .set(*n as i64);
+            }
+            for kind in ROWS_ANSWERED_STATES {
+                let (naming, decided) = (rows.naming[kind as usize], rows.decided[kind as usize]);
+                if naming > 0 {
+                    self.group_rows
+                        .with_label_values(&[group, kind.as_str()])
+                        .set(naming as i64);
+                }
+                if decided > 0 {
+                    self.group_decided_rows
+                        .with_label_values(&[group, kind.as_str()])
+                        .set(decided as i64);
+                }
+            }
+        }
+        self.rows_seen.set(summary.rows as i64);
+        for (gauge, kind) in self.rows_answered.iter().zip(ROWS_ANSWERED_STATES) {
+            gauge.set(summary.by_kind[kind as usize] as i64);
+        }
+        let lowest = summary.lowest_index.unwrap_or(0);
+        self.answered_index
+            .set(i64::try_from(lowest).unwrap_or(i64::MAX));
     }
 }
 

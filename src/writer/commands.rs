@@ -74,7 +74,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         _ => confirm.as_ref().map(|c| c.confirm_selector.as_str()),
     };
     let holds = crate::fleet::held::Source::of(args.prometheus.as_deref(), selector);
-    let author = match args.command.author() {
+    let author = match super::author::of(&args.command) {
         Ok(author) => author,
         Err(e) => return report_failure(args.json, &Failure::usage(e)),
     };

@@ -22,6 +22,7 @@
 //! Consul client and imports nothing from the daemon; no module of it
 //! imports one that imports it back (tests/layout.rs).
 
+pub mod author;
 mod commands;
 pub mod confirm;
 pub mod error;

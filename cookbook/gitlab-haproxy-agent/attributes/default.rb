@@ -39,7 +39,11 @@ default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
 #
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
-default['gitlab-haproxy-agent']['settings']['http_listen'] = '127.0.0.1:9778'
+# Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
+# /status and /debug/pprof/ to loopback clients only.
+default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'
+# true: /status and /debug/pprof/ also to clients beyond loopback.
+default['gitlab-haproxy-agent']['settings']['http_remote_debug'] = nil
 default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['on_startup_timeout'] = nil

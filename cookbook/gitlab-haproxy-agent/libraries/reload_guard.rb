@@ -12,7 +12,7 @@ module GitlabHaproxyAgent
     # Under /run: gone at reboot. The binary's default, written out so the
     # drop-in shows it.
     OVERRIDE_FILE = '/run/gitlab-haproxy-agent-allow-haproxy-reload'
-    DEFAULT_HTTP_LISTEN = '127.0.0.1:9778'
+    DEFAULT_HTTP_LISTEN = '0.0.0.0:9778'
 
     module_function
 
@@ -28,9 +28,16 @@ module GitlabHaproxyAgent
         agent_bin: agent_bin,
         haproxy_bin: haproxy_bin,
         agent_addr: env.fetch('GITLAB_HAPROXY_AGENT_LISTEN'),
-        http_addr: env.fetch('GITLAB_HAPROXY_AGENT_HTTP_LISTEN', DEFAULT_HTTP_LISTEN),
+        http_addr: local_addr(env.fetch('GITLAB_HAPROXY_AGENT_HTTP_LISTEN', DEFAULT_HTTP_LISTEN)),
         override_file: override_file,
       }
+    end
+
+    # Where the check asks an agent listening on `listen`: on loopback when
+    # it listens on every address (0.0.0.0, [::]), so the drop-in shows an
+    # address that answers (check-ready does the same).
+    def local_addr(listen)
+      listen.sub(/\A0\.0\.0\.0:/, '127.0.0.1:').sub(/\A\[::\]:/, '[::1]:')
     end
   end
 end

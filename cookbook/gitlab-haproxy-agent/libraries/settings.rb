@@ -14,6 +14,7 @@ module GitlabHaproxyAgent
       'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
       'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
+      'http_remote_debug' => 'GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG',
       'wait' => 'GITLAB_HAPROXY_AGENT_WAIT',
       'startup_timeout' => 'GITLAB_HAPROXY_AGENT_STARTUP_TIMEOUT',
       'on_startup_timeout' => 'GITLAB_HAPROXY_AGENT_ON_STARTUP_TIMEOUT',

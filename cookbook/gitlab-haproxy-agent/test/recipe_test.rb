@@ -258,6 +258,15 @@ class RecipeTest < Minitest::Test
   # The drop-in that makes HAProxy's reload ask the agent first comes before
   # haproxy.cfg (whose change notifies the reload), and goes away with the
   # agent.
+  # The agent listens on every address by default; the guard asks it on
+  # loopback, where /-/answering and the agent-check port answer.
+  def test_the_reload_guard_asks_an_agent_listening_everywhere_on_loopback
+    guard = GitlabHaproxyAgent::ReloadGuard
+    assert_equal '127.0.0.1:9778', guard.local_addr('0.0.0.0:9778')
+    assert_equal '[::1]:9778', guard.local_addr('[::]:9778')
+    assert_equal '10.0.0.5:9778', guard.local_addr('10.0.0.5:9778')
+  end
+
   def test_haproxy_recipe_guards_the_reload_with_the_agent_only
     r = recorder.run('haproxy')
     names = r.resources.map { |x| "#{x.type}[#{x.name}]" }

@@ -1,7 +1,10 @@
 //! One HTTP answer of the agent's port: status, content type, extra
-//! headers, body.
+//! headers, body; and the hyper response it becomes.
 
-use std::sync::Arc;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
 
 /// One answer: status, content type, extra headers, body. Always sent with
 /// `Content-Length` and `Connection: close`.
@@ -13,9 +16,9 @@ pub struct Answer {
     pub content_type: &'static str,
     /// Extra headers, e.g. `Retry-After`.
     pub headers: Vec<(&'static str, String)>,
-    /// The body (not sent for HEAD); shared, so that requests for the same
-    /// `/status` at once hold one copy.
-    pub body: Arc<[u8]>,
+    /// The body (not sent for HEAD); reference-counted, so that requests
+    /// for the same `/status` at once hold one copy.
+    pub body: Bytes,
 }
 
 /// `text/plain; charset=utf-8`.
@@ -24,11 +27,11 @@ pub const PLAIN: &str = "text/plain; charset=utf-8";
 impl Answer {
     /// A plain-text answer.
     pub fn plain(status: u16, body: impl Into<String>) -> Answer {
-        Answer::new(status, PLAIN, body.into().into_bytes())
+        Answer::new(status, PLAIN, body.into())
     }
 
     /// An answer of `content_type` with `body`.
-    pub fn new(status: u16, content_type: &'static str, body: Vec<u8>) -> Answer {
+    pub fn new(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Answer {
         Answer {
             status,
             content_type,
@@ -43,41 +46,23 @@ impl Answer {
         self
     }
 
-    /// The same answer with `body` as its body.
-    pub(super) fn with_shared_body(mut self, body: Arc<[u8]>) -> Answer {
-        self.body = body;
-        self
-    }
-
-    /// The status line and headers, ending with the blank line.
-    pub(super) fn head(&self) -> String {
-        let mut head = format!(
-            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n",
-            self.status,
-            reason(self.status),
-            self.content_type,
-            self.body.len()
-        );
-        for (name, value) in &self.headers {
-            head.push_str(&format!("{name}: {value}\r\n"));
+    /// The hyper response: hyper adds `Content-Length` from the body and
+    /// leaves the body out for HEAD.
+    pub fn into_response(self) -> Response<Full<Bytes>> {
+        let mut response = Response::new(Full::new(self.body));
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(self.content_type));
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
+        for (name, value) in self.headers {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                headers.insert(name, value);
+            }
         }
-        head.push_str("\r\n");
-        head
-    }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        409 => "Conflict",
-        413 => "Content Too Large",
-        431 => "Request Header Fields Too Large",
-        500 => "Internal Server Error",
-        503 => "Service Unavailable",
-        505 => "HTTP Version Not Supported",
-        _ => "",
+        response
     }
 }

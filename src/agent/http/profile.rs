@@ -24,7 +24,7 @@ use pprof::protos::Message as _;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::agent::http::Answer;
+use super::answer::Answer;
 use crate::agent::shared::Shared;
 
 /// Samples per second: 99, as pprof-rs and Go's default of 100 (an odd
@@ -152,7 +152,14 @@ pub async fn serve(
     shared: &Shared,
     shutdown: &CancellationToken,
 ) -> Answer {
-    let count = |outcome: &str| shared.metrics.profiles.with_label_values(&[outcome]).inc();
+    let count = |outcome: &str| {
+        shared
+            .metrics
+            .http
+            .profiles
+            .with_label_values(&[outcome])
+            .inc()
+    };
     let seconds = match parse_seconds(query) {
         Ok(s) => s,
         Err(e) => {

@@ -9,17 +9,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 /// Most lines `src/writer/**/*.rs` may hold outside `#[cfg(test)]` items
-/// (4,825 plus `writer/author.rs`, which came from `cli.rs`).
-const WRITER_LINE_BUDGET: usize = 4_886;
+/// (4,825 plus `writer/author.rs`, which came from `cli.rs`, with its
+/// fallback to the process's uid and host).
+const WRITER_LINE_BUDGET: usize = 4_888;
 
 /// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
 const FILE_LINE_BUDGET: usize = 800;
 
 /// Folders of `src/` left out of [`FILE_LINE_BUDGET`] for now, with why.
-const OVER_BUDGET_FOR_NOW: &[(&str, &str)] = &[(
-    "decision",
-    "the decision core is being rewritten as a state machine; it is split then",
-)];
+const OVER_BUDGET_FOR_NOW: &[(&str, &str)] = &[];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")

@@ -11,6 +11,13 @@ use std::fs::{self, File};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::agent::shared::Shared;
 use crate::decision::served::ServedState;
 
 /// The file's name in the state folder.
@@ -82,6 +89,96 @@ impl StateFile {
             let _ = fs::remove_file(&tmp);
         }
         result
+    }
+}
+
+/// A state-file write that failed is retried this often until it succeeds
+/// or a newer state is written: 5 s.
+const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
+
+/// The state file, written by the watcher on every change and by
+/// [`Persister::retry`] when that write failed: a state served but not on
+/// disk is written as soon as the disk takes it (space freed, the folder
+/// writable again), not only at the next change, which may never come.
+pub struct Persister {
+    file: StateFile,
+    prefix: String,
+    /// Serialises the writes (the watcher's and the retries').
+    writing: tokio::sync::Mutex<()>,
+    /// The newest state whose write failed.
+    behind: std::sync::Mutex<Option<Arc<ServedState>>>,
+}
+
+impl Persister {
+    /// A persister of `file` for the watched `prefix`, nothing behind.
+    pub fn new(file: StateFile, prefix: String) -> Persister {
+        Persister {
+            file,
+            prefix,
+            writing: tokio::sync::Mutex::new(()),
+            behind: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Writes `state`. A retry (`retry`) writes only if `state` is still the
+    /// newest unwritten one, so it never puts an older state over a newer.
+    pub async fn write(&self, shared: &Shared, state: &Arc<ServedState>, retry: bool) {
+        let _writing = self.writing.lock().await;
+        if retry
+            && !self
+                .behind
+                .lock()
+                .unwrap()
+                .as_ref()
+                .is_some_and(|b| Arc::ptr_eq(b, state))
+        {
+            return;
+        }
+        let (file, prefix, to_write) = (self.file.clone(), self.prefix.clone(), Arc::clone(state));
+        let result = tokio::task::spawn_blocking(move || file.save(&prefix, &to_write)).await;
+        let result = match result {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        let metrics = &shared.metrics;
+        let mut status = shared.state_file.lock().unwrap();
+        let mut behind = self.behind.lock().unwrap();
+        match result {
+            Ok(()) => {
+                metrics.state_file_writes.with_label_values(&["ok"]).inc();
+                *behind = None;
+                if status.write_error.take().is_some() {
+                    info!(path = %self.file.path().display(), "state file written again: it holds the state served");
+                }
+            }
+            Err(e) => {
+                metrics
+                    .state_file_writes
+                    .with_label_values(&["error"])
+                    .inc();
+                *behind = Some(Arc::clone(state));
+                if status.write_error.is_none() {
+                    warn!(error = %e, path = %self.file.path().display(), "cannot write the state file; retrying every 5 s. Until it is written, a restart would start from an older state (answering only its drain and maint until Consul answers)");
+                }
+                status.write_error = Some(e);
+            }
+        }
+        metrics.state_file_behind.set(i64::from(behind.is_some()));
+    }
+
+    /// Retries the newest failed write every 5 s until
+    /// `shutdown`.
+    pub async fn retry(self: Arc<Self>, shared: Arc<Shared>, shutdown: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
+            }
+            let behind = self.behind.lock().unwrap().clone();
+            if let Some(state) = behind {
+                self.write(&shared, &state, true).await;
+            }
+        }
     }
 }
 

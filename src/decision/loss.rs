@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
+use super::config::Rules;
 use super::protocol::Note;
 use super::served::{AnswerView, HoldCause, Probe, ServedState};
-use super::Rules;
 use crate::model::generation::Lineage;
 
 /// Whether `view` shows exactly what the served state shows of Consul.

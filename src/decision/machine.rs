@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::config::CoreConfig;
 use super::loss;
 use super::protocol::{
     CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
@@ -12,8 +13,8 @@ use super::protocol::{
 };
 use super::served::{AnswerView, ConsulKey, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
-use super::{CoreConfig, STORE_ID_KEY};
-use crate::consul::{PrefixAnswer, ReadMeta};
+use crate::consul::types::{PrefixAnswer, ReadMeta};
+use crate::model::identity::STORE_ID_KEY;
 
 /// What the core waits for: the answer to the one request it has out.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! place with no I/O, no clock and no runtime (the shape of ntpd-rs's
 //! `ntp-proto`). The daemon ([`crate::agent::watcher`]) performs the
 //! [`Request`] the core asks for, hands back the [`Response`], publishes the
-//! [`ServedState`] when it changed, and writes it to disk.
+//! [`served::ServedState`] when it changed, and writes it to disk.
 //!
 //! The rules, each with its table test below and driven through random
 //! fault schedules by `tests/simulation.rs`:
@@ -12,7 +12,7 @@
 //!   as 1; every read after a failure (and the first after a start) is a
 //!   full read without an index.
 //! - **Lost data** (a `-dev` restart, a rebuilt cluster, an old snapshot
-//!   restored) ([`loss`]): the index went backwards and something moved
+//!   restored): the index went backwards and something moved
 //!   (nothing moved: a reaped tombstone, not a loss), the writer's write
 //!   generation ([`crate::model::generation`]) is not one the served
 //!   generation leads to (a restore, whatever is written after it), the
@@ -55,10 +55,10 @@
 //!   `--index-check`, and the core re-issues the query when the check shows
 //!   it behind or its server cut off.
 //!
-//! The core is a state machine ([`machine`]): one phase says what it waits
+//! The core is a state machine (`machine.rs`): one phase says what it waits
 //! for (the ACL probe, a prefix read, or a check of an answer before it is
 //! merged: its read check, direct reads, the store id), and each response
-//! is matched against it. [`protocol`] holds what the core and the daemon
+//! is matched against it. `protocol.rs` holds what the core and the daemon
 //! say to each other; [`served`] the state served, its merge rules and its
 //! file.
 //!
@@ -66,76 +66,20 @@
 //! from disk answers from it at once and judges the first Consul answer
 //! against it by the same rules.
 
+mod config;
 mod loss;
 mod machine;
 mod protocol;
 pub mod served;
 pub mod stale;
 
-use std::time::Duration;
-
+pub use config::{CoreConfig, Rules};
 pub use machine::Core;
 pub use protocol::{
     CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
     Unconfirmed,
 };
 pub use served::{held_answer, HoldCause, STORE_ID_KEY};
-
-/// What the core needs to know of the agent's settings.
-#[derive(Debug, Clone)]
-pub struct CoreConfig {
-    /// The watched prefix, ending in `/`.
-    pub prefix: String,
-    /// `--consistency stale`: blocking reads go to any server.
-    pub stale: bool,
-    /// `--max-stale`: the oldest `X-Consul-LastContact` a stale answer may
-    /// have to be applied. Default [`stale::DEFAULT_MAX_STALE`] (5 s).
-    pub max_stale: Duration,
-    /// The rules in force: all of them, but for tests that show what each
-    /// one prevents.
-    #[doc(hidden)]
-    pub rules: Rules,
-}
-
-/// Switches for single rules, all on by default; turned off only by tests
-/// that show the simulation finds what each rule prevents.
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rules {
-    /// Read a key the state holds that an answer lacks (ACLs on).
-    pub probe_missing: bool,
-    /// Treat a vanished or changed [`STORE_ID_KEY`] as lost data.
-    pub store_id: bool,
-    /// Ask about ACLs again after a failure (Consul may have restarted with
-    /// ACLs turned on).
-    pub acl_reprobe: bool,
-    /// Treat a write generation the served one is not in the history of
-    /// as lost data.
-    pub generation: bool,
-    /// Take an index that went back with nothing moved for a reaped
-    /// tombstone, not lost data.
-    pub reap: bool,
-    /// Re-issue a parked blocking read that an index check shows behind or
-    /// cut off.
-    pub index_check: bool,
-    /// A hidden key holds only drain or maint; a hidden `ready` or weight
-    /// is skipped.
-    pub hidden_holds_only_out: bool,
-}
-
-impl Default for Rules {
-    fn default() -> Self {
-        Rules {
-            probe_missing: true,
-            store_id: true,
-            acl_reprobe: true,
-            generation: true,
-            reap: true,
-            index_check: true,
-            hidden_holds_only_out: true,
-        }
-    }
-}
 
 #[cfg(test)]
 mod tests;

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use super::stale::HoldReason;
-use crate::consul::{KvPair, PrefixAnswer, ReadMeta};
+use crate::consul::types::{PrefixAnswer, ReadMeta};
 use crate::model::generation::GenerationMark;
+use crate::model::snapshot::KvPair;
 
 use super::served::Change;
 
@@ -285,7 +286,7 @@ pub struct CheckOutput {
 pub struct Output {
     /// The next request.
     pub next: Next,
-    /// The served state changed: publish [`Core::served`] and write it.
+    /// The served state changed: publish [`super::Core::served`] and write it.
     pub served_changed: bool,
     /// Read the token file again before the next request.
     pub reload_token: bool,

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::state::{Hold, HoldCause, KeyRecord, ServedState};
 use super::view::ConsulKey;
-use super::{Hold, HoldCause, KeyRecord, ServedState};
 use crate::model::generation::{Generation, GenerationMark};
 use crate::model::meta::KeyMeta;
 use crate::model::snapshot::Entry;

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
+use super::state::{Hold, HoldCause, KeyRecord, ServedState};
 use super::view::{AnswerView, ConsulKey};
-use super::{Hold, HoldCause, KeyRecord, ServedState};
 use crate::model::meta::KeyMeta;
 use crate::model::snapshot::Entry;
 use crate::model::value::{AdminState, InvalidValue};
@@ -87,7 +87,7 @@ impl ServedState {
     ///
     /// - a valid value is served, except that in an answer from a store that
     ///   lost data a value that could put a server back in rotation (see
-    ///   [`undoes`]: drain or maint left, a `ready` or a weight that
+    ///   `undoes`: drain or maint left, a `ready` or a weight that
     ///   appears) is not: the key keeps its state (held `rolled_back`)
     ///   until a forward answer shows a new write to it (it appears, or its
     ///   ModifyIndex changes) or a new release mark;

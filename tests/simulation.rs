@@ -43,8 +43,9 @@
 //!
 //! **Two more properties**: with no data lost (and no delete missed by the
 //! agent before its tombstone was reaped) nothing is held as rolled back;
-//! and once an index check showed the blocking query parked behind or on a
-//! cut-off server, the next delivery finds it re-issued, not still parked.
+//! and once index checks showed the blocking query parked behind (two in a
+//! row) or on a cut-off server (one), the next delivery finds it re-issued,
+//! not still parked.
 //!
 //! A violating schedule is shrunk to the fewest events that still violate,
 //! and printed with its seed. `GHA_SIM_SEEDS` (a count) and `GHA_SIM_STEPS`
@@ -344,8 +345,11 @@ struct Sim {
     /// with no leader, and the next default read fails (which moves the
     /// client agent to another server).
     server_cut: bool,
-    /// An index check showed the parked query behind or cut off.
+    /// An index check showed the parked query cut off, or two showed it
+    /// behind.
     behind_seen: bool,
+    /// Index checks that showed the parked query behind.
+    behind_checks: u32,
     /// Data was lost, or a delete the agent had not applied was reaped:
     /// a rolled-back hold may be right.
     may_hold: bool,
@@ -398,6 +402,7 @@ impl Sim {
             stuck: false,
             server_cut: false,
             behind_seen: false,
+            behind_checks: 0,
             may_hold: false,
             generation_ids: 0,
             known_hidden: BTreeSet::new(),
@@ -632,6 +637,7 @@ impl Sim {
         self.before_applied = before;
         self.stuck = false;
         self.behind_seen = false;
+        self.behind_checks = 0;
         let loss = out.notes.iter().find(|n| {
             matches!(
                 n,
@@ -836,8 +842,13 @@ impl Sim {
                 filtered_by_acls: None,
             },
         };
-        if self.server_cut || self.leader.prefix_index() > parked {
+        // A cut-off server at once; a read behind at the second check
+        // that shows it (the first may come before the read's answer).
+        if self.server_cut {
             self.behind_seen = self.stuck;
+        } else if self.leader.prefix_index() > parked {
+            self.behind_checks += 1;
+            self.behind_seen = self.stuck && self.behind_checks >= 2;
         }
         let out = self.core.on_index_check(check);
         if let Some(next) = out.reissue {
@@ -846,6 +857,7 @@ impl Sim {
             self.parked = None;
             self.stuck = false;
             self.behind_seen = false;
+            self.behind_checks = 0;
         }
     }
 

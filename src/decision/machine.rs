@@ -47,6 +47,9 @@ struct PrefixAsk {
     /// A blocking read re-issued for a cut-off server: left to fail, not
     /// re-issued again for that.
     for_cut_off: bool,
+    /// An index check already showed the prefix past `index`: the next
+    /// that does re-issues the read.
+    behind: bool,
 }
 
 /// The request out while an answer is confirmed.
@@ -185,6 +188,7 @@ impl Core {
             stale,
             fresh,
             for_cut_off: false,
+            behind: false,
         });
         next(Request::Prefix { index, stale }, delay)
     }
@@ -198,8 +202,11 @@ impl Core {
     /// - a check from a server that knows the leader and heard from it
     ///   within `--max-stale` at an index not past the parked one confirms
     ///   the state served;
-    /// - one past it means the read is parked behind: it is re-issued, and
-    ///   answers at once;
+    /// - two in a row past it mean the read is parked behind: it is
+    ///   re-issued, and answers at once (the first may just have come before
+    ///   the read's own answer, which in a fleet whose write takes longer
+    ///   than one check to reach every agent is still on its way: re-issuing
+    ///   then would add a full read per agent to a fan-out already slow);
     /// - one from a server that knows no leader, or has not heard from it
     ///   within `--max-stale`, means a read through it is stuck: it is
     ///   re-issued as a default read, which such a server fails after
@@ -232,6 +239,12 @@ impl Core {
                             reason: Unconfirmed::CutOff(reason),
                         });
                         (!ask.for_cut_off).then_some(true)
+                    }
+                    None if index > ask.index && !ask.behind => {
+                        if let Phase::Prefix(ask) = &mut self.phase {
+                            ask.behind = true;
+                        }
+                        None
                     }
                     None if index > ask.index => {
                         out.notes.push(Note::ParkedBehind {

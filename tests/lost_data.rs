@@ -212,6 +212,7 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
 
     assert!(stopped.terminate().is_some_and(|s| s.success()));
     writer(&consul, &["clear", "canary"]);
+    let cleared = consul.prefix_index();
     wait_answer(&watching, "web/s1 canary", "ready 100%\n");
     consul.put("web/s2", "drain");
     wait_answer(&watching, "web/s2", "drain 100%\n");
@@ -245,4 +246,8 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
     haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
         s.is_ready_full_weight()
     });
+    // The writer's delete wrote the generation in the same transaction: once
+    // its tombstone is reaped too, the prefix's index is still that
+    // transaction's.
+    assert_eq!(after, cleared, "the prefix's index after the reaps");
 }

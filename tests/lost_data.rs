@@ -231,17 +231,28 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
     // Let the watching agent see the lower index and act on it.
     std::thread::sleep(Duration::from_secs(8));
 
+    // Everything is checked on both agents before failing: a reap takes a
+    // quarter of an hour to come again.
     let stopped = agent(&consul, &stopped_state, port, http_port);
-    for a in [&watching, &stopped] {
-        wait_answer(a, "web/s1 canary", "ready 100%\n");
-        assert_eq!(a.ask("web/s2"), "ready 100%\n");
-        let s = status(a);
-        assert!(
-            s["held"].as_object().is_none_or(|h| h.is_empty()),
-            "nothing held: {s}"
-        );
-        assert_eq!(rolled_back(a), 0.0);
-        assert_eq!(went_backwards(a), Vec::<String>::new(), "{}", a.log());
+    let mut wrong = Vec::new();
+    for (name, a) in [("watching", &watching), ("stopped", &stopped)] {
+        let ready = wait_for(Duration::from_secs(20), || {
+            (a.ask("web/s1 canary") == "ready 100%\n").then_some(())
+        });
+        let (canary, s2) = (a.ask("web/s1 canary"), a.ask("web/s2"));
+        if ready.is_none() || s2 != "ready 100%\n" {
+            wrong.push(format!("{name}: answers canary {canary:?}, web/s2 {s2:?}"));
+        }
+        let held = status(a)["held"].clone();
+        if held.as_object().is_some_and(|h| !h.is_empty()) {
+            wrong.push(format!("{name}: holds {held}"));
+        }
+        if rolled_back(a) != 0.0 {
+            wrong.push(format!("{name}: {} keys held rolled back", rolled_back(a)));
+        }
+        for line in went_backwards(a) {
+            wrong.push(format!("{name}: logged {line}"));
+        }
     }
     haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
         s.is_ready_full_weight()
@@ -249,5 +260,10 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
     // The writer's delete wrote the generation in the same transaction: once
     // its tombstone is reaped too, the prefix's index is still that
     // transaction's.
-    assert_eq!(after, cleared, "the prefix's index after the reaps");
+    if after != cleared {
+        wrong.push(format!(
+            "the prefix's index after the reaps is {after}, not the writer's delete's {cleared}"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

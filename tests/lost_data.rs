@@ -254,9 +254,12 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
             wrong.push(format!("{name}: logged {line}"));
         }
     }
-    haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
-        s.is_ready_full_weight()
+    let s1 = wait_for(Duration::from_secs(10), || {
+        Some(haproxy.server("web", "s1")).filter(ServerState::is_ready_full_weight)
     });
+    if s1.is_none() {
+        wrong.push(format!("HAProxy: {:?}", haproxy.server("web", "s1")));
+    }
     // The writer's delete wrote the generation in the same transaction: once
     // its tombstone is reaped too, the prefix's index is still that
     // transaction's.

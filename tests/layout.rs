@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 /// Most lines `src/writer/**/*.rs` may hold outside `#[cfg(test)]` items
 /// (4,825 plus `writer/author.rs`, which came from `cli.rs`, with its
-/// fallback to the process's uid and host).
-const WRITER_LINE_BUDGET: usize = 4_888;
+/// fallback to the process's uid and host, and the write generation's
+/// errors).
+const WRITER_LINE_BUDGET: usize = 4_894;
 
 /// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
 const FILE_LINE_BUDGET: usize = 800;

@@ -10,6 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use gitlab_haproxy_agent::model::generation::{Generation, GENERATION_KEY, HISTORY};
 use serde_json::Value;
 use support::{
     free_port, haproxy_config, kill, server_line, wait_for, Agent, Consul, Haproxy, Run, TempDir,
@@ -1564,8 +1565,9 @@ fn drains_of_many_servers_use_several_transactions() {
         &backend_args("drain", "be0", cfg, &["--drain-wait", "30ms", "--json"]),
     );
     assert_eq!(run.code, 0, "{run:?}");
-    // 32 keys per transaction: each key's record (~meta/<key>) is written
-    // in the same one, and Consul 1.8 takes 64 operations.
+    // 31 keys per transaction: each key's record (~meta/<key>) and the
+    // write generation are written in the same one, and Consul 1.8 takes
+    // 64 operations.
     run.warns("(5 transactions)");
     let v = run.json();
     let hand: Vec<&str> = v["set_by_hand"]
@@ -2128,4 +2130,288 @@ fn weights_and_ramps_on_a_static_algorithm_are_refused() {
         let run = with_config(args);
         assert_eq!(run.code, 0, "{args:?}: {run:?}");
     }
+}
+
+/// The write generation below the prefix, parsed, and its ModifyIndex;
+/// `None` when absent.
+fn generation(consul: &Consul) -> Option<(Generation, u64)> {
+    let e = kv_entry(consul, GENERATION_KEY)?;
+    let g = Generation::parse(e.value.as_bytes())
+        .unwrap_or_else(|e| panic!("{GENERATION_KEY} is not a generation: {e}"));
+    Some((g, e.modify_index))
+}
+
+/// How many transactions a run says it wrote: the sum of the `(N
+/// transaction[s])` its write steps end with on stderr.
+fn transactions(run: &Run) -> u64 {
+    run.stderr
+        .lines()
+        .filter(|l| l.contains(" written to ") && l.ends_with(')'))
+        .filter_map(|l| {
+            l.rsplit_once('(')?
+                .1
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Asserts that `now` is `before` advanced by `n` transactions: the number
+/// `n` more, `n` new ids in front of the ones `before` had (cut to the
+/// history's length).
+#[track_caller]
+fn advanced(before: Option<&Generation>, now: &Generation, n: u64) {
+    let (number, ids) = before.map_or((0, &[][..]), |g| (g.number, &g.ids[..]));
+    assert_eq!(now.number, number + n, "{now} after {before:?}");
+    let n = n as usize;
+    let kept = ids.len().min(HISTORY.saturating_sub(n));
+    assert_eq!(now.ids.len(), (n + ids.len()).min(HISTORY), "{now}");
+    assert_eq!(&now.ids[n..n + kept], &ids[..kept], "history kept: {now}");
+}
+
+#[test]
+fn every_write_advances_the_generation_by_one_per_transaction_and_keeps_its_history() {
+    let consul = Consul::start();
+    assert!(generation(&consul).is_none());
+    let mut last: Option<Generation> = None;
+    let many = TempDir::new("writer-generation");
+    let cfg = many.path().join("haproxy.cfg");
+    let mut text = String::from("defaults\n    default-server agent-check agent-port 9777\n");
+    text.push_str("backend be0\n");
+    for s in 0..40 {
+        text.push_str(&format!(
+            "    server s{s} 127.0.0.1:1 agent-send \"be0/s{s}\\n\"\n"
+        ));
+    }
+    std::fs::write(&cfg, text).unwrap();
+    let cfg = cfg.to_str().unwrap();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["set", "canary", "drain"],
+        vec!["set", "web/web-01", "50%"],
+        vec!["clear", "canary"],
+        vec!["canary", "disable", "--drain-wait", "30ms"],
+        vec!["canary", "enable", "--maint-wait", "30ms"],
+        backend_args("drain", "be0", cfg, &["--drain-wait", "30ms"]),
+        backend_args("undrain", "be0", cfg, &["--maint-wait", "30ms"]),
+        vec!["clear", "web/web-01"],
+    ];
+    for args in &commands {
+        let run = cli(&consul, args);
+        assert_eq!(run.code, 0, "{args:?}: {run:?}");
+        let n = transactions(&run);
+        assert!(n >= 1, "{args:?} wrote: {run:?}");
+        let (now, index) = generation(&consul).expect("a generation after a write");
+        advanced(last.as_ref(), &now, n);
+        // The generation is written in the same transaction as the keys:
+        // the prefix's index is its ModifyIndex, a delete's included.
+        assert_eq!(consul.prefix_index(), index, "{args:?}");
+        last = Some(now);
+    }
+    // 40 keys and their records are two transactions (31 + 9): with the
+    // generation, 63 operations of the 64 Consul 1.8 takes.
+    let drain = cli(
+        &consul,
+        &backend_args("drain", "be0", cfg, &["--drain-wait", "30ms"]),
+    );
+    assert_eq!(drain.code, 0, "{drain:?}");
+    drain.warns("written to 40 keys (2 transactions)");
+    assert_eq!(transactions(&drain), 4, "drain, then maint: {drain:?}");
+    let (now, _) = generation(&consul).unwrap();
+    advanced(last.as_ref(), &now, 4);
+    last = Some(now);
+
+    // Nothing to change: no transaction, no new generation.
+    let run = cli(&consul, &["set", "canary", "ready"]);
+    assert_eq!((run.code, transactions(&run)), (0, 1), "{run:?}");
+    let (now, _) = generation(&consul).unwrap();
+    advanced(last.as_ref(), &now, 1);
+    last = Some(now);
+    let run = cli(&consul, &["clear", "zone-x"]);
+    assert_eq!((run.code, transactions(&run)), (0, 0), "{run:?}");
+    assert_eq!(generation(&consul).unwrap().0, *last.as_ref().unwrap());
+
+    // release-rollback writes its key in one transaction with it.
+    let run = cli(&consul, &["release-rollback"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    let (now, index) = generation(&consul).unwrap();
+    advanced(last.as_ref(), &now, 1);
+    assert_eq!(
+        kv_entry(&consul, "~release-rollback").unwrap().modify_index,
+        index
+    );
+    last = Some(now);
+
+    // Past the history's length, the oldest ids drop off.
+    for i in 0..HISTORY {
+        let value = if i % 2 == 0 { "drain" } else { "maint" };
+        assert_eq!(cli(&consul, &["set", "zone-c", value]).code, 0);
+    }
+    let (now, _) = generation(&consul).unwrap();
+    advanced(last.as_ref(), &now, HISTORY as u64);
+}
+
+/// What a [`TxnRelay`] runs before the first transaction, and how many it
+/// passed on.
+#[derive(Default)]
+struct TxnHook {
+    before_first: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    txns: std::sync::atomic::AtomicUsize,
+}
+
+/// A TCP relay to Consul on a free loopback port that, the first time a
+/// client sends `PUT /v1/txn`, runs a function before passing the request
+/// on, and counts the transactions it passes on.
+struct TxnRelay {
+    addr: std::net::SocketAddr,
+    hook: std::sync::Arc<TxnHook>,
+}
+
+impl TxnRelay {
+    fn start(
+        target: std::net::SocketAddr,
+        before_first_txn: impl FnOnce() + Send + 'static,
+    ) -> Self {
+        use std::io::{Read, Write};
+        use std::net::{Shutdown, TcpListener, TcpStream};
+        let listener = TcpListener::bind(("127.0.0.1", free_port())).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let hook = std::sync::Arc::new(TxnHook::default());
+        *hook.before_first.lock().unwrap() = Some(Box::new(before_first_txn));
+        let pipe =
+            |mut from: TcpStream, mut to: TcpStream, hook: Option<std::sync::Arc<TxnHook>>| {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 65536];
+                    while let Ok(n @ 1..) = from.read(&mut buf) {
+                        if let Some(h) = hook.as_ref().filter(|_| buf.starts_with(b"PUT /v1/txn")) {
+                            if let Some(f) = h.before_first.lock().unwrap().take() {
+                                f();
+                            }
+                            h.txns.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(Shutdown::Write);
+                });
+            };
+        let shared = hook.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let (Ok(client), Ok(server)) = (client, TcpStream::connect(target)) else {
+                    continue;
+                };
+                let (c, s) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                pipe(c, s, Some(shared.clone()));
+                pipe(server, client, None);
+            }
+        });
+        TxnRelay { addr, hook }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// How many transactions clients sent through the relay.
+    fn txns(&self) -> usize {
+        self.hook.txns.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+#[test]
+fn two_writers_at_once_both_write_and_the_generation_advances_twice() {
+    let consul = Consul::start();
+    assert_eq!(cli(&consul, &["set", "zone-a", "drain"]).code, 0);
+    let (start, _) = generation(&consul).unwrap();
+    // The second writer's whole run falls between the first one's read of
+    // the generation and its transaction: the first one's compare-and-set
+    // of the generation fails, and it sends its transaction again.
+    let url = consul.url();
+    let second: std::sync::Arc<std::sync::Mutex<Option<Run>>> = Default::default();
+    let slot = second.clone();
+    let relay = TxnRelay::start(consul.addr(), move || {
+        *slot.lock().unwrap() = Some(cli_at(&url, &["set", "web/web-02", "maint"]));
+    });
+    let first = cli_at(&relay.url(), &["set", "web/web-01", "drain"]);
+    let second = second
+        .lock()
+        .unwrap()
+        .take()
+        .expect("the second writer ran");
+    assert_eq!(second.code, 0, "{second:?}");
+    assert_eq!(first.code, 0, "{first:?}");
+    assert_eq!(kv(&consul, "web/web-01").as_deref(), Some("drain"));
+    assert_eq!(kv(&consul, "web/web-02").as_deref(), Some("maint"));
+    let (now, _) = generation(&consul).unwrap();
+    advanced(Some(&start), &now, 2);
+    assert_eq!(
+        relay.txns(),
+        2,
+        "the first writer sent its transaction again"
+    );
+
+    // Writers started together, without a relay: all write, one
+    // generation each.
+    let (before, _) = generation(&consul).unwrap();
+    let children: Vec<Child> = (0..4)
+        .map(|i| spawn_cli(&consul, &["set", &format!("web/web-1{i}"), "drain"]))
+        .collect();
+    for child in children {
+        let run = finish(child);
+        assert_eq!(run.code, 0, "{run:?}");
+    }
+    let (now, _) = generation(&consul).unwrap();
+    advanced(Some(&before), &now, 4);
+}
+
+#[test]
+fn a_generation_written_by_hand_is_refused_with_how_to_fix_it() {
+    let consul = Consul::start();
+    consul.put("~generation", "hello");
+    let run = cli(&consul, &["set", "canary", "drain", "--json"]);
+    assert_eq!(run.code, 65, "{run:?}");
+    let key = format!("{PREFIX}~generation");
+    run.warns(&format!("{key} holds \"hello\""));
+    run.warns(&format!("`consul kv delete {key}`"));
+    run.warns("lost data");
+    assert_eq!(run.json()["error"]["kind"], "invalid");
+    assert_eq!(kv(&consul, "canary"), None, "nothing written");
+    assert_eq!(kv(&consul, "~generation").as_deref(), Some("hello"));
+    // The fix the message gives: the next write starts a new history.
+    consul.delete("~generation");
+    let run = cli(&consul, &["set", "canary", "drain"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    assert_eq!(generation(&consul).unwrap().0.number, 1);
+}
+
+#[test]
+fn a_token_that_may_not_write_the_generation_writes_nothing() {
+    const MASTER: &str = "5b1e7c30-2d4f-4a8b-9c6e-0f1a2b3c4d5e";
+    let consul = Consul::start_acl(MASTER);
+    consul.put_policy(
+        "state-but-generation",
+        &format!(
+            "key_prefix \"{PREFIX}\" {{ policy = \"write\" }}\nkey \"{PREFIX}~generation\" {{ policy = \"read\" }}"
+        ),
+    );
+    let (_, secret) = consul.token_with("state-but-generation");
+    let dir = TempDir::new("writer-generation-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, &secret).unwrap();
+    let run = cli(
+        &consul,
+        &[
+            "set",
+            "canary",
+            "drain",
+            "--consul-token-file",
+            token.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(run.code, 77, "{run:?}");
+    run.warns(&format!("may not write {PREFIX}~generation"));
+    assert_eq!(kv(&consul, "canary"), None);
 }

@@ -207,6 +207,18 @@ pub enum TxnOp {
 }
 
 impl TxnOp {
+    /// Sets `key` to `value` with Flags 0 only if its ModifyIndex is
+    /// `index` (0: only if absent), as [`super::ConsulClient::put_cas`].
+    pub fn put_cas(key: &str, value: &[u8], index: u64) -> TxnOp {
+        let (key, value) = (key.to_string(), value.to_vec());
+        TxnOp::Cas {
+            key,
+            value,
+            flags: 0,
+            index,
+        }
+    }
+
     /// The operation on a writer's record (`<prefix>~meta/<key>`, `key`
     /// in full) that goes with its key's write: set to `record`, or
     /// deleted with the key (`None`).

@@ -7,7 +7,7 @@ use serde_json::json;
 use super::haproxy::SourceError;
 use super::output::{err_line, out_line};
 use super::plan::Current;
-use crate::consul::ConsulError;
+use crate::consul::{AdvanceError, ConsulError};
 use crate::model::identity::validate_identity;
 
 /// Exit statuses, from sysexits.h; documented in `state --help`
@@ -86,16 +86,6 @@ impl Failure {
         Failure::new(exit::CONFLICT, "conflict", message)
     }
 
-    /// `permission_denied` (exit 77): an ACL refused an operation of a
-    /// transaction (`what`, Consul's reason), so none of it was written.
-    pub(super) fn write_denied(what: &str) -> Failure {
-        Failure::new(
-            exit::NOPERM,
-            "permission_denied",
-            format!("Consul refused the write: {what}; nothing in this transaction was written"),
-        )
-    }
-
     /// `conflict` (exit 75): a transaction rolled back because keys changed
     /// since this run read or wrote them; `lines` says how, one per key.
     pub(super) fn rolled_back(lines: &[String]) -> Failure {
@@ -132,6 +122,23 @@ impl From<ConsulError> for Failure {
             ConsulError::Token { .. } => (exit::NOPERM, "permission_denied"),
         };
         Failure::new(code, kind, e.to_string())
+    }
+}
+
+impl From<AdvanceError> for Failure {
+    fn from(e: AdvanceError) -> Failure {
+        match e {
+            AdvanceError::Consul(e) => e.into(),
+            AdvanceError::Denied(what) => Failure::new(
+                exit::NOPERM,
+                "permission_denied",
+                format!(
+                    "Consul refused the write: {what}; nothing in this transaction was written"
+                ),
+            ),
+            AdvanceError::Bad { .. } => Failure::invalid(e.to_string()),
+            AdvanceError::Raced { .. } => Failure::conflict(e.to_string()),
+        }
     }
 }
 

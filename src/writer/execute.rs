@@ -1,8 +1,9 @@
 //! Running a sequence: read the keys, plan, write each step as
 //! compare-and-set transactions of at most [`KEYS_PER_TXN`] keys, each
-//! with its record of who wrote it, why and until when, wait,
-//! check on the stats socket that HAProxy reached DRAIN and MAINT, stop
-//! between steps on a signal, and print the report.
+//! with its record of who wrote it, why and until when and the advance of
+//! the write generation, wait, check on the stats socket that HAProxy
+//! reached DRAIN and MAINT, stop between steps on a signal, and print the
+//! report.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -445,7 +446,7 @@ impl Writer {
             .collect();
         let record = change.state().map(|s| self.author.record(s));
         ops.extend((chunk.iter()).map(|k| TxnOp::record(self.full(&meta_key(k)), record.as_ref())));
-        match self.client.txn(&ops).await? {
+        match self.client.txn_advancing(&self.prefix, &ops).await? {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
                     run.now.insert(k.clone(), change.state());
@@ -462,9 +463,6 @@ impl Writer {
                 Ok(())
             }
             TxnOutcome::RolledBack(errors) => {
-                if let Some(e) = errors.iter().find(|e| e.is_permission_denied()) {
-                    return Err(Failure::write_denied(&e.what));
-                }
                 let mut lines = Vec::new();
                 for e in &errors {
                     let Some(key) = chunk.get(e.op_index) else {

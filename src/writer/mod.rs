@@ -9,7 +9,8 @@
 //! expanded from the servers that [`haproxy`] reads with the grammar of
 //! [`crate::model::haproxy_config`]); with `--prometheus`, [`groups`] first
 //! refuses a group no load balancer names; [`plan`] turns what the keys hold
-//! into steps (pure); `execute` writes them as compare-and-set transactions,
+//! into steps (pure); `execute` writes them as compare-and-set transactions
+//! (each advancing the store's write generation),
 //! waits, checks HAProxy's stats socket and, with `--prometheus`, has
 //! [`confirm`] wait after each write step until every agent answers from it
 //! (asking Prometheus for the [`crate::fleet`], and for a group key counting the

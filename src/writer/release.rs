@@ -6,6 +6,7 @@ use serde_json::json;
 
 use super::error::Failure;
 use super::session::Writer;
+use crate::consul::{TxnOp, TxnOutcome};
 use crate::decision::HoldCause;
 use crate::fleet::held::{agents_text, Holds};
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
@@ -14,8 +15,8 @@ impl Writer {
     /// Writes `<prefix>`[`RELEASE_ROLLBACK_KEY`] with the time of the
     /// release, so its ModifyIndex changes; every agent sees it through its
     /// blocking query on the prefix and stops holding. Compare-and-set on
-    /// the ModifyIndex read; two releases at once both succeed in effect,
-    /// so a lost race is retried once.
+    /// the ModifyIndex read, advancing the write generation; two releases
+    /// at once both succeed in effect, so a lost race is retried once.
     pub(super) async fn release_rollback(&self, dry_run: bool) -> Result<(), Failure> {
         let full = self.full(RELEASE_ROLLBACK_KEY);
         let value = humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string();
@@ -30,10 +31,9 @@ impl Writer {
             for _ in 0..2 {
                 let pair = self.client.get_key(&full).await?;
                 before = pair.as_ref().map(|p| p.modify_index);
-                if self
-                    .client
-                    .put_cas(&full, value.as_bytes(), before.unwrap_or(0))
-                    .await?
+                let op = [TxnOp::put_cas(&full, value.as_bytes(), before.unwrap_or(0))];
+                if let TxnOutcome::Committed(_) =
+                    self.client.txn_advancing(&self.prefix, &op).await?
                 {
                     written = true;
                     break;

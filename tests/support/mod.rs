@@ -587,8 +587,46 @@ impl Consul {
 
     /// The `X-Consul-Index` of the prefix.
     pub fn prefix_index(&self) -> u64 {
-        let (_, headers, _) = self.request("GET", &format!("/v1/kv/{PREFIX}?recurse=true"), b"");
+        self.index_of(PREFIX)
+    }
+
+    /// The `X-Consul-Index` of a recursive read of `prefix`.
+    pub fn index_of(&self, prefix: &str) -> u64 {
+        let (_, headers, _) = self.request("GET", &format!("/v1/kv/{prefix}?recurse=true"), b"");
         headers["x-consul-index"].parse().unwrap()
+    }
+
+    /// Writes two keys by hand below a prefix of their own
+    /// (`gha-reap-probe/`), deletes one, and waits (up to `timeout`, polling
+    /// every second) until Consul reaps its tombstone: that prefix's index
+    /// drops from the delete's back to the kept key's. Returns how long
+    /// after the delete the reap showed, or `None` if it did not in time.
+    /// A reap removes every tombstone up to an index, so the tombstones of
+    /// deletes made before this call are gone by then too.
+    ///
+    /// Consul 1.8.7 reaps a tombstone 15 minutes after its delete, plus up
+    /// to its 30 s granularity (`TombstoneTTL: 15 * time.Minute`,
+    /// `TombstoneTTLGranularity: 30 * time.Second` in
+    /// `agent/consul/config.go` `DefaultConfig()`), and nothing shortens
+    /// it: the agent's configuration has no key for either (no
+    /// `tombstone_ttl` in the 1.8.7 binary; the hidden `consul {}` block
+    /// sets coordinate, raft and server timing only) and `-dev`
+    /// (`DevSource`, `DevConsulSource` in `agent/config/default.go`)
+    /// leaves both alone. Measured here on `-dev`: 906 s. Tests that wait
+    /// for a reap are therefore run only with `GHA_SLOW=1`.
+    pub fn delete_and_wait_for_reap(&self, timeout: Duration) -> Option<Duration> {
+        const PROBE: &str = "gha-reap-probe/";
+        for key in ["kept", "deleted"] {
+            let (status, _, _) = self.request("PUT", &format!("/v1/kv/{PROBE}{key}"), b"1");
+            assert_eq!(status, 200);
+        }
+        let (status, _, _) = self.request("DELETE", &format!("/v1/kv/{PROBE}deleted"), b"");
+        assert_eq!(status, 200);
+        let deleted = Instant::now();
+        let at_delete = self.index_of(PROBE);
+        wait_every(timeout, Duration::from_secs(1), || {
+            (self.index_of(PROBE) < at_delete).then(|| deleted.elapsed())
+        })
     }
 }
 

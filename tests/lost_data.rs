@@ -1,0 +1,272 @@
+//! Consul's data going backwards for real, and Consul only looking as if it
+//! did, against a real Consul, HAProxy and the agent:
+//!
+//! - a snapshot restore undoes a drain, and a write follows it: the index
+//!   is past the one served again and the store id is the snapshot's, so
+//!   only the write generation tells that the drain was lost; the agent
+//!   keeps answering it (held, cause `rolled_back`), whether it watched the
+//!   restore or was stopped through it;
+//! - a tombstone reap after a delete lowers the prefix's index without any
+//!   key changing: nothing is held and nothing is said to have gone
+//!   backwards, for an agent that was stopped through the delete and the
+//!   reap and for one that watched a delete by hand and its reap.
+//!
+//! Run alone with `cargo test --test lost_data`. The reap test waits for
+//! Consul's tombstone reap, about 15 minutes on 1.8.7 whatever its
+//! configuration (see `Consul::delete_and_wait_for_reap`), so it runs only
+//! with `GHA_SLOW=1`.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::{
+    free_port, haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, ServerState, TempDir,
+    AGENT_BIN,
+};
+
+/// `agent-inter` of every server, milliseconds.
+const INTER_MS: u64 = 200;
+
+/// The longest the reap test waits for Consul's reap.
+const REAP_WAIT: Duration = Duration::from_secs(17 * 60);
+
+/// `state ARGS --consul-addr URL` with the writer CLI; panics unless it
+/// exits 0.
+#[track_caller]
+fn writer(consul: &Consul, args: &[&str]) {
+    let out = Command::new(AGENT_BIN)
+        .env_clear()
+        // Writes that take servers out need a reason; the environment's
+        // default gives it.
+        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
+        .env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            "/nonexistent/haproxy.cfg",
+        )
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", &consul.url()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "state {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `consul snapshot save|restore FILE` against `consul`.
+#[track_caller]
+fn snapshot(consul: &Consul, verb: &str, file: &Path) {
+    let out = Command::new("consul")
+        .args(["snapshot", verb, &format!("-http-addr={}", consul.url())])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "consul snapshot {verb}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The agent with a state directory, on the given ports.
+fn agent(consul: &Consul, state: &TempDir, port: u16, http_port: u16) -> Agent {
+    let dir = state.path().to_str().unwrap();
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &["--state-dir", dir]);
+    agent.wait_ready();
+    agent
+}
+
+/// A HAProxy with backend `web` whose servers ask the agent on `port`.
+fn haproxy(port: u16, servers: &[(&str, &[&str])]) -> Haproxy {
+    let mut backend = String::from("backend web\n");
+    for (server, ids) in servers {
+        backend.push_str(&server_line("web", server, ids, port, INTER_MS));
+    }
+    Haproxy::start(&haproxy_config(&backend))
+}
+
+#[track_caller]
+fn wait_answer(agent: &Agent, line: &str, want: &str) {
+    let ok = wait_for(Duration::from_secs(20), || {
+        (agent.ask(line) == want).then_some(())
+    });
+    assert!(
+        ok.is_some(),
+        "{line:?}: wanted {want:?}, got {:?}\n{}",
+        agent.ask(line),
+        agent.log()
+    );
+}
+
+fn status(agent: &Agent) -> serde_json::Value {
+    let (code, body) = agent.http_get("/status").expect("/status answers");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// `gitlab_haproxy_agent_held_keys{cause="rolled_back"}`.
+fn rolled_back(agent: &Agent) -> f64 {
+    agent.metric("gitlab_haproxy_agent_held_keys{cause=\"rolled_back\"}")
+}
+
+/// The agent's WARN lines that say Consul's data or index went backwards.
+fn went_backwards(agent: &Agent) -> Vec<String> {
+    agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("went backwards"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The restore: `web/s2` = maint, a snapshot, `web/s1` = drain (served),
+/// the snapshot restored (no `web/s1`), then `web/s3` = drain written. With
+/// `stopped`, the agent is stopped from before the restore to after the
+/// write. `web/s1` must still answer drain, held as rolled back.
+fn a_drain_undone_by_a_restore_stays_held(stopped: bool) {
+    let consul = Consul::start();
+    let state = TempDir::new("lost-data-restore");
+    let (port, http_port) = (free_port(), free_port());
+    let mut agent = agent(&consul, &state, port, http_port);
+    let servers: [(&str, &[&str]); 3] = [
+        ("s1", &["web/s1"]),
+        ("s2", &["web/s2"]),
+        ("s3", &["web/s3"]),
+    ];
+    let haproxy = haproxy(port, &servers);
+    writer(&consul, &["set", "web/s2", "maint"]);
+    wait_answer(&agent, "web/s2", "maint 100%\n");
+    let snap = state.path().join("before-s1.snap");
+    snapshot(&consul, "save", &snap);
+    writer(&consul, &["set", "web/s1", "drain"]);
+    wait_answer(&agent, "web/s1", "drain 100%\n");
+    haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_drain);
+
+    if stopped {
+        assert!(agent.terminate().is_some_and(|s| s.success()));
+    }
+    snapshot(&consul, "restore", &snap);
+    writer(&consul, &["set", "web/s3", "drain"]);
+    if stopped {
+        agent = self::agent(&consul, &state, port, http_port);
+    }
+    wait_answer(&agent, "web/s3", "drain 100%\n");
+    assert_eq!(agent.ask("web/s2"), "maint 100%\n");
+    let until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < until {
+        assert_eq!(
+            agent.ask("web/s1"),
+            "drain 100%\n",
+            "web/s1's drain, undone by the restore, is kept\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = &status(&agent)["held"]["web/s1"];
+    assert_eq!(held["cause"], "rolled_back", "{}", status(&agent));
+    assert!(rolled_back(&agent) >= 1.0);
+    assert!(haproxy.server("web", "s1").is_drain());
+}
+
+#[test]
+fn a_drain_undone_by_a_restore_stays_held_after_the_next_write() {
+    a_drain_undone_by_a_restore_stays_held(false);
+}
+
+#[test]
+fn a_drain_undone_by_a_restore_stays_held_for_an_agent_stopped_through_it() {
+    a_drain_undone_by_a_restore_stays_held(true);
+}
+
+/// The reap: `canary` = maint, served by two agents; one is stopped, the
+/// writer clears `canary`; the other watches `web/s2` set to drain and
+/// deleted by hand (no generation written with that delete, so its reap
+/// lowers the prefix's index); both tombstones are reaped. Neither agent
+/// holds anything or says anything went backwards, and the stopped one,
+/// started again, answers ready for the canary.
+#[test]
+fn a_tombstone_reap_after_a_delete_holds_nothing() {
+    if std::env::var("GHA_SLOW").as_deref() != Ok("1") {
+        eprintln!("skipped: waits about 15 minutes for Consul's tombstone reap; set GHA_SLOW=1");
+        return;
+    }
+    let consul = Consul::start();
+    let (watching_state, stopped_state) =
+        (TempDir::new("lost-data-w"), TempDir::new("lost-data-s"));
+    let (port, http_port) = (free_port(), free_port());
+    let watching = agent(&consul, &watching_state, free_port(), free_port());
+    let mut stopped = agent(&consul, &stopped_state, port, http_port);
+    let haproxy = haproxy(port, &[("s1", &["web/s1", "canary"])]);
+    writer(&consul, &["set", "canary", "maint"]);
+    for a in [&watching, &stopped] {
+        wait_answer(a, "web/s1 canary", "maint 100%\n");
+    }
+    haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
+
+    assert!(stopped.terminate().is_some_and(|s| s.success()));
+    writer(&consul, &["clear", "canary"]);
+    let cleared = consul.prefix_index();
+    wait_answer(&watching, "web/s1 canary", "ready 100%\n");
+    consul.put("web/s2", "drain");
+    wait_answer(&watching, "web/s2", "drain 100%\n");
+    consul.delete("web/s2");
+    wait_answer(&watching, "web/s2", "ready 100%\n");
+    let before = consul.prefix_index();
+
+    let took = consul.delete_and_wait_for_reap(REAP_WAIT);
+    eprintln!("tombstones reaped {took:?} after the probe's delete");
+    assert!(took.is_some(), "no reap within {REAP_WAIT:?}");
+    let after = consul.prefix_index();
+    assert!(
+        after < before,
+        "the reap lowers the prefix's index: {before} -> {after}"
+    );
+    // Let the watching agent see the lower index and act on it.
+    std::thread::sleep(Duration::from_secs(8));
+
+    // Everything is checked on both agents before failing: a reap takes a
+    // quarter of an hour to come again.
+    let stopped = agent(&consul, &stopped_state, port, http_port);
+    let mut wrong = Vec::new();
+    for (name, a) in [("watching", &watching), ("stopped", &stopped)] {
+        let ready = wait_for(Duration::from_secs(20), || {
+            (a.ask("web/s1 canary") == "ready 100%\n").then_some(())
+        });
+        let (canary, s2) = (a.ask("web/s1 canary"), a.ask("web/s2"));
+        if ready.is_none() || s2 != "ready 100%\n" {
+            wrong.push(format!("{name}: answers canary {canary:?}, web/s2 {s2:?}"));
+        }
+        let held = status(a)["held"].clone();
+        if held.as_object().is_some_and(|h| !h.is_empty()) {
+            wrong.push(format!("{name}: holds {held}"));
+        }
+        if rolled_back(a) != 0.0 {
+            wrong.push(format!("{name}: {} keys held rolled back", rolled_back(a)));
+        }
+        for line in went_backwards(a) {
+            wrong.push(format!("{name}: logged {line}"));
+        }
+    }
+    let s1 = wait_for(Duration::from_secs(10), || {
+        Some(haproxy.server("web", "s1")).filter(ServerState::is_ready_full_weight)
+    });
+    if s1.is_none() {
+        wrong.push(format!("HAProxy: {:?}", haproxy.server("web", "s1")));
+    }
+    // The writer's delete wrote the generation in the same transaction: once
+    // its tombstone is reaped too, the prefix's index is still that
+    // transaction's.
+    if after != cleared {
+        wrong.push(format!(
+            "the prefix's index after the reaps is {after}, not the writer's delete's {cleared}"
+        ));
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -37,6 +37,9 @@ struct Lb {
     front: SocketAddr,
     /// HAProxy's exporter: the `instance` label of its series.
     metrics: SocketAddr,
+    /// More load balancers in front of the same server and agent (HAProxy,
+    /// frontend, exporter), scraped in the same `haproxy` job.
+    more: Vec<(Haproxy, SocketAddr, SocketAddr)>,
     stop: Arc<AtomicBool>,
 }
 
@@ -47,6 +50,38 @@ impl Drop for Lb {
 }
 
 fn lb() -> Lb {
+    lb_with(1, "1s")
+}
+
+/// An HAProxy in TCP mode sending every connection on `front` to
+/// web/web-01 at `backend`, asking `agent` about it, its exporter on
+/// `metrics`.
+fn haproxy_in_front(
+    front: SocketAddr,
+    metrics: SocketAddr,
+    backend: SocketAddr,
+    agent: u16,
+) -> Haproxy {
+    Haproxy::start(&format!(
+        "global\n    stats socket {{SOCKET}} mode 600 level admin\n\n\
+         defaults\n    timeout connect 1s\n    timeout client 60s\n    timeout server 60s\n    \
+         timeout check 1s\n\n\
+         frontend metrics\n    mode http\n    bind {metrics}\n    \
+         http-request use-service prometheus-exporter if {{ path /metrics }}\n\n\
+         frontend fe\n    mode tcp\n    bind {front}\n    default_backend web\n\n\
+         backend web\n    mode tcp\n    server web-01 {backend} weight 100 agent-check \
+         agent-addr 127.0.0.1 agent-port {agent} agent-inter {INTER_MS}ms \
+         agent-send \"web/web-01 canary\\n\"\n"
+    ))
+}
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
+}
+
+/// `n` load balancers (HAProxys) in front of one server, one agent and one
+/// Consul; Prometheus scrapes their exporters every `every`.
+fn lb_with(n: usize, every: &str) -> Lb {
     let consul = Consul::start();
     let agent = Agent::start(&consul.url(), &[]);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -66,24 +101,19 @@ fn lb() -> Lb {
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    let (front, metrics) = (
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-        SocketAddr::from(([127, 0, 0, 1], free_port())),
-    );
-    let config = format!(
-        "global\n    stats socket {{SOCKET}} mode 600 level admin\n\n\
-         defaults\n    timeout connect 1s\n    timeout client 60s\n    timeout server 60s\n    \
-         timeout check 1s\n\n\
-         frontend metrics\n    mode http\n    bind {metrics}\n    \
-         http-request use-service prometheus-exporter if {{ path /metrics }}\n\n\
-         frontend fe\n    mode tcp\n    bind {front}\n    default_backend web\n\n\
-         backend web\n    mode tcp\n    server web-01 {backend} weight 100 agent-check \
-         agent-addr 127.0.0.1 agent-port {} agent-inter {INTER_MS}ms \
-         agent-send \"web/web-01 canary\\n\"\n",
-        agent.listen.port()
-    );
-    let haproxy = Haproxy::start(&config);
-    let prometheus = Prometheus::start_with(&[agent.http], &[("haproxy", metrics)]);
+    let port = agent.listen.port();
+    let (front, metrics) = (loopback(), loopback());
+    let haproxy = haproxy_in_front(front, metrics, backend, port);
+    let more: Vec<(Haproxy, SocketAddr, SocketAddr)> = (1..n)
+        .map(|_| {
+            let (f, m) = (loopback(), loopback());
+            (haproxy_in_front(f, m, backend, port), f, m)
+        })
+        .collect();
+    let exporters: Vec<SocketAddr> = std::iter::once(metrics)
+        .chain(more.iter().map(|(_, _, m)| *m))
+        .collect();
+    let prometheus = Prometheus::start_jobs(&[agent.http], &[("haproxy", exporters, every)]);
     let lb = Lb {
         consul,
         _agent: agent,
@@ -91,6 +121,7 @@ fn lb() -> Lb {
         prometheus,
         front,
         metrics,
+        more,
         stop,
     };
     assert!(
@@ -434,4 +465,119 @@ fn a_plain_enable_finishes_an_interrupted_ramp() {
         .wait_server("web", "web-01", Duration::from_secs(5), |s| {
             s.is_ready_full_weight()
         });
+}
+
+/// `drain --until-idle MAX` on web/web-01 with the exporters of job
+/// `haproxy`; its report.
+fn drain_until_idle(lb: &Lb, max: &str) -> Child {
+    lb.spawn(&[
+        "drain",
+        "--backend",
+        "web",
+        "--server",
+        "web-01",
+        "--until-idle",
+        max,
+        "--sessions-selector",
+        r#"job="haproxy""#,
+    ])
+}
+
+/// The load balancers the report names as still in session, with why.
+fn still_in_session(report: &Value) -> Vec<(String, String)> {
+    let all = report["until_idle"]["still_in_session"].as_array().cloned();
+    all.unwrap_or_default()
+        .iter()
+        .map(|s| {
+            let field = |k: &str| s[k].as_str().unwrap_or("").to_string();
+            (field("instance"), field("why"))
+        })
+        .collect()
+}
+
+/// A reload during the wait moves no session: the old worker keeps it,
+/// and the new worker's exporter says 0. The load balancer stays in
+/// session until the longest wait, named as reloaded.
+#[test]
+fn until_idle_counts_a_load_balancer_reloaded_after_the_drain_as_in_session() {
+    let lb = lb();
+    let client = lb.session();
+    let old = lb.haproxy.worker_pid().unwrap();
+    let child = drain_until_idle(&lb, "8s");
+    lb.wait_kv("web/web-01", Some("drain"), Duration::from_secs(20));
+    lb.haproxy.reload();
+    // The new worker's exporter: no session on web/web-01.
+    lb.wait_sessions(0.0);
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], false, "{report}");
+    assert_eq!(
+        still_in_session(&report),
+        [(lb.metrics.to_string(), "reloaded_after_drain".to_string())],
+        "{report}"
+    );
+    // The session is still open, on the old worker.
+    assert!(
+        std::path::Path::new(&format!("/proc/{old}")).exists(),
+        "the old worker {old} is gone"
+    );
+    assert!(TcpStream::peer_addr(&client).is_ok());
+    drop(client);
+}
+
+/// Two load balancers; the one holding the session stops answering its
+/// scrape (its worker stopped): its series go stale, the other says 0.
+/// The server is not idle there: it reported the server before the drain.
+#[test]
+fn until_idle_counts_a_load_balancer_whose_exporter_is_not_scraped_as_in_session() {
+    let lb = lb_with(2, "1s");
+    let (second, front, metrics) = &lb.more[0];
+    let expr = r#"haproxy_server_current_sessions{job="haproxy",proxy="web",server="web-01"}"#;
+    let client = TcpStream::connect(front).unwrap();
+    let on_second = || {
+        let v = lb.prometheus.values(expr);
+        v.iter()
+            .any(|(i, n)| *i == metrics.to_string() && *n == 1.0)
+            && v.len() == 2
+    };
+    assert!(wait_for(Duration::from_secs(20), || on_second().then_some(())).is_some());
+    let worker = second.worker_pid().unwrap();
+    assert!(kill(worker, "STOP"));
+    let stale = wait_for(Duration::from_secs(20), || {
+        let v = lb.prometheus.values(expr);
+        (v.len() == 1 && v[0].0 == lb.metrics.to_string()).then_some(())
+    });
+    let child = drain_until_idle(&lb, "5s");
+    let out = child.wait_with_output().unwrap();
+    assert!(kill(worker, "CONT"));
+    assert!(stale.is_some(), "{:?}", lb.prometheus.values(expr));
+    let (code, report, stderr) = finish(out);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], false, "{report}");
+    assert_eq!(
+        still_in_session(&report),
+        [(metrics.to_string(), "not_reported_since_drain".to_string())],
+        "{report}"
+    );
+    drop(client);
+}
+
+/// The exporter scraped every 30 s: a session opened after the last
+/// scrape, and the drain. The last sample (0 sessions) is from before the
+/// drain: it is not trusted, the wait ends at its longest.
+#[test]
+fn until_idle_does_not_trust_a_sample_from_before_the_drain() {
+    let lb = lb_with(1, "30s");
+    let expr = r#"haproxy_server_current_sessions{job="haproxy",proxy="web",server="web-01"}"#;
+    assert!(lb
+        .prometheus
+        .wait_until(Duration::from_secs(45), expr, 1, |v| v == 0.0));
+    let client = TcpStream::connect(lb.front).unwrap();
+    let (code, report, stderr) = finish(drain_until_idle(&lb, "5s").wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], false, "{report}");
+    let named = still_in_session(&report);
+    assert_eq!(named.len(), 1, "{report}");
+    assert_eq!(named[0].0, lb.metrics.to_string(), "{report}");
+    drop(client);
 }

@@ -26,6 +26,18 @@ const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 /// The drop-in rendered by the cookbook for these ports, its ExecReload=
 /// commands after the reset line.
 fn exec_reload(agent_port: u16, http_port: u16, override_file: &Path) -> Vec<String> {
+    exec_lines(agent_port, http_port, override_file, None, "ExecReload=")
+}
+
+/// The drop-in's lines starting with `key` (`ExecReload=` after its reset
+/// line), rendered with `started_file` as the marker of a first start.
+fn exec_lines(
+    agent_port: u16,
+    http_port: u16,
+    override_file: &Path,
+    started_file: Option<&Path>,
+    key: &str,
+) -> Vec<String> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("cookbook/gitlab-haproxy-agent/test/render_sample.rb");
     let out = Command::new("ruby")
@@ -35,6 +47,7 @@ fn exec_reload(agent_port: u16, http_port: u16, override_file: &Path) -> Vec<Str
         .args(["--agent-bin", AGENT_BIN, "--haproxy-bin", &haproxy_bin()])
         .arg("--override-file")
         .arg(override_file)
+        .args(started_file.map(|f| format!("--started-file={}", f.display())))
         .output()
         .expect("ruby runs render_sample.rb");
     assert!(
@@ -43,10 +56,10 @@ fn exec_reload(agent_port: u16, http_port: u16, override_file: &Path) -> Vec<Str
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let lines: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("ExecReload="))
-        .collect();
+    let lines: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix(key)).collect();
+    if key != "ExecReload=" {
+        return lines.iter().map(|l| l.to_string()).collect();
+    }
     assert_eq!(
         lines.first(),
         Some(&""),
@@ -213,4 +226,64 @@ fn a_reload_that_would_undrain_is_refused_unless_overridden() {
             "{s} is READY after a reload with no agent"
         );
     }
+}
+
+/// `systemctl restart haproxy` is a stop and a start: systemd has no hook
+/// before the stop, so the drop-in's ExecStartPre= checks the agent on
+/// every start after HAProxy's first since boot (its ExecStartPost= marks
+/// it under /run), and a refused restart leaves HAProxy stopped rather than
+/// serving drained servers. The first start after boot is not checked.
+#[test]
+fn a_restart_is_checked_as_a_reload_but_the_first_start_after_boot_is_not() {
+    let consul = Consul::start();
+    consul.put("web/web-01", "drain");
+    let (port, http_port) = (free_port(), free_port());
+    let dir = TempDir::new("restart-guard");
+    let override_file = dir.path().join("allow-haproxy-reload");
+    let started = dir.path().join("haproxy-started");
+    let lines = |key| exec_lines(port, http_port, &override_file, Some(&started), key);
+    let (pre, post) = (lines("ExecStartPre="), lines("ExecStartPost="));
+    assert_eq!((pre.len(), post.len()), (1, 1), "{pre:?} {post:?}");
+    let config = dir.path().join("haproxy.cfg");
+    let run = |commands: &[String]| systemd_reload(commands, &config, 0);
+
+    // Boot: no agent answering yet, HAProxy not started since boot: the
+    // start goes through and marks it.
+    run(&pre).expect("the first start after boot is not checked");
+    run(&post).expect("ExecStartPost= marks the start");
+    assert!(started.exists());
+
+    // A restart with the agent stopped: refused, HAProxy stays stopped.
+    let refused = run(&pre).expect_err("a restart with the agent stopped");
+    assert!(refused.contains("cannot be reached"), "{refused}");
+    assert!(
+        refused.contains(&format!("touch {}", override_file.display())),
+        "{refused}"
+    );
+
+    // An agent with no state (Consul unreachable, no state file): refused.
+    let dead_consul = format!("http://127.0.0.1:{}", free_port());
+    let mut unsynced = Agent::spawn_on(
+        &dead_consul,
+        port,
+        http_port,
+        &["--on-startup-timeout", "retry"],
+    );
+    assert!(wait_for(CONVERGE, || unsynced
+        .http_get("/-/ready")
+        .filter(|r| r.0 == 503))
+    .is_some());
+    let refused = run(&pre).expect_err("a restart with the agent unsynced");
+    assert!(refused.contains("not answering"), "{refused}");
+    assert!(unsynced.terminate().is_some());
+
+    // The agent ready and answering: the restart goes through.
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &[]);
+    agent.wait_ready();
+    run(&pre).expect("a restart with the agent answering");
+    assert!(agent.terminate().is_some());
+
+    // The override lets a restart through as it does a reload.
+    touch(&override_file, Duration::ZERO);
+    run(&pre).expect("a restart with a fresh override");
 }

@@ -11,12 +11,15 @@
 //! (`GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` points at the test's copy), so
 //! every write checks its group and is confirmed by the fleet. Only the
 //! agent's HTTP address and waits are rewritten: `127.0.0.1:9778` to the test
-//! agent's, waits of 60 s and 5 s to 1 s.
+//! agent's, waits of 60 s and 5 s to 1 s. Every write (a `state` command
+//! that is not a dry run) runs with a HAProxy reload in the middle, made as
+//! the cookbook's drop-in makes it (check-ready first): the confirmations
+//! and what each procedure did must hold through it.
 
 mod support;
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use support::prometheus::Prometheus;
@@ -55,6 +58,22 @@ fn server(name: &str, groups: &[&str], agent_port: u16, enrolled: bool) -> Strin
     }
     support::server_line("web", name, groups, agent_port, INTER_MS)
         .replace(" weight 100 ", " weight 100 slowstart 2s ")
+}
+
+/// A reload as the cookbook's drop-in for HAProxy's unit runs it: the
+/// agent's check-ready (which must pass), then SIGUSR2 to the master.
+fn reload_as_systemd(agent: &Agent, haproxy: &Haproxy) {
+    let out = Command::new(support::AGENT_BIN)
+        .args(["check-ready", "--agent-addr", &agent.listen.to_string()])
+        .args(["--http-addr", &agent.http.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "check-ready refused the reload: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    haproxy.reload();
 }
 
 #[test]
@@ -128,6 +147,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
     };
     let mut ran = 0;
     let mut checked = 0;
+    let mut reloads = 0;
     let all = [
         "web-01-sv-gprd",
         "web-02-sv-gprd",
@@ -155,7 +175,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 .replace("--drain-wait 60s", "--drain-wait 1s")
                 .replace("sleep 60", "sleep 1")
                 .replace("sleep 5", "sleep 1");
-            let out = Command::new("bash")
+            let child = Command::new("bash")
                 .arg("-c")
                 .arg(&rewritten)
                 .current_dir(console.path())
@@ -167,8 +187,19 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 // This fleet checks every INTER_MS: the wait floor follows.
                 .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
                 .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
-                .output()
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
                 .unwrap();
+            // Every write is run with a HAProxy reload in the middle, as
+            // the cookbook's drop-in makes it: check-ready, then the reload.
+            if command.contains("gitlab-haproxy-agent state ") && !command.contains("--dry-run") {
+                std::thread::sleep(Duration::from_millis(200));
+                reload_as_systemd(&agent, &haproxy);
+                reloads += 1;
+            }
+            let out = child.wait_with_output().unwrap();
             let (stdout, stderr) = (
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr),
@@ -291,6 +322,7 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         checked += 1;
     }
     assert_eq!(checked, 12, "procedures checked");
+    assert!(reloads >= 15, "{reloads} reloads during writes");
     assert!(blocks.len() >= 10, "{} shell blocks", blocks.len());
     assert!(ran >= 30, "{ran} commands");
     // The procedures ran: everything is back to ready.

@@ -326,7 +326,12 @@ pub struct IdleArgs {
     /// 64). The servers are the row keys' `<backend>/<server>`; a --zone,
     /// --group or `canary` needs the HAProxy configuration to know which
     /// servers name the group (exit 64 without one). A server no load
-    /// balancer reports counts as in session. Not with --drain-wait.
+    /// balancer reports counts as in session; only samples scraped after
+    /// the drain count, a load balancer that reported the server before
+    /// and does not since counts as in session, and so does one whose
+    /// HAProxy reloaded after the drain (its old workers' sessions are not
+    /// in the exporter) until MAX. Maint does not close sessions still
+    /// open. Not with --drain-wait.
     #[arg(
         long,
         value_name = "MAX",

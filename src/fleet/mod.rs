@@ -12,6 +12,7 @@
 
 pub mod groups;
 pub mod held;
+pub mod idle;
 pub mod status;
 pub mod text;
 
@@ -645,6 +646,10 @@ pub struct Sessions {
     pub instance: Option<String>,
     /// Current sessions.
     pub sessions: u64,
+    /// Why it counts as in session with no session counted
+    /// ([`idle::NOT_REPORTED`], [`idle::RELOADED`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub why: Option<&'static str>,
 }
 
 /// The PromQL query for the current sessions of the servers of `backends`
@@ -656,34 +661,6 @@ pub fn sessions_query(selector: &str, backends: &[&str]) -> String {
     let comma = if selector.is_empty() { "" } else { "," };
     let backends = backends.join("|");
     format!("haproxy_server_current_sessions{{{selector}{comma}proxy=~\"{backends}\"}}")
-}
-
-/// Asks Prometheus at `base` for the current sessions on every server of
-/// `backends`, on every load balancer whose exporter `selector` matches.
-///
-/// # Errors
-///
-/// As [`fetch_fleet`].
-pub async fn fetch_sessions(
-    http: &reqwest::Client,
-    base: &str,
-    selector: &str,
-    backends: &[&str],
-) -> Result<Vec<Sessions>, FetchError> {
-    let answer = instant_query(http, base, &sessions_query(selector, backends)).await?;
-    let label = |s: &Sample, l: &str| s.labels.get(l).cloned().unwrap_or_default();
-    Ok(samples(&answer, "haproxy_server_current_sessions")
-        .map_err(|message| FetchError {
-            message,
-            lasting: false,
-        })?
-        .iter()
-        .map(|s| Sessions {
-            server: format!("{}/{}", label(s, "proxy"), label(s, "server")),
-            instance: Some(label(s, "instance")),
-            sessions: as_index(s.value),
-        })
-        .collect())
 }
 
 /// One instant query (`/api/v1/query`) to the HTTP API of the Prometheus

@@ -26,22 +26,17 @@ use super::session::Writer;
 use crate::cli::{ConfirmArgs, StateArgs, StateCommand, StatusArgs};
 use crate::consul::{ConsulClient, ConsulError};
 use crate::fleet::groups;
+use crate::fleet::idle::IdleQuery;
 use crate::fleet::status::status_json;
 use crate::fleet::text::{
     confirmed_text, lagging_text, no_agents_text, unavailable_text, waiting_text,
 };
-use crate::fleet::{
-    check_url, fetch_fleet, fetch_health, fetch_sessions, http_client, Fleet, Sessions,
-};
+use crate::fleet::{check_url, fetch_fleet, fetch_health, http_client, Fleet};
 use crate::model::meta::keys_out;
 use crate::model::value::AnswerKind;
 
 /// How often Prometheus is asked again while agents lag: 1 s.
 pub const POLL: Duration = Duration::from_secs(1);
-
-/// How often Prometheus is asked for sessions during `--until-idle`:
-/// 500 ms, so maint follows the scrape that saw the last session end.
-pub const IDLE_POLL: Duration = Duration::from_millis(500);
 
 /// Why a confirmation did not succeed.
 #[derive(Debug)]
@@ -332,57 +327,25 @@ impl Writer {
         confirm.confirm(action, index, state, group, cancel).await
     }
 
-    /// `--until-idle`: waits at least `at_least`, then asks the Prometheus
-    /// of `--prometheus` every [`IDLE_POLL`] for the current
-    /// sessions of `servers` (`<backend>/<server>`) on the load balancers
-    /// `selector` matches, until none has one or `max` has passed since the
-    /// start. A server no load balancer reports, and a Prometheus that does
-    /// not answer, count as in session. `None` when `cancel` fires.
+    /// `--until-idle` on `servers` (`<backend>/<server>`) and the exporter
+    /// series `selector` matches, the drain written `drained_for` ago (see
+    /// [`IdleQuery::wait`]). `None` when `cancel` fires.
     pub(super) async fn wait_idle(
         &self,
         (servers, selector): (&[String], &str),
-        at_least: Duration,
-        max: Duration,
+        (at_least, max, drained_for): (Duration, Duration, Duration),
         cancel: &CancellationToken,
     ) -> Option<Idle> {
-        let started = tokio::time::Instant::now();
         let base = self.confirm.as_ref()?.confirm_prometheus.as_deref()?;
         let http = http_client().unwrap_or_default();
-        let backends: Vec<&str> = servers.iter().filter_map(|s| s.split('/').next()).collect();
-        let poll = async {
-            tokio::time::sleep(at_least.min(max)).await;
-            loop {
-                let next = tokio::time::Instant::now() + IDLE_POLL;
-                let answer = fetch_sessions(&http, base, selector, &backends).await;
-                let all = answer.as_ref().map_or(&[][..], Vec::as_slice);
-                let busy: Vec<Sessions> = servers
-                    .iter()
-                    .flat_map(|s| {
-                        let on: Vec<&Sessions> = all.iter().filter(|x| x.server == *s).collect();
-                        match on.is_empty() {
-                            true => vec![Sessions {
-                                server: s.clone(),
-                                instance: None,
-                                sessions: 0,
-                            }],
-                            false => on.into_iter().filter(|x| x.sessions > 0).cloned().collect(),
-                        }
-                    })
-                    .collect();
-                let waited = started.elapsed();
-                if busy.is_empty() || waited >= max {
-                    return Idle {
-                        idle: busy.is_empty(),
-                        waited_seconds: waited.as_secs(),
-                        still_in_session: busy,
-                        error: answer.err().map(|e| e.message),
-                    };
-                }
-                tokio::time::sleep_until(next).await;
-            }
+        let query = IdleQuery {
+            http: &http,
+            base,
+            selector,
+            servers,
         };
         tokio::select! {
-            idle = poll => Some(idle),
+            idle = query.wait(at_least, max, drained_for) => Some(idle),
             _ = cancel.cancelled() => None,
         }
     }

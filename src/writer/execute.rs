@@ -285,8 +285,13 @@ impl Writer {
                     let waited = match (purpose, &target.sessions) {
                         (WaitFor::Idle { at_least }, Some(selector)) => {
                             let servers = (&target.session_servers(next)[..], selector.as_str());
-                            let (max, cancel) = (*duration, &interrupt.token);
-                            run.idle = self.wait_idle(servers, *at_least, max, cancel).await;
+                            let drained = run.confirmations[i.saturating_sub(1)].as_ref();
+                            let times = (
+                                *at_least,
+                                *duration,
+                                drained.map_or(Duration::ZERO, |c| c.waited),
+                            );
+                            run.idle = self.wait_idle(servers, times, &interrupt.token).await;
                             run.idle.is_some()
                         }
                         _ => interrupt.sleep(*duration).await,

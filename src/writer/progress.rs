@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use super::error::Failure;
 use super::plan::{shown, Current, Plan, Step};
-use crate::fleet::Sessions;
 use crate::model::snapshot::Snapshot;
 use crate::model::value::AdminState;
 
@@ -95,17 +94,7 @@ fn to_the_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error
     s.serialize_f64((d.as_secs_f64() * 1000.0).round() / 1000.0)
 }
 
-/// How an `--until-idle` wait ended.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub(super) struct Idle {
-    /// No load balancer reported a session on the servers.
-    pub(super) idle: bool,
-    pub(super) waited_seconds: u64,
-    /// Those still in session at the end, by load balancer.
-    pub(super) still_in_session: Vec<Sessions>,
-    /// Why Prometheus could not tell, at the last poll.
-    pub(super) error: Option<String>,
-}
+pub(super) use crate::fleet::idle::Idle;
 
 /// Where a sequence got to.
 pub(super) struct Run {

@@ -15,7 +15,6 @@ use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
 use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
 use crate::consul::KvPair;
-use crate::fleet::Sessions;
 use crate::model::marks::{is_drain_mark, mark_name};
 use crate::model::meta::Records;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
@@ -723,22 +722,13 @@ impl Render for SequenceReport {
 }
 
 /// How an `--until-idle` wait ended: no session left, or the servers and
-/// load balancers still in session when the longest wait was up.
+/// load balancers that may still hold one when the longest wait was up.
 fn idle_text(idle: &Idle) -> String {
-    let waited = idle.waited_seconds;
-    if idle.idle {
-        return format!("No session left after {waited}s.\n");
+    let (header, rows) = idle.rows();
+    match idle.idle {
+        true => idle.heading(),
+        false => idle.heading() + &table(&header, &rows),
     }
-    let lb = |s: &Sessions| s.instance.clone().unwrap_or("none reports it".into());
-    let rows: Vec<Vec<String>> = (idle.still_in_session.iter())
-        .map(|s| vec![s.server.clone(), lb(s), s.sessions.to_string()])
-        .collect();
-    let unknown = idle.error.as_ref().map(|e| format!(" (or unknown: {e})"));
-    format!(
-        "The longest wait ({waited}s) ended with sessions open{}; maint cut them:\n{}",
-        unknown.unwrap_or_default(),
-        table(&["SERVER", "LOAD BALANCER", "SESSIONS"], &rows)
-    )
 }
 
 #[cfg(test)]
@@ -755,43 +745,6 @@ mod tests {
     use crate::writer::haproxy;
     use crate::writer::plan::{currents, plan_drain, plan_undrain, WaitFor};
     use crate::writer::select::tests::{selector, CONFIG};
-
-    #[test]
-    fn the_idle_wait_names_the_servers_and_load_balancers_still_in_session() {
-        let busy = |server: &str, instance: Option<&str>, sessions| Sessions {
-            server: server.into(),
-            instance: instance.map(str::to_string),
-            sessions,
-        };
-        let mut idle = Idle {
-            idle: false,
-            waited_seconds: 600,
-            still_in_session: vec![
-                busy("web/web-01", Some("lb-01:8405"), 3),
-                busy("web/web-02", None, 0),
-            ],
-            error: None,
-        };
-        let text = idle_text(&idle);
-        assert!(
-            text.starts_with("The longest wait (600s) ended with sessions open; maint cut them:"),
-            "{text}"
-        );
-        let words = |l: &str| l.split_whitespace().map(str::to_string).collect::<Vec<_>>();
-        let lines: Vec<Vec<String>> = text.lines().skip(2).map(words).collect();
-        assert_eq!(lines[0], ["web/web-01", "lb-01:8405", "3"]);
-        assert_eq!(lines[1], ["web/web-02", "none", "reports", "it", "0"]);
-        let v = serde_json::to_value(&idle).unwrap();
-        assert_eq!(
-            v["still_in_session"][0],
-            json!({"server": "web/web-01", "instance": "lb-01:8405", "sessions": 3})
-        );
-        idle.error = Some("Prometheus at http://p:9090 did not answer".into());
-        assert!(idle_text(&idle).contains("open (or unknown: Prometheus at"));
-        idle.idle = true;
-        idle.still_in_session.clear();
-        assert_eq!(idle_text(&idle), "No session left after 600s.\n");
-    }
 
     #[test]
     fn set_by_column_names_the_drain_mark() {

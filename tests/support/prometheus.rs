@@ -34,6 +34,18 @@ impl Prometheus {
     /// `others` every second under its own job name (e.g. HAProxy's own
     /// exporter as job `haproxy`).
     pub fn start_with(targets: &[SocketAddr], others: &[(&str, SocketAddr)]) -> Prometheus {
+        let jobs: Vec<(&str, Vec<SocketAddr>, &str)> =
+            others.iter().map(|(j, t)| (*j, vec![*t], "1s")).collect();
+        Self::start_jobs(targets, &jobs)
+    }
+
+    /// As [`Prometheus::start_with`], each other job `(name, targets,
+    /// scrape interval)` with several targets and its own interval (e.g.
+    /// HAProxy's exporters every 30s, as a fleet's default 60s does).
+    pub fn start_jobs(
+        targets: &[SocketAddr],
+        others: &[(&str, Vec<SocketAddr>, &str)],
+    ) -> Prometheus {
         let dir = TempDir::new("prometheus");
         let mut config = format!(
             "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
@@ -44,9 +56,11 @@ impl Prometheus {
                 i + 1
             ));
         }
-        for (job, t) in others {
+        for (job, t, every) in others {
+            let t: Vec<String> = t.iter().map(|t| format!("'{t}'")).collect();
             config.push_str(&format!(
-                "  - job_name: {job}\n    static_configs:\n      - targets: ['{t}']\n"
+                "  - job_name: {job}\n    scrape_interval: {every}\n    static_configs:\n      - targets: [{}]\n",
+                t.join(", ")
             ));
         }
         let cfg = dir.path().join("prometheus.yml");

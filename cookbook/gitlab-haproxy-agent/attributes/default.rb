@@ -29,6 +29,11 @@ default['gitlab-haproxy-agent']['agent']['zones'] = []
 # Backends never enrolled, such as one that writes its single server inline
 # (an asset proxy to object storage).
 default['gitlab-haproxy-agent']['agent']['excluded_backends'] = []
+# true when the fleet writes agent weights or ramps (state set B/S 25%,
+# undrain --ramp): an enrolled backend whose balance algorithm ignores runtime
+# weights (static-rr, first, source, uri, url_param, hdr, rdp-cookie, hash
+# without hash-type consistent) then fails the Chef run instead of a warning.
+default['gitlab-haproxy-agent']['agent']['weights'] = false
 
 # Package source and version pin: attributes/apt.rb.
 

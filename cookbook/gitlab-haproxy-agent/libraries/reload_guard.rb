@@ -13,13 +13,16 @@ module GitlabHaproxyAgent
     # drop-in shows it.
     OVERRIDE_FILE = '/run/gitlab-haproxy-agent-allow-haproxy-reload'
     DEFAULT_HTTP_LISTEN = '0.0.0.0:9778'
+    # Under /run: HAProxy started since boot, so a start now is a restart
+    # (or a start after a stop) and is checked like a reload.
+    STARTED_FILE = '/run/gitlab-haproxy-agent-haproxy-started'
 
     module_function
 
     # The template's variables, or nil when the agent is not enabled (no
     # drop-in: nothing would answer the check).
     def variables(attrs, agent_bin: '/usr/bin/gitlab-haproxy-agent', haproxy_bin: '/usr/sbin/haproxy',
-                  override_file: OVERRIDE_FILE)
+                  override_file: OVERRIDE_FILE, started_file: STARTED_FILE)
       agent = attrs['agent'] || {}
       return nil unless HaproxyConfig.enabled?(agent['enable'])
 
@@ -30,6 +33,7 @@ module GitlabHaproxyAgent
         agent_addr: env.fetch('GITLAB_HAPROXY_AGENT_LISTEN'),
         http_addr: local_addr(env.fetch('GITLAB_HAPROXY_AGENT_HTTP_LISTEN', DEFAULT_HTTP_LISTEN)),
         override_file: override_file,
+        started_file: started_file,
       }
     end
 

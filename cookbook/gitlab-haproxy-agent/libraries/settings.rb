@@ -23,6 +23,7 @@ module GitlabHaproxyAgent
       'min_query_interval' => 'GITLAB_HAPROXY_AGENT_MIN_QUERY_INTERVAL',
       'consistency' => 'GITLAB_HAPROXY_AGENT_CONSISTENCY',
       'max_stale' => 'GITLAB_HAPROXY_AGENT_MAX_STALE',
+      'index_check' => 'GITLAB_HAPROXY_AGENT_INDEX_CHECK',
       'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
       'prometheus_url' => 'GITLAB_HAPROXY_AGENT_PROMETHEUS_URL',

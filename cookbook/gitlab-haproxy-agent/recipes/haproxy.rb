@@ -17,6 +17,9 @@ attrs = node['gitlab-haproxy-agent']
 
 # Built at compile time so a refused attribute fails the run before anything changes.
 GitlabHaproxyAgent::HaproxyConfig.build(attrs)
+# Enrolled backends whose algorithm ignores runtime weights: a warning each,
+# or a failed run with agent.weights true.
+GitlabHaproxyAgent::Weights.check(attrs).each { |warning| Chef::Log.warn(warning) }
 guard = GitlabHaproxyAgent::ReloadGuard.variables(attrs)
 
 package 'haproxy'

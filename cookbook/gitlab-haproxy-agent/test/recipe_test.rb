@@ -275,7 +275,8 @@ class RecipeTest < Minitest::Test
     assert_equal 'haproxy-reload-guard.conf.erb', guard.properties[:source]
     assert_equal({ agent_bin: '/usr/bin/gitlab-haproxy-agent', haproxy_bin: '/usr/sbin/haproxy',
                    agent_addr: '127.0.0.1:9777', http_addr: '127.0.0.1:9778',
-                   override_file: '/run/gitlab-haproxy-agent-allow-haproxy-reload' }, guard.properties[:variables])
+                   override_file: '/run/gitlab-haproxy-agent-allow-haproxy-reload',
+                   started_file: '/run/gitlab-haproxy-agent-haproxy-started' }, guard.properties[:variables])
     assert_includes guard.notifies, [:run, RELOAD, :immediately]
     assert_equal :nothing, r.find(:execute, 'systemd daemon-reload for the haproxy drop-in').properties[:action]
     text = ChefStandIn.render('haproxy-reload-guard.conf.erb', nil, guard.properties[:variables])
@@ -283,6 +284,13 @@ class RecipeTest < Minitest::Test
                       '--http-addr 127.0.0.1:9778 --override-file /run/gitlab-haproxy-agent-allow-haproxy-reload',
                   '/usr/sbin/haproxy -Ws -f $CONFIG -c -q $EXTRAOPTS', '/bin/kill -USR2 $MAINPID'],
                  text.lines.filter_map { |l| l.chomp.delete_prefix!('ExecReload=') }
+    # A restart is checked once HAProxy started since boot (the marker under /run).
+    assert_equal ["/bin/sh -c 'if [ -e /run/gitlab-haproxy-agent-haproxy-started ]; then exec " \
+                  '/usr/bin/gitlab-haproxy-agent check-ready --agent-addr 127.0.0.1:9777 --http-addr ' \
+                  "127.0.0.1:9778 --override-file /run/gitlab-haproxy-agent-allow-haproxy-reload; fi'"],
+                 text.lines.filter_map { |l| l.chomp.delete_prefix!('ExecStartPre=') }
+    assert_equal ['/bin/touch /run/gitlab-haproxy-agent-haproxy-started'],
+                 text.lines.filter_map { |l| l.chomp.delete_prefix!('ExecStartPost=') }
 
     r = recorder('agent' => { 'enable' => false }).run('haproxy')
     gone = r.find(:file, GUARD)

@@ -22,7 +22,7 @@
 # (templates/default/haproxy-reload-guard.conf.erb) for the same attributes,
 # with these too:
 #   --http-listen 127.0.0.1:PORT    settings.http_listen
-#   --agent-bin PATH / --haproxy-bin PATH / --override-file PATH
+#   --agent-bin PATH / --haproxy-bin PATH / --override-file PATH / --started-file PATH
 #                                   what the drop-in runs and reads
 #
 # Only 127.0.0.1 addresses are accepted. Exits 2 on a bad option and 1 when
@@ -87,6 +87,7 @@ begin
     o.on('--agent-bin PATH') { |v| opts[:guard][:agent_bin] = v }
     o.on('--haproxy-bin PATH') { |v| opts[:guard][:haproxy_bin] = v }
     o.on('--override-file PATH') { |v| opts[:guard][:override_file] = v }
+    o.on('--started-file PATH') { |v| opts[:guard][:started_file] = v }
   end.parse!(ARGV)
 rescue OptionParser::ParseError => e
   fail_usage(e.message)

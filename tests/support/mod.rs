@@ -506,6 +506,11 @@ impl Consul {
         SocketAddr::from(([127, 0, 0, 1], self.ports[0]))
     }
 
+    /// The DNS port (UDP and TCP on 127.0.0.1).
+    pub fn dns_port(&self) -> u16 {
+        self.ports[1]
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr())

@@ -28,6 +28,17 @@ fn drain(socket: &UnixDatagram, within: Duration) -> Vec<String> {
 
 /// Reads datagrams until one satisfies `want`, for at most `within`.
 fn until(socket: &UnixDatagram, within: Duration, want: impl Fn(&str) -> bool) -> Vec<String> {
+    try_until(socket, within, want)
+        .unwrap_or_else(|seen| panic!("no matching notification within {within:?}; got {seen:?}"))
+}
+
+/// Reads datagrams until one satisfies `want`, for at most `within`: all
+/// read, or (as the error) all read when none did.
+fn try_until(
+    socket: &UnixDatagram,
+    within: Duration,
+    want: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, Vec<String>> {
     let deadline = Instant::now() + within;
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
@@ -40,10 +51,10 @@ fn until(socket: &UnixDatagram, within: Duration, want: impl Fn(&str) -> bool) -
         let done = want(&msg);
         seen.push(msg);
         if done {
-            return seen;
+            return Ok(seen);
         }
     }
-    panic!("no matching notification within {within:?}; got {seen:?}");
+    Err(seen)
 }
 
 #[test]
@@ -67,8 +78,15 @@ fn notifies_ready_only_after_first_sync_then_watchdog_then_stopping() {
     // 30 ms of its start when the machine is idle; the bound is for a
     // loaded one), then keeps retrying, never READY.
     let started = Instant::now();
-    let mut early = until(&socket, Duration::from_secs(20), |m| {
+    let mut early = try_until(&socket, Duration::from_secs(20), |m| {
         m.contains("STATUS=Consul reads failing")
+    })
+    .unwrap_or_else(|seen| {
+        panic!(
+            "no STATUS of failing reads within 20 s; got {seen:?}; agent exited: {:?}; log:\n{}",
+            agent.proc().try_wait(),
+            agent.log()
+        )
     });
     let said = started.elapsed();
     early.extend(drain(&socket, Duration::from_millis(1500)));

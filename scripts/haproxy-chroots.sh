@@ -59,7 +59,9 @@ build() {
     wrapper "$suite" >"$dir/bin/haproxy.new"
     chmod 755 "$dir/bin/haproxy.new"
     mv "$dir/bin/haproxy.new" "$dir/bin/haproxy"
-    if "$dir/bin/haproxy" -v 2>/dev/null | grep -q "^HAProxy version $version\."; then
+    # grep reads all of it: `grep -q` would exit at the first line and,
+    # under pipefail, a SIGPIPE of haproxy -v would read as a wrong version.
+    if "$dir/bin/haproxy" -v 2>/dev/null | grep "^HAProxy version $version\." >/dev/null; then
       "$dir/bin/haproxy" -v | sed -n 1p
       return 0
     fi
@@ -88,7 +90,7 @@ build() {
   chmod 755 "$tmp/bin/haproxy"
   rm -rf "$dir"
   mv "$tmp" "$dir"
-  if ! "$dir/bin/haproxy" -v 2>/dev/null | grep -q "^HAProxy version $version\."; then
+  if ! "$dir/bin/haproxy" -v 2>/dev/null | grep "^HAProxy version $version\." >/dev/null; then
     echo "haproxy-chroots: $dir/bin/haproxy is not HAProxy $version:" >&2
     "$dir/bin/haproxy" -v >&2 || true
     return 1

@@ -4,8 +4,10 @@
 # Consul 1.8.7 (bullseye, pinned so nothing else is taken from that suite),
 # and the Debian packages in `want` below (promtool/prometheus, Alertmanager,
 # Ruby for the cookbook tests, aptly and gnupg for the apt mirror test, podman
-# and golang-go for the Kubernetes sidecar suite, ...), then cargo-deb and
-# kubernetes-validate (PyPI, in a venv). Idempotent; run as root.
+# and golang-go for the Kubernetes sidecar suite, stress-ng to load the
+# machine beside the suite, ...), then cargo-deb, cargo-nextest (which runs
+# the Rust tests) and kubernetes-validate (PyPI, in a venv). Idempotent; run
+# as root.
 set -euo pipefail
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -73,6 +75,11 @@ fi
 # cargo-deb builds the .deb from debian/ and [package.metadata.deb].
 if ! cargo deb --version >/dev/null 2>&1; then
   cargo install cargo-deb --locked
+fi
+# cargo-nextest runs the Rust tests, each in its own process, several at
+# once (scripts/test.sh, .config/nextest.toml).
+if ! cargo nextest --version >/dev/null 2>&1; then
+  cargo install cargo-nextest --locked
 fi
 
 # HAProxy 3.0 (trixie) and 3.2 (sid) in chroots, for the tests that also run

@@ -4,8 +4,24 @@
 # then lint, unit and integration tests against a real Consul and HAProxy,
 # the cookbook tests, the alert rule tests, and the packaging tests.
 # Prints one line per suite and a closing "suites: N passed, N failed".
+#
+#   --quick   format, lint, unit, table and simulation tests only: no
+#             installs and no services (a few minutes on a built tree)
+#
+# The Rust tests run under cargo-nextest (.config/nextest.toml): each test
+# in its own process, several at once.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
+
+quick=false
+case "${1:-}" in
+  --quick) quick=true ;;
+  "") ;;
+  *)
+    echo "usage: scripts/test.sh [--quick]" >&2
+    exit 64
+    ;;
+esac
 
 sudo_if_needed() {
   if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
@@ -15,7 +31,19 @@ if ! command -v cargo >/dev/null; then
   echo "test.sh: cargo not found; install a Rust toolchain (1.85 or newer) first" >&2
   exit 1
 fi
-sudo_if_needed scripts/install-deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
+if ! $quick; then
+  sudo_if_needed scripts/install-deps.sh || { echo "test.sh: installing dependencies failed" >&2; exit 1; }
+fi
+
+# cargo-nextest when installed (scripts/install-deps.sh installs it), else
+# cargo test: the same tests, one binary at a time.
+rust_tests() {
+  if cargo nextest --version >/dev/null 2>&1; then
+    cargo nextest run --locked --no-fail-fast "$@"
+  else
+    cargo test --locked --no-fail-fast "$@"
+  fi
+}
 
 passed=0
 failed=0
@@ -35,22 +63,42 @@ suite() {
   fi
 }
 
+summary() {
+  if [ "$failed" -gt 0 ]; then
+    echo "failed suites: ${failed_names[*]}"
+  fi
+  echo "suites: $passed passed, $failed failed"
+  [ "$failed" -eq 0 ]
+}
+
 suite "cargo fmt" cargo fmt --check
 suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
-# tests/layout.rs among them: no import cycle between the modules of src/,
-# and the writer under its line budget (alone: cargo test --test layout).
-suite "cargo test" cargo test --all-targets --locked --no-fail-fast
+if $quick; then
+  # The library's unit and table tests (the decision core's among them),
+  # tests/layout.rs (no import cycle in src/, the writer under its line
+  # budget) and the simulation: nothing started, nothing installed.
+  suite "unit, table and simulation tests" rust_tests --lib --bins --test layout --test simulation
+  summary
+  exit
+fi
+# Every test (the benches, harness = false, are built by clippy above).
+suite "cargo nextest" rust_tests --lib --bins --tests
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the
 # fault schedule with two of its CI seeds cut to their first 20 steps (both
 # change the token policy while writes go on; seed 10 reloads HAProxy then),
 # run side by side, about 30 s.
+haproxy_tests() { # haproxy_tests VERSION
+  (
+    export GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$1/bin/haproxy"
+    export GHA_FAULT_SEEDS="4 10" GHA_FAULT_STEPS=20
+    rust_tests --test haproxy --test cookbook_e2e --test fault_schedule \
+      --test runtime_commands --test reload_guard --test idle_and_ramp
+  )
+}
 for v in 3.0 3.2; do
-  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule, runtime_commands, reload_guard, idle_and_ramp)" env \
-    GITLAB_HAPROXY_AGENT_TEST_HAPROXY="/opt/gitlab-haproxy-agent-test/haproxy-$v/bin/haproxy" \
-    GHA_FAULT_SEEDS="4 10" GHA_FAULT_STEPS=20 \
-    cargo test --locked --test haproxy --test cookbook_e2e --test fault_schedule \
-    --test runtime_commands --test reload_guard --test idle_and_ramp
+  suite "HAProxy $v (tests haproxy, cookbook_e2e, fault_schedule, runtime_commands, reload_guard, idle_and_ramp)" \
+    haproxy_tests "$v"
 done
 [ -x cookbook/gitlab-haproxy-agent/test/run.sh ] && suite "cookbook" cookbook/gitlab-haproxy-agent/test/run.sh
 [ -x scripts/check-alerts.sh ] && suite "alerts and dashboard" scripts/check-alerts.sh
@@ -60,8 +108,4 @@ suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck
 [ -x debian/tests/nspawn.sh ] && suite "package (systemd)" debian/tests/nspawn.sh
 [ -x deploy/kubernetes/test.sh ] && suite "kubernetes sidecar (podman)" deploy/kubernetes/test.sh
 
-if [ "$failed" -gt 0 ]; then
-  echo "failed suites: ${failed_names[*]}"
-fi
-echo "suites: $passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary

@@ -204,6 +204,16 @@ fn probed(agent: &Agent, watches: &[Watch], body: impl FnOnce(&Probes)) {
         }
         let _stop = StopOnDrop(&stop);
         body(&probes);
+        // However fast the body ran, or however loaded the machine (the
+        // probers may have had few turns), the final answers are checked
+        // more than 100 times before the probers stop.
+        let _ = wait_every(Duration::from_secs(20), Duration::from_millis(10), || {
+            let asked: u64 = watches
+                .iter()
+                .map(|w| w.asked.load(Ordering::Relaxed))
+                .sum();
+            (asked > 100).then_some(())
+        });
     });
     let asked = probes.assert_right();
     assert!(asked > 100, "only {asked} answers checked");

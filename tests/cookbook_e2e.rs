@@ -6,7 +6,8 @@
 //! all; one write of `zone-b` drains (then maints) exactly the servers the
 //! role puts in zone b, server-template servers included, and a server's zone
 //! comes before its backend's groups; setting `agent.enable` false (then
-//! reloading) is a rollback.
+//! reloading) is a rollback. Servers of a server-template resolved through
+//! Consul's DNS (SRV records) keep the weight the agent sets.
 
 mod support;
 
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use support::{free_port, wait_for, Agent, Consul, Haproxy, ServerState};
+use support::{free_port, wait_for, Agent, Consul, Haproxy, ServerState, TempDir};
 
 /// agent-inter rendered into the sample (production default is 2s).
 const INTER: &str = "200ms";
@@ -455,4 +456,198 @@ fn disabling_the_agent_is_a_rollback_and_reenabling_reapplies_consul() {
     rig.consul.delete("canary");
     rig.consul.delete("registry/registry-01");
     wait_view(h, &ready, "keys deleted");
+}
+
+// ---------------------------------------------------------------------------
+// Servers found through DNS: a server-template resolving Consul's SRV
+// records keeps the agent's weight.
+
+/// agent-inter of the DNS rig: ten resolutions between two agent answers,
+/// so a resolution that resets the weight shows in most samples.
+const DNS_AGENT_INTER: &str = "1s";
+/// How long the weight is sampled, and how often.
+const DNS_SAMPLING: Duration = Duration::from_secs(4);
+const DNS_SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// A role with one backend whose servers come from `server-template app 2
+/// _app._tcp.service.consul resolvers consul`, re-resolved every 100 ms
+/// through Consul's DNS on `dns_port`, zone b, configured weight 100.
+fn dns_role(dns_port: u16) -> serde_json::Value {
+    serde_json::json!({
+        "name": "dns-lb",
+        "json_class": "Chef::Role",
+        "chef_type": "role",
+        "run_list": ["recipe[gitlab-haproxy-agent]"],
+        "env_run_lists": {},
+        "override_attributes": {},
+        "default_attributes": { "gitlab-haproxy-agent": {
+            "agent": { "enable": true, "zones": ["b"] },
+            "haproxy": {
+                "global": {
+                    "log": "log stderr format short local0 notice",
+                    "chroot": null, "user": null, "group": null, "daemon": null,
+                    "maxconn": "maxconn 4096"
+                },
+                "resolvers": { "consul": {
+                    "nameserver": format!("nameserver consul 127.0.0.1:{dns_port}"),
+                    "payload": "accepted_payload_size 8192",
+                    "hold_valid": "hold valid 100ms",
+                    "timeout_resolve": "timeout resolve 100ms",
+                    "timeout_retry": "timeout retry 100ms"
+                } },
+                "backends": { "app": {
+                    "options": {
+                        "balance": "balance roundrobin",
+                        "default_server": "default-server weight 100"
+                    },
+                    "server_templates": { "app": {
+                        "count": 2,
+                        "address": "_app._tcp.service.consul",
+                        "zone": "b",
+                        "options": "resolvers consul init-addr none"
+                    } }
+                } }
+            }
+        } }
+    })
+}
+
+/// Renders `dns_role` with the cookbook, for the agent on `agent_port`.
+fn dns_config(dir: &TempDir, dns_port: u16, agent_port: u16) -> String {
+    let role = dir.path().join("dns-role.json");
+    std::fs::write(&role, dns_role(dns_port).to_string()).unwrap();
+    let script: PathBuf = [
+        env!("CARGO_MANIFEST_DIR"),
+        "cookbook/gitlab-haproxy-agent/test/render_sample.rb",
+    ]
+    .iter()
+    .collect();
+    let out = Command::new("ruby")
+        .arg(&script)
+        .arg("--role")
+        .arg(&role)
+        .args(["--agent-port", &agent_port.to_string()])
+        .args(["--agent-inter", DNS_AGENT_INTER])
+        .args(["--stats-socket", SOCKET_SENTINEL])
+        .output()
+        .expect("ruby runs render_sample.rb");
+    assert!(
+        out.status.success(),
+        "render_sample.rb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cfg = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(cfg.matches(" agent-check ").count(), 1, "{cfg}");
+    cfg.replace(SOCKET_SENTINEL, "{SOCKET}")
+}
+
+/// Registers two instances of the service `app` with the local Consul.
+fn register_app(consul: &Consul) {
+    for i in 1..=2 {
+        let body = serde_json::json!({
+            "ID": format!("app-{i}"), "Name": "app", "Address": "127.0.0.1", "Port": free_port()
+        });
+        let (status, _, answer) = consul.request(
+            "PUT",
+            "/v1/agent/service/register",
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    }
+}
+
+/// The user weight of `app/app1` and `app/app2` once both are resolved
+/// and running, neither drained nor in maint, else `None`.
+fn app_weights(h: &Haproxy) -> Option<[u32; 2]> {
+    let state = h.servers_state();
+    let weight = |name: &str| {
+        let s = state.get(&key(("app", name)))?;
+        // 0x20: no address resolved yet; 0x08, 0x01: drain, maint; 0x40 (the name came from an SRV
+        // record) stays set and does not take the server out.
+        (s.admin_state & (0x20 | 0x08 | 0x01) == 0 && s.op_state == 2).then_some(s.uweight)
+    };
+    Some([weight("app1")?, weight("app2")?])
+}
+
+/// Waits until both servers show `want`, then samples their weights
+/// over [`DNS_SAMPLING`]: how many samples showed `want` on both, of how
+/// many.
+fn sample_weights(h: &Haproxy, want: u32) -> (usize, usize) {
+    let seen = wait_for(CONVERGE, || (app_weights(h)? == [want; 2]).then_some(()));
+    assert!(
+        seen.is_some(),
+        "never at weight {want}:\n{}",
+        h.command("show servers state app")
+    );
+    sample_only(h, want)
+}
+
+/// Samples the weights over [`DNS_SAMPLING`], both servers once resolved:
+/// how many samples showed `want` on both, of how many.
+fn sample_only(h: &Haproxy, want: u32) -> (usize, usize) {
+    let resolved = wait_for(CONVERGE, || app_weights(h));
+    assert!(
+        resolved.is_some(),
+        "not resolved:\n{}",
+        h.command("show servers state app")
+    );
+    let (mut held, mut samples) = (0, 0);
+    let end = std::time::Instant::now() + DNS_SAMPLING;
+    while std::time::Instant::now() < end {
+        samples += 1;
+        if app_weights(h) == Some([want; 2]) {
+            held += 1;
+        }
+        std::thread::sleep(DNS_SAMPLE_EVERY);
+    }
+    (held, samples)
+}
+
+/// `server-template ... resolvers consul` resolves Consul's SRV records
+/// every 100 ms; each answer would set the servers' weight to the record's
+/// (Consul's SRV weight 1 makes HAProxy weight 1), undoing the agent's. The
+/// cookbook renders `resolve-opts ignore-weight` on such enrolled lines, so
+/// the weight the agent sets holds in every sample: 100 with no key, 50
+/// with `zone-b` at 50%. The same config without the option, beside it,
+/// shows what it prevents.
+#[test]
+fn servers_resolved_through_consul_dns_keep_the_agents_weight() {
+    let consul = Consul::start();
+    register_app(&consul);
+    let agent = Agent::start(&consul.url(), &[]);
+    let dir = TempDir::new("dns-role");
+    let cfg = dns_config(&dir, consul.dns_port(), agent.listen.port());
+    let line = cfg
+        .lines()
+        .find(|l| l.contains("server-template app 2 _app._tcp.service.consul"))
+        .expect("the server-template line");
+    assert!(line.contains(" resolve-opts ignore-weight "), "{line}");
+    let haproxy = Haproxy::start(&cfg);
+    // The line as a cookbook without the option rendered it.
+    let unguarded = Haproxy::start(&cfg.replace(" resolve-opts ignore-weight", ""));
+
+    for (value, want) in [(None, 100), (Some("50%"), 50)] {
+        if let Some(value) = value {
+            consul.put("zone-b", value);
+        }
+        let (held, samples) = sample_weights(&haproxy, want);
+        let (unguarded_held, unguarded_samples) = sample_only(&unguarded, want);
+        eprintln!(
+            "weight {want}: held in {held} of {samples} samples with ignore-weight, \
+             {unguarded_held} of {unguarded_samples} without"
+        );
+        assert_eq!(
+            held,
+            samples,
+            "weight {want} held in {held} of {samples} samples: {:?}",
+            app_weights(&haproxy)
+        );
+        // Without it, the DNS answers win most of the time: the check above
+        // would see it.
+        assert!(
+            unguarded_held < unguarded_samples,
+            "without ignore-weight the weight held too ({unguarded_held} of {unguarded_samples}): \
+             this HAProxy no longer takes SRV weights"
+        );
+    }
 }

@@ -769,6 +769,12 @@ fn a_prefix_of_ten_thousand_keys_is_followed_while_answers_keep_coming() {
         made <= 2.0 + took.as_millis() as f64 / 100.0,
         "{made} Consul requests in {took:?}"
     );
+    // The key count is exported just before the new state is answered:
+    // wait for the last key written to be answered too.
+    let last = wait_for(LONG, || {
+        (agent.ask(&format!("bulk/s{:05} canary", N - 1)) == bulk_reply(N - 1)).then_some(())
+    });
+    assert!(last.is_some(), "the last key written is not answered");
     for i in [0, 1, 2, 3, 4_999, 9_998, 9_999] {
         assert_eq!(
             agent.ask(&format!("bulk/s{i:05} canary")),

@@ -522,3 +522,130 @@ fn a_backend_reloaded_onto_a_wrong_agent_port_pages() {
     })
     .unwrap_or_else(|| panic!("page not resolved: {:?}", prometheus.alerts()));
 }
+
+/// Writes `n` keys `folder/sNNNNN` in transactions of 64 (the most Consul
+/// 1.8 takes), the value of key `i` being `value(i)`.
+fn put_bulk(consul: &Consul, folder: &str, n: usize, value: impl Fn(usize) -> &'static str) {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let ops: Vec<Value> = chunk
+            .iter()
+            .map(|&i| {
+                serde_json::json!({"KV": {
+                    "Verb": "set",
+                    "Key": format!("{}{folder}/s{i:05}", support::PREFIX),
+                    "Value": b64.encode(value(i)),
+                }})
+            })
+            .collect();
+        let body = serde_json::to_vec(&ops).unwrap();
+        let (status, _, answer) = consul.request("PUT", "/v1/txn", &body);
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&answer));
+    }
+}
+
+/// journald keeps 10,000 lines per 30 s per service by default and drops
+/// the rest, errors included: a start with 20,000 keys and a delete of a
+/// prefix of 12,000 keys each log a few lines, not one per key, while an
+/// ordinary change keeps its line per key.
+#[test]
+fn a_start_with_20000_keys_and_a_delete_of_the_prefix_log_a_few_lines() {
+    const BOUND: usize = 50;
+    let consul = Consul::start();
+    consul.put("~store-id", "5f0c2a9e8d7b4c31a6e2f90b1d4c7e58");
+    // 12,000 keys at drain or maint (a delete of the prefix holds them),
+    // 8,000 more at ready or a weight, and one typo (a key too).
+    put_bulk(&consul, "held", 12_000, |i| {
+        if i % 2 == 0 {
+            "drain"
+        } else {
+            "maint"
+        }
+    });
+    put_bulk(&consul, "more", 8_000, |i| {
+        if i % 2 == 0 {
+            "ready"
+        } else {
+            "50%"
+        }
+    });
+    consul.put("web/typo", "drian");
+    let agent = Agent::spawn(&consul.url(), &[]);
+    agent.wait_ready_within(Duration::from_secs(60));
+    assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 20_001.0);
+    let log = agent.log();
+    let started = log.lines().count();
+    assert!(started < BOUND, "{started} lines at start:\n{}", head(&log));
+    assert!(log.contains("first Consul answer applied"), "{log}");
+    assert!(log.contains("drain 6000 (held/s00000,"), "{log}");
+
+    // An ordinary change: its own line.
+    consul.put("web/web-01", "drain");
+    wait_for(Duration::from_secs(10), || {
+        (agent.ask("web/web-01") == "drain 100%\n").then_some(())
+    })
+    .expect("drain applied");
+    let log = agent.log();
+    assert!(
+        log.lines()
+            .skip(started)
+            .any(|l| l.contains("key=web/web-01") && l.contains("desired state applied")),
+        "{log}"
+    );
+
+    // 8,000 keys deleted at once: one line.
+    let before = agent.log().lines().count();
+    let (status, _, _) = consul.request(
+        "DELETE",
+        &format!("/v1/kv/{}more/?recurse", support::PREFIX),
+        b"",
+    );
+    assert_eq!(status, 200);
+    wait_for(Duration::from_secs(30), || {
+        (agent.metric("gitlab_haproxy_agent_keys") == 12_002.0).then_some(())
+    })
+    .expect("8,000 keys deleted");
+    let log = agent.log();
+    let lines = log.lines().count() - before;
+    assert!(
+        lines < BOUND,
+        "{lines} lines for a delete of 8,000 keys:\n{}",
+        tail(&log)
+    );
+
+    // `consul kv delete -recurse` of the prefix: 12,000 drains and maints
+    // held (the store id went with them), in a few lines.
+    let before = agent.log().lines().count();
+    let (status, _, _) = consul.request(
+        "DELETE",
+        &format!("/v1/kv/{}?recurse", support::PREFIX),
+        b"",
+    );
+    assert_eq!(status, 200);
+    wait_for(Duration::from_secs(30), || {
+        (agent.metric("gitlab_haproxy_agent_rollback_held_keys") == 12_001.0).then_some(())
+    })
+    .unwrap_or_else(|| panic!("not held:\n{}", tail(&agent.log())));
+    // Whatever else the answer logs, give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = agent.log();
+    let lines = log.lines().count() - before;
+    assert!(
+        lines < BOUND,
+        "{lines} lines for a delete of the prefix:\n{}",
+        tail(&log)
+    );
+    assert!(log.contains("rolled_back 12001"), "{}", tail(&log));
+}
+
+/// The first lines of a log, for a failure message.
+fn head(log: &str) -> String {
+    log.lines().take(20).collect::<Vec<_>>().join("\n")
+}
+
+/// The last lines of a log, for a failure message.
+fn tail(log: &str) -> String {
+    let lines: Vec<_> = log.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}

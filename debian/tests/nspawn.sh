@@ -721,7 +721,7 @@ key_count() { gpg --batch --with-colons --show-keys "$root$keyring" 2>/dev/null 
 signed_by() { # signed_by FPR: the mirror's InRelease verifies with FPR's public key alone
 	GNUPGHOME=$work/gnupg gpg --batch --export "$1" >"$work/one-key.gpg" &&
 		gpgv --status-fd 1 --keyring "$work/one-key.gpg" "$work/www/signed/dists/bookworm/InRelease" \
-			2>/dev/null | grep -q "VALIDSIG $1 "
+			2>/dev/null | grep "VALIDSIG $1 " >/dev/null
 }
 next_key=$(new_key "$work/gnupg")
 check "rotation: a new key $next_key beside the old one, same user ID" \

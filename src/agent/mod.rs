@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod http;
+pub mod log_summary;
 pub mod logging;
 pub mod metrics;
 pub mod notify;

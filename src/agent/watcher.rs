@@ -460,8 +460,12 @@ impl Watcher {
                         .filter(|c| matches!(c, Change::Served { .. }))
                         .count() as u64,
                 );
-                for change in changes {
-                    log_change(change, *index);
+                // The first answer and a mass change (a restore, a delete
+                // of the prefix) in one line: journald's rate limit would
+                // drop a line per key, and every line after them.
+                match crate::agent::log_summary::summarise(changes, !self.shared.readiness.is_synced()) {
+                    Some(summary) => summary.log(*index),
+                    None => changes.iter().for_each(|c| log_change(c, *index)),
                 }
             }
             // Readiness follows in `step`, once the state is published.

@@ -14,7 +14,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 pub mod prometheus;
@@ -82,8 +82,6 @@ impl Run {
 /// The KV prefix the agent watches by default.
 pub const PREFIX: &str = "gitlab-haproxy-agent/state/";
 
-static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-
 /// The ports [`free_port`] hands out: below the kernel's ephemeral range
 /// (`net.ipv4.ip_local_port_range`, 32768..=60999 by default), or above it
 /// when it starts low. Outgoing connections (Consul's, HAProxy's, the
@@ -107,26 +105,81 @@ fn port_range() -> (u16, u16) {
     }
 }
 
+/// Ports are handed out in blocks of this many; each block belongs to one
+/// test process at a time.
+const PORT_BLOCK: u16 = 50;
+
+/// This process's block: the next port to try and the block's end.
+static PORT_BLOCK_NOW: Mutex<Option<(u16, u16)>> = Mutex::new(None);
+
 /// A loopback TCP port nobody listens on now, outside the ephemeral range
-/// (see [`port_range`]). Ports are handed out in turn from a block chosen
-/// by PID, so parallel tests in one binary never get the same one and
-/// binaries run one after another start far apart.
+/// (see [`port_range`]). Ports come from blocks of [`PORT_BLOCK`] that this
+/// process holds (see [`claim_port_block`]), so tests running at once, as
+/// threads of one binary or as processes side by side (cargo-nextest runs
+/// each test in its own), never get the same port.
 pub fn free_port() -> u16 {
     let (lo, span) = port_range();
-    let _ = NEXT_PORT.compare_exchange(
-        0,
-        lo + (std::process::id() % u32::from(span / 50)) as u16 * 50,
-        Ordering::SeqCst,
-        Ordering::SeqCst,
-    );
-    for _ in 0..1000 {
-        let port = NEXT_PORT.fetch_add(1, Ordering::SeqCst);
-        let port = lo + port.wrapping_sub(lo) % span;
-        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
+    let blocks = span / PORT_BLOCK;
+    let mut now = PORT_BLOCK_NOW.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..u32::from(span) {
+        let (next, end) = match *now {
+            Some((next, end)) if next < end => (next, end),
+            _ => {
+                let start = claim_port_block(lo, blocks);
+                (start, start + PORT_BLOCK)
+            }
+        };
+        *now = Some((next + 1, end));
+        if TcpListener::bind(("127.0.0.1", next)).is_ok() {
+            return next;
         }
     }
     panic!("no free loopback port found");
+}
+
+/// Takes a block of ports no other live process holds, trying them in turn
+/// from one chosen by PID: its lock file `$TMPDIR/gha-ports-<first>.lock`
+/// names this process (see [`take_lock`]). The lock outlives the process
+/// and is taken over once that process is gone.
+fn claim_port_block(lo: u16, blocks: u16) -> u16 {
+    static TRIED: AtomicU16 = AtomicU16::new(0);
+    let first = (std::process::id() % u32::from(blocks)) as u16;
+    for _ in 0..blocks {
+        let i = (first + TRIED.fetch_add(1, Ordering::SeqCst) % blocks) % blocks;
+        let start = lo + i * PORT_BLOCK;
+        if take_lock(&std::env::temp_dir().join(format!("gha-ports-{start}.lock"))) {
+            return start;
+        }
+    }
+    panic!("every block of test ports is held by a running process");
+}
+
+/// Takes the lock file at `path` for this process: created anew with its
+/// PID, or taken over from a PID that no longer runs. False when another
+/// live process holds it.
+pub fn take_lock(path: &Path) -> bool {
+    let me = std::process::id();
+    for _ in 0..2 {
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(path)
+        {
+            Ok(mut f) => return f.write_all(me.to_string().as_bytes()).is_ok(),
+            Err(_) => {
+                let owner = std::fs::read_to_string(path).unwrap_or_default();
+                let alive = owner
+                    .trim()
+                    .parse::<u32>()
+                    .is_ok_and(|pid| pid == me || Path::new(&format!("/proc/{pid}")).exists());
+                if alive {
+                    return owner.trim() == me.to_string();
+                }
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
+    false
 }
 
 /// A fresh temporary directory (the `tempfile` crate's), removed on drop.
@@ -506,6 +559,11 @@ impl Consul {
     /// The HTTP address.
     pub fn addr(&self) -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], self.ports[0]))
+    }
+
+    /// The DNS port (UDP and TCP on 127.0.0.1).
+    pub fn dns_port(&self) -> u16 {
+        self.ports[1]
     }
 
     /// `http://127.0.0.1:<port>`.

@@ -97,6 +97,10 @@ default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
   'timeout_server' => 'timeout server 90s',
   'timeout_check' => 'timeout check 2s',
 }
+# name => { name => line }: resolvers sections (nameserver, hold, timeout
+# resolve, ...) for servers with `resolvers <name>`. Enrolled servers that
+# resolve at run time get `resolve-opts ignore-weight` (see README).
+default['gitlab-haproxy-agent']['haproxy']['resolvers'] = {}
 # name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}
 # name => { 'options' => { name => line },

@@ -11,7 +11,7 @@ require_relative 'agent_check'
 # server-state file, or open an admin listener over TCP.
 module GitlabHaproxyAgent
   module HaproxyConfig
-    Config = Struct.new(:global, :defaults, :frontends, :backends, keyword_init: true)
+    Config = Struct.new(:global, :defaults, :resolvers, :frontends, :backends, keyword_init: true)
     Section = Struct.new(:name, :lines, :servers, keyword_init: true)
     # base: the server line without agent options; agent: the options or nil.
     Server = Struct.new(:name, :base, :agent, keyword_init: true) do
@@ -33,6 +33,14 @@ module GitlabHaproxyAgent
     WEIGHT = /(?:\A|\s)weight\s+(\S+)/.freeze
     DISABLED = /(\A|\s)disabled(\s|\z)/.freeze
     DEFAULT_SERVER = /\A\s*default-server\s/.freeze
+    RESOLVERS = /(?:\A|\s)resolvers\s+\S/.freeze
+    RESOLVE_OPTS = /(?:\A|\s)resolve-opts\s+(\S+)/.freeze
+    # A server whose address HAProxy resolves at run time takes the weight of
+    # each DNS SRV answer (Consul's is 1), undoing the agent's weight at
+    # every resolution; `ignore-weight` keeps the weight the agent set.
+    IGNORE_WEIGHT = 'resolve-opts ignore-weight'
+    IGNORE_WEIGHT_WHY = "HAProxy would set the server's weight from every DNS SRV answer, undoing the agent's " \
+                        'weight at each resolution'
     # HAProxy starts a `disabled` server in MAINT and the agent's first
     # `ready` puts it in service (`ready` clears MAINT whoever set it).
     DISABLED_WHY = "starts the server in MAINT and the agent's first 'ready' puts it in service; keep a " \
@@ -62,6 +70,9 @@ module GitlabHaproxyAgent
       Config.new(
         global: global_lines(haproxy),
         defaults: defaults,
+        resolvers: present(hash_attr(haproxy['resolvers'], 'haproxy.resolvers')).map do |name, lines|
+          resolvers(name.to_s, lines)
+        end,
         frontends: frontends_attr.map { |name, fe| frontend(name.to_s, fe) },
         backends: backends_attr.map { |name, be| backend(name.to_s, be, plan, defaults) }
       )
@@ -131,6 +142,16 @@ module GitlabHaproxyAgent
                            'an admin listener over TCP is refused'
       end
       lines + ["stats socket #{socket} mode 600 level admin"]
+    end
+
+    # A resolvers section (nameservers and timers), for servers with
+    # `resolvers <name>`: name => config line, as every list of lines.
+    def resolvers(name, lines)
+      AgentCheck.check_name!(name, 'resolvers name', "#{ATTR}.haproxy.resolvers")
+      lines = lines_attr(lines, "haproxy.resolvers.#{name}")
+      raise ConfigError, "#{ATTR}.haproxy.resolvers.#{name} has no line (a nameserver at least)" if lines.empty?
+
+      Section.new(name: name, lines: lines, servers: [])
     end
 
     def frontend(name, attrs)
@@ -261,12 +282,33 @@ module GitlabHaproxyAgent
         raise ConfigError, "#{ATTR}.#{attr}.options: 'disabled' on an enrolled server #{DISABLED_WHY}"
       end
       weight, weight_attr = configured_weight(attrs, options, attr, backend_lines, backend, defaults)
+      base = "#{base} #{IGNORE_WEIGHT}" if needs_ignore_weight?(options, attr, backend_lines, defaults)
       agent = AgentCheck.server_options(
         backend: backend, server: name, groups: own_groups + plan[:groups][backend],
         addr: plan[:addr], port: plan[:port], inter: plan[:inter],
         weight: weight, weight_attr: weight_attr, template: template
       )
       Server.new(name: name, base: base, agent: agent)
+    end
+
+    # True when the enrolled server resolves its address at run time
+    # (`resolvers` on its line or on a default-server line that reaches it)
+    # and its options do not already say `resolve-opts ...ignore-weight`. A
+    # `resolve-opts` without ignore-weight is refused rather than amended:
+    # which of two resolve-opts wins is HAProxy's business, not ours.
+    def needs_ignore_weight?(options, attr, backend_lines, defaults)
+      # Most specific first: the server's options, its backend's
+      # default-server lines (the last one first), then the defaults'.
+      reaching = [options, *backend_lines.grep(DEFAULT_SERVER).reverse, *defaults.grep(DEFAULT_SERVER).reverse]
+      return false unless reaching.any? { |line| line.match?(RESOLVERS) }
+
+      opts = reaching.map { |line| line.match(RESOLVE_OPTS) }.compact
+      return true if opts.empty?
+      return false if opts.first[1].split(',').include?('ignore-weight')
+
+      raise ConfigError, "#{ATTR}.#{attr}: 'resolve-opts #{opts.first[1]}' on an enrolled server that resolves its " \
+                         "address must include ignore-weight (resolve-opts #{opts.first[1]},ignore-weight): " \
+                         "without it #{IGNORE_WEIGHT_WHY}"
     end
 
     # server-template's <num | range>: a count (1-1000) or a range N-M.

@@ -209,4 +209,59 @@ class HaproxyTemplateTest < Minitest::Test
                                     'excluded_backends' => ['gone'] })
     assert_equal fixture('sample_role.agent-disabled.haproxy.cfg'), render_cfg(node)
   end
+
+  # --- servers resolved through DNS (server-template with resolvers) ---
+
+  RESOLVERS = { 'consul' => { 'nameserver' => 'nameserver consul 127.0.0.1:8600',
+                              'hold_valid' => 'hold valid 10s' } }.freeze
+
+  def dns_node(template_options, agent_enable: true, backend_options: {})
+    sample_node('agent' => { 'enable' => agent_enable },
+                'haproxy' => { 'resolvers' => RESOLVERS, 'backends' => { 'web' => {
+                  'options' => backend_options,
+                  'server_templates' => { 'web-tpl' => { 'address' => '_web._tcp.service.consul', 'port' => nil,
+                                                         'options' => template_options } }
+                } } })
+  end
+
+  def template_line(cfg)
+    cfg.lines.find { |l| l.include?('server-template web-tpl ') }.strip
+  end
+
+  def test_resolvers_sections_are_rendered_before_the_proxies
+    cfg = render_cfg(dns_node('check resolvers consul init-addr none'))
+    assert_includes cfg, "\nresolvers consul\n    nameserver consul 127.0.0.1:8600\n    hold valid 10s\n"
+    assert_operator cfg.index('resolvers consul'), :<, cfg.index('frontend main')
+    assert_refused("#{ATTR}.haproxy.resolvers.consul", /nameserver/) do
+      render_cfg(sample_node('haproxy' => { 'resolvers' => { 'consul' => {} } }))
+    end
+  end
+
+  def test_an_enrolled_server_resolved_at_run_time_ignores_the_srv_weight
+    line = template_line(render_cfg(dns_node('check resolvers consul init-addr none')))
+    assert_equal 'server-template web-tpl 2 _web._tcp.service.consul check resolvers consul init-addr none ' \
+                 'resolve-opts ignore-weight agent-check agent-addr 127.0.0.1 agent-port 9777 agent-inter 2s ' \
+                 'agent-send "zone-b\\n"', line
+    # resolvers on a default-server line reaches the template too.
+    line = template_line(render_cfg(dns_node('check init-addr none',
+                                             backend_options: { 'dns' => 'default-server resolvers consul' })))
+    assert_includes line, ' resolve-opts ignore-weight agent-check '
+    # Already said: not said twice.
+    line = template_line(render_cfg(dns_node('check resolvers consul resolve-opts allow-dup-ip,ignore-weight')))
+    assert_equal 1, line.scan('resolve-opts').size, line
+    # Without resolvers (address resolved once at start) nothing changes.
+    refute_includes template_line(render_cfg(dns_node('check'))), 'resolve-opts'
+    # Not enrolled: HAProxy's own behaviour, SRV weights included.
+    refute_includes template_line(render_cfg(dns_node('check resolvers consul', agent_enable: false))),
+                    'resolve-opts'
+  end
+
+  def test_refuses_resolve_opts_without_ignore_weight_on_an_enrolled_server
+    assert_refused("#{ATTR}.haproxy.backends.web.server_templates.web-tpl", /ignore-weight/) do
+      render_cfg(dns_node('check resolvers consul resolve-opts allow-dup-ip'))
+    end
+    assert_refused("#{ATTR}.haproxy.backends.web.server_templates.web-tpl", /SRV/) do
+      render_cfg(dns_node('check resolvers consul', backend_options: { 'dns' => 'default-server resolve-opts prevent-dup-ip' }))
+    end
+  end
 end

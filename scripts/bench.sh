@@ -18,7 +18,8 @@
 #                                KV change, the agent beside `consul watch
 #                                -type=keyprefix`, ACLs off and on, default
 #                                and stale reads (benches/consul_cost.rs;
-#                                about 2 minutes; needs only consul)
+#                                about 3 minutes: 2 of them idle, to count
+#                                the index checks; needs only consul)
 #   ./scripts/bench.sh --partition   instead: time from an acknowledged
 #                                write to every HAProxy showing it while a
 #                                Consul leader, a follower, a client agent

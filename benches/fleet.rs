@@ -78,6 +78,18 @@ struct Args {
     /// instead of the default run.
     #[arg(long)]
     gprd: bool,
+    /// With --gprd: run only its fleets from FROM (0-based) to TO
+    /// (exclusive), of four: no records default, stale; records default,
+    /// stale.
+    #[arg(long, default_value_t = 0)]
+    gprd_from: usize,
+    /// See --gprd-from.
+    #[arg(long, default_value_t = 4)]
+    gprd_to: usize,
+    /// An option passed to every agent (repeatable), e.g.
+    /// `--agent-arg=--index-check=0`.
+    #[arg(long, allow_hyphen_values = true)]
+    agent_arg: Vec<String>,
 }
 
 fn now() -> f64 {
@@ -462,6 +474,8 @@ fn writes(
     let mut missing = 0;
     let mut wrong = 0;
     let mut held = 0;
+    let mut reissued = 0;
+    let mut unconfirmed = 0;
     static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     for _ in 0..writes {
         let w = WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -488,6 +502,8 @@ fn writes(
             eprintln!("agent {i} did not apply grp={value}: {tail:#?}");
         }
         held += fleet.count_lines("stale answer held");
+        reissued += fleet.count_lines("re-issued");
+        unconfirmed += fleet.count_lines("index check could not confirm");
         all.push(got.iter().copied().fold(0.0, f64::max));
         each.extend(got);
         wrong += fleet.sample_wrong("x/y grp", &format!("{value} 100%\n"), n / 50);
@@ -577,6 +593,16 @@ fn writes(
         scenario,
         "server each client agent reads through; stale answers held",
         format!("{}; {held}", via.join(" ")),
+        "",
+    );
+    report.row(
+        scenario,
+        "index checks over the writes: reads re-issued / checks that could not confirm, per agent and write",
+        format!(
+            "{:.2} / {:.2}",
+            reissued as f64 / (n * writes) as f64,
+            unconfirmed as f64 / (n * writes) as f64
+        ),
         "",
     );
     let total: f64 = cost.iter().map(|c| c.1 as f64).sum();
@@ -792,6 +818,7 @@ fn run_gprd(args: &Args, n: usize, report: &mut Report) {
     put_many_on(cluster.client(0), PREFIX, &rows);
     put_many_on(cluster.client(0), META_PREFIX, &with_records(&rows, true));
     let target = if n <= 1000 { 250.0 } else { 2000.0 };
+    let mut fleets = 0;
     for (prefix, records, what) in [
         (PREFIX, false, format!("{GPRD_ROWS} keys")),
         (
@@ -804,7 +831,13 @@ fn run_gprd(args: &Args, n: usize, report: &mut Report) {
             ("default", &[][..]),
             ("stale", &["--consistency", "stale"][..]),
         ] {
-            let fleet = Fleet::spawn_on(&args.agent_bin, &cluster, n, extra, prefix, records);
+            fleets += 1;
+            if fleets <= args.gprd_from || fleets > args.gprd_to {
+                continue;
+            }
+            let mut extra: Vec<&str> = extra.to_vec();
+            extra.extend(args.agent_arg.iter().map(String::as_str));
+            let fleet = Fleet::spawn_on(&args.agent_bin, &cluster, n, &extra, prefix, records);
             let synced = fleet.wait_all(&["first Consul sync applied"], Duration::from_secs(300));
             let done = synced.iter().flatten().count();
             let last = synced.iter().flatten().copied().fold(0.0, f64::max) - fleet.spawned_at;
@@ -852,8 +885,12 @@ fn main() {
     println!("{table}");
     if !args.no_record {
         let body = format!(
-            "Recorded by `./scripts/bench.sh --fleet{} --agents {}` in {} s.\n\n{table}",
+            "Recorded by `./scripts/bench.sh --fleet{}{} --agents {}` in {} s.\n\n{table}",
             if args.gprd { " --gprd" } else { "" },
+            args.agent_arg
+                .iter()
+                .map(|a| format!(" --agent-arg={a}"))
+                .collect::<String>(),
             args.agents
                 .iter()
                 .map(usize::to_string)

@@ -30,7 +30,9 @@
 # Other options are passed to the benchmark: --no-record, --quick,
 # --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
 # measured beside this one); with --fleet: --agents N,N, --writes N,
-# --outage-secs S; with --consul-cost: --keys N; with --partition: --secs S
+# --outage-secs S, --gprd (919 keys without and with writer records),
+# --agent-arg=OPT (passed to every agent); with --consul-cost: --keys N,
+# --idle-secs S; with --partition: --secs S
 # (per cut), --label TEXT (the BENCHMARKS.md section, e.g. before).
 set -euo pipefail
 cd "$(dirname "$0")/.."

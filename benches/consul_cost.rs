@@ -22,6 +22,14 @@
 //! the leader), and bytes each way as they crossed the sockets (Consul's
 //! answers as Consul encoded them, so gzip counts).
 //!
+//! The agent's index checks (`?keys&separator=/&stale`, one per
+//! `--index-check` while a read is parked) are idle cost, not cost per
+//! change: the proxy counts them apart, and they are reported beside the
+//! figures per change, not in them. With ACLs off the run then leaves every
+//! client idle for `--idle-secs` (default 120) and reports requests and
+//! bytes per idle minute: index checks, and blocking reads ended by their
+//! `--wait`.
+//!
 //! Targets are checked and printed (PASS or MISS); a miss does not fail the
 //! run. The table is recorded in BENCHMARKS.md under "Consul cost per
 //! change". Options (after `--`): `--agent-bin PATH`, `--keys N`,
@@ -80,6 +88,10 @@ struct Args {
     /// Print only; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_record: bool,
+    /// With ACLs off, how long every client is left idle after the changes
+    /// (0: not measured).
+    #[arg(long, default_value_t = 120)]
+    idle_secs: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -286,6 +298,11 @@ struct Measured {
     per_change: Vec<Totals>,
     /// Its requests from the first change until the last one settled.
     requests: Vec<Forwarded>,
+    /// What its proxy counted from the first change until the last one
+    /// settled, and how long that took.
+    changes: (Totals, Duration),
+    /// What its proxy counted over the idle window, and its length.
+    idle: Option<(Totals, Duration)>,
 }
 
 /// What one Consul (ACLs off or on) gave.
@@ -411,6 +428,8 @@ fn run(args: &Args, acl: Acl) -> AclRun {
         }
     }
     let mut unsettled = Vec::new();
+    let first = before.clone();
+    let changes_began = Instant::now();
     for (n, step) in MIX.iter().enumerate() {
         let key = format!("{PREFIX}{}", step.key);
         match step.value {
@@ -466,9 +485,29 @@ fn run(args: &Args, acl: Acl) -> AclRun {
                 .join(", ")
         );
     }
+    let changes_took = changes_began.elapsed();
+    // The requests of the changes, before the idle window adds its own.
+    let change_requests: Vec<Vec<Forwarded>> = clients
+        .iter()
+        .map(|c| c.proxy.requests().split_off(c.log_start))
+        .collect();
+    let idle: Option<Vec<(Totals, Duration)>> =
+        (acl == Acl::Off && args.idle_secs > 0).then(|| {
+            eprintln!("idle for {} s", args.idle_secs);
+            let start: Vec<Totals> = clients.iter().map(|c| c.proxy.totals()).collect();
+            let t0 = Instant::now();
+            std::thread::sleep(Duration::from_secs(args.idle_secs));
+            let took = t0.elapsed();
+            clients
+                .iter()
+                .zip(start)
+                .map(|(c, s)| (c.proxy.totals() - s, took))
+                .collect()
+        });
     let measured = clients
         .iter()
-        .map(|c| {
+        .enumerate()
+        .map(|(i, c)| {
             if c.is_agent() && c.log().contains("ERROR") {
                 eprintln!("{} logged errors:\n{}", c.name(), c.log());
             }
@@ -477,7 +516,9 @@ fn run(args: &Args, acl: Acl) -> AclRun {
                 reads: c.reads,
                 is_agent: c.is_agent(),
                 per_change: c.per_change.clone(),
-                requests: c.proxy.requests().split_off(c.log_start),
+                requests: change_requests[i].clone(),
+                changes: (before[i] - first[i], changes_took),
+                idle: idle.as_ref().map(|v| v[i]),
             }
         })
         .collect();
@@ -755,6 +796,86 @@ fn report(runs: &[AclRun], table: &mut Table, shapes: &mut String) {
                 String::new(),
                 None,
             );
+            let minutes = |d: Duration| d.as_secs_f64() / 60.0;
+            let checks_over = |c: &Measured| {
+                if !c.is_agent {
+                    return "-".to_string();
+                }
+                let (t, d) = c.changes;
+                format!(
+                    "{} in {:.0} s ({:.1}/min)",
+                    t.checks,
+                    d.as_secs_f64(),
+                    t.checks as f64 / minutes(d)
+                )
+            };
+            table.row(
+                acl,
+                reads,
+                "index checks over the changes (in no figure above)",
+                checks_over(agent),
+                checks_over(watch),
+                String::new(),
+                None,
+            );
+            if let (Some((ai, ad)), Some((wi, wd))) = (agent.idle, watch.idle) {
+                let reqs = |t: Totals, d: Duration| {
+                    format!(
+                        "{:.1} ({:.1} index checks + {:.1} other)",
+                        (t.checks + t.requests) as f64 / minutes(d),
+                        t.checks as f64 / minutes(d),
+                        t.requests as f64 / minutes(d)
+                    )
+                };
+                table.row(
+                    acl,
+                    reads,
+                    &format!("idle: requests per minute ({:.0} s idle)", ad.as_secs_f64()),
+                    reqs(ai, ad),
+                    reqs(wi, wd),
+                    String::new(),
+                    None,
+                );
+                let bytes = |t: Totals, d: Duration| {
+                    let checks = (t.checks_to_consul + t.checks_from_consul) as f64 / minutes(d);
+                    let other = (t.to_consul + t.from_consul) as f64 / minutes(d);
+                    format!(
+                        "{} B ({} B index checks + {} B other)",
+                        thousands(checks + other),
+                        thousands(checks),
+                        thousands(other)
+                    )
+                };
+                table.row(
+                    acl,
+                    reads,
+                    "idle: bytes per minute, both ways",
+                    bytes(ai, ad),
+                    bytes(wi, wd),
+                    String::new(),
+                    None,
+                );
+                let per_check = |t: Totals| {
+                    if t.checks == 0 {
+                        "-".to_string()
+                    } else {
+                        format!(
+                            "{} / {} B",
+                            thousands(per(t.checks_from_consul, t.checks as usize)),
+                            thousands(per(t.checks_to_consul, t.checks as usize))
+                        )
+                    }
+                };
+                table.row(
+                    acl,
+                    reads,
+                    "idle: bytes per index check, from Consul / to Consul",
+                    per_check(ai),
+                    per_check(wi),
+                    String::new(),
+                    None,
+                );
+            }
 
             for c in [agent, watch] {
                 let mut counts: BTreeMap<String, usize> = BTreeMap::new();

@@ -15,8 +15,16 @@
 //! and its resolution does not shrink as the fleet grows; agent-checks on a
 //! sample of agents confirm that the answers follow.
 //!
+//! With `--gprd`, instead: gprd's keyspace at each fleet size, 919 row keys
+//! under one prefix without writer records and, in the same run on the same
+//! cluster, under another prefix with each key's writer record
+//! (`~meta/<key>`, written in the key's transaction as the writer does),
+//! default and stale reads: write apply times, and the servers' CPU and bytes
+//! per write (recorded under its own section of BENCHMARKS.md).
+//!
 //! Options (after `--`): `--agent-bin PATH`, `--agents 1000,5000`,
-//! `--writes N` (default 10), `--outage-secs S` (default 20), `--no-record`.
+//! `--writes N` (default 10), `--outage-secs S` (default 20), `--gprd`,
+//! `--no-record`.
 #![allow(dead_code)]
 
 #[path = "../tests/support/mod.rs"]
@@ -35,6 +43,12 @@ use harness::{Proc, TempDir};
 const PREFIX: &str = "bench/fleet/";
 const RESULTS_BEGIN: &str = "<!-- bench:fleet:begin -->";
 const RESULTS_END: &str = "<!-- bench:fleet:end -->";
+const GPRD_BEGIN: &str = "<!-- bench:fleet-gprd:begin -->";
+const GPRD_END: &str = "<!-- bench:fleet-gprd:end -->";
+/// The prefix with writer records in `--gprd` runs.
+const META_PREFIX: &str = "bench/fleet-meta/";
+/// Row keys in `--gprd` runs: gprd's count.
+const GPRD_ROWS: usize = 919;
 /// Agents per client agent.
 const PER_CLIENT: usize = 100;
 
@@ -60,6 +74,22 @@ struct Args {
     /// Print only; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_record: bool,
+    /// gprd's keyspace (919 row keys) without and with writer records,
+    /// instead of the default run.
+    #[arg(long)]
+    gprd: bool,
+    /// With --gprd: run only its fleets from FROM (0-based) to TO
+    /// (exclusive), of four: no records default, stale; records default,
+    /// stale.
+    #[arg(long, default_value_t = 0)]
+    gprd_from: usize,
+    /// See --gprd-from.
+    #[arg(long, default_value_t = 4)]
+    gprd_to: usize,
+    /// An option passed to every agent (repeatable), e.g.
+    /// `--agent-arg=--index-check=0`.
+    #[arg(long, allow_hyphen_values = true)]
+    agent_arg: Vec<String>,
 }
 
 fn now() -> f64 {
@@ -129,6 +159,11 @@ impl FleetAgent {
 
 struct Fleet {
     agents: Vec<FleetAgent>,
+    /// The prefix the agents watch.
+    prefix: &'static str,
+    /// Whether a write also writes the key's writer record, in one
+    /// transaction, as the writer does.
+    records: bool,
     dir: TempDir,
     spawned_at: f64,
     spawn_took: Duration,
@@ -138,6 +173,19 @@ impl Fleet {
     /// Spawns `n` agents, agent `i` on `127.250.(i / 250).(i % 250 + 1)`
     /// reading through client agent `i % clients`, as fast as they start.
     fn spawn(bin: &Path, cluster: &Cluster, n: usize, extra: &[&str]) -> Fleet {
+        Fleet::spawn_on(bin, cluster, n, extra, PREFIX, false)
+    }
+
+    /// [`Fleet::spawn`] on `prefix`; `records`: writes carry the writer's
+    /// record.
+    fn spawn_on(
+        bin: &Path,
+        cluster: &Cluster,
+        n: usize,
+        extra: &[&str],
+        prefix: &'static str,
+        records: bool,
+    ) -> Fleet {
         let dir = TempDir::new("fleet");
         let spawned_at = now();
         let t = Instant::now();
@@ -153,7 +201,7 @@ impl Fleet {
                     .arg("--consul-addr")
                     .arg(client.url())
                     .arg("--prefix")
-                    .arg(PREFIX)
+                    .arg(prefix)
                     .arg("--listen")
                     .arg(listen.to_string())
                     .arg("--http-listen")
@@ -170,6 +218,8 @@ impl Fleet {
             .collect();
         Fleet {
             agents,
+            prefix,
+            records,
             dir,
             spawned_at,
             spawn_took: t.elapsed(),
@@ -300,17 +350,64 @@ fn put(node: &Node, key: &str, value: &str) -> bool {
         .is_some_and(|(s, _, b)| s == 200 && b.trim_ascii() == b"true")
 }
 
+/// The writer's record of `value` (`~meta/<key>`), as the writer CLI
+/// writes it.
+fn record_of(value: &str) -> String {
+    let at = now() as u64;
+    format!(
+        r#"{{"by":"fleet-bench","reason":"gprd-sized fleet benchmark","at":{at},"value":"{value}"}}"#
+    )
+}
+
+/// `pairs` with the writer's record of each after it, when `records`.
+fn with_records(pairs: &[(String, String)], records: bool) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .flat_map(|(k, v)| {
+            let mut out = vec![(k.clone(), v.clone())];
+            if records {
+                out.push((format!("~meta/{k}"), record_of(v)));
+            }
+            out
+        })
+        .collect()
+}
+
+/// Writes `key` of the fleet's prefix, with its record in the same
+/// transaction when the fleet's writes carry records; false when Consul
+/// refused.
+fn put_fleet(node: &Node, fleet: &Fleet, key: &str, value: &str) -> bool {
+    if !fleet.records && fleet.prefix == PREFIX {
+        return put(node, key, value);
+    }
+    let ops = txn_ops(
+        fleet.prefix,
+        &with_records(&[(key.to_string(), value.to_string())], fleet.records),
+    );
+    node.request("PUT", "/v1/txn", &serde_json::to_vec(&ops).unwrap())
+        .is_some_and(|(s, _, _)| s == 200)
+}
+
+fn txn_ops(prefix: &str, pairs: &[(String, String)]) -> Vec<serde_json::Value> {
+    use base64::Engine as _;
+    pairs
+        .iter()
+        .map(|(k, v)| {
+            serde_json::json!({"KV": {"Verb": "set", "Key": format!("{prefix}{k}"),
+                "Value": base64::engine::general_purpose::STANDARD.encode(v)}})
+        })
+        .collect()
+}
+
 /// Writes `pairs` (relative keys) with `PUT /v1/txn`, 64 at a time.
 fn put_many(node: &Node, pairs: &[(String, String)]) {
-    use base64::Engine as _;
+    put_many_on(node, PREFIX, pairs);
+}
+
+/// [`put_many`] under `prefix`.
+fn put_many_on(node: &Node, prefix: &str, pairs: &[(String, String)]) {
     for chunk in pairs.chunks(64) {
-        let ops: Vec<serde_json::Value> = chunk
-            .iter()
-            .map(|(k, v)| {
-                serde_json::json!({"KV": {"Verb": "set", "Key": format!("{PREFIX}{k}"),
-                    "Value": base64::engine::general_purpose::STANDARD.encode(v)}})
-            })
-            .collect();
+        let ops = txn_ops(prefix, chunk);
         let body = serde_json::to_vec(&ops).unwrap();
         let ok = harness::wait_every(Duration::from_secs(60), Duration::from_millis(100), || {
             let (status, _, _) = node.request("PUT", "/v1/txn", &body)?;
@@ -377,6 +474,8 @@ fn writes(
     let mut missing = 0;
     let mut wrong = 0;
     let mut held = 0;
+    let mut reissued = 0;
+    let mut unconfirmed = 0;
     static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     for _ in 0..writes {
         let w = WRITES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -384,7 +483,7 @@ fn writes(
         fleet.mark();
         let t0 = now();
         let ok = harness::wait_every(Duration::from_secs(60), Duration::from_millis(50), || {
-            put(cluster.client(0), "grp", value).then_some(())
+            put_fleet(cluster.client(0), fleet, "grp", value).then_some(())
         });
         assert!(ok.is_some(), "PUT grp={value} failed for 60 s");
         let times = fleet.wait_all(
@@ -403,6 +502,8 @@ fn writes(
             eprintln!("agent {i} did not apply grp={value}: {tail:#?}");
         }
         held += fleet.count_lines("stale answer held");
+        reissued += fleet.count_lines("re-issued");
+        unconfirmed += fleet.count_lines("index check could not confirm");
         all.push(got.iter().copied().fold(0.0, f64::max));
         each.extend(got);
         wrong += fleet.sample_wrong("x/y grp", &format!("{value} 100%\n"), n / 50);
@@ -492,6 +593,16 @@ fn writes(
         scenario,
         "server each client agent reads through; stale answers held",
         format!("{}; {held}", via.join(" ")),
+        "",
+    );
+    report.row(
+        scenario,
+        "index checks over the writes: reads re-issued / checks that could not confirm, per agent and write",
+        format!(
+            "{:.2} / {:.2}",
+            reissued as f64 / (n * writes) as f64,
+            unconfirmed as f64 / (n * writes) as f64
+        ),
         "",
     );
     let total: f64 = cost.iter().map(|c| c.1 as f64).sum();
@@ -688,6 +799,68 @@ fn run(args: &Args, n: usize, report: &mut Report) {
     drop(fleet);
 }
 
+/// gprd's keyspace: [`GPRD_ROWS`] row keys under [`PREFIX`] without
+/// records and under [`META_PREFIX`] with each key's record, default then
+/// stale reads on each, on one cluster.
+fn run_gprd(args: &Args, n: usize, report: &mut Report) {
+    let clients = n.div_ceil(PER_CLIENT).max(3);
+    eprintln!("== gprd keyspace, {n} agents, {clients} client agents");
+    let cluster = Cluster::start_with(clients as u8, 5);
+    let rows: Vec<(String, String)> = (0..GPRD_ROWS - 1)
+        .map(|i| {
+            (
+                format!("web/web-{i:04}"),
+                if i % 10 == 0 { "maint" } else { "ready" }.to_string(),
+            )
+        })
+        .chain([("grp".to_string(), "ready".to_string())])
+        .collect();
+    put_many_on(cluster.client(0), PREFIX, &rows);
+    put_many_on(cluster.client(0), META_PREFIX, &with_records(&rows, true));
+    let target = if n <= 1000 { 250.0 } else { 2000.0 };
+    let mut fleets = 0;
+    for (prefix, records, what) in [
+        (PREFIX, false, format!("{GPRD_ROWS} keys")),
+        (
+            META_PREFIX,
+            true,
+            format!("{GPRD_ROWS} keys + {GPRD_ROWS} records"),
+        ),
+    ] {
+        for (reads, extra) in [
+            ("default", &[][..]),
+            ("stale", &["--consistency", "stale"][..]),
+        ] {
+            fleets += 1;
+            if fleets <= args.gprd_from || fleets > args.gprd_to {
+                continue;
+            }
+            let mut extra: Vec<&str> = extra.to_vec();
+            extra.extend(args.agent_arg.iter().map(String::as_str));
+            let fleet = Fleet::spawn_on(&args.agent_bin, &cluster, n, &extra, prefix, records);
+            let synced = fleet.wait_all(&["first Consul sync applied"], Duration::from_secs(300));
+            let done = synced.iter().flatten().count();
+            let last = synced.iter().flatten().copied().fold(0.0, f64::max) - fleet.spawned_at;
+            report.row(
+                &format!("{n}, {reads}, {what}"),
+                "cold start: all synced after",
+                format!("{last:.1} s ({done} of {n} synced)"),
+                "",
+            );
+            let mut fleet = fleet;
+            writes(
+                report,
+                &format!("{n}, {reads}, {what}"),
+                &cluster,
+                &mut fleet,
+                args.writes,
+                target,
+            );
+            drop(fleet);
+        }
+    }
+}
+
 fn main() {
     let args = <Args as clap::Parser>::parse();
     if !args.bench {
@@ -702,13 +875,22 @@ fn main() {
     let started = Instant::now();
     let mut report = Report { rows: Vec::new() };
     for &n in &args.agents {
-        run(&args, n, &mut report);
+        if args.gprd {
+            run_gprd(&args, n, &mut report);
+        } else {
+            run(&args, n, &mut report);
+        }
     }
     let table = report.table();
     println!("{table}");
     if !args.no_record {
         let body = format!(
-            "Recorded by `./scripts/bench.sh --fleet --agents {}` in {} s.\n\n{table}",
+            "Recorded by `./scripts/bench.sh --fleet{}{} --agents {}` in {} s.\n\n{table}",
+            if args.gprd { " --gprd" } else { "" },
+            args.agent_arg
+                .iter()
+                .map(|a| format!(" --agent-arg={a}"))
+                .collect::<String>(),
             args.agents
                 .iter()
                 .map(usize::to_string)
@@ -718,10 +900,15 @@ fn main() {
         );
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("BENCHMARKS.md");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let block = format!("{RESULTS_BEGIN}\n{body}{RESULTS_END}");
-        let new = match (text.find(RESULTS_BEGIN), text.find(RESULTS_END)) {
+        let (begin, end) = if args.gprd {
+            (GPRD_BEGIN, GPRD_END)
+        } else {
+            (RESULTS_BEGIN, RESULTS_END)
+        };
+        let block = format!("{begin}\n{body}{end}");
+        let new = match (text.find(begin), text.find(end)) {
             (Some(b), Some(e)) if e > b => {
-                format!("{}{block}{}", &text[..b], &text[e + RESULTS_END.len()..])
+                format!("{}{block}{}", &text[..b], &text[e + end.len()..])
             }
             _ => format!("{}\n\n{block}\n", text.trim_end()),
         };

@@ -18,7 +18,8 @@
 #                                KV change, the agent beside `consul watch
 #                                -type=keyprefix`, ACLs off and on, default
 #                                and stale reads (benches/consul_cost.rs;
-#                                about 2 minutes; needs only consul)
+#                                about 3 minutes: 2 of them idle, to count
+#                                the index checks; needs only consul)
 #   ./scripts/bench.sh --partition   instead: time from an acknowledged
 #                                write to every HAProxy showing it while a
 #                                Consul leader, a follower, a client agent
@@ -29,7 +30,9 @@
 # Other options are passed to the benchmark: --no-record, --quick,
 # --soak-secs N, --runs N, --baseline-bin PATH (an earlier agent binary
 # measured beside this one); with --fleet: --agents N,N, --writes N,
-# --outage-secs S; with --consul-cost: --keys N; with --partition: --secs S
+# --outage-secs S, --gprd (919 keys without and with writer records),
+# --agent-arg=OPT (passed to every agent); with --consul-cost: --keys N,
+# --idle-secs S; with --partition: --secs S
 # (per cut), --label TEXT (the BENCHMARKS.md section, e.g. before).
 set -euo pipefail
 cd "$(dirname "$0")/.."

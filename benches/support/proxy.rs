@@ -7,6 +7,14 @@
 //!
 //! Bytes are HTTP bytes (status or request line, headers, body, chunk
 //! framing) on the TCP stream; TCP/IP framing is not counted.
+//!
+//! Each request also carries its own bytes: what the client sent on its
+//! connection since the previous request there began (its request line and
+//! headers; a body that arrives after the request was forwarded counts with
+//! the next request on that connection), and what Consul sent on that
+//! connection while it was the latest. The agent's index checks
+//! (`?keys&separator=/`) are counted apart from every other request, so a
+//! figure per change leaves out the checks that happened to fall in it.
 
 use std::io;
 use std::net::SocketAddr;
@@ -41,6 +49,10 @@ pub struct Forwarded {
     pub started: Instant,
     /// When Consul's status line and headers came back.
     pub answered: Option<Instant>,
+    /// Bytes the client sent for this request (see the module's notes).
+    pub to_consul: u64,
+    /// Bytes Consul sent for this request.
+    pub from_consul: u64,
 }
 
 impl Forwarded {
@@ -51,12 +63,22 @@ impl Forwarded {
             .split_once('?')
             .is_some_and(|(_, q)| q.split('&').any(|p| p.split('=').next() == Some("stale")))
     }
+
+    /// Whether this is the agent's index check: a `?keys` read with a
+    /// `separator` (`GET /v1/kv/<prefix>?keys&separator=/&stale`).
+    pub fn is_index_check(&self) -> bool {
+        self.path_and_query.split_once('?').is_some_and(|(_, q)| {
+            let has = |name: &str| q.split('&').any(|p| p.split('=').next() == Some(name));
+            has("keys") && has("separator")
+        })
+    }
 }
 
 /// Counters at one moment; subtract two for a window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Totals {
-    /// Requests the client began.
+    /// Requests the client began, index checks apart (so are all the
+    /// figures below but `connections` and the `checks` ones).
     pub requests: u64,
     /// Of those, requests without `stale` in their query.
     pub leader_requests: u64,
@@ -70,6 +92,12 @@ pub struct Totals {
     pub to_consul: u64,
     /// Bytes Consul sent (status lines, headers, bodies as encoded).
     pub from_consul: u64,
+    /// Index checks the client began.
+    pub checks: u64,
+    /// Bytes the client sent for its index checks.
+    pub checks_to_consul: u64,
+    /// Bytes Consul sent for the index checks.
+    pub checks_from_consul: u64,
 }
 
 impl std::ops::Sub for Totals {
@@ -84,6 +112,9 @@ impl std::ops::Sub for Totals {
             connections: self.connections - before.connections,
             to_consul: self.to_consul - before.to_consul,
             from_consul: self.from_consul - before.from_consul,
+            checks: self.checks - before.checks,
+            checks_to_consul: self.checks_to_consul - before.checks_to_consul,
+            checks_from_consul: self.checks_from_consul - before.checks_from_consul,
         }
     }
 }
@@ -97,6 +128,9 @@ impl std::ops::AddAssign for Totals {
         self.connections += other.connections;
         self.to_consul += other.to_consul;
         self.from_consul += other.from_consul;
+        self.checks += other.checks;
+        self.checks_to_consul += other.checks_to_consul;
+        self.checks_from_consul += other.checks_from_consul;
     }
 }
 
@@ -174,15 +208,23 @@ impl CountingProxy {
     /// The counters now.
     pub fn totals(&self) -> Totals {
         let log = self.shared.log.lock().unwrap();
-        let count = |f: &dyn Fn(&Forwarded) -> bool| log.iter().filter(|r| f(r)).count() as u64;
+        let count = |f: &dyn Fn(&Forwarded) -> bool| {
+            log.iter().filter(|r| !r.is_index_check() && f(r)).count() as u64
+        };
+        let checks = || log.iter().filter(|r| r.is_index_check());
+        let checks_to_consul: u64 = checks().map(|r| r.to_consul).sum();
+        let checks_from_consul: u64 = checks().map(|r| r.from_consul).sum();
         Totals {
-            requests: log.len() as u64,
+            requests: count(&|_| true),
             leader_requests: count(&|r| !r.is_stale()),
             asked_gzip: count(&|r| r.asked_gzip),
             gzip_answers: count(&|r| r.gzip_answer),
             connections: self.shared.connections.load(Ordering::SeqCst),
-            to_consul: self.shared.to_consul.load(Ordering::SeqCst),
-            from_consul: self.shared.from_consul.load(Ordering::SeqCst),
+            to_consul: self.shared.to_consul.load(Ordering::SeqCst) - checks_to_consul,
+            from_consul: self.shared.from_consul.load(Ordering::SeqCst) - checks_from_consul,
+            checks: checks().count() as u64,
+            checks_to_consul,
+            checks_from_consul,
         }
     }
 
@@ -249,7 +291,8 @@ async fn serve_client(client: TcpStream, upstream: SocketAddr, shared: Arc<Share
     };
     let _ = consul.set_nodelay(true);
     let _ = client.set_nodelay(true);
-    let consul = Counted::new(consul, shared.clone(), Direction::FromConsul);
+    let share = Arc::new(Conn::default());
+    let consul = Counted::new(consul, shared.clone(), share.clone(), Direction::FromConsul);
     let Ok((sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(consul)).await
     else {
         return;
@@ -258,10 +301,10 @@ async fn serve_client(client: TcpStream, upstream: SocketAddr, shared: Arc<Share
     // Consul closes.
     tokio::spawn(conn);
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
-    let client = Counted::new(client, shared.clone(), Direction::ToConsul);
+    let client = Counted::new(client, shared.clone(), share.clone(), Direction::ToConsul);
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let (sender, shared) = (sender.clone(), shared.clone());
-        async move { Ok::<_, hyper::Error>(forward(req, &sender, &shared).await) }
+        let (sender, shared, conn) = (sender.clone(), shared.clone(), share.clone());
+        async move { Ok::<_, hyper::Error>(forward(req, &sender, &shared, &conn).await) }
     });
     let _ = hyper::server::conn::http1::Builder::new()
         .serve_connection(TokioIo::new(client), service)
@@ -274,6 +317,7 @@ async fn forward(
     req: Request<Incoming>,
     sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>,
     shared: &Shared,
+    conn: &Conn,
 ) -> Response<ProxyBody> {
     let asked_gzip = req
         .headers()
@@ -293,8 +337,12 @@ async fn forward(
             gzip_answer: false,
             started: Instant::now(),
             answered: None,
+            to_consul: conn.pending_to.swap(0, Ordering::SeqCst),
+            from_consul: 0,
         });
-        log.len() - 1
+        let slot = log.len() - 1;
+        *conn.current.lock().unwrap() = Some(slot);
+        slot
     };
     shared.touch();
     let answer = sender.lock().await.send_request(req).await;
@@ -332,18 +380,33 @@ enum Direction {
     FromConsul,
 }
 
+/// One client connection's share of the bytes: what the client sent since
+/// its latest request began, and which request Consul is answering.
+#[derive(Default)]
+struct Conn {
+    pending_to: AtomicU64,
+    current: Mutex<Option<usize>>,
+}
+
 /// A socket that counts the bytes read from it.
 struct Counted {
     inner: TcpStream,
     shared: Arc<Shared>,
+    conn: Arc<Conn>,
     direction: Direction,
 }
 
 impl Counted {
-    fn new(inner: TcpStream, shared: Arc<Shared>, direction: Direction) -> Counted {
+    fn new(
+        inner: TcpStream,
+        shared: Arc<Shared>,
+        conn: Arc<Conn>,
+        direction: Direction,
+    ) -> Counted {
         Counted {
             inner,
             shared,
+            conn,
             direction,
         }
     }
@@ -364,6 +427,16 @@ impl AsyncRead for Counted {
                 Direction::FromConsul => &self.shared.from_consul,
             };
             counter.fetch_add(n, Ordering::SeqCst);
+            match self.direction {
+                Direction::ToConsul => {
+                    self.conn.pending_to.fetch_add(n, Ordering::SeqCst);
+                }
+                Direction::FromConsul => {
+                    if let Some(slot) = *self.conn.current.lock().unwrap() {
+                        self.shared.log.lock().unwrap()[slot].from_consul += n;
+                    }
+                }
+            }
             self.shared.touch();
         }
         polled

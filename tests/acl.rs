@@ -497,3 +497,44 @@ fn a_token_denied_the_store_id_still_applies_deletes_without_spinning() {
     let made = requests() - before;
     assert!(made <= 2.0, "{made} requests in 2 s\n{}", agent.log());
 }
+
+/// A key the token may no longer read whose last value was `ready` is
+/// skipped, not held: it may have been cleared unseen, and held it would
+/// outrank a group's maint on the agent-send line (before, `web/web-01
+/// canary` answered `ready 100%` while `canary = maint` decided it). A
+/// hidden maint is still held.
+#[test]
+fn a_hidden_ready_is_skipped_and_does_not_outrank_a_group_maint() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    consul.put("web/web-01", "ready");
+    consul.put("web/web-02", "maint");
+    let (agent, _token) = agent_with_token(&consul, "agent-read");
+    assert_eq!(agent.ask("web/web-01 canary"), "ready 100%\n");
+    let p = support::PREFIX;
+    set_agent_read(
+        &consul,
+        &format!(
+            r#"key_prefix "{p}" {{ policy = "read" }}
+key "{p}web/web-01" {{ policy = "deny" }}
+key "{p}web/web-02" {{ policy = "deny" }}"#
+        ),
+    );
+    // Unrelated writes until the agent has read both keys directly (403):
+    // the query parked under the old policy answers the first.
+    let hidden = || agent.metric("gitlab_haproxy_agent_held_keys{cause=\"hidden\"}");
+    let mut n = 0;
+    let held = wait_for(Duration::from_secs(20), || {
+        n += 1;
+        consul.put("zone-z", &format!("{n}%"));
+        std::thread::sleep(Duration::from_millis(300));
+        (hidden() >= 2.0).then_some(())
+    });
+    assert!(held.is_some(), "{}", agent.log());
+    // web/web-01 cleared (unseen by the token), then canary disabled.
+    consul.delete("web/web-01");
+    consul.put("canary", "maint");
+    wait_answer(&agent, "web/web-01 canary", "maint 100%\n");
+    assert_eq!(agent.ask("web/web-02 canary"), "maint 100%\n");
+    assert_eq!(agent.ask("web/web-02"), "maint 100%\n");
+}

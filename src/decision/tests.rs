@@ -1438,6 +1438,18 @@ fn an_index_that_goes_back_with_nothing_moved_is_a_reaped_tombstone() {
     assert_eq!(hold(&c, "zone-b"), Some(HoldCause::RolledBack));
 }
 
+/// Answers the direct reads that follow `out` with 403 (at `index`) and
+/// the read checks with a pass, until the core asks for something else.
+fn forbid_direct_reads(c: &mut Core, mut out: Output, index: u64) {
+    for _ in 0..6 {
+        out = match asks(&out) {
+            Request::Key { .. } => key_read(c, KeyRead::Forbidden, index),
+            Request::ReadCheck { .. } => step(c, Response::ReadCheck { allowed: true }),
+            _ => return,
+        };
+    }
+}
+
 #[test]
 fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
     let mut c = started(true, false, None);
@@ -1454,34 +1466,22 @@ fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
     );
     step(&mut c, Response::ReadCheck { allowed: true });
     // The policy gains a deny on web/s1 and web/s2; an unrelated write.
-    let mut out = step(
+    let out = step(
         &mut c,
         prefix(11, &[("canary", "ready", 10), ("other", "x", 11)]),
     );
-    for _ in 0..6 {
-        match asks(&out).clone() {
-            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 11),
-            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
-            _ => break,
-        }
-    }
+    forbid_direct_reads(&mut c, out, 11);
     assert_eq!(hold(&c, "web/s1"), Some(HoldCause::Hidden));
     assert_eq!(served(&c, "web/s1"), None);
     assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
     assert_eq!(served(&c, "web/s2"), Some(Maint));
     // web/s1 cleared meanwhile (unseen), then canary disabled: canary
     // decides web/s1's line; web/s2's own maint still decides its line.
-    let mut out = step(
+    let out = step(
         &mut c,
         prefix(13, &[("canary", "maint", 13), ("other", "x", 11)]),
     );
-    for _ in 0..6 {
-        match asks(&out).clone() {
-            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 13),
-            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
-            _ => break,
-        }
-    }
+    forbid_direct_reads(&mut c, out, 13);
     let snapshot = c.served().unwrap().snapshot();
     assert_eq!(
         snapshot.lookup(["web/s1", "canary"]),
@@ -1498,7 +1498,7 @@ fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
         }
     );
     // Readable again: its value applies and the hold ends.
-    let mut out = step(
+    let out = step(
         &mut c,
         prefix(
             14,
@@ -1509,13 +1509,7 @@ fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
             ],
         ),
     );
-    for _ in 0..6 {
-        match asks(&out).clone() {
-            Request::Key { .. } => out = key_read(&mut c, KeyRead::Forbidden, 14),
-            Request::ReadCheck { .. } => out = step(&mut c, Response::ReadCheck { allowed: true }),
-            _ => break,
-        }
-    }
+    forbid_direct_reads(&mut c, out, 14);
     assert_eq!(served(&c, "web/s1"), Some(Drain));
     assert_eq!(hold(&c, "web/s1"), None);
 }

@@ -428,6 +428,10 @@ check "metrics served under the hardened unit (process_start_time_seconds)" \
 	metric_present process_start_time_seconds
 
 # --- journald -------------------------------------------------------------------------
+# The first answer is logged as one summary line; a change after it gets a
+# line of its own, with the key's fields.
+capi PUT "/v1/kv/${prefix}web/web-02" maint >/dev/null
+check "a change after the first answer: web/web-02 answers 'maint 100%'" wait_for 10 answer_is web/web-02 "maint 100%"
 in_ct journalctl -u "$unit" -o json --no-pager >"$work/journal.json" 2>/dev/null
 own=$(jq -c --arg u "$unit" 'select(._SYSTEMD_UNIT == $u and ._PID != "1")' "$work/journal.json")
 structured=$(jq -c 'select(._TRANSPORT == "journal")

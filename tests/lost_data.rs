@@ -92,19 +92,6 @@ fn haproxy(port: u16, servers: &[(&str, &[&str])]) -> Haproxy {
     Haproxy::start(&haproxy_config(&backend))
 }
 
-#[track_caller]
-fn wait_answer(agent: &Agent, line: &str, want: &str) {
-    let ok = wait_for(Duration::from_secs(20), || {
-        (agent.ask(line) == want).then_some(())
-    });
-    assert!(
-        ok.is_some(),
-        "{line:?}: wanted {want:?}, got {:?}\n{}",
-        agent.ask(line),
-        agent.log()
-    );
-}
-
 fn status(agent: &Agent) -> serde_json::Value {
     let (code, body) = agent.http_get("/status").expect("/status answers");
     assert_eq!(code, 200, "{body}");
@@ -142,11 +129,11 @@ fn a_drain_undone_by_a_restore_stays_held(stopped: bool) {
     ];
     let haproxy = haproxy(port, &servers);
     writer(&consul, &["set", "web/s2", "maint"]);
-    wait_answer(&agent, "web/s2", "maint 100%\n");
+    agent.wait_answer("web/s2", "maint 100%\n");
     let snap = state.path().join("before-s1.snap");
     snapshot(&consul, "save", &snap);
     writer(&consul, &["set", "web/s1", "drain"]);
-    wait_answer(&agent, "web/s1", "drain 100%\n");
+    agent.wait_answer("web/s1", "drain 100%\n");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_drain);
 
     if stopped {
@@ -157,7 +144,7 @@ fn a_drain_undone_by_a_restore_stays_held(stopped: bool) {
     if stopped {
         agent = self::agent(&consul, &state, port, http_port);
     }
-    wait_answer(&agent, "web/s3", "drain 100%\n");
+    agent.wait_answer("web/s3", "drain 100%\n");
     assert_eq!(agent.ask("web/s2"), "maint 100%\n");
     let until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < until {
@@ -206,18 +193,18 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
     let haproxy = haproxy(port, &[("s1", &["web/s1", "canary"])]);
     writer(&consul, &["set", "canary", "maint"]);
     for a in [&watching, &stopped] {
-        wait_answer(a, "web/s1 canary", "maint 100%\n");
+        a.wait_answer("web/s1 canary", "maint 100%\n");
     }
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
 
     assert!(stopped.terminate().is_some_and(|s| s.success()));
     writer(&consul, &["clear", "canary"]);
     let cleared = consul.prefix_index();
-    wait_answer(&watching, "web/s1 canary", "ready 100%\n");
+    watching.wait_answer("web/s1 canary", "ready 100%\n");
     consul.put("web/s2", "drain");
-    wait_answer(&watching, "web/s2", "drain 100%\n");
+    watching.wait_answer("web/s2", "drain 100%\n");
     consul.delete("web/s2");
-    wait_answer(&watching, "web/s2", "ready 100%\n");
+    watching.wait_answer("web/s2", "ready 100%\n");
     let before = consul.prefix_index();
 
     let took = consul.delete_and_wait_for_reap(REAP_WAIT);

@@ -72,18 +72,6 @@ fn args<'a>(owned: &'a [String], more: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
-fn wait_answer(agent: &Agent, line: &str, want: &str) {
-    let ok = wait_for(Duration::from_secs(20), || {
-        (agent.ask(line) == want).then_some(())
-    });
-    assert!(
-        ok.is_some(),
-        "{line:?}: wanted {want:?}, got {:?}\n{}",
-        agent.ask(line),
-        agent.log()
-    );
-}
-
 /// Asks `line` every 100 ms for `during`; every answer must be `want`.
 fn keeps_answering(agent: &Agent, line: &str, want: &str, during: Duration) {
     let until = Instant::now() + during;
@@ -262,7 +250,7 @@ fn an_invalid_key_with_no_valid_value_is_skipped_for_the_next_identity() {
     agent.wait_ready();
     let haproxy = haproxy(port, &[("s1", &["web/s1", "canary"])]);
 
-    wait_answer(&agent, "web/s1 canary", "drain 100%\n");
+    agent.wait_answer("web/s1 canary", "drain 100%\n");
     assert_eq!(agent.ask("web/s1"), "", "{}", agent.log());
     assert!(
         status(&agent)["invalid"]["web/s1"].is_object(),
@@ -321,9 +309,9 @@ fn a_key_denied_to_the_token_is_held_as_hidden() {
     // A parked blocking query keeps the authorizer it started with: the
     // first write may still show `canary`, the second cannot.
     consul.put("web/s2", "drain");
-    wait_answer(&agent, "web/s2", "drain 100%\n");
+    agent.wait_answer("web/s2", "drain 100%\n");
     consul.put("web/s3", "50%");
-    wait_answer(&agent, "web/s3", "ready 50%\n");
+    agent.wait_answer("web/s3", "ready 50%\n");
     keeps_answering(
         &agent,
         "web/s1 canary",
@@ -477,12 +465,12 @@ fn a_store_rebuilt_at_a_higher_index_is_recognised_by_its_marker() {
     // A write under the prefix on the rebuilt store: followed, and still
     // no marker, so `canary` stays held.
     rebuilt.put("web/s7", "drain");
-    wait_answer(&agent, "web/s7", "drain 100%\n");
+    agent.wait_answer("web/s7", "drain 100%\n");
     assert_eq!(agent.ask("web/s1 canary"), "drain 100%\n");
 
     let (code, out) = writer(&relay.url(), &["release-rollback"]);
     assert_eq!(code, 0, "{out}");
-    wait_answer(&agent, "web/s1 canary", "ready 100%\n");
+    agent.wait_answer("web/s1 canary", "ready 100%\n");
     haproxy.wait_server("web", "s1", Duration::from_secs(5), |r| {
         r.is_ready_full_weight()
     });
@@ -635,7 +623,7 @@ fn the_watchdog_keeps_beating_while_confirming_reads_are_slow() {
     // machine the chain of 9 s direct reads after the last delete could
     // outlast any fixed wait.
     fake.set_slow_reads(None, None);
-    wait_answer(&agent, "web/s1 canary", "ready 100%\n");
+    agent.wait_answer("web/s1 canary", "ready 100%\n");
 }
 
 /// A state-file write fails (the disk full, the folder unwritable: here its
@@ -691,7 +679,7 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     drop(agent);
     let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
     agent.wait_ready();
-    wait_answer(&agent, "web/s1", "maint 100%\n");
+    agent.wait_answer("web/s1", "maint 100%\n");
     assert_eq!(
         agent.metric("gitlab_haproxy_agent_state_file_behind"),
         1.0,
@@ -762,7 +750,7 @@ fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
     // Unrelated writes: web/s2 is read again each time and stays hidden.
     for weight in ["50%", "60%", "70%"] {
         consul.put("web/s3", weight);
-        wait_answer(&agent, "web/s3", &format!("ready {weight}\n"));
+        agent.wait_answer("web/s3", &format!("ready {weight}\n"));
         assert_eq!(agent.ask("web/s2 canary"), "", "{}", agent.log());
     }
     wait_held(&agent, "web/s2", "hidden");

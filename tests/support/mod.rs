@@ -1082,6 +1082,21 @@ impl Agent {
         ask_raw(self.listen, format!("{line}\n").as_bytes())
     }
 
+    /// Waits up to 20 s for `line` to be answered `want`; panics with the
+    /// last answer and the agent's log otherwise.
+    #[track_caller]
+    pub fn wait_answer(&self, line: &str, want: &str) {
+        let ok = wait_for(Duration::from_secs(20), || {
+            (self.ask(line) == want).then_some(())
+        });
+        assert!(
+            ok.is_some(),
+            "{line:?}: wanted {want:?}, got {:?}\n{}",
+            self.ask(line),
+            self.log()
+        );
+    }
+
     /// SIGTERM, then waits up to 10 s for the exit status.
     pub fn terminate(&mut self) -> Option<ExitStatus> {
         self.proc.signal("TERM");

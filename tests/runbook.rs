@@ -262,8 +262,13 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
             } else if joined.contains("state drain --zone us-east1-b --drain-wait 60s")
                 && joined.contains("--accept-overridden")
             {
-                // Accepted: the drain goes on to maint without web-01.
-                assert_eq!(admin("web-01-sv-gprd"), (0, 50));
+                // Accepted: the drain goes on to maint without web-01, whose
+                // 50% HAProxy takes again at its next agent-check after the
+                // reload made in the middle (a reload sets full weight).
+                let fifty = support::wait_for(Duration::from_secs(10), || {
+                    (admin("web-01-sv-gprd") == (0, 50)).then_some(())
+                });
+                assert!(fifty.is_some(), "{:?}", admin("web-01-sv-gprd"));
                 (
                     &["web-cny-01-sv-gprd", "web-tpl1", "web-tpl2"],
                     ServerState::is_maint,

@@ -1,7 +1,9 @@
 //! One log line for an answer that changes many keys at once (the first
-//! Consul answer, a restore, a delete of the prefix), so the journal stays
-//! far below journald's default rate limit (10,000 lines per 30 s) at any
-//! fleet size; ordinary changes keep one line per key.
+//! Consul answer, a restore, a delete of the prefix), and for the rest of
+//! many direct reads refused while one answer is confirmed (a policy that
+//! denies many keys), so the journal stays far below journald's default
+//! rate limit (10,000 lines per 30 s) at any fleet size; ordinary changes
+//! keep one line per key.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -164,6 +166,67 @@ impl Summary {
     }
 }
 
+/// The direct reads answered 403 while one answer is confirmed: the first
+/// [`PER_KEY_LIMIT`] get a line each, the rest are counted, with a few
+/// examples, for one line when the answer is done.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ForbiddenReads {
+    count: usize,
+    examples: Vec<String>,
+}
+
+impl ForbiddenReads {
+    /// Counts a read of `key` answered 403; true when it gets its own line.
+    pub fn add(&mut self, key: &str) -> bool {
+        self.count += 1;
+        if self.count <= PER_KEY_LIMIT {
+            return true;
+        }
+        if self.examples.len() < EXAMPLES {
+            self.examples.push(cut(key));
+        }
+        false
+    }
+
+    /// Ends the answer's reads: the summary of those not logged one per
+    /// line (`None` when every one was), and a count from zero for the next
+    /// answer.
+    pub fn end(&mut self) -> Option<ForbiddenSummary> {
+        let ForbiddenReads { count, examples } = std::mem::take(self);
+        (count > PER_KEY_LIMIT).then_some(ForbiddenSummary { count, examples })
+    }
+}
+
+/// Many reads refused while one answer was confirmed, counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForbiddenSummary {
+    /// Every read answered 403, the ones logged one per line included.
+    pub count: usize,
+    /// The first few keys not logged one per line.
+    pub examples: Vec<String>,
+}
+
+impl ForbiddenSummary {
+    /// What the line says, before its fields.
+    pub fn message(&self) -> String {
+        format!(
+            "the token may no longer read {} keys an answer lacked: answering their last state (held, hidden); the first {PER_KEY_LIMIT} have a line each, the other {} only this one",
+            self.count,
+            self.count.saturating_sub(PER_KEY_LIMIT),
+        )
+    }
+
+    /// Logs the summary as one warning, as the lines it replaces.
+    pub fn log(&self) {
+        warn!(
+            forbidden = self.count,
+            examples = %self.examples.join(", "),
+            "{}",
+            self.message()
+        );
+    }
+}
+
 fn state_label(state: Option<AdminState>) -> &'static str {
     match state {
         None => "none",
@@ -311,5 +374,52 @@ mod tests {
         let example = &s.served.examples("ready")[0];
         assert_eq!(example.chars().count(), EXAMPLE_CHARS + 3);
         assert!(example.ends_with("..."));
+    }
+
+    #[test]
+    fn many_forbidden_reads_are_one_line_after_the_first_few() {
+        let mut reads = ForbiddenReads::default();
+        let own_line: Vec<bool> = (0..60)
+            .map(|i| reads.add(&format!("web/s{i:02}")))
+            .collect();
+        assert!(own_line[..PER_KEY_LIMIT].iter().all(|own| *own));
+        assert!(own_line[PER_KEY_LIMIT..].iter().all(|own| !*own));
+        let s = reads.end().unwrap();
+        assert_eq!(s.count, 60);
+        assert_eq!(s.examples, ["web/s20", "web/s21", "web/s22"]);
+        assert!(
+            s.message()
+                .starts_with("the token may no longer read 60 keys an answer lacked"),
+            "{}",
+            s.message()
+        );
+        assert!(s
+            .message()
+            .ends_with("the first 20 have a line each, the other 40 only this one"));
+        // The next answer counts from zero.
+        assert_eq!(reads.end(), None);
+        assert!(reads.add("web/s00"));
+    }
+
+    #[test]
+    fn a_few_forbidden_reads_need_no_summary() {
+        let mut reads = ForbiddenReads::default();
+        for i in 0..PER_KEY_LIMIT {
+            assert!(reads.add(&format!("k{i}")));
+        }
+        assert_eq!(reads.end(), None);
+        assert_eq!(reads, ForbiddenReads::default());
+    }
+
+    #[test]
+    fn a_summary_of_thousands_of_reads_stays_short() {
+        let mut reads = ForbiddenReads::default();
+        for i in 0..20_000 {
+            reads.add(&format!("{}{i}", "x".repeat(200)));
+        }
+        let s = reads.end().unwrap();
+        assert_eq!(s.count, 20_000);
+        assert_eq!(s.examples.len(), EXAMPLES);
+        assert!(s.examples.join(", ").len() < 250);
     }
 }

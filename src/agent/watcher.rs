@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::log_summary::ForbiddenReads;
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::shared::{ReadyStep, Shared};
 use crate::agent::state_file::{Persister, StateFile};
@@ -96,6 +97,8 @@ pub struct Watcher {
     state_file: Option<Arc<Persister>>,
     next: Next,
     last_prefix_start: Option<tokio::time::Instant>,
+    /// Direct reads answered 403 for the answer being confirmed.
+    forbidden: ForbiddenReads,
 }
 
 impl Watcher {
@@ -137,6 +140,7 @@ impl Watcher {
             core,
             next,
             last_prefix_start: None,
+            forbidden: ForbiddenReads::default(),
         }
     }
 
@@ -173,10 +177,11 @@ impl Watcher {
         }
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => break,
                 _ = self.step() => {}
             }
         }
+        self.end_forbidden();
     }
 
     /// Sleeps for `delay`, beating the watchdog.
@@ -297,7 +302,8 @@ impl Watcher {
             );
             self.beating(work).await
         };
-        let metrics = &self.shared.metrics;
+        let shared = Arc::clone(&self.shared);
+        let metrics = &shared.metrics;
         metrics
             .consul_request_duration
             .observe(started.elapsed().as_secs_f64());
@@ -353,6 +359,10 @@ impl Watcher {
         for note in &output.notes {
             applied |= matches!(note, Note::Applied { .. });
             self.note(note);
+        }
+        if !confirming(&output.next.request) {
+            // The answer was applied, refused or dropped.
+            self.end_forbidden();
         }
         if ok && !output.notes.iter().any(|n| matches!(n, Note::NotModified)) {
             metrics.consul_request(ConsulOutcome::Ok);
@@ -439,8 +449,20 @@ impl Watcher {
         ));
     }
 
+    /// Logs the reads answered 403 for the answer just confirmed that had
+    /// no line of their own, in one line.
+    fn end_forbidden(&mut self) {
+        if let Some(summary) = self.forbidden.end() {
+            summary.log();
+        }
+    }
+
     /// Logs and counts one note of the core.
-    fn note(&self, note: &Note) {
+    fn note(&mut self, note: &Note) {
+        if matches!(note, Note::Applied { .. }) {
+            // The reads that decided the answer are logged before it.
+            self.end_forbidden();
+        }
         let metrics = &self.shared.metrics;
         match note {
             Note::Acl { enabled } => info!(
@@ -557,7 +579,9 @@ impl Watcher {
             }
             Note::Probed { key, result } => {
                 metrics.key_reads.with_label_values(&[result]).inc();
-                if *result == "forbidden" {
+                // A policy that denies thousands of keys: a line each for
+                // the first few, one for the rest once the answer is done.
+                if *result == "forbidden" && self.forbidden.add(key) {
                     warn!(key = %key, "the token may no longer read this key: answering its last state (held, hidden)");
                 }
             }
@@ -569,6 +593,12 @@ impl Watcher {
             ),
         }
     }
+}
+
+/// True for the requests the core makes while it confirms an answer (its
+/// read check and direct reads), false for those that start the next one.
+fn confirming(request: &Request) -> bool {
+    matches!(request, Request::Key { .. } | Request::ReadCheck { .. })
 }
 
 /// Performs one request of the core, with owned inputs so that the watcher
@@ -726,6 +756,20 @@ mod tests {
     fn an_outage_without_a_state_is_not_logged_as_serving_one() {
         assert_eq!(outage_note(true), "serving the last copy");
         assert_eq!(outage_note(false), "not synced yet, answering nobody");
+    }
+
+    #[test]
+    fn an_answer_is_confirmed_until_the_next_prefix_read() {
+        assert!(confirming(&Request::Key {
+            key: "web/s1".into(),
+            stale: false
+        }));
+        assert!(confirming(&Request::ReadCheck { stale: true }));
+        assert!(!confirming(&Request::Prefix {
+            index: 9,
+            stale: false
+        }));
+        assert!(!confirming(&Request::AclProbe));
     }
 
     #[test]

@@ -538,3 +538,65 @@ key "{p}web/web-02" {{ policy = "deny" }}"#
     assert_eq!(agent.ask("web/web-02 canary"), "maint 100%\n");
     assert_eq!(agent.ask("web/web-02"), "maint 100%\n");
 }
+
+/// A policy change that denies many keys at once: each is read directly
+/// (403) and held hidden. The first `PER_KEY_LIMIT` get a warning line
+/// each and the rest one line with their count, so a change that denies
+/// thousands of keys stays far below journald's rate limit; every read is
+/// still counted.
+#[test]
+fn many_keys_denied_at_once_are_logged_in_a_few_lines() {
+    use gitlab_haproxy_agent::agent::log_summary::PER_KEY_LIMIT;
+    const DENIED: usize = 60;
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    for i in 0..DENIED {
+        consul.put(&format!("web/s{i:02}"), "maint");
+    }
+    consul.put("canary", "ready");
+    let dir = TempDir::new("token");
+    let token_file = dir.path().join("consul-token");
+    std::fs::write(&token_file, read_token(&consul).1).unwrap();
+    let agent = Agent::start(
+        &consul.url(),
+        &[
+            "--consul-token-file",
+            token_file.to_str().unwrap(),
+            "--wait",
+            "2s",
+        ],
+    );
+    assert_eq!(agent.ask("web/s07"), "maint 100%\n");
+    std::thread::sleep(Duration::from_millis(500));
+    let p = support::PREFIX;
+    // The next query runs under the narrowed policy, and one write ends it.
+    park_under(
+        &agent,
+        &consul,
+        &format!(
+            r#"key_prefix "{p}" {{ policy = "read" }}
+key_prefix "{p}web/" {{ policy = "deny" }}"#
+        ),
+    );
+    consul.put("canary", "drain");
+    wait_answer(&agent, "web/web-cny-01 canary", "drain 100%\n");
+    let hidden = || agent.metric("gitlab_haproxy_agent_held_keys{cause=\"hidden\"}");
+    let held = wait_for(Duration::from_secs(10), || {
+        (hidden() >= DENIED as f64).then_some(())
+    });
+    assert!(held.is_some(), "{}", agent.log());
+    assert_eq!(agent.ask("web/s07"), "maint 100%\n");
+    let forbidden = agent.metric("gitlab_haproxy_agent_key_reads_total{result=\"forbidden\"}");
+    assert_eq!(forbidden, DENIED as f64, "{}", agent.log());
+
+    let log = agent.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("may no longer read"))
+        .collect();
+    let per_key = lines.iter().filter(|l| l.contains("this key")).count();
+    assert_eq!(per_key, PER_KEY_LIMIT, "{log}");
+    assert_eq!(lines.len(), PER_KEY_LIMIT + 1, "{log}");
+    let summary = lines.iter().find(|l| !l.contains("this key")).unwrap();
+    assert!(summary.contains(&format!("{DENIED} keys")), "{summary}");
+}

@@ -166,7 +166,9 @@ impl Summary {
     }
 }
 
-/// The direct reads answered 403 while one answer is confirmed: the first
+/// The direct reads answered 403 while one answer is confirmed, of keys
+/// not held hidden before it (the watcher does not add a key already held
+/// hidden, which every answer that lacks it reads again): the first
 /// [`PER_KEY_LIMIT`] get a line each, the rest are counted, with a few
 /// examples, for one line when the answer is done.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -200,7 +202,7 @@ impl ForbiddenReads {
 /// Many reads refused while one answer was confirmed, counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ForbiddenSummary {
-    /// Every read answered 403, the ones logged one per line included.
+    /// Every read added, the ones logged one per line included.
     pub count: usize,
     /// The first few keys not logged one per line.
     pub examples: Vec<String>,

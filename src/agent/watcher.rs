@@ -97,7 +97,8 @@ pub struct Watcher {
     state_file: Option<Arc<Persister>>,
     next: Next,
     last_prefix_start: Option<tokio::time::Instant>,
-    /// Direct reads answered 403 for the answer being confirmed.
+    /// Direct reads answered 403 for the answer being confirmed, of keys
+    /// not held hidden before it.
     forbidden: ForbiddenReads,
 }
 
@@ -577,11 +578,17 @@ impl Watcher {
             Note::FilteredByAcls => {
                 metrics.filtered_answers.inc();
             }
-            Note::Probed { key, result } => {
+            Note::Probed {
+                key,
+                result,
+                already_hidden,
+            } => {
                 metrics.key_reads.with_label_values(&[result]).inc();
-                // A policy that denies thousands of keys: a line each for
-                // the first few, one for the rest once the answer is done.
-                if *result == "forbidden" && self.forbidden.add(key) {
+                // A key already held hidden is read again at every answer
+                // that lacks it: counted, not logged again. A policy that
+                // denies thousands of keys: a line each for the first few,
+                // one for the rest once the answer is done.
+                if *result == "forbidden" && !*already_hidden && self.forbidden.add(key) {
                     warn!(key = %key, "the token may no longer read this key: answering its last state (held, hidden)");
                 }
             }

@@ -11,7 +11,7 @@ use super::protocol::{
     CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
     Unconfirmed,
 };
-use super::served::{AnswerView, ConsulKey, MergeInput, Probe, ServedState};
+use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
 use crate::consul::types::{PrefixAnswer, ReadMeta};
 use crate::model::identity::STORE_ID_KEY;
@@ -584,9 +584,16 @@ impl Core {
         } else {
             p.store_check = true;
         }
+        let already_hidden = self
+            .served
+            .as_deref()
+            .and_then(|s| s.keys.get(&key))
+            .and_then(|r| r.hold)
+            .is_some_and(|h| h.cause == HoldCause::Hidden);
         out.notes.push(Note::Probed {
             key: key.clone(),
             result,
+            already_hidden,
         });
         p.probes.insert(key, probe);
         self.proceed(p, now, out)

@@ -225,6 +225,9 @@ pub enum Note {
         key: Box<str>,
         /// `present`, `absent` or `forbidden`.
         result: &'static str,
+        /// The key was held hidden before this answer: it is read again at
+        /// every answer that lacks it, and a 403 tells nothing new.
+        already_hidden: bool,
     },
     /// The read check answered 403.
     ReadCheckDenied,

@@ -283,6 +283,52 @@ fn a_hidden_key_is_read_again_and_released_once_readable() {
 }
 
 #[test]
+fn a_forbidden_read_says_whether_the_key_was_already_held_hidden() {
+    // (answer index, the direct read of canary, the note's already_hidden)
+    let table = [
+        (6, KeyRead::Forbidden, false),
+        (7, KeyRead::Forbidden, true),
+        (8, KeyRead::Forbidden, true),
+        (9, KeyRead::Present(pair("canary", "maint", 9)), true),
+        (10, KeyRead::Forbidden, false),
+    ];
+    let mut c = started(true, false, None);
+    step(&mut c, prefix(5, &[("canary", "drain", 5)]));
+    step(&mut c, Response::ReadCheck { allowed: true });
+    for (index, read, already_hidden) in table {
+        // Every answer lacks canary: it is read directly each time.
+        let mut out = step(&mut c, prefix(index, &[("x", "ready", index)]));
+        if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            out = step(&mut c, Response::ReadCheck { allowed: true });
+        }
+        assert_eq!(asks(&out), &key("canary"), "at {index}");
+        let result = match read {
+            KeyRead::Forbidden => "forbidden",
+            _ => "present",
+        };
+        let mut out = key_read(&mut c, read, index);
+        assert!(
+            out.notes.contains(&Note::Probed {
+                key: "canary".into(),
+                result,
+                already_hidden,
+            }),
+            "at {index}: {:?}",
+            out.notes
+        );
+        if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            out = step(&mut c, Response::ReadCheck { allowed: true });
+        }
+        if asks(&out) == &key("~store-id") {
+            out = no_store_id(&mut c, index);
+        }
+        assert_eq!(asks(&out), &blocks_on(index), "at {index}");
+        let want = (result == "forbidden").then_some(HoldCause::Hidden);
+        assert_eq!(hold(&c, "canary"), want, "at {index}");
+    }
+}
+
+#[test]
 fn filtered_by_acls_header_turns_on_direct_reads_even_if_the_probe_said_off() {
     let mut c = started(false, false, None);
     step(&mut c, prefix(5, &[("canary", "drain", 5)]));

@@ -542,8 +542,9 @@ key "{p}web/web-02" {{ policy = "deny" }}"#
 /// A policy change that denies many keys at once: each is read directly
 /// (403) and held hidden. The first `PER_KEY_LIMIT` get a warning line
 /// each and the rest one line with their count, so a change that denies
-/// thousands of keys stays far below journald's rate limit; every read is
-/// still counted.
+/// thousands of keys stays far below journald's rate limit. Every later
+/// write under the prefix reads them again: those reads are counted but
+/// log nothing, as the keys were already held hidden.
 #[test]
 fn many_keys_denied_at_once_are_logged_in_a_few_lines() {
     use gitlab_haproxy_agent::agent::log_summary::PER_KEY_LIMIT;
@@ -599,4 +600,31 @@ key_prefix "{p}web/" {{ policy = "deny" }}"#
     assert_eq!(lines.len(), PER_KEY_LIMIT + 1, "{log}");
     let summary = lines.iter().find(|l| !l.contains("this key")).unwrap();
     assert!(summary.contains(&format!("{DENIED} keys")), "{summary}");
+
+    // Unrelated writes, each applied before the next: every answer lacks
+    // the hidden keys, which are read again (403) and logged no more.
+    let applied = || -> u64 {
+        let (_, body) = agent.http_get("/status").unwrap();
+        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        status["consul_index"].as_u64().unwrap_or(0)
+    };
+    const WRITES: [&str; 3] = ["maint", "drain", "maint"];
+    for value in WRITES {
+        consul.put("canary", value);
+        let index = consul.prefix_index();
+        let done = wait_for(Duration::from_secs(10), || {
+            (applied() >= index).then_some(())
+        });
+        assert!(done.is_some(), "index {index}\n{}", agent.log());
+    }
+    let forbidden = agent.metric("gitlab_haproxy_agent_key_reads_total{result=\"forbidden\"}");
+    assert!(
+        forbidden >= ((1 + WRITES.len()) * DENIED) as f64,
+        "{forbidden}\n{}",
+        agent.log()
+    );
+    let log = agent.log();
+    let lines = log.lines().filter(|l| l.contains("may no longer read"));
+    assert_eq!(lines.count(), PER_KEY_LIMIT + 1, "{log}");
+    assert_eq!(hidden(), DENIED as f64);
 }

@@ -10,18 +10,23 @@
 //!
 //! One run, one cluster, four scenarios of `--secs` each (default 30), the
 //! network healed and every load balancer caught up between them: the
-//! leader cut from the other servers; a follower (the one c1 sends to, else
-//! c2's, else lb3's, when one of them is a follower) cut from the other
-//! servers; c1 cut from every
-//! server; a 1|2 split (c1 and the server it sends to | the other two
-//! servers and c2). Printed per scenario and load balancer: the time from
-//! acknowledgement to HAProxy showing each write (p50, p99, worst; writes
-//! shown only after the heal count with their full delay) and when the
-//! agent first said it could not confirm it serves Consul's latest index.
+//! leader cut from the other servers; a follower cut from the other
+//! servers; c1 cut from every server; a 1|2 split (c1 and the server it
+//! sends to | the other two servers and c2). Before each cut a client agent
+//! is restarted (at most 8 times; it picks its server at random) until it
+//! sends its RPCs to the server the cut isolates, so that every run shows a
+//! load balancer whose client agent is pinned to the cut server: c1 on the
+//! leader, c2 on the follower, c2 on c1's server for the split (where c2
+//! itself stays on the quorum's side). Printed per scenario and load
+//! balancer: the time from acknowledgement to HAProxy showing each write
+//! (p50, p99, worst; writes shown only after the heal count with their full
+//! delay) and when the agent first said it could not confirm it serves
+//! Consul's latest index.
 //! Not run in CI: `./scripts/bench.sh --partition` (about 3 minutes).
 //!
 //! Options (after `--`): `--agent-bin PATH`, `--secs S`, `--label TEXT`
 //! (the BENCHMARKS.md section it is recorded in, e.g. `before`),
+//! `--rpc-hold-timeout DUR` (Consul's, on every node), `--keep-logs DIR`,
 //! `--no-record`.
 #![allow(dead_code)]
 
@@ -54,6 +59,15 @@ struct Args {
     /// The section of BENCHMARKS.md the table goes in.
     #[arg(long, default_value = "current")]
     label: String,
+    /// Consul's `performance.rpc_hold_timeout` on every node (e.g. `2s`):
+    /// how long a server without a leader holds a request before it
+    /// fails; unset: Consul's default, 7 s.
+    #[arg(long)]
+    rpc_hold_timeout: Option<String>,
+    /// Keep each load balancer's agent log per scenario in this folder,
+    /// and each write's times from the cut (`<scenario>-writes`).
+    #[arg(long)]
+    keep_logs: Option<PathBuf>,
     /// Print only; leave BENCHMARKS.md alone.
     #[arg(long)]
     no_record: bool,
@@ -100,17 +114,24 @@ fn main() {
     let started = Instant::now();
     let bin = &args.agent_bin;
     eprintln!("partition bench: agent {}", bin.display());
-    let cluster = Cluster::start_partitionable(2);
+    let mut cluster = Cluster::start_partitionable_with(2, args.rpc_hold_timeout.as_deref());
     let first_leader = cluster.wait_leader(Duration::from_secs(30));
     let every = Duration::from_secs(1);
     let write_timeout = Duration::from_secs(3);
-    let urls =
-        |names: &[&str]| -> Vec<String> { names.iter().map(|n| cluster.node(n).url()).collect() };
-    let all_servers: Vec<&str> = cluster.servers.iter().map(|s| s.name.as_str()).collect();
+    let urls = |cluster: &Cluster, names: &[&str]| -> Vec<String> {
+        names.iter().map(|n| cluster.node(n).url()).collect()
+    };
+    let server_names: Vec<String> = cluster.servers.iter().map(|s| s.name.clone()).collect();
+    let all_servers: Vec<&str> = server_names.iter().map(String::as_str).collect();
     assert!(
-        write_weight(bin, &urls(&all_servers)[0], 1, Duration::from_secs(15))
-            .acked
-            .is_some(),
+        write_weight(
+            bin,
+            &urls(&cluster, &all_servers)[0],
+            1,
+            Duration::from_secs(15)
+        )
+        .acked
+        .is_some(),
         "first write refused:\n{}",
         cluster.logs()
     );
@@ -146,6 +167,19 @@ fn main() {
         "1|2 split",
     ] {
         let leader = cluster.wait_leader(Duration::from_secs(60));
+        // The client agent a load balancer reads through is put on the
+        // server this scenario cuts, where it can be: c1 on the leader,
+        // c2 on a follower, c2 on c1's server for the split.
+        let pinned = match scenario {
+            "leader isolated" => pin(&mut cluster, &lbs, 0, |s| s == leader),
+            "follower isolated" => pin(&mut cluster, &lbs, 1, |s| s != leader),
+            "1|2 split" => match cluster.server_of(0) {
+                Some(c1s) => pin(&mut cluster, &lbs, 1, |s| s == c1s),
+                None => false,
+            },
+            _ => true,
+        };
+        let leader = cluster.wait_leader(Duration::from_secs(60));
         let leader = cluster.servers[leader].name.clone();
         // The server c1 sends its RPCs to (the first, if several).
         let c1_server = cluster.clients[0]
@@ -160,7 +194,7 @@ fn main() {
             .first()
             .and_then(|ip| cluster.servers.iter().find(|s| s.ip == *ip))
             .map(|s| s.name.clone());
-        let follower = [c1_server.clone(), c2_server, Some(lb3_server.clone())]
+        let follower = [c2_server, c1_server.clone(), Some(lb3_server.clone())]
             .into_iter()
             .flatten()
             .chain(all_servers.iter().map(|s| s.to_string()))
@@ -185,19 +219,34 @@ fn main() {
         let quorum_refs: Vec<&str> = quorum.iter().map(String::as_str).collect();
         let _ = writeln!(
             notes,
-            "- {scenario}: leader {leader}, c1 sent to {}, c2 to {}; cut {} from {}",
+            "- {scenario}: leader {leader}, c1 sent to {}, c2 to {}; cut {} from {}{}",
             c1_server.as_deref().unwrap_or("?"),
             peers(&cluster, 1),
             cut_a.join("+"),
-            cut_b.join("+")
+            cut_b.join("+"),
+            if pinned {
+                ""
+            } else {
+                " (the client agent could not be put on the cut server)"
+            }
         );
         eprintln!("{scenario}: cutting {cut_a:?} from {cut_b:?}");
         let watch = Watch::start(&lbs);
-        let writer = lbs::Writer::start(bin, &urls(&quorum_refs), next, every, write_timeout);
+        let writer = lbs::Writer::start(
+            bin,
+            &urls(&cluster, &quorum_refs),
+            next,
+            every,
+            write_timeout,
+        );
         std::thread::sleep(Duration::from_millis(500));
         let a: Vec<&str> = cut_a.iter().map(String::as_str).collect();
         let b: Vec<&str> = cut_b.iter().map(String::as_str).collect();
         let cut_at = Instant::now();
+        eprintln!(
+            "{scenario}: cut at {} s since the epoch",
+            std::time::UNIX_EPOCH.elapsed().unwrap().as_secs_f64()
+        );
         cluster.cut(&a, &b);
         std::thread::sleep(Duration::from_secs(args.secs));
         let writes = writer.stop();
@@ -232,6 +281,26 @@ fn main() {
             ));
         }
         rows.push(row(scenario, "every load balancer", every_lb, None));
+        if let Some(dir) = &args.keep_logs {
+            for lb in &lbs {
+                let name = format!("{scenario}-{}", lb.name).replace([' ', '|'], "_");
+                std::fs::write(dir.join(name), lb.agent.log()).unwrap();
+            }
+            let writes: Vec<String> = writes
+                .iter()
+                .map(|w| {
+                    let at = |i: Instant| i.checked_duration_since(cut_at).map(|d| d.as_secs_f64());
+                    format!(
+                        "{} sent {:?} acked {:?}",
+                        w.weight,
+                        at(w.sent),
+                        w.acked.map(at)
+                    )
+                })
+                .collect();
+            let name = scenario.replace([' ', '|'], "_") + "-writes";
+            std::fs::write(dir.join(name), writes.join("\n")).unwrap();
+        }
     }
 
     let mut table = String::from(
@@ -268,6 +337,39 @@ fn main() {
             &body,
         );
     }
+}
+
+/// Restarts client agent `client` (at most 8 times; it picks a server at
+/// random on its first RPC) until it sends its RPCs to a server `want`
+/// accepts (by index), then waits until every load balancer answers
+/// again. False when it never did.
+fn pin(cluster: &mut Cluster, lbs: &[Lb], client: usize, want: impl Fn(usize) -> bool) -> bool {
+    let settle = Duration::from_secs(30);
+    for _ in 0..8 {
+        let via = harness::wait_every(settle, Duration::from_millis(100), || {
+            cluster.server_of(client)
+        });
+        if via.is_some_and(&want) {
+            return true;
+        }
+        cluster.clients[client].terminate();
+        cluster.clients[client].start();
+        cluster.wait_formed(settle);
+        let _ = wait_all_show_current(lbs);
+    }
+    false
+}
+
+/// Waits until every load balancer's agent has served Consul's answer
+/// since its client agent came back (its `/-/ready` answers 200).
+fn wait_all_show_current(lbs: &[Lb]) -> bool {
+    lbs.iter().all(|lb| {
+        harness::wait_every(Duration::from_secs(30), Duration::from_millis(100), || {
+            let ready = harness::http_request(lb.agent.http, "GET", "/-/ready", b"");
+            matches!(ready, Some((200, _, _))).then_some(())
+        })
+        .is_some()
+    })
 }
 
 fn others(all: &[&str], not: &[&str]) -> Vec<String> {

@@ -32,8 +32,9 @@
 # measured beside this one); with --fleet: --agents N,N, --writes N,
 # --outage-secs S, --gprd (919 keys without and with writer records),
 # --agent-arg=OPT (passed to every agent); with --consul-cost: --keys N,
-# --idle-secs S; with --partition: --secs S
-# (per cut), --label TEXT (the BENCHMARKS.md section, e.g. before).
+# --idle-secs S; with --partition: --secs S (per cut), --rpc-hold-timeout
+# DUR (Consul's, on every node), --label TEXT (the BENCHMARKS.md section,
+# e.g. before).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -155,6 +155,9 @@ pub struct Node {
     logs: PathBuf,
     join: Vec<Ipv4Addr>,
     raft_multiplier: u8,
+    /// Consul's `performance.rpc_hold_timeout` (e.g. `2s`); `None`: its
+    /// default, 7 s.
+    rpc_hold_timeout: Option<String>,
     /// Its own uid (in a partitionable cluster), for `meta skuid` rules.
     pub uid: Option<u32>,
     starts: u32,
@@ -186,11 +189,17 @@ impl Node {
         for ip in &self.join {
             cmd.arg(format!("-retry-join={ip}"));
         }
+        let hold = self
+            .rpc_hold_timeout
+            .as_ref()
+            .map_or(String::new(), |t| format!(" rpc_hold_timeout = \"{t}\""));
         if self.server {
             cmd.args(["-server", "-bootstrap-expect=3"]).arg(format!(
-                "-hcl=performance {{ raft_multiplier = {} }}",
+                "-hcl=performance {{ raft_multiplier = {}{hold} }}",
                 self.raft_multiplier
             ));
+        } else if !hold.is_empty() {
+            cmd.arg(format!("-hcl=performance {{{hold} }}"));
         }
         // Every client of a test connects from 127.0.0.1: lift the
         // per-address HTTP connection cap (200 on 1.8.7).
@@ -437,21 +446,33 @@ impl Cluster {
     /// fleet benchmark runs thousands of agents on two cores) needs the
     /// default of 5 to keep its leader.
     pub fn start_with(clients: u8, raft_multiplier: u8) -> Cluster {
-        Self::launch(clients, raft_multiplier, false)
+        Self::launch(clients, raft_multiplier, false, None)
     }
 
     /// Like [`Cluster::start`], for [`Cluster::cut`]: every node under its
     /// own uid (`setpriv`). Only inside the private namespace of
     /// [`netns::enter`].
     pub fn start_partitionable(clients: u8) -> Cluster {
+        Self::start_partitionable_with(clients, None)
+    }
+
+    /// Like [`Cluster::start_partitionable`], every node with Consul's
+    /// `performance.rpc_hold_timeout` set to `rpc_hold_timeout` (e.g.
+    /// `2s`; `None`: Consul's default, 7 s).
+    pub fn start_partitionable_with(clients: u8, rpc_hold_timeout: Option<&str>) -> Cluster {
         assert!(
             netns::inside(),
             "a partitionable cluster runs only inside netns::enter"
         );
-        Self::launch(clients, 1, true)
+        Self::launch(clients, 1, true, rpc_hold_timeout)
     }
 
-    fn launch(clients: u8, raft_multiplier: u8, own_uids: bool) -> Cluster {
+    fn launch(
+        clients: u8,
+        raft_multiplier: u8,
+        own_uids: bool,
+        rpc_hold_timeout: Option<&str>,
+    ) -> Cluster {
         // A private namespace's loopback is its own: no lock to take (and
         // a PID there means nothing to the processes outside).
         let (net, lock) = if netns::inside() {
@@ -483,6 +504,7 @@ impl Cluster {
             server,
             join: seeds.clone(),
             raft_multiplier,
+            rpc_hold_timeout: rpc_hold_timeout.map(str::to_string),
             starts: 0,
             proc: None,
         };

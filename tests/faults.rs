@@ -1452,12 +1452,16 @@ fn sigkill_and_restart_under_load_never_gives_a_wrong_answer() {
             });
             assert!(unsynced.is_some(), "{}", restarted.log());
             assert_eq!(restarted.http_get("/-/ready").unwrap().0, 503);
-            // Its log does not claim a copy it does not have.
+            // Its log does not claim a copy it does not have. (The unsynced
+            // answers above can all come before its first read has failed.)
+            let failed = wait_for(LONG, || {
+                restarted
+                    .log()
+                    .contains("Consul request failed; not synced yet, answering nobody")
+                    .then_some(())
+            });
             let log = restarted.log();
-            assert!(
-                log.contains("Consul request failed; not synced yet, answering nobody"),
-                "{log}"
-            );
+            assert!(failed.is_some(), "{log}");
             assert!(!log.contains("serving the last copy"), "{log}");
             fake.set_sticky(None);
             restarted.wait_ready();

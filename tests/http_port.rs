@@ -88,7 +88,7 @@ fn one_profile_at_a_time_for_a_bounded_time_and_a_flame_graph() {
     let first = std::thread::spawn(move || {
         get(
             http,
-            "/debug/pprof/flamegraph?seconds=2",
+            "/debug/pprof/flamegraph?seconds=8",
             Duration::from_secs(30),
         )
     });
@@ -102,9 +102,11 @@ fn one_profile_at_a_time_for_a_bounded_time_and_a_flame_graph() {
     .expect("an answer");
     assert_eq!(status, 409, "{head}");
     assert!(head.to_ascii_lowercase().contains("retry-after:"), "{head}");
-    // At once, not after the first profile (4.5 s more).
+    // At once, not once the first profile is done (7.5 s later): a
+    // bound with room for a loaded machine, where the profiler's signals
+    // and other work slow every answer.
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(5),
         "409 after {:?}",
         started.elapsed()
     );

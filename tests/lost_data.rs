@@ -33,6 +33,13 @@ const INTER_MS: u64 = 200;
 /// The longest the reap test waits for Consul's reap.
 const REAP_WAIT: Duration = Duration::from_secs(17 * 60);
 
+/// The longest the reap test waits for an agent to serve the index Consul
+/// answers after the reap. The reap does not wake a blocking query (and an
+/// index check re-issues one only for an index past it), so the watching
+/// agent sees it when its query's `--wait` (5 s, plus Consul's jitter of up
+/// to a sixteenth) runs out; the rest is slack for a loaded machine.
+const SEE_REAP: Duration = Duration::from_secs(60);
+
 /// `state ARGS --consul-addr URL` with the writer CLI; panics unless it
 /// exits 0.
 #[track_caller]
@@ -96,6 +103,11 @@ fn status(agent: &Agent) -> serde_json::Value {
     let (code, body) = agent.http_get("/status").expect("/status answers");
     assert_eq!(code, 200, "{body}");
     serde_json::from_str(&body).unwrap()
+}
+
+/// `/status` `consul_index`: the index of the copy the agent serves.
+fn consul_index(agent: &Agent) -> Option<u64> {
+    status(agent)["consul_index"].as_u64()
 }
 
 /// `gitlab_haproxy_agent_held_keys{cause="rolled_back"}`.
@@ -210,24 +222,35 @@ fn a_tombstone_reap_after_a_delete_holds_nothing() {
     let took = consul.delete_and_wait_for_reap(REAP_WAIT);
     eprintln!("tombstones reaped {took:?} after the probe's delete");
     assert!(took.is_some(), "no reap within {REAP_WAIT:?}");
+    let seen = Instant::now();
     let after = consul.prefix_index();
     assert!(
         after < before,
         "the reap lowers the prefix's index: {before} -> {after}"
     );
-    // Let the watching agent see the lower index and act on it.
-    std::thread::sleep(Duration::from_secs(8));
 
     // Everything is checked on both agents before failing: a reap takes a
-    // quarter of an hour to come again.
+    // quarter of an hour to come again. Each agent is checked once it
+    // serves Consul's index after the reap (`/status` `consul_index`): the
+    // watching one when its blocking query, parked at the delete's index,
+    // has timed out and been answered at the lower one; the stopped one,
+    // started again, once its first read replaced the state file's copy.
     let stopped = agent(&consul, &stopped_state, port, http_port);
     let mut wrong = Vec::new();
     for (name, a) in [("watching", &watching), ("stopped", &stopped)] {
-        let ready = wait_for(Duration::from_secs(20), || {
-            (a.ask("web/s1 canary") == "ready 100%\n").then_some(())
-        });
+        if wait_for(SEE_REAP, || (consul_index(a) == Some(after)).then_some(())).is_none() {
+            wrong.push(format!(
+                "{name}: serves index {:?}, not the reaped prefix's {after}, after {SEE_REAP:?}",
+                consul_index(a)
+            ));
+        }
+        eprintln!(
+            "{name}: serves index {:?} {:?} after the reap was seen",
+            consul_index(a),
+            seen.elapsed()
+        );
         let (canary, s2) = (a.ask("web/s1 canary"), a.ask("web/s2"));
-        if ready.is_none() || s2 != "ready 100%\n" {
+        if canary != "ready 100%\n" || s2 != "ready 100%\n" {
             wrong.push(format!("{name}: answers canary {canary:?}, web/s2 {s2:?}"));
         }
         let held = status(a)["held"].clone();

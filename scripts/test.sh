@@ -87,7 +87,9 @@ suite() {
   echo "==> $name"
   local start=$SECONDS
   "$@"
-  record "$name" $? "$start"
+  local status=$?
+  record "$name" "$status" "$start"
+  return "$status"
 }
 
 # The background suite: its output goes to a file, shown when it is
@@ -146,8 +148,13 @@ fi
 # Every test (the benches, harness = false, are built by clippy above),
 # built once before the reap tests start beside them, so that no two cargo
 # invocations build at once; the reap tests then overlap every suite below.
-suite "build the tests" rust_build --lib --bins --tests
-bg_start
+if suite "build the tests" rust_build --lib --bins --tests; then
+  bg_start
+else
+  echo "==> $bg_name"
+  echo "not started: the tests did not build"
+  record "$bg_name" 1 "$SECONDS"
+fi
 suite "cargo nextest" rust_tests --lib --bins --tests
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the

@@ -9,7 +9,11 @@
 #             installs and no services (a few minutes on a built tree)
 #
 # The Rust tests run under cargo-nextest (.config/nextest.toml): each test
-# in its own process, several at once.
+# in its own process, several at once. The tests that wait for Consul's
+# tombstone reap (about 15 minutes, mostly asleep; `#[ignore]`d, so no
+# other run of the tests has them) start in the background once the tests
+# are built and are collected after the other suites, as a suite of their
+# own.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -37,31 +41,91 @@ fi
 
 # cargo-nextest when installed (scripts/install-deps.sh installs it), else
 # cargo test: the same tests, one binary at a time.
+have_nextest() { cargo nextest --version >/dev/null 2>&1; }
 rust_tests() {
-  if cargo nextest --version >/dev/null 2>&1; then
+  if have_nextest; then
     cargo nextest run --locked --no-fail-fast "$@"
   else
     cargo test --locked --no-fail-fast "$@"
   fi
 }
+# Builds what rust_tests "$@" runs, and runs nothing.
+rust_build() {
+  if have_nextest; then
+    cargo nextest run --locked --no-run "$@"
+  else
+    cargo test --locked --no-run "$@"
+  fi
+}
+# The ignored tests, those that wait for Consul's tombstone reap
+# (tests/lost_data.rs), under nextest's `reap` profile: stopped after 25
+# minutes rather than 10. A command, not a function, so that the PID a
+# background run leaves in $! is its own (cargo execs cargo-nextest).
+if have_nextest; then
+  reap_tests=(cargo nextest run --locked --no-fail-fast --profile reap --run-ignored only --test lost_data)
+else
+  reap_tests=(cargo test --locked --no-fail-fast --test lost_data -- --ignored)
+fi
 
 passed=0
 failed=0
 failed_names=()
+# record NAME STATUS START: counts a suite that began at $SECONDS = START.
+record() {
+  if [ "$2" -eq 0 ]; then
+    passed=$((passed + 1))
+    echo "<== $1: ok ($((SECONDS - $3)) s)"
+  else
+    failed=$((failed + 1))
+    failed_names+=("$1")
+    echo "<== $1: FAILED ($((SECONDS - $3)) s)"
+  fi
+}
 suite() {
   local name=$1
   shift
   echo "==> $name"
   local start=$SECONDS
-  if "$@"; then
-    passed=$((passed + 1))
-    echo "<== $name: ok ($((SECONDS - start)) s)"
-  else
-    failed=$((failed + 1))
-    failed_names+=("$name")
-    echo "<== $name: FAILED ($((SECONDS - start)) s)"
+  "$@"
+  local status=$?
+  record "$name" "$status" "$start"
+  return "$status"
+}
+
+# The background suite: its output goes to a file, shown when it is
+# collected; stopped (by its PID) if this script ends before that.
+bg_name="consul tombstone reap (background)"
+bg_pid=""
+bg_log=""
+bg_began=0
+bg_start() {
+  bg_log=$(mktemp -t gha-test-reap.XXXXXX) || return 1
+  bg_began=$SECONDS
+  "${reap_tests[@]}" >"$bg_log" 2>&1 &
+  bg_pid=$!
+  echo "--- $bg_name: started (PID $bg_pid), collected after the other suites"
+}
+bg_collect() {
+  [ -n "$bg_pid" ] || return 0
+  echo "==> $bg_name"
+  wait "$bg_pid"
+  local status=$?
+  bg_pid=""
+  cat "$bg_log"
+  rm -f "$bg_log"
+  record "$bg_name" "$status" "$bg_began"
+}
+bg_stop() {
+  if [ -n "$bg_pid" ]; then
+    kill "$bg_pid" 2>/dev/null && wait "$bg_pid"
+    echo "--- $bg_name: stopped, not collected; its output so far:"
+    cat "$bg_log"
+    rm -f "$bg_log"
   fi
 }
+trap bg_stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 summary() {
   if [ "$failed" -gt 0 ]; then
@@ -81,7 +145,16 @@ if $quick; then
   summary
   exit
 fi
-# Every test (the benches, harness = false, are built by clippy above).
+# Every test (the benches, harness = false, are built by clippy above),
+# built once before the reap tests start beside them, so that no two cargo
+# invocations build at once; the reap tests then overlap every suite below.
+if suite "build the tests" rust_build --lib --bins --tests; then
+  bg_start
+else
+  echo "==> $bg_name"
+  echo "not started: the tests did not build"
+  record "$bg_name" 1 "$SECONDS"
+fi
 suite "cargo nextest" rust_tests --lib --bins --tests
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the
@@ -107,5 +180,6 @@ suite "shellcheck" bash -c 'git ls-files -z "*.sh" .ci/run | xargs -0 shellcheck
 [ -x debian/tests/apt-repo.sh ] && suite "apt repository signing key" debian/tests/apt-repo.sh
 [ -x debian/tests/nspawn.sh ] && suite "package (systemd)" debian/tests/nspawn.sh
 [ -x deploy/kubernetes/test.sh ] && suite "kubernetes sidecar (podman)" deploy/kubernetes/test.sh
+bg_collect
 
 summary

@@ -671,7 +671,9 @@ impl Consul {
     /// sets coordinate, raft and server timing only) and `-dev`
     /// (`DevSource`, `DevConsulSource` in `agent/config/default.go`)
     /// leaves both alone. Measured here on `-dev`: 906 s. Tests that wait
-    /// for a reap are therefore run only with `GHA_SLOW=1`.
+    /// for a reap are therefore `#[ignore]`d, and `scripts/test.sh` runs
+    /// them in the background beside its other suites (nextest profile
+    /// `reap`, `--run-ignored only`).
     pub fn delete_and_wait_for_reap(&self, timeout: Duration) -> Option<Duration> {
         const PROBE: &str = "gha-reap-probe/";
         for key in ["kept", "deleted"] {

@@ -11,9 +11,10 @@
 # The Rust tests run under cargo-nextest (.config/nextest.toml): each test
 # in its own process, several at once. The tests that wait for Consul's
 # tombstone reap (about 15 minutes, mostly asleep; `#[ignore]`d, so no
-# other run of the tests has them) start in the background once the tests
-# are built and are collected after the other suites, as a suite of their
-# own.
+# other run of the tests has them) are built first, alone, then run in the
+# background beside every other suite (cargo builds nothing while they run:
+# a run only checks that its binaries are current) and are collected after
+# the other suites, as a suite of their own.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -135,6 +136,17 @@ summary() {
   [ "$failed" -eq 0 ]
 }
 
+# The reap tests first: they are the longest suite, so they are built
+# alone and started before everything else.
+if ! $quick; then
+  if suite "build the reap tests" rust_build --test lost_data; then
+    bg_start
+  else
+    echo "==> $bg_name"
+    echo "not started: the tests did not build"
+    record "$bg_name" 1 "$SECONDS"
+  fi
+fi
 suite "cargo fmt" cargo fmt --check
 suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
 if $quick; then
@@ -145,16 +157,7 @@ if $quick; then
   summary
   exit
 fi
-# Every test (the benches, harness = false, are built by clippy above),
-# built once before the reap tests start beside them, so that no two cargo
-# invocations build at once; the reap tests then overlap every suite below.
-if suite "build the tests" rust_build --lib --bins --tests; then
-  bg_start
-else
-  echo "==> $bg_name"
-  echo "not started: the tests did not build"
-  record "$bg_name" 1 "$SECONDS"
-fi
+# Every test (the benches, harness = false, are built by clippy above).
 suite "cargo nextest" rust_tests --lib --bins --tests
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the

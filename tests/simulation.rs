@@ -45,7 +45,9 @@
 //! agent before its tombstone was reaped) nothing is held as rolled back;
 //! and once index checks showed the blocking query parked behind (two in a
 //! row) or on a cut-off server (one), the next delivery finds it re-issued,
-//! not still parked.
+//! not still parked; and a read re-issued for being behind is not
+//! re-issued for that again before it is answered (it asks at an index
+//! Consul is past: however slow, it is on its way).
 //!
 //! A violating schedule is shrunk to the fewest events that still violate,
 //! and printed with its seed. `GHA_SIM_SEEDS` (a count) and `GHA_SIM_STEPS`
@@ -149,6 +151,10 @@ enum Event {
     },
     /// The daemon's index check, while a blocking read is parked.
     IndexCheck,
+    /// The servers are overloaded (a write fanned out to a whole fleet):
+    /// prefix reads are answered only after [`OVERLOAD_CHECKS`] more index
+    /// checks, as 1,000 agents reading 919 keys made them (seconds).
+    Overload,
     /// The token loses read on a key; regains it; loses the whole prefix;
     /// regains it.
     Deny {
@@ -359,7 +365,19 @@ struct Sim {
     known_hidden: BTreeSet<String>,
     /// A loss the core saw where none happened.
     false_loss: Option<String>,
+    /// The read out was re-issued because checks showed it behind, and
+    /// has not been answered since.
+    reissued_behind: bool,
+    /// A read re-issued for being behind was re-issued for that again.
+    reissued_again: Option<String>,
+    /// Index checks still to come before the overloaded servers answer a
+    /// prefix read.
+    overloaded: u32,
 }
+
+/// How many index checks an overload lasts: two to re-issue a read behind,
+/// two more to show the re-issued read behind again.
+const OVERLOAD_CHECKS: u32 = 4;
 
 fn config(rules: Rules) -> CoreConfig {
     CoreConfig {
@@ -407,6 +425,9 @@ impl Sim {
             generation_ids: 0,
             known_hidden: BTreeSet::new(),
             false_loss: None,
+            reissued_behind: false,
+            reissued_again: None,
+            overloaded: 0,
         };
         for key in KEYS {
             sim.intent.insert(key.to_string(), (None, 0, 0));
@@ -638,6 +659,7 @@ impl Sim {
         self.stuck = false;
         self.behind_seen = false;
         self.behind_checks = 0;
+        self.reissued_behind = false;
         let loss = out.notes.iter().find(|n| {
             matches!(
                 n,
@@ -851,6 +873,18 @@ impl Sim {
             self.behind_seen = self.stuck && self.behind_checks >= 2;
         }
         let out = self.core.on_index_check(check);
+        if let Some(next) = &out.reissue {
+            // A read that asks at an index Consul is known to be past is
+            // answered as soon as its server gets to it, however slowly:
+            // re-issuing it again drops that answer, for ever if the
+            // server is always slower than two checks.
+            if !self.server_cut {
+                if self.reissued_behind && !self.stuck {
+                    self.reissued_again = Some(format!("{:?}", next.request));
+                }
+                self.reissued_behind = true;
+            }
+        }
         if let Some(next) = out.reissue {
             // The parked request is dropped; its connection closes.
             self.next = next;
@@ -866,6 +900,11 @@ impl Sim {
     fn no_false_loss(&mut self) -> Result<(), String> {
         if let Some(note) = self.false_loss.take() {
             return Err(format!("a loss seen with no data lost: {note}"));
+        }
+        if let Some(request) = self.reissued_again.take() {
+            return Err(format!(
+                "a read re-issued for being behind was re-issued again before any answer: {request}"
+            ));
         }
         let held = self
             .core
@@ -886,6 +925,9 @@ impl Sim {
         self.step += 1;
         match *event {
             Event::Deliver { follower, lagging } => {
+                if self.overloaded > 0 && matches!(self.next.request, Request::Prefix { .. }) {
+                    return Ok(());
+                }
                 let failing = self.server_cut
                     && matches!(self.next.request, Request::Prefix { stale: false, .. });
                 if self.stuck && self.behind_seen && self.up && !failing {
@@ -1032,7 +1074,11 @@ impl Sim {
                     self.server_cut |= client;
                 }
             }
-            Event::IndexCheck => self.index_check(),
+            Event::IndexCheck => {
+                self.overloaded = self.overloaded.saturating_sub(1);
+                self.index_check();
+            }
+            Event::Overload => self.overloaded = OVERLOAD_CHECKS,
             Event::CatchUp => self.follower = self.leader.clone(),
             Event::Deny { key } => {
                 self.policy.denied.insert(KEYS[key].to_string());
@@ -1120,6 +1166,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             985..=989 => Event::AclRestart,
             990..=999 => Event::Reload,
             1000..=1004 => Event::CutOff { client: rng.bool() },
+            1005..=1006 => Event::Overload,
             _ => Event::IndexCheck,
         })
         .collect();
@@ -1337,6 +1384,18 @@ fn without_the_index_check_a_query_parked_on_a_cut_off_server_stays_parked() {
         ..Setup::all()
     };
     finds_a_violation(setup, "re-issuing a query an index check shows behind");
+}
+
+#[test]
+fn without_reissuing_a_read_behind_once_a_slow_read_is_reissued_again_and_again() {
+    let setup = Setup {
+        rules: Rules {
+            reissue_behind_once: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "re-issuing a read behind only once");
 }
 
 #[test]

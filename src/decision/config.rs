@@ -40,6 +40,11 @@ pub struct Rules {
     /// Re-issue a parked blocking read that an index check shows behind or
     /// cut off.
     pub index_check: bool,
+    /// Re-issue a read for being behind only once: the re-issued read asks
+    /// at an index Consul is known to be past, so it answers at once, or
+    /// slowly, but it is not parked (the daemon's give-up deadline still
+    /// bounds it).
+    pub reissue_behind_once: bool,
     /// A hidden key holds only drain or maint; a hidden `ready` or weight
     /// is skipped.
     pub hidden_holds_only_out: bool,
@@ -54,6 +59,7 @@ impl Default for Rules {
             generation: true,
             reap: true,
             index_check: true,
+            reissue_behind_once: true,
             hidden_holds_only_out: true,
         }
     }

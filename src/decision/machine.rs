@@ -50,6 +50,13 @@ struct PrefixAsk {
     /// An index check already showed the prefix past `index`: the next
     /// that does re-issues the read.
     behind: bool,
+    /// Re-issued because two checks showed it behind: Consul is known to
+    /// be past `index`, so the read is answered as soon as its server gets
+    /// to it. Checks that show it behind again do not re-issue it: in a
+    /// fleet whose servers take longer than two checks to answer a full
+    /// read, each re-issue would drop an answer on its way and ask again,
+    /// for ever (measured at 1,000 agents on 919 keys).
+    reissued: bool,
 }
 
 /// The request out while an answer is confirmed.
@@ -189,6 +196,7 @@ impl Core {
             fresh,
             for_cut_off: false,
             behind: false,
+            reissued: false,
         });
         next(Request::Prefix { index, stale }, delay)
     }
@@ -215,7 +223,8 @@ impl Core {
     /// - a failed check confirms nothing.
     ///
     /// A read re-issued for a cut-off server is not re-issued again for
-    /// that; a check that comes after the read returned is ignored.
+    /// that, nor one re-issued for being behind for being behind; a check
+    /// that comes after the read returned is ignored.
     pub fn on_index_check(&mut self, check: IndexCheck) -> CheckOutput {
         let mut out = CheckOutput::default();
         let Phase::Prefix(ask) = self.phase else {
@@ -239,6 +248,12 @@ impl Core {
                             reason: Unconfirmed::CutOff(reason),
                         });
                         (!ask.for_cut_off).then_some(true)
+                    }
+                    None if index > ask.index
+                        && ask.reissued
+                        && self.config.rules.reissue_behind_once =>
+                    {
+                        None
                     }
                     None if index > ask.index && !ask.behind => {
                         if let Phase::Prefix(ask) = &mut self.phase {
@@ -269,8 +284,9 @@ impl Core {
             self.confirm_default = true;
         }
         let next = self.read(false, ask.fresh, Delay::None);
-        if let Phase::Prefix(ask) = &mut self.phase {
-            ask.for_cut_off = for_cut_off;
+        if let Phase::Prefix(new) = &mut self.phase {
+            new.for_cut_off = for_cut_off;
+            new.reissued = ask.reissued || !for_cut_off;
         }
         out.reissue = Some(next);
         out

@@ -1565,6 +1565,36 @@ fn check(index: u64, meta: ReadMeta) -> IndexCheck {
 }
 
 #[test]
+fn a_read_reissued_for_being_behind_is_not_reissued_for_that_again() {
+    let mut c = started(false, false, None);
+    step(&mut c, prefix(10, &[("canary", "drain", 10)]));
+    // Two checks behind: re-issued.
+    assert_eq!(c.on_index_check(check(12, FRESH)).reissue, None);
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
+    // The re-issued read asks at an index Consul is past: however long its
+    // servers take to answer (a fleet's fan-out), it is on its way.
+    // Re-issuing it again would drop that answer each time.
+    for _ in 0..4 {
+        assert_eq!(c.on_index_check(check(13, FRESH)), CheckOutput::default());
+    }
+    // A cut-off server still re-issues it, once, as a default read.
+    let leaderless = ReadMeta {
+        known_leader: Some(false),
+        ..FRESH
+    };
+    let out = c.on_index_check(check(13, leaderless));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
+    assert_eq!(c.on_index_check(check(13, FRESH)).reissue, None);
+    // Its answer starts the next read afresh: two checks behind re-issue
+    // it again.
+    step(&mut c, prefix(13, &[("canary", "maint", 13)]));
+    assert_eq!(c.on_index_check(check(14, FRESH)).reissue, None);
+    let out = c.on_index_check(check(14, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(13)));
+}
+
+#[test]
 fn an_index_check_reissues_a_query_parked_behind_or_on_a_cut_off_server() {
     let mut c = started(false, false, None);
     let out = step(&mut c, prefix(10, &[("canary", "drain", 10)]));

@@ -18,13 +18,17 @@ fn read_token(consul: &Consul) -> (String, String) {
 /// Starts an agent whose token (in a file in the returned folder) has the
 /// one policy `policy`.
 fn agent_with_token(consul: &Consul, policy: &str) -> (Agent, TempDir) {
+    agent_with_token_and(consul, policy, &[])
+}
+
+/// [`agent_with_token`], with `extra` options.
+fn agent_with_token_and(consul: &Consul, policy: &str, extra: &[&str]) -> (Agent, TempDir) {
     let dir = TempDir::new("token");
     let token_file = dir.path().join("consul-token");
     std::fs::write(&token_file, consul.token_with(policy).1).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let mut args = vec!["--consul-token-file", token_file.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let agent = Agent::start(&consul.url(), &args);
     (agent, dir)
 }
 
@@ -318,21 +322,9 @@ fn an_answer_filtered_by_the_acl_a_blocking_query_started_with_is_not_applied() 
     policies(&consul);
     consul.put("canary", "drain");
     consul.put("web/web-01", "maint");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    let (_, secret) = read_token(&consul);
-    std::fs::write(&token_file, &secret).unwrap();
     // A short wait: a blocking query that ends with no change starts the
     // next one under the policy of the moment.
-    let agent = Agent::start(
-        &consul.url(),
-        &[
-            "--consul-token-file",
-            token_file.to_str().unwrap(),
-            "--wait",
-            "2s",
-        ],
-    );
+    let (agent, _token) = agent_with_token_and(&consul, "agent-read", &["--wait", "2s"]);
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
     // Past --min-query-interval: the blocking query is parked.
     std::thread::sleep(Duration::from_millis(500));
@@ -380,19 +372,7 @@ fn a_key_hidden_in_a_transaction_with_a_shown_key_is_read_once_the_policy_is_res
     let consul = Consul::start_acl(MASTER);
     policies(&consul);
     consul.put("web/web-01", "maint");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    let (_, secret) = read_token(&consul);
-    std::fs::write(&token_file, &secret).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &[
-            "--consul-token-file",
-            token_file.to_str().unwrap(),
-            "--wait",
-            "2s",
-        ],
-    );
+    let (agent, _token) = agent_with_token_and(&consul, "agent-read", &["--wait", "2s"]);
     assert_eq!(agent.ask("web/web-cny-01 canary"), "ready 100%\n");
     std::thread::sleep(Duration::from_millis(500));
     // The query that sees the transaction runs under the narrowed policy.
@@ -555,18 +535,7 @@ fn many_keys_denied_at_once_are_logged_in_a_few_lines() {
         consul.put(&format!("web/s{i:02}"), "maint");
     }
     consul.put("canary", "ready");
-    let dir = TempDir::new("token");
-    let token_file = dir.path().join("consul-token");
-    std::fs::write(&token_file, read_token(&consul).1).unwrap();
-    let agent = Agent::start(
-        &consul.url(),
-        &[
-            "--consul-token-file",
-            token_file.to_str().unwrap(),
-            "--wait",
-            "2s",
-        ],
-    );
+    let (agent, _token) = agent_with_token_and(&consul, "agent-read", &["--wait", "2s"]);
     assert_eq!(agent.ask("web/s07"), "maint 100%\n");
     std::thread::sleep(Duration::from_millis(500));
     let p = support::PREFIX;

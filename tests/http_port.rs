@@ -1,6 +1,7 @@
 //! The operator HTTP port: CPU profiles on `/debug/pprof/` (read back with
-//! Go's `go tool pprof`), and a port that idle connections cannot lock
-//! out of `/-/ready` and `/metrics`.
+//! Go's `go tool pprof`), a port that idle connections cannot lock
+//! out of `/-/ready` and `/metrics`, and a default listen address the
+//! fleet's Prometheus can scrape.
 
 mod support;
 
@@ -11,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::{check_load, Agent, Consul, TempDir};
+use support::prometheus::{Prometheus, JOB};
+use support::{check_load, free_port, netns, Agent, Consul, Proc, TempDir, AGENT_BIN};
 
 use support::get_within as get;
 
@@ -207,4 +209,63 @@ fn two_hundred_idle_connections_do_not_lock_out_readiness_and_metrics() {
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(idle_closed >= 100.0, "idle closes not counted:\n{metrics}");
+}
+
+/// With no `--http-listen` (nor its environment variable), a Prometheus
+/// that reaches the node by an address other than 127.0.0.1 (here
+/// 127.0.0.2, as a fleet's Prometheus reaches a node by its own address)
+/// scrapes the agent on port 9778: `up` is 1 and the agent's metrics are
+/// stored for that target; `/status` still answers a client on 127.0.0.1.
+/// Run in a private network namespace, whose own loopback has port 9778
+/// free. Fails while the default is 127.0.0.1:9778 (`up` 0 for the target).
+#[test]
+fn the_default_http_address_is_scraped_by_a_prometheus_beyond_127_0_0_1() {
+    let name = "the_default_http_address_is_scraped_by_a_prometheus_beyond_127_0_0_1";
+    if !netns::enter(
+        &[name, "--exact", "--nocapture", "--test-threads=1"],
+        Duration::from_secs(120),
+    ) {
+        return;
+    }
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    let dir = TempDir::new("agent");
+    let mut cmd = Command::new(AGENT_BIN);
+    // env_clear: no GITLAB_HAPROXY_AGENT_HTTP_LISTEN from this environment.
+    cmd.env_clear()
+        .env("RUST_LOG", "info")
+        .arg("--consul-addr")
+        .arg(consul.url())
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{}", free_port()))
+        .args(["--wait", "5s", "--log-format", "text"]);
+    let agent = Proc::spawn(cmd, dir.path().join("agent.log"));
+
+    let target = SocketAddr::from(([127, 0, 0, 2], 9778));
+    let prometheus = Prometheus::start(&[target]);
+    let scraped = prometheus.wait_until(
+        Duration::from_secs(30),
+        &format!("up{{job=\"{JOB}\",instance=\"{target}\"}}"),
+        1,
+        |v| v == 1.0,
+    );
+    assert!(
+        scraped,
+        "Prometheus did not scrape the agent at {target}: up = {:?}\nagent:\n{}",
+        prometheus.values(&format!("up{{instance=\"{target}\"}}")),
+        agent.log()
+    );
+    let synced = prometheus.wait_until(
+        Duration::from_secs(15),
+        &format!("gitlab_haproxy_agent_consul_index{{instance=\"{target}\"}}"),
+        1,
+        |v| v > 0.0,
+    );
+    assert!(synced, "no agent metric stored for {target}");
+
+    let local = SocketAddr::from(([127, 0, 0, 1], 9778));
+    let status = get(local, "/status", Duration::from_secs(5));
+    let (code, head, body) = status.expect("/status answers on 127.0.0.1:9778");
+    assert_eq!(code, 200, "{head}");
+    assert!(String::from_utf8_lossy(&body).contains("canary"), "{head}");
 }

@@ -9,13 +9,14 @@
 //! First the leader is cut from the other two servers (nftables, see
 //! `support::cluster`) for 15 s: lb1, lb2 and lb4, whose client agents still
 //! reach the quorum, serve every acknowledged write within a bound (lb4
-//! within 5 s even when c1 sends its RPCs to the cut leader), and lb3,
+//! within 7 s even when c1 sends its RPCs to the cut leader), and lb3,
 //! whose server is cut off, says within 10 s that it cannot confirm it
 //! serves Consul's latest index (`/status` `consul_current` false,
 //! `gitlab_haproxy_agent_consul_unconfirmed_seconds` above 0). lb4's reads
 //! are back on c1 before the next cut. Then client agent c1 is cut from
-//! every server for 12 s: lb2, lb3 and lb4 (through a server) serve every
-//! write within 5 s, and lb1 says within 10 s that it cannot confirm.
+//! every server for 12 s: lb2 and lb3 serve every write within 5 s, lb4
+//! (through a server) within 7 s, and lb1 says within 10 s that it cannot
+//! confirm.
 //! After each heal, every load balancer serves the last write and says it
 //! is current again.
 //!
@@ -43,6 +44,13 @@ const SERVED_WITHIN: Duration = Duration::from_secs(5);
 /// (7 s, not settable per request) before "No cluster leader"; only that
 /// error moves the client agent to another server.
 const SERVED_WITHIN_PINNED: Duration = Duration::from_secs(5 + 7);
+
+/// The same for lb4, whatever its client agent does: an index check (2 s)
+/// that times out (2 s) or finds no leader, the servers checked at once,
+/// the read sent again through one, HAProxy asking again. 4.5 s at worst
+/// in the partition bench; the room above that is for a loaded machine.
+/// Without the fallback lb4 is frozen for the whole second cut (12 s).
+const SERVED_WITHIN_FALLBACK: Duration = Duration::from_secs(7);
 
 /// From the cut to an agent that cannot reach the quorum saying so.
 const SAYS_WITHIN: Duration = Duration::from_secs(10);
@@ -232,7 +240,7 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
             bound(pinned[0]),
             bound(pinned[1]),
             None,
-            Some(SERVED_WITHIN),
+            Some(SERVED_WITHIN_FALLBACK),
         ],
     );
 
@@ -288,7 +296,7 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
             None,
             Some(SERVED_WITHIN),
             Some(SERVED_WITHIN),
-            Some(SERVED_WITHIN),
+            Some(SERVED_WITHIN_FALLBACK),
         ],
         &[0],
         (cut2_at, healed2_at),

@@ -26,8 +26,9 @@
 //!
 //! Options (after `--`): `--agent-bin PATH`, `--secs S`, `--label TEXT`
 //! (the BENCHMARKS.md section it is recorded in, e.g. `before`),
-//! `--rpc-hold-timeout DUR` (Consul's, on every node), `--keep-logs DIR`,
-//! `--no-record`.
+//! `--rpc-hold-timeout DUR` (Consul's, on every node), `--fallback` (every
+//! agent also gets the servers it does not read through as
+//! `--consul-fallback-addr`), `--keep-logs DIR`, `--no-record`.
 #![allow(dead_code)]
 
 #[path = "../tests/support/mod.rs"]
@@ -64,6 +65,10 @@ struct Args {
     /// fails; unset: Consul's default, 7 s.
     #[arg(long)]
     rpc_hold_timeout: Option<String>,
+    /// Give every agent the three servers (but the one it reads through) as
+    /// `--consul-fallback-addr`.
+    #[arg(long)]
+    fallback: bool,
     /// Keep each load balancer's agent log per scenario in this folder,
     /// and each write's times from the cut (`<scenario>-writes`).
     #[arg(long)]
@@ -136,19 +141,51 @@ fn main() {
         cluster.logs()
     );
     let lb3_server = cluster.servers[first_leader].name.clone();
+    // With --fallback: the servers but `not`, as --consul-fallback-addr.
+    let fallback = |not: &str| -> Vec<String> {
+        if !args.fallback {
+            return Vec::new();
+        }
+        let addrs: Vec<String> = cluster
+            .servers
+            .iter()
+            .filter(|s| s.name != not)
+            .map(|s| s.url())
+            .collect();
+        vec!["--consul-fallback-addr".into(), addrs.join(",")]
+    };
+    let with = |mut extra: Vec<String>, more: &[&str]| -> Vec<String> {
+        extra.extend(more.iter().map(|s| s.to_string()));
+        extra
+    };
+    let via = if args.fallback {
+        ", servers as fallback"
+    } else {
+        ""
+    };
+    let lb_args = [
+        with(fallback(""), &[]),
+        with(fallback(""), &["--consistency", "stale"]),
+        with(fallback(&lb3_server), &["--consistency", "stale"]),
+    ];
     let lbs = vec![
-        Lb::start(bin, "lb1 default via c1", &cluster.client(0).url(), &[]),
         Lb::start(
             bin,
-            "lb2 stale via c2",
-            &cluster.client(1).url(),
-            &["--consistency", "stale"],
+            &format!("lb1 default via c1{via}"),
+            &cluster.client(0).url(),
+            &refs(&lb_args[0]),
         ),
         Lb::start(
             bin,
-            &format!("lb3 stale via {lb3_server}"),
+            &format!("lb2 stale via c2{via}"),
+            &cluster.client(1).url(),
+            &refs(&lb_args[1]),
+        ),
+        Lb::start(
+            bin,
+            &format!("lb3 stale via {lb3_server}{via}"),
             &cluster.node(&lb3_server).url(),
-            &["--consistency", "stale"],
+            &refs(&lb_args[2]),
         ),
     ];
     assert!(
@@ -181,6 +218,19 @@ fn main() {
         };
         let leader = cluster.wait_leader(Duration::from_secs(60));
         let leader = cluster.servers[leader].name.clone();
+        // With --fallback, every agent reads through its own Consul again
+        // before the cut (a client agent restarted above moves reads to a
+        // fallback; an index check through the primary every 30 s takes
+        // them back), so the cut shows the move, not a fallback already in
+        // use.
+        let on_fallback: Vec<&str> = if args.fallback {
+            lbs.iter()
+                .filter(|lb| !back_on_primary(lb))
+                .map(|lb| lb.name.as_str())
+                .collect()
+        } else {
+            Vec::new()
+        };
         // The server c1 sends its RPCs to (the first, if several).
         let c1_server = cluster.clients[0]
             .rpc_peers()
@@ -225,9 +275,16 @@ fn main() {
             cut_a.join("+"),
             cut_b.join("+"),
             if pinned {
-                ""
+                String::new()
             } else {
-                " (the client agent could not be put on the cut server)"
+                " (the client agent could not be put on the cut server)".into()
+            } + &if on_fallback.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " ({} still on a fallback at the cut)",
+                    on_fallback.join(", ")
+                )
             }
         );
         eprintln!("{scenario}: cutting {cut_a:?} from {cut_b:?}");
@@ -368,6 +425,20 @@ fn pin(cluster: &mut Cluster, lbs: &[Lb], client: usize, want: impl Fn(usize) ->
     false
 }
 
+/// Waits (up to 60 s) until `lb`'s agent reads through its
+/// `--consul-addr` (`/status` `consul_fallback_in_use` null); false if it
+/// did not.
+fn back_on_primary(lb: &Lb) -> bool {
+    harness::wait_every(Duration::from_secs(60), Duration::from_millis(250), || {
+        let (status, _, body) = harness::http_request(lb.agent.http, "GET", "/status", b"")?;
+        let v: serde_json::Value = serde_json::from_slice(&body)
+            .ok()
+            .filter(|_| status == 200)?;
+        v.get("consul_fallback_in_use")?.is_null().then_some(())
+    })
+    .is_some()
+}
+
 /// Waits until every load balancer's agent has served Consul's answer
 /// since its client agent came back (its `/-/ready` answers 200).
 fn wait_all_show_current(lbs: &[Lb]) -> bool {
@@ -378,6 +449,10 @@ fn wait_all_show_current(lbs: &[Lb]) -> bool {
         })
         .is_some()
     })
+}
+
+fn refs(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
 }
 
 fn others(all: &[&str], not: &[&str]) -> Vec<String> {

@@ -33,7 +33,8 @@
 # --outage-secs S, --gprd (919 keys without and with writer records),
 # --agent-arg=OPT (passed to every agent); with --consul-cost: --keys N,
 # --idle-secs S; with --partition: --secs S (per cut), --rpc-hold-timeout
-# DUR (Consul's, on every node), --label TEXT (the BENCHMARKS.md section,
+# DUR (Consul's, on every node), --fallback (the servers as every agent's
+# --consul-fallback-addr), --label TEXT (the BENCHMARKS.md section,
 # e.g. before).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -271,6 +271,20 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_INDEX_CHECK", default_value = "2s", value_parser = parse_duration)]
     pub index_check: Duration,
 
+    /// Other ways into the same Consul datacenter (another client agent, or
+    /// the servers' HTTP addresses), repeatable or comma-separated, tried in
+    /// order: reads move to one while an index check through --consul-addr
+    /// cannot confirm the state served (its server cut off from the
+    /// quorum, no leader) or a request through it fails, and go back once
+    /// it answers fresh again. Default: none. Same token, plain http://.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    pub consul_fallback_addr: Vec<String>,
+
     /// Folder of the state file (served-state.json): the state served, holds
     /// included, written on every change and read at start, so a restart
     /// answers what the agent answered before. Default: systemd's

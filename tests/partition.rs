@@ -1,22 +1,27 @@
 //! A Consul partition under real load balancers: three Consul servers and
-//! two client agents in a private network namespace, three HAProxies each
+//! two client agents in a private network namespace, four HAProxies each
 //! asking its own agent (lb1 default consistency through client agent c1,
-//! lb2 stale through c2, lb3 stale straight to the leader), and a writer
-//! that `state set`s a new weight every second through a server of the
-//! quorum.
+//! lb2 stale through c2, lb3 stale straight to the leader, lb4 default
+//! through c1 with the three servers as `--consul-fallback-addr`), and a
+//! writer that `state set`s a new weight every second through a server of
+//! the quorum.
 //!
 //! First the leader is cut from the other two servers (nftables, see
-//! `support::cluster`) for 15 s: lb1 and lb2, whose client agents still
-//! reach the quorum, serve every acknowledged write within a bound, and lb3,
+//! `support::cluster`) for 15 s: lb1, lb2 and lb4, whose client agents still
+//! reach the quorum, serve every acknowledged write within a bound (lb4
+//! within 7 s even when c1 sends its RPCs to the cut leader), and lb3,
 //! whose server is cut off, says within 10 s that it cannot confirm it
 //! serves Consul's latest index (`/status` `consul_current` false,
-//! `gitlab_haproxy_agent_consul_unconfirmed_seconds` above 0). Then client
-//! agent c1 is cut from every server for 12 s: lb2 and lb3 serve every
-//! write within the bound, and lb1 says so within 10 s. After each heal,
-//! every load balancer serves the last write and says it is current again.
+//! `gitlab_haproxy_agent_consul_unconfirmed_seconds` above 0). lb4's reads
+//! are back on c1 before the next cut. Then client agent c1 is cut from
+//! every server for 12 s: lb2 and lb3 serve every write within 5 s, lb4
+//! (through a server) within 7 s, and lb1 says within 10 s that it cannot
+//! confirm.
+//! After each heal, every load balancer serves the last write and says it
+//! is current again.
 //!
 //! The agent is `GITLAB_HAPROXY_AGENT_TEST_AGENT_BIN` when set (another
-//! build to measure), else this crate's. About 45 s.
+//! build to measure), else this crate's. About 60 s.
 
 mod support;
 
@@ -25,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use support::cluster::Cluster;
 use support::lbs::{self, says_unconfirmed, wait_all_show, write_weight, Lb, Watch, Writer};
-use support::netns;
+use support::{netns, wait_every};
 
 /// From a write's acknowledgement to HAProxy showing it, for a load
 /// balancer whose client agent is on a server of the quorum: an index
@@ -40,11 +45,37 @@ const SERVED_WITHIN: Duration = Duration::from_secs(5);
 /// error moves the client agent to another server.
 const SERVED_WITHIN_PINNED: Duration = Duration::from_secs(5 + 7);
 
+/// The same for lb4, whatever its client agent does: an index check (2 s)
+/// that times out (2 s) or finds no leader, the servers checked at once,
+/// the read sent again through one, HAProxy asking again. 4.5 s at worst
+/// in the partition bench; the room above that is for a loaded machine.
+/// Without the fallback lb4 is frozen for the whole second cut (12 s).
+const SERVED_WITHIN_FALLBACK: Duration = Duration::from_secs(7);
+
 /// From the cut to an agent that cannot reach the quorum saying so.
 const SAYS_WITHIN: Duration = Duration::from_secs(10);
 
 /// From a heal to every load balancer serving the last write, current.
 const HEALED_WITHIN: Duration = Duration::from_secs(20);
+
+/// From the first heal to lb4's reads going through c1 again: an index
+/// check through `--consul-addr` every 15 checks (30 s) while reads go
+/// through a fallback, with room for a loaded machine.
+const BACK_ON_PRIMARY_WITHIN: Duration = Duration::from_secs(45);
+
+/// `/status` `consul_fallback_in_use` of `lb`: `Some(None)` while reads go
+/// through `--consul-addr`, `None` when `/status` does not answer.
+fn fallback_in_use(lb: &Lb) -> Option<Option<String>> {
+    let (status, _, body) = support::http_request(lb.agent.http, "GET", "/status", b"")?;
+    let v: serde_json::Value = serde_json::from_slice(&body)
+        .ok()
+        .filter(|_| status == 200)?;
+    Some(
+        v.get("consul_fallback_in_use")?
+            .as_str()
+            .map(str::to_string),
+    )
+}
 
 fn agent_bin() -> PathBuf {
     std::env::var_os("GITLAB_HAPROXY_AGENT_TEST_AGENT_BIN")
@@ -126,6 +157,7 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         .map(|s| cluster.servers[s].url())
         .collect();
     let writer_url = &quorum[0];
+    let servers: Vec<String> = cluster.servers.iter().map(|s| s.url()).collect();
     let every = Duration::from_secs(1);
     let write_timeout = Duration::from_secs(3);
 
@@ -149,6 +181,12 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
             &format!("lb3 stale via {leader_name}"),
             &cluster.servers[leader].url(),
             &["--consistency", "stale"],
+        ),
+        Lb::start(
+            &bin,
+            "lb4 default via c1, servers as fallback",
+            &cluster.client(0).url(),
+            &["--consul-fallback-addr", &servers.join(",")],
         ),
     ];
     assert!(
@@ -198,11 +236,27 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
     let cut1 = (
         (cut_at, healed1_at),
         writes1,
-        [bound(pinned[0]), bound(pinned[1]), None],
+        [
+            bound(pinned[0]),
+            bound(pinned[1]),
+            None,
+            Some(SERVED_WITHIN_FALLBACK),
+        ],
     );
 
-    // Phase 2: client agent c1 cut from every server.
+    // Phase 2: client agent c1 cut from every server, once lb4 reads
+    // through c1 again.
     cluster.wait_leader(HEALED_WITHIN);
+    let lb4_back = wait_every(BACK_ON_PRIMARY_WITHIN, Duration::from_millis(250), || {
+        (fallback_in_use(&lbs[3]) == Some(None)).then_some(())
+    });
+    if lb4_back.is_none() {
+        failures.push(format!(
+            "lb4 did not read through c1 again within {BACK_ON_PRIMARY_WITHIN:?} of the heal: \
+             consul_fallback_in_use {:?}",
+            fallback_in_use(&lbs[3])
+        ));
+    }
     let next = cut1.1.last().map_or(2, |w| w.weight + 1);
     let writer = Writer::start(&bin, &quorum, next, every, write_timeout);
     std::thread::sleep(Duration::from_millis(500));
@@ -238,7 +292,12 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         &lbs,
         &writes2,
         &samples,
-        &[None, Some(SERVED_WITHIN), Some(SERVED_WITHIN)],
+        &[
+            None,
+            Some(SERVED_WITHIN),
+            Some(SERVED_WITHIN),
+            Some(SERVED_WITHIN_FALLBACK),
+        ],
         &[0],
         (cut2_at, healed2_at),
     );

@@ -10,7 +10,7 @@ use crate::agent::http::DebugAccess;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
 use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
-use crate::consul::config::{ConsulConfig, Fallbacks};
+use crate::consul::config::{normalize_consul_addr, ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
 use crate::decision::stale::MAX_STALE_RANGE;
 
@@ -51,6 +51,8 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Folder of the state file; `None`: nothing survives a restart.
     pub state_dir: Option<std::path::PathBuf>,
+    /// `--consul-fallback-addr`, validated, in order; empty by default.
+    pub consul_fallbacks: Vec<String>,
 }
 
 impl AgentConfig {
@@ -108,6 +110,23 @@ impl AgentConfig {
                 "must be 0 (off) or between 500ms and 60s",
             ));
         }
+        let mut consul_fallbacks = Vec::new();
+        for raw in a
+            .consul_fallback_addr
+            .iter()
+            .filter(|r| !r.trim().is_empty())
+        {
+            let addr = normalize_consul_addr(raw)
+                .map_err(|reason| bad("--consul-fallback-addr", raw, reason))?;
+            if addr == consul.addr || consul_fallbacks.contains(&addr) {
+                return Err(bad(
+                    "--consul-fallback-addr",
+                    raw,
+                    "given twice (or the same as --consul-addr)",
+                ));
+            }
+            consul_fallbacks.push(addr);
+        }
         if a.listen == a.http_listen && a.listen.port() != 0 {
             return Err(bad(
                 "--http-listen",
@@ -141,6 +160,7 @@ impl AgentConfig {
             },
             log_format: a.log_format,
             state_dir: state_dir(a.state_dir.as_deref(), fallbacks)?,
+            consul_fallbacks,
         })
     }
 }
@@ -174,6 +194,48 @@ mod tests {
 
     fn config(args: &[&str], fallbacks: &Fallbacks) -> Result<AgentConfig, ConfigError> {
         AgentConfig::from_cli(&parse(args).expect("clap accepts"), fallbacks)
+    }
+
+    #[test]
+    fn consul_fallbacks_are_validated_in_order_and_none_by_default() {
+        let none = config(&[], &Fallbacks::default()).unwrap();
+        assert!(none.consul_fallbacks.is_empty());
+        let c = config(
+            &[
+                "--consul-fallback-addr",
+                "10.0.0.2:8500,http://10.0.0.3:8500/",
+                "--consul-fallback-addr",
+                "10.0.0.4:8500",
+            ],
+            &Fallbacks::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            c.consul_fallbacks,
+            [
+                "http://10.0.0.2:8500",
+                "http://10.0.0.3:8500",
+                "http://10.0.0.4:8500"
+            ]
+        );
+        for (args, reason) in [
+            (
+                vec!["--consul-fallback-addr", "https://10.0.0.2:8501"],
+                "only http://",
+            ),
+            (
+                vec!["--consul-fallback-addr", "127.0.0.1:8500"],
+                "given twice",
+            ),
+            (
+                vec!["--consul-fallback-addr", "a:1,http://a:1"],
+                "given twice",
+            ),
+        ] {
+            let e = config(&args, &Fallbacks::default()).unwrap_err();
+            assert_eq!(e.option, "--consul-fallback-addr");
+            assert!(e.reason.contains(reason), "{args:?}: {e}");
+        }
     }
 
     #[test]

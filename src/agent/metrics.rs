@@ -135,6 +135,13 @@ pub struct Metrics {
     /// or an index check), counted from the answering server's last
     /// contact with the leader; -1 before the first confirmation.
     pub consul_unconfirmed: Gauge,
+    /// `gitlab_haproxy_agent_consul_route`: the Consul address reads go
+    /// through: 0 for `--consul-addr`, n for the n-th
+    /// `--consul-fallback-addr` ([`crate::agent::route`]).
+    pub consul_route: IntGauge,
+    /// `gitlab_haproxy_agent_consul_route_switches_total`: times reads moved
+    /// to another Consul address.
+    pub consul_route_switches: IntCounter,
     /// `gitlab_haproxy_agent_index_checks_total{result}`: index checks made
     /// while a blocking read was parked, by result: `current`, `behind`
     /// (the read was re-issued), `failed`, `no_leader`, `too_old`.
@@ -278,6 +285,14 @@ impl Metrics {
             "Seconds since the state served was last confirmed to be Consul's latest (by an answer or an index check); -1 before the first.",
         );
         consul_unconfirmed.set(-1.0);
+        let consul_route = f.int_gauge(
+            "consul_route",
+            "The Consul address reads go through: 0 for --consul-addr, n for the n-th --consul-fallback-addr.",
+        );
+        let consul_route_switches = f.int_counter(
+            "consul_route_switches_total",
+            "Times reads moved to another Consul address (an index check could not confirm, or a request failed).",
+        );
         let index_checks = f.int_counter_vec(
             "index_checks_total",
             "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
@@ -367,6 +382,8 @@ impl Metrics {
             stale_answers_held,
             consul_last_contact,
             consul_unconfirmed,
+            consul_route,
+            consul_route_switches,
             index_checks,
             generation_lost,
             tombstones_reaped,

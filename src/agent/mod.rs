@@ -14,6 +14,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod responder;
+pub mod route;
 pub mod seen;
 pub mod shared;
 pub mod state_file;
@@ -65,6 +66,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         listen = %agent_listener.local_addr()?,
         http_listen = %http_listener.local_addr()?,
         consul_addr = %config.consul.addr,
+        consul_fallback_addrs = %config.consul_fallbacks.join(","),
         prefix = %config.consul.prefix,
         version = env!("CARGO_PKG_VERSION"),
         "starting; no answers until the state file or the first Consul answer"
@@ -88,17 +90,21 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     ));
     shared.readiness.set(ReadyStep::HttpBound);
 
-    let client = Arc::new(
-        ConsulClient::new(
-            &config.consul.addr,
-            TokenSource::new(config.consul.token_file.clone()),
-            Duration::from_secs(2),
-        )
-        .context("cannot build the Consul client")?,
-    );
+    let clients = std::iter::once(&config.consul.addr)
+        .chain(&config.consul_fallbacks)
+        .map(|addr| {
+            ConsulClient::new(
+                addr,
+                TokenSource::new(config.consul.token_file.clone()),
+                Duration::from_secs(2),
+            )
+            .map(Arc::new)
+            .context("cannot build the Consul client")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let (state_file, restored) = open_state_file(&config, &shared);
     let mut watcher = Watcher::new(
-        client.clone(),
+        clients.clone(),
         config.watcher.clone(),
         shared.clone(),
         state_file,
@@ -157,7 +163,9 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
             _ = sighup.recv() => {
                 info!("SIGHUP: the Consul token file will be read again");
-                client.token().invalidate();
+                for client in &clients {
+                    client.token().invalidate();
+                }
             }
         }
     }

@@ -90,6 +90,9 @@ pub struct SyncStatus {
     /// answer, or an index check while a blocking read is parked), less
     /// the answering server's `X-Consul-LastContact`.
     pub confirmed_at: Option<Instant>,
+    /// The `--consul-fallback-addr` reads go through; `None`: the primary,
+    /// `--consul-addr`.
+    pub reading_through: Option<String>,
 }
 
 /// How long after its last confirmation the agent still says it serves

@@ -14,11 +14,14 @@ use tracing::{info, warn};
 
 use crate::agent::log_summary::ForbiddenReads;
 use crate::agent::metrics::ConsulOutcome;
+use crate::agent::route::{Routes, Step};
 use crate::agent::shared::{ReadyStep, Shared};
 use crate::agent::state_file::{Persister, StateFile};
 use crate::cli::Consistency;
+use crate::consul::ReadMeta;
 use crate::consul::{ConsulClient, ConsulError};
 use crate::decision::served::{Change, ServedState};
+use crate::decision::stale::hold_reason;
 use crate::decision::{Core, CoreConfig, Delay, IndexCheck, Next, Note, Request, Response, Rules};
 
 /// Watcher settings.
@@ -90,7 +93,10 @@ const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// Drives the decision core for one agent.
 pub struct Watcher {
-    client: Arc<ConsulClient>,
+    /// The Consul addresses reads may go through: `--consul-addr`, then
+    /// each `--consul-fallback-addr` ([`crate::agent::route`]).
+    clients: Vec<Arc<ConsulClient>>,
+    routes: Routes,
     config: WatcherConfig,
     shared: Arc<Shared>,
     core: Core,
@@ -103,11 +109,12 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    /// A watcher that publishes into `shared`, starting from `restored`
-    /// (the state read from the state file, served at once) and writing
-    /// every change to `state_file`.
+    /// A watcher that reads through `clients` (the primary first, then
+    /// the fallbacks; at least one) and publishes into `shared`, starting
+    /// from `restored` (the state read from the state file, served at once)
+    /// and writing every change to `state_file`.
     pub fn new(
-        client: Arc<ConsulClient>,
+        clients: Vec<Arc<ConsulClient>>,
         config: WatcherConfig,
         shared: Arc<Shared>,
         state_file: Option<StateFile>,
@@ -133,8 +140,10 @@ impl Watcher {
         let next = core.start();
         let state_file =
             state_file.map(|file| Arc::new(Persister::new(file, config.prefix.clone())));
+        assert!(!clients.is_empty(), "a watcher needs a Consul address");
         Watcher {
-            client,
+            routes: Routes::new(clients.len()),
+            clients,
             config,
             shared,
             state_file,
@@ -161,7 +170,7 @@ impl Watcher {
                 Ok(Err(e)) => last_error = Some(e),
                 Err(_) => {
                     return Err(last_error.unwrap_or_else(|| ConsulError::Timeout {
-                        addr: self.client.addr().to_string(),
+                        addr: self.client().addr().to_string(),
                         after: timeout,
                     }))
                 }
@@ -183,6 +192,11 @@ impl Watcher {
             }
         }
         self.end_forbidden();
+    }
+
+    /// The client of the address reads go through now.
+    fn client(&self) -> &Arc<ConsulClient> {
+        &self.clients[self.routes.current()]
     }
 
     /// Sleeps for `delay`, beating the watchdog.
@@ -217,12 +231,14 @@ impl Watcher {
 
     /// Awaits a blocking read, with an index check every `--index-check`
     /// (one at a time, each bounded by the interval) whose findings go to
-    /// the core. `None`: the core re-issued the read (now in `self.next`);
-    /// the parked one is dropped, which closes its connection.
+    /// the core, and to the [`Routes`] that say which Consul address reads
+    /// go through. `None`: the read was re-issued (now in `self.next`), by
+    /// the core or through another address; the parked one is dropped,
+    /// which closes its connection.
     async fn parked(&mut self, request: &Request) -> Option<Result<Response, ConsulError>> {
         let every = self.config.index_check;
         let work = perform(
-            Arc::clone(&self.client),
+            Arc::clone(self.client()),
             self.config.prefix.clone(),
             self.config.wait,
             request.clone(),
@@ -232,6 +248,10 @@ impl Watcher {
         let mut due = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         due.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut check = None;
+        let same = Next {
+            request: request.clone(),
+            delay: Delay::None,
+        };
         loop {
             tokio::select! {
                 r = &mut work => {
@@ -240,11 +260,24 @@ impl Watcher {
                 }
                 _ = beat.tick() => self.beat(),
                 _ = due.tick(), if check.is_none() => {
-                    let (client, prefix) = (Arc::clone(&self.client), self.config.prefix.clone());
-                    check = Some(Box::pin(async move { client.check_index(&prefix, every).await }));
+                    let route = self.routes.next_check();
+                    let client = Arc::clone(&self.clients[route]);
+                    let prefix = self.config.prefix.clone();
+                    check = Some(Box::pin(async move { (route, client.check_index(&prefix, every).await) }));
                 }
-                result = async { check.as_mut().expect("a check in flight").await }, if check.is_some() => {
+                (route, result) = async { check.as_mut().expect("a check in flight").await }, if check.is_some() => {
                     check = None;
+                    let fresh = self.fresh(&result);
+                    if route != self.routes.current() {
+                        // The primary, asked while reads go through a
+                        // fallback: it decides the address alone.
+                        if let Step::Switch(to) = self.routes.on_check(route, fresh) {
+                            self.switched(to, "the Consul agent at --consul-addr answers fresh again");
+                            self.next = same;
+                            return None;
+                        }
+                        continue;
+                    }
                     let found = match result {
                         Ok((index, meta)) => IndexCheck::Answered { index, meta },
                         Err(_) => IndexCheck::Failed,
@@ -260,13 +293,68 @@ impl Watcher {
                         self.shared.metrics.index_check(result);
                         self.note(note);
                     }
-                    if let Some(next) = out.reissue {
+                    let mut reissue = out.reissue;
+                    if let Step::Probe(others) = self.routes.on_check(route, fresh) {
+                        let found = self.beating(self.probe(&others)).await;
+                        if let Step::Switch(to) = self.routes.on_probes(found.as_slice()) {
+                            self.switched(to, "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)");
+                            reissue.get_or_insert(same.clone());
+                        }
+                    }
+                    if let Some(next) = reissue {
                         self.next = next;
                         return None;
                     }
                 }
             }
         }
+    }
+
+    /// Whether an index check answered fresh: from a server that knows its
+    /// leader and heard from it within `--max-stale` (the stale rules of
+    /// [`crate::decision::stale`]).
+    fn fresh(&self, check: &Result<(u64, ReadMeta), ConsulError>) -> bool {
+        matches!(check, Ok((index, meta)) if hold_reason(None, *index, meta, self.config.max_stale).is_none())
+    }
+
+    /// Index checks through the addresses `routes` at once, each bounded by
+    /// `--index-check`: the first to answer fresh, if any.
+    async fn probe(&self, routes: &[usize]) -> Option<usize> {
+        let every = self.config.index_check;
+        let mut checks = tokio::task::JoinSet::new();
+        for &route in routes {
+            let client = Arc::clone(&self.clients[route]);
+            let prefix = self.config.prefix.clone();
+            checks.spawn(async move { (route, client.check_index(&prefix, every).await) });
+        }
+        while let Some(done) = checks.join_next().await {
+            if let Ok((route, result)) = done {
+                if self.fresh(&result) {
+                    return Some(route);
+                }
+            }
+        }
+        None
+    }
+
+    /// Reads now go through address `to`: logged, counted and shown.
+    fn switched(&self, to: usize, why: &str) {
+        let addr = self.clients[to].addr();
+        if to == 0 {
+            info!(consul_addr = %addr, "{why}: reads go through it again");
+        } else {
+            warn!(
+                consul_addr = %addr,
+                primary = %self.clients[0].addr(),
+                "{why}: reads go through --consul-fallback-addr"
+            );
+        }
+        let metrics = &self.shared.metrics;
+        metrics
+            .consul_route
+            .set(i64::try_from(to).unwrap_or(i64::MAX));
+        metrics.consul_route_switches.inc();
+        self.shared.sync.lock().unwrap().reading_through = (to != 0).then(|| addr.to_string());
     }
 
     /// Waits as the core said, performs its request, and hands the answer
@@ -288,6 +376,7 @@ impl Watcher {
             self.last_prefix_start = Some(tokio::time::Instant::now());
         }
         let started = Instant::now();
+        let route = self.routes.current();
         let blocking = matches!(request, Request::Prefix { index, .. } if index > 0);
         let result = if blocking && !self.config.index_check.is_zero() && self.core.parked() {
             match self.parked(&request).await {
@@ -296,7 +385,7 @@ impl Watcher {
             }
         } else {
             let work = perform(
-                Arc::clone(&self.client),
+                Arc::clone(self.client()),
                 self.config.prefix.clone(),
                 self.config.wait,
                 request.clone(),
@@ -326,6 +415,17 @@ impl Watcher {
             Err(e) => {
                 metrics.consul_request(ConsulOutcome::from(&e));
                 let forbidden = e.is_forbidden();
+                if !forbidden {
+                    if let Step::Switch(to) = self.routes.on_failure(route) {
+                        self.switched(
+                            to,
+                            &format!(
+                                "a request through {} failed ({e})",
+                                self.clients[route].addr()
+                            ),
+                        );
+                    }
+                }
                 (Response::Failed { forbidden }, Some(e))
             }
         };
@@ -345,7 +445,9 @@ impl Watcher {
         let output = self.core.on_response(response, unix_now_secs());
         if output.reload_token {
             // A rotated token: read the file again before the next try.
-            self.client.token().invalidate();
+            for client in &self.clients {
+                client.token().invalidate();
+            }
         }
         if let Some(last_contact) = confirmed {
             if !output
@@ -407,7 +509,7 @@ impl Watcher {
         let mut sync = self.shared.sync.lock().unwrap();
         if let Some(since) = sync.failing_since.take() {
             info!(
-                consul_addr = %self.client.addr(),
+                consul_addr = %self.client().addr(),
                 outage_seconds = since.elapsed().as_secs(),
                 "Consul reachable again"
             );
@@ -437,7 +539,7 @@ impl Watcher {
         let serving = self.core.served().is_some();
         if first_failure {
             let note = outage_note(serving);
-            warn!(consul_addr = %self.client.addr(), error = %error, "Consul request failed; {note}");
+            warn!(consul_addr = %self.client().addr(), error = %error, "Consul request failed; {note}");
         }
         let copy = if serving {
             "serving last state"
@@ -494,7 +596,7 @@ impl Watcher {
             // Readiness follows in `step`, once the state is published.
             Note::FirstSync => {
                 metrics.synced.set(1);
-                info!(consul_addr = %self.client.addr(), "first Consul sync applied; answering agent-checks");
+                info!(consul_addr = %self.client().addr(), "first Consul sync applied; answering agent-checks");
             }
             Note::IndexReset {
                 previous,

@@ -71,7 +71,14 @@ impl ConsulArgs {
     }
 }
 
-fn normalize_consul_addr(raw: &str) -> Result<String, String> {
+/// Validates a Consul address as `--consul-addr` takes it
+/// (`http://host:port`, or `host:port`): the base URL, no trailing slash.
+///
+/// # Errors
+///
+/// What is wrong with it: another scheme than http, no host, a path or a
+/// query.
+pub fn normalize_consul_addr(raw: &str) -> Result<String, String> {
     let raw = raw.trim();
     let with_scheme = if raw.contains("://") {
         raw.to_string()

@@ -44,6 +44,11 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 #
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
+# Other ways into the same Consul datacenter, tried when the local Consul
+# agent cannot serve reads (on a load balancer: the Consul servers' HTTP
+# addresses, e.g. ['http://10.0.0.11:8500', 'http://10.0.0.12:8500']). Same
+# token, plain http only. Empty: none, and the variable is left out.
+default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
 # Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
 # /status and /debug/pprof/ to loopback clients only.
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'

@@ -12,6 +12,7 @@ module GitlabHaproxyAgent
     # Attribute key under gitlab-haproxy-agent.settings => variable name.
     VARIABLES = {
       'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
+      'consul_fallback_addrs' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS',
       'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
       'http_remote_debug' => 'GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG',
@@ -63,6 +64,11 @@ module GitlabHaproxyAgent
         value = settings[key]
         next if value.nil?
 
+        if key == 'consul_fallback_addrs'
+          text = fallback_addrs!(value, settings['consul_addr'], "#{ATTR}.settings.#{key}")
+          env << [name, text] if text
+          next
+        end
         text = value!(value, "#{ATTR}.settings.#{key}")
         socket_address!(text, "#{ATTR}.settings.#{key}") if key == 'http_listen'
         env << [name, text]
@@ -90,6 +96,51 @@ module GitlabHaproxyAgent
 
       raise ConfigError, "#{attr} #{text.inspect} is not IP:PORT or [IPv6]:PORT with a port 1-65535: the agent " \
                          'refuses a host name or a bad port at every start'
+    end
+
+    # settings.consul_fallback_addrs: a list of Consul addresses as the agent
+    # takes --consul-fallback-addr (http://host:port or host:port), written
+    # comma-joined; nil for an empty list (the variable is left out). The
+    # agent exits 64 at every start on another scheme, a path, an address
+    # given twice or the same as --consul-addr: refused here first.
+    def fallback_addrs!(value, consul_addr, attr)
+      unless value.is_a?(Array)
+        raise ConfigError, "#{attr} must be a list of Consul addresses such as ['http://10.0.0.11:8500'], " \
+                           "got #{value.inspect}"
+      end
+
+      primary = consul_addr.nil? ? 'http://127.0.0.1:8500' : consul_address(consul_addr.to_s)
+      seen = []
+      value.each_with_index do |item, i|
+        text = value!(item, "#{attr}[#{i}]")
+        if text.include?(',')
+          raise ConfigError, "#{attr}[#{i}] #{text.inspect}: one address per list item (no commas)"
+        end
+
+        addr = consul_address(text)
+        unless addr
+          raise ConfigError, "#{attr}[#{i}] #{text.inspect} is not http://HOST:PORT or HOST:PORT (plain http, " \
+                             'no path): the agent refuses it at every start'
+        end
+        if addr == primary || seen.include?(addr)
+          raise ConfigError, "#{attr}[#{i}] #{text.inspect} is given twice or is settings.consul_addr: the " \
+                             'agent refuses it at every start'
+        end
+
+        seen << addr
+      end
+      seen.empty? ? nil : value.map(&:to_s).join(',')
+    end
+
+    # http://host[:port] with nothing after it, as the agent normalizes a
+    # Consul address (scheme added, trailing slash dropped); nil when it is
+    # not one.
+    def consul_address(text)
+      with_scheme = text.include?('://') ? text : "http://#{text}"
+      m = with_scheme.match(%r{\Ahttp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]+))?/?\z})
+      return nil unless m && (m[2].nil? || m[2].to_i.between?(1, 65_535))
+
+      with_scheme.chomp('/')
     end
 
     def prefix(value)

@@ -94,6 +94,7 @@ class RecipeTest < Minitest::Test
     assert_equal({}, agent['groups'])
     assert_equal [], agent['zones']
     assert_equal [], agent['excluded_backends']
+    assert_equal [], ChefStandIn.cookbook_defaults[ATTR]['settings']['consul_fallback_addrs']
   end
 
   KEYRING = '/etc/apt/keyrings/gitlab-haproxy-agent.asc'
@@ -135,6 +136,7 @@ class RecipeTest < Minitest::Test
     env = settings[:variables][:environment]
     assert_includes env, ['GITLAB_HAPROXY_AGENT_LISTEN', '127.0.0.1:9777']
     assert_includes env, ['GITLAB_HAPROXY_AGENT_PREFIX', 'gitlab-haproxy-agent/state/']
+    refute(env.any? { |name, _| name == 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS' }, 'none by default')
 
     service = r.find(:service, 'gitlab-haproxy-agent')
     assert_equal %i[enable start], service.properties[:action]
@@ -224,6 +226,16 @@ class RecipeTest < Minitest::Test
     assert_refused("#{ATTR}.settings", /consul_adr/) do
       recorder('settings' => { 'consul_adr' => 'http://127.0.0.1:8500' }).run('agent')
     end
+    assert_refused("#{ATTR}.settings.consul_fallback_addrs", /plain http/) do
+      recorder('settings' => { 'consul_fallback_addrs' => ['https://10.0.0.11:8501'] }).run('agent')
+    end
+  end
+
+  def test_agent_recipe_writes_the_consul_fallback_addrs
+    servers = %w[http://10.0.0.11:8500 http://10.0.0.12:8500 http://10.0.0.13:8500]
+    r = recorder('settings' => { 'consul_fallback_addrs' => servers }).run('agent')
+    env = r.find(:template, '/etc/default/gitlab-haproxy-agent').properties[:variables][:environment]
+    assert_includes env, ['GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS', servers.join(',')]
   end
 
   # [armored public key file, fingerprint] of a new key in its own keyring.

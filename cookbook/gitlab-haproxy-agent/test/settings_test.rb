@@ -75,6 +75,48 @@ class SettingsTest < Minitest::Test
     assert_refused("#{ATTR}.agent.port", /empty/) { env(agent: { 'port' => nil }) }
   end
 
+  def test_consul_fallback_addrs_render_comma_joined_only_when_set
+    names = env.map(&:first)
+    refute_includes names, 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS'
+    assert_equal names, env(settings: { 'consul_fallback_addrs' => nil }).map(&:first)
+    addrs = ['http://10.0.0.11:8500', '10.0.0.12:8500', 'http://consul-03.gprd.example:8500/', 'http://[fd00::13]:8500']
+    set = env(settings: { 'consul_fallback_addrs' => addrs })
+    assert_equal ['GITLAB_HAPROXY_AGENT_CONSUL_ADDR', 'http://127.0.0.1:8500'], set[2]
+    assert_equal ['GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS', addrs.join(',')], set[3]
+    text = ChefStandIn.render('gitlab-haproxy-agent.default.erb', nil, environment: set)
+    assert_includes text, "\nGITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS=#{addrs.join(',')}\n"
+  end
+
+  # The agent exits 64 at every start on a fallback address it refuses:
+  # another scheme, a path or query, one given twice or equal to
+  # --consul-addr (after adding http:// and dropping a trailing slash).
+  def test_refuses_consul_fallback_addrs_the_agent_refuses
+    attr = "#{ATTR}.settings.consul_fallback_addrs"
+    assert_refused(attr, /list/) { env(settings: { 'consul_fallback_addrs' => 'http://10.0.0.11:8500' }) }
+    {
+      ['https://10.0.0.11:8501'] => /plain http/,
+      ['http://10.0.0.11:8500/v1/kv'] => /no path/,
+      ['http://10.0.0.11:8500?dc=x'] => /no path/,
+      ['http://10.0.0.11:99999'] => /plain http/,
+      ['http://'] => /plain http/,
+      ['10.0.0.11:8500,10.0.0.12:8500'] => /no commas/,
+      [''] => /empty/,
+      ['http://10.0.0.11:8500 $(id)'] => /shell/,
+      ['http://127.0.0.1:8500'] => /twice or is settings.consul_addr/,
+      ['127.0.0.1:8500/'] => /twice or is settings.consul_addr/,
+      ['10.0.0.11:8500', 'http://10.0.0.11:8500/'] => /twice/,
+    }.each do |addrs, pattern|
+      error = assert_refused(attr, pattern) { env(settings: { 'consul_fallback_addrs' => addrs }) }
+      assert_includes error.message, addrs.last.inspect, addrs.inspect unless addrs.last.empty?
+    end
+    # Compared with the consul_addr actually set.
+    moved = { 'consul_addr' => 'http://10.0.0.5:8500', 'consul_fallback_addrs' => ['http://127.0.0.1:8500'] }
+    assert_includes env(settings: moved), %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS http://127.0.0.1:8500]
+    assert_refused(attr, /settings.consul_addr/) do
+      env(settings: moved.merge('consul_fallback_addrs' => ['10.0.0.5:8500']))
+    end
+  end
+
   # The agent exits 64 at every start on a listen address it cannot parse:
   # a host name, or a port out of range.
   def test_refuses_listen_addresses_the_agent_cannot_bind

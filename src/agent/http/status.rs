@@ -202,6 +202,7 @@ pub fn status(shared: &Shared) -> Value {
         "synced": snapshot.is_some(),
         "ready": shared.readiness.is_ready(),
         "consul_addr": shared.consul_addr,
+        "consul_fallback_in_use": sync.reading_through,
         "prefix": shared.prefix,
         "consul_index": snapshot.as_ref().map(|s| s.index),
         "last_sync": sync.last_sync.map(unix),

@@ -19,6 +19,10 @@
 //! - a request through the address in use that fails (not one refused by
 //!   the ACLs) moves reads to the next address, so a local Consul agent
 //!   that is down or restarting does not stop the reads either;
+//! - a request refused by the ACLs (403) through a fallback takes reads back
+//!   to the primary: the token's rights there are the ones the agent
+//!   answers to, and a fallback that does not know the token must not hold
+//!   reads where no index check asks the primary;
 //! - while reads go through a fallback, every [`PRIMARY_RETRY_CHECKS`]-th
 //!   index check asks the primary instead, and a fresh answer takes the reads
 //!   back to it.
@@ -124,6 +128,16 @@ impl Routes {
         self.switch((self.current + 1) % self.count)
     }
 
+    /// A request through `route` was refused by the ACLs (403): through a
+    /// fallback in use, reads go back to the primary; through the primary,
+    /// the refusal stands (the core handles it).
+    pub fn on_refused(&mut self, route: usize) -> Step {
+        if route != self.current || route == 0 {
+            return Step::Stay;
+        }
+        self.switch(0)
+    }
+
     fn switch(&mut self, to: usize) -> Step {
         self.current = to;
         self.checks = 0;
@@ -171,6 +185,16 @@ mod tests {
         assert_eq!(r.on_failure(0), Step::Stay, "not the address in use");
         assert_eq!(r.on_failure(1), Step::Switch(2));
         assert_eq!(r.on_failure(2), Step::Switch(0));
+    }
+
+    #[test]
+    fn a_refusal_through_a_fallback_takes_reads_back_to_the_primary() {
+        let mut r = Routes::new(3);
+        assert_eq!(r.on_refused(0), Step::Stay, "the primary's refusal stands");
+        r.on_probes(&[2]);
+        assert_eq!(r.on_refused(1), Step::Stay, "not the address in use");
+        assert_eq!(r.on_refused(2), Step::Switch(0));
+        assert_eq!(r.current(), 0);
     }
 
     #[test]

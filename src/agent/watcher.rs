@@ -339,6 +339,24 @@ impl Watcher {
         None
     }
 
+    /// A request through address `route` failed with `error`, refused by
+    /// the ACLs or not: reads may move ([`Routes::on_refused`],
+    /// [`Routes::on_failure`]).
+    fn reroute(&mut self, route: usize, error: &ConsulError, refused: bool) {
+        let step = if refused {
+            self.routes.on_refused(route)
+        } else {
+            self.routes.on_failure(route)
+        };
+        if let Step::Switch(to) = step {
+            let why = format!(
+                "a request through {} failed ({error})",
+                self.clients[route].addr()
+            );
+            self.switched(to, &why);
+        }
+    }
+
     /// Reads now go through address `to`: logged, counted and shown.
     fn switched(&self, to: usize, why: &str) {
         let addr = self.clients[to].addr();
@@ -411,23 +429,14 @@ impl Watcher {
                     ),
                 };
                 metrics.consul_request(ConsulOutcome::from(&e));
+                self.reroute(route, &e, true);
                 (Response::ReadCheck { allowed: false }, Some(e))
             }
             Ok(response) => (response, None),
             Err(e) => {
                 metrics.consul_request(ConsulOutcome::from(&e));
                 let forbidden = e.is_forbidden();
-                if !forbidden {
-                    if let Step::Switch(to) = self.routes.on_failure(route) {
-                        self.switched(
-                            to,
-                            &format!(
-                                "a request through {} failed ({e})",
-                                self.clients[route].addr()
-                            ),
-                        );
-                    }
-                }
+                self.reroute(route, &e, forbidden);
                 (Response::Failed { forbidden }, Some(e))
             }
         };

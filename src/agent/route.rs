@@ -14,8 +14,7 @@
 //! - an index check through the address in use that cannot confirm (it
 //!   failed, or its server knows no leader or has lost contact with it for
 //!   over `--max-stale`) has every other address checked at once, and reads
-//!   move to the first whose check answers fresh (of several handed over at
-//!   once, the first in the order given, the primary first);
+//!   move to the first whose check answers fresh;
 //! - a request through the address in use that fails (not one refused by
 //!   the ACLs) moves reads to the next address, so a local Consul agent
 //!   that is down or restarting does not stop the reads either;
@@ -43,7 +42,7 @@ pub enum Step {
     /// Nothing.
     Stay,
     /// Check these addresses (indexes into the list, the primary 0) at once,
-    /// and hand the fresh ones to [`Routes::on_probes`].
+    /// and hand the first to answer fresh to [`Routes::on_probes`].
     Probe(Vec<usize>),
     /// Reads now go through this address: re-issue the read in flight
     /// through it.
@@ -109,11 +108,11 @@ impl Routes {
         Step::Stay
     }
 
-    /// The addresses of a [`Step::Probe`] whose checks answered fresh: reads
-    /// move to the first of them in the order given; none, they stay.
-    pub fn on_probes(&mut self, fresh: &[usize]) -> Step {
-        match fresh.iter().copied().filter(|r| *r < self.count).min() {
-            Some(r) if r != self.current => self.switch(r),
+    /// The address of a [`Step::Probe`] whose check answered fresh first:
+    /// reads move to it; none, they stay.
+    pub fn on_probes(&mut self, fresh: Option<usize>) -> Step {
+        match fresh {
+            Some(r) if r < self.count && r != self.current => self.switch(r),
             _ => Step::Stay,
         }
     }
@@ -167,15 +166,16 @@ mod tests {
     }
 
     #[test]
-    fn reads_move_to_the_first_fresh_address_in_the_order_given() {
+    fn reads_move_to_the_address_a_probe_found_fresh() {
         let mut r = Routes::new(3);
-        assert_eq!(r.on_probes(&[2, 1]), Step::Switch(1));
+        assert_eq!(r.on_probes(Some(1)), Step::Switch(1));
         assert_eq!(r.current(), 1);
-        // From a fallback, the primary is probed first.
+        // From a fallback, the primary is probed too.
         assert_eq!(r.on_check(1, false), Step::Probe(vec![0, 2]));
-        assert_eq!(r.on_probes(&[]), Step::Stay);
-        assert_eq!(r.on_probes(&[2]), Step::Switch(2));
-        assert_eq!(r.on_probes(&[0, 2]), Step::Switch(0));
+        assert_eq!(r.on_probes(None), Step::Stay);
+        assert_eq!(r.on_probes(Some(2)), Step::Switch(2));
+        assert_eq!(r.on_probes(Some(3)), Step::Stay, "no such address");
+        assert_eq!(r.on_probes(Some(0)), Step::Switch(0));
     }
 
     #[test]
@@ -191,7 +191,7 @@ mod tests {
     fn a_refusal_through_a_fallback_takes_reads_back_to_the_primary() {
         let mut r = Routes::new(3);
         assert_eq!(r.on_refused(0), Step::Stay, "the primary's refusal stands");
-        r.on_probes(&[2]);
+        r.on_probes(Some(2));
         assert_eq!(r.on_refused(1), Step::Stay, "not the address in use");
         assert_eq!(r.on_refused(2), Step::Switch(0));
         assert_eq!(r.current(), 0);
@@ -217,7 +217,7 @@ mod tests {
     #[test]
     fn a_late_check_through_an_address_left_changes_nothing() {
         let mut r = Routes::new(3);
-        r.on_probes(&[2]);
+        r.on_probes(Some(2));
         assert_eq!(r.on_check(1, false), Step::Stay);
         assert_eq!(r.on_check(1, true), Step::Stay);
         assert_eq!(r.current(), 2);

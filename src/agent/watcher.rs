@@ -298,7 +298,7 @@ impl Watcher {
                     let mut reissue = out.reissue;
                     if let Step::Probe(others) = self.routes.on_check(route, fresh) {
                         let found = self.beating(self.probe(&others)).await;
-                        if let Step::Switch(to) = self.routes.on_probes(found.as_slice()) {
+                        if let Step::Switch(to) = self.routes.on_probes(found) {
                             self.switched(to, "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)");
                             reissue.get_or_insert(same.clone());
                         }

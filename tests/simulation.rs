@@ -64,7 +64,7 @@ use gitlab_haproxy_agent::decision::{
     Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rules,
 };
 use gitlab_haproxy_agent::model::generation::{Generation, Lineage, GENERATION_KEY};
-use gitlab_haproxy_agent::model::snapshot::{Answer, Snapshot};
+use gitlab_haproxy_agent::model::snapshot::{Answer, Entry, Snapshot};
 use gitlab_haproxy_agent::model::value::AdminState;
 
 const PREFIX: &str = "p/";
@@ -78,7 +78,7 @@ const SERVERS: &[&[&str]] = &[
     &["zone-b", "web/s2"],
     &["web/s3"],
 ];
-const VALUES: &[&str] = &["drain", "maint", "ready", "50%"];
+const VALUES: &[&str] = &["drain", "maint", "ready", "50%", "0%", "25%"];
 /// Requests an agent may make once every fault healed before it must be
 /// parked on a blocking query: a full read, a read check, a direct read
 /// of each key and the store id, with room to spare.
@@ -257,13 +257,6 @@ impl Policy {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-enum Admin {
-    Ready,
-    Drain,
-    Maint,
-}
-
 /// What an applied answer showed, for judging what the agent could know.
 #[derive(Debug, Clone, Default)]
 struct Shown {
@@ -288,6 +281,14 @@ struct Setup {
     /// rule). Off, it answers as before that rule: the first identity with
     /// any key decides, and an invalid one gets no answer.
     skip_invalid: bool,
+    /// A held key that may answer nothing of its own (hidden, or gone or
+    /// appeared in a store that lost data) caps the next identity's answer
+    /// ([`Entry::AtMost`], the lookup's rule). Off, it decides with its
+    /// state, as a held drain did before caps.
+    caps: bool,
+    /// A provisional snapshot (from the state file) answers weights. Off,
+    /// it withholds them, as it did before weights were protected.
+    provisional_weights: bool,
 }
 
 impl Setup {
@@ -297,13 +298,42 @@ impl Setup {
             rules: Rules::default(),
             restore: true,
             skip_invalid: true,
+            caps: true,
+            provisional_weights: true,
         }
     }
 }
 
 /// The answer for `line` as the responder's lookup gives it, or as it gave
 /// it before invalid keys were skipped.
-fn lookup(snapshot: &Snapshot, line: &[&str], skip_invalid: bool) -> Answer {
+fn lookup(snapshot: &Snapshot, line: &[&str], setup: Setup) -> Answer {
+    let uncapped;
+    let snapshot = if setup.caps {
+        snapshot
+    } else {
+        let mut s = snapshot.clone();
+        for k in s.keys.values_mut() {
+            if let Entry::AtMost(state) = k.entry {
+                k.entry = Entry::Valid(state);
+            }
+        }
+        uncapped = s;
+        &uncapped
+    };
+    let answer = lookup_skipping(snapshot, line, setup.skip_invalid);
+    match answer {
+        Answer::State { state, decided_by }
+            if snapshot.provisional
+                && !setup.provisional_weights
+                && matches!(state, AdminState::Weight(_)) =>
+        {
+            Answer::Withheld { state, decided_by }
+        }
+        _ => answer,
+    }
+}
+
+fn lookup_skipping(snapshot: &Snapshot, line: &[&str], skip_invalid: bool) -> Answer {
     if skip_invalid {
         return snapshot.lookup(line.iter().copied());
     }
@@ -334,7 +364,8 @@ struct Sim {
     shown: Option<Shown>,
     /// Store generation of the agent's last applied answer.
     agent_generation: u64,
-    haproxy: Vec<Admin>,
+    /// What HAProxy applied to each server: its admin state and weight.
+    haproxy: Vec<AdminState>,
     /// Operators' intent per key (valid values only), the epoch it was set
     /// and the store generation it was written to: only that store's
     /// answers can show it (a later store shows what it lost or was
@@ -411,7 +442,7 @@ impl Sim {
             snapshot: None,
             shown: None,
             agent_generation: 0,
-            haproxy: vec![Admin::Ready; SERVERS.len()],
+            haproxy: vec![AdminState::Ready; SERVERS.len()],
             intent: BTreeMap::new(),
             known: BTreeSet::new(),
             epoch: 0,
@@ -775,6 +806,12 @@ impl Sim {
         self.next = self.core.start();
         self.parked = None;
         self.shown = None;
+        // The request in flight, parked or re-issued, went with the old
+        // process.
+        self.stuck = false;
+        self.behind_seen = false;
+        self.behind_checks = 0;
+        self.reissued_behind = false;
     }
 
     /// After the schedule, every fault healed (Consul up, the token may
@@ -810,12 +847,8 @@ impl Sim {
     fn ask(&mut self, server: usize) -> Result<(), String> {
         let line = SERVERS[server];
         if let Some(snapshot) = &self.snapshot {
-            if let Answer::State { state, .. } = lookup(snapshot, line, self.setup.skip_invalid) {
-                self.haproxy[server] = match state {
-                    AdminState::Drain => Admin::Drain,
-                    AdminState::Maint => Admin::Maint,
-                    _ => Admin::Ready,
-                };
+            if let Answer::State { state, .. } = lookup(snapshot, line, self.setup) {
+                self.haproxy[server] = state;
             }
         }
         // The intent that decides: the first identity with a valid intent.
@@ -826,7 +859,7 @@ impl Sim {
         if let Some(p) = decided {
             let key = line[p];
             let state = self.intent[key].0.expect("decided by a value");
-            let out = matches!(state, AdminState::Drain | AdminState::Maint);
+
             // A key before the deciding one has no intent: hidden from the
             // token, the agent cannot know it was cleared, and must not let
             // a value it last saw (ready, a weight) outrank the decision.
@@ -834,13 +867,12 @@ impl Sim {
             let known = line[..p].iter().all(|id| {
                 self.known.contains(*id) || (hidden(id) && self.known_hidden.contains(*id))
             }) && self.known.contains(line[p]);
-            if out && self.haproxy[server] == Admin::Ready && known {
+            if self.haproxy[server].more_than(state) && known {
                 return Err(format!(
-                    "server {server} ({}) READY while {key} = {state} (agent serves {:?})",
+                    "server {server} ({}) at {} while {key} = {state} (agent serves {:?})",
                     line.join(" "),
-                    self.snapshot
-                        .as_ref()
-                        .map(|s| lookup(s, line, self.setup.skip_invalid))
+                    self.haproxy[server],
+                    self.snapshot.as_ref().map(|s| lookup(s, line, self.setup))
                 ));
             }
         }
@@ -1097,7 +1129,7 @@ impl Sim {
             Event::AllowPrefix => self.policy.prefix_denied = false,
             Event::Restart { keep_file } => self.restart(keep_file),
             Event::Ask { server } => return self.ask(server),
-            Event::Reload => self.haproxy = vec![Admin::Ready; SERVERS.len()],
+            Event::Reload => self.haproxy = vec![AdminState::Ready; SERVERS.len()],
         }
         Ok(())
     }
@@ -1399,15 +1431,36 @@ fn without_reissuing_a_read_behind_once_a_slow_read_is_reissued_again_and_again(
 }
 
 #[test]
-fn without_skipping_a_hidden_ready_it_outranks_a_group_maint() {
+fn without_the_order_of_traffic_a_weight_lost_with_consul_data_goes_back_to_full() {
     let setup = Setup {
         rules: Rules {
-            hidden_holds_only_out: false,
+            traffic_order: false,
             ..Rules::default()
         },
         ..Setup::all()
     };
-    finds_a_violation(setup, "skipping a hidden ready or weight");
+    finds_a_violation(setup, "the order of traffic (holds that compare weights)");
+}
+
+#[test]
+fn without_weights_from_the_state_file_a_restart_and_a_reload_give_full_weight() {
+    let setup = Setup {
+        provisional_weights: false,
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "answering weights from the state file");
+}
+
+#[test]
+fn without_caps_a_held_key_outranks_a_group_maint() {
+    let setup = Setup {
+        caps: false,
+        ..Setup::all()
+    };
+    finds_a_violation(
+        setup,
+        "caps (a held key that may answer nothing caps the next identity)",
+    );
 }
 
 #[test]
@@ -1461,7 +1514,7 @@ fn an_invalid_row_key_does_not_hide_a_group_drain_through_a_reload() {
     for e in &events {
         sim.apply(e).unwrap();
     }
-    assert_eq!(sim.haproxy[0], Admin::Drain);
+    assert_eq!(sim.haproxy[0], AdminState::Drain);
 }
 
 /// Seeds beyond CI's that found violations, kept as regressions: 62371, a

@@ -45,9 +45,11 @@ pub struct Rules {
     /// slowly, but it is not parked (the daemon's give-up deadline still
     /// bounds it).
     pub reissue_behind_once: bool,
-    /// A hidden key holds only drain or maint; a hidden `ready` or weight
-    /// is skipped.
-    pub hidden_holds_only_out: bool,
+    /// Holds keep the lower side of the order of traffic
+    /// ([`crate::model::value::Traffic`]), weights included: a weight that
+    /// rises or vanishes in an answer from a store that lost data is held
+    /// like a drain that is left.
+    pub traffic_order: bool,
 }
 
 impl Default for Rules {
@@ -60,7 +62,7 @@ impl Default for Rules {
             reap: true,
             index_check: true,
             reissue_behind_once: true,
-            hidden_holds_only_out: true,
+            traffic_order: true,
         }
     }
 }

@@ -111,12 +111,15 @@ fn generation_lost(state: &ServedState, view: &AnswerView) -> Option<Note> {
 
 /// Whether `view`, at an index not past the served one, shows Consul's
 /// keys otherwise than the served state: a key with another ModifyIndex,
-/// or (with ACLs off, where nothing is filtered) any difference.
+/// or (with ACLs off, where nothing is filtered) any difference. A key held
+/// hidden is not compared: what the state keeps of it is what was seen
+/// before the token lost it, and it may have been written since, unseen.
 fn rewritten(state: &ServedState, view: &AnswerView, acl_on: bool) -> bool {
     let moved = view.keys.iter().any(|(k, c)| {
         state
             .keys
             .get(k)
+            .filter(|r| !r.hold.is_some_and(|h| h.cause == HoldCause::Hidden))
             .and_then(|r| r.consul.as_ref())
             .is_some_and(|s| s.modify_index != c.modify_index)
     });

@@ -617,7 +617,7 @@ impl Core {
 
     fn finish(&mut self, p: Pending, now: u64, out: &mut Output) -> Next {
         let input = MergeInput {
-            hidden_holds_only_out: self.config.rules.hidden_holds_only_out,
+            weights_unprotected: !self.config.rules.traffic_order,
             rolled_back: p.rolled_back,
             probes: p.probes,
             now,

@@ -78,6 +78,14 @@ fn served(core: &Core, key: &str) -> Option<AdminState> {
         .and_then(|r| r.served)
 }
 
+/// What the core's snapshot answers for an agent-send line.
+fn answers(core: &Core, line: &[&str]) -> Option<AdminState> {
+    match core.served()?.snapshot().lookup(line.iter().copied()) {
+        Answer::State { state, .. } => Some(state),
+        _ => None,
+    }
+}
+
 fn hold(core: &Core, key: &str) -> Option<HoldCause> {
     core.served()
         .and_then(|s| s.keys.get(key))
@@ -497,6 +505,78 @@ fn a_store_that_lost_its_data_is_seen_whatever_its_index() {
         if changes.contains(&Change::ReleasedAll { keys: 1 })));
 }
 
+/// A store that lost its data (a rebuilt one: another store id) showing,
+/// for keys served before, values higher and lower in the order of traffic.
+fn lose_data_under_weights(rules: Rules) -> Core {
+    let mut c = Core::new(
+        CoreConfig {
+            rules,
+            ..config(false)
+        },
+        None,
+    );
+    c.start();
+    step(&mut c, Response::Acl { enabled: false });
+    step(
+        &mut c,
+        prefix(
+            20,
+            &[
+                ("~store-id", "a1", 2),
+                ("web/s1", "0%", 10),
+                ("web/s2", "40%", 11),
+                ("web/s3", "maint", 12),
+                ("web/s4", "25%", 13),
+                ("web/s5", "drain", 14),
+                ("web/s6", "50%", 15),
+                ("web/s7", "150%", 16),
+            ],
+        ),
+    );
+    step(
+        &mut c,
+        prefix(
+            9,
+            &[
+                ("~store-id", "b2", 2),
+                ("web/s1", "ready", 3),
+                ("web/s3", "drain", 4),
+                ("web/s4", "10%", 5),
+                ("web/s5", "0%", 6),
+                ("web/s6", "50%", 7),
+            ],
+        ),
+    );
+    c
+}
+
+#[test]
+fn a_store_that_lost_its_data_keeps_the_lower_side_of_the_order_of_traffic() {
+    let c = lose_data_under_weights(Rules::default());
+    let rolled = Some(HoldCause::RolledBack);
+    // (key, served, hold): more traffic is held, less applies.
+    let table = [
+        ("web/s1", Some(Weight(0)), rolled),  // 0% -> ready
+        ("web/s2", Some(Weight(40)), rolled), // 40% -> gone: ready
+        ("web/s3", Some(Maint), rolled),      // maint -> drain
+        ("web/s4", Some(Weight(10)), None),   // 25% -> 10%
+        ("web/s5", Some(Drain), rolled),      // drain -> 0%
+        ("web/s6", Some(Weight(50)), None),   // the same
+        ("web/s7", None, None),               // 150% -> gone: ready, less
+    ];
+    for (key, want, want_hold) in table {
+        assert_eq!((served(&c, key), hold(&c, key)), (want, want_hold), "{key}");
+    }
+    // Before weights were in the order, only drain and maint were held.
+    let c = lose_data_under_weights(Rules {
+        traffic_order: false,
+        ..Rules::default()
+    });
+    assert_eq!(served(&c, "web/s1"), Some(Ready));
+    assert_eq!(served(&c, "web/s2"), None);
+    assert_eq!(served(&c, "web/s3"), Some(Drain));
+}
+
 #[test]
 fn a_held_key_takes_a_value_that_keeps_servers_out_whatever_its_modify_index() {
     let mut c = started(false, false, None);
@@ -569,7 +649,7 @@ fn a_held_key_that_shows_up_written_before_the_last_answer_stays_held() {
             ],
         ),
     );
-    assert_eq!(served(&c, "zone-a"), Some(Maint));
+    assert_eq!(answers(&c, &["zone-a"]), Some(Maint));
     assert_eq!(hold(&c, "zone-a"), Some(HoldCause::RolledBack));
     // A write since releases it.
     apply(
@@ -868,7 +948,8 @@ fn the_same_index_showing_other_keys_is_applied() {
         prefix(5, &[("x", "ready", 5), ("canary", "drain", 5)]),
     );
     assert!(out.served_changed);
-    assert_eq!(served(&c, "canary"), Some(Drain));
+    // With ACLs off that is lost data: the drain that appeared caps.
+    assert_eq!(answers(&c, &["canary"]), Some(Drain));
 }
 
 #[test]
@@ -1385,7 +1466,8 @@ fn a_restored_snapshot_is_seen_by_its_generation_whatever_is_written_after_it() 
         .any(|n| matches!(n, Note::GenerationLost { .. })));
     assert_eq!(served(&c, "web/s1"), Some(Drain));
     assert_eq!(hold(&c, "web/s1"), Some(HoldCause::RolledBack));
-    assert_eq!(served(&c, "web/s3"), Some(Drain));
+    // Appeared from the other branch: it caps, and nothing later is less.
+    assert_eq!(answers(&c, &["web/s3", "zone-b"]), Some(Drain));
     // The next writer transaction descends from the new branch: nothing
     // more is lost, and the hold stays until web/s1 is written.
     let g3 = generation(3, &[0xd, 0xc, 0xa]);
@@ -1558,6 +1640,46 @@ fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
     forbid_direct_reads(&mut c, out, 14);
     assert_eq!(served(&c, "web/s1"), Some(Drain));
     assert_eq!(hold(&c, "web/s1"), None);
+}
+
+#[test]
+fn a_hidden_weight_caps_what_a_later_identity_answers() {
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(10, &[("web/s3", "40%", 9), ("canary", "ready", 10)]),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    // The policy gains a deny on web/s3; an unrelated write.
+    let out = step(
+        &mut c,
+        prefix(11, &[("canary", "ready", 10), ("other", "x", 11)]),
+    );
+    forbid_direct_reads(&mut c, out, 11);
+    assert_eq!(hold(&c, "web/s3"), Some(HoldCause::Hidden));
+    let snapshot = c.served().unwrap().snapshot();
+    // Not canary's `ready`: the 40% it may still hold caps it.
+    assert_eq!(
+        snapshot.lookup(["web/s3", "canary"]),
+        Answer::State {
+            state: Weight(40),
+            decided_by: Some(0)
+        }
+    );
+    // A later drain is less, and decides.
+    let out = step(
+        &mut c,
+        prefix(13, &[("canary", "drain", 13), ("other", "x", 11)]),
+    );
+    forbid_direct_reads(&mut c, out, 13);
+    let snapshot = c.served().unwrap().snapshot();
+    assert_eq!(
+        snapshot.lookup(["web/s3", "canary"]),
+        Answer::State {
+            state: Drain,
+            decided_by: Some(1)
+        }
+    );
 }
 
 fn check(index: u64, meta: ReadMeta) -> IndexCheck {

@@ -40,6 +40,15 @@ pub enum Entry {
     /// state. Skipping it could let a later identity put a server the key
     /// keeps out back in rotation.
     Unreadable,
+    /// A key the agent's token may no longer read (403) whose last value
+    /// seen was `ready` or a weight: it may have been cleared or changed
+    /// since, so it neither decides (it would outrank a later identity's
+    /// drain or maint) nor is skipped (a later identity, or the default
+    /// `ready`, could give more traffic than its last value allowed). The
+    /// lookup goes on past it, and the answer it finds is capped at this
+    /// state: the lower of the two in the order of traffic
+    /// ([`AdminState::traffic`]).
+    AtMost(AdminState),
 }
 
 /// One key below the prefix, as held in a snapshot.
@@ -61,11 +70,12 @@ pub struct Snapshot {
     /// Keys relative to the prefix (`web/web-01`, `canary`).
     pub keys: HashMap<Box<str>, KeyState>,
     /// Read from the agent's state file, no Consul answer applied since the
-    /// start: only drain and maint are answered ([`Answer::Withheld`]).
-    /// The file can lag what the agent served before it stopped (a write
-    /// that failed), and what was served then is what HAProxy still holds:
-    /// a `ready` or a weight from a lagging file could undo a drain, no
-    /// answer keeps HAProxy's state. Default `false`.
+    /// start: drain, maint and weights are answered, `ready` is withheld
+    /// ([`Answer::Withheld`]). A weight is answered because no answer is
+    /// worse after a HAProxy reload, which starts every server at its
+    /// configured weight (100%): the file keeps the lower side of the order
+    /// of traffic. `ready` adds nothing a reload does not already give, and
+    /// withheld it cannot undo a lower state HAProxy holds. Default `false`.
     pub provisional: bool,
 }
 
@@ -85,8 +95,8 @@ pub enum Answer {
         /// Position in the line of the first identity with an invalid key.
         decided_by: usize,
     },
-    /// A provisional snapshot ([`Snapshot::provisional`]) would put the
-    /// server in rotation: send nothing until Consul has answered.
+    /// A provisional snapshot ([`Snapshot::provisional`]) would answer
+    /// `ready`: send nothing until Consul has answered.
     Withheld {
         /// The state the file says.
         state: AdminState,
@@ -131,36 +141,68 @@ impl Snapshot {
     /// the others) is skipped, as if absent, so a typo in a row key cannot
     /// hide a group's drain. If no identity has a key, the server is `ready`
     /// at its configured weight; if the only keys are invalid, it gets no
-    /// answer ([`Answer::Invalid`], HAProxy keeps its state).
+    /// answer ([`Answer::Invalid`], HAProxy keeps its state). A held key
+    /// that caps ([`Entry::AtMost`]) is looked past and caps the answer
+    /// found; past a cap, keys that answer nothing (invalid, or hidden and
+    /// never seen) answer the cap.
     pub fn lookup<'a, I>(&self, identities: I) -> Answer
     where
         I: IntoIterator<Item = &'a str>,
     {
         let mut first_invalid = None;
+        // The lowest cap met so far, with its position.
+        let mut cap: Option<(AdminState, usize)> = None;
+        let capped =
+            |state: AdminState, position: Option<usize>, cap: Option<(AdminState, usize)>| {
+                match cap {
+                    // On a tie the cap, the earlier key, decides.
+                    Some((c, p)) if !c.more_than(state) => (c, Some(p)),
+                    _ => (state, position),
+                }
+            };
         for (position, identity) in identities.into_iter().enumerate() {
             match self.keys.get(identity).map(|k| &k.entry) {
-                Some(Entry::Valid(state)) => return self.answer(*state, Some(position)),
+                Some(Entry::Valid(state)) => {
+                    let (state, decided_by) = capped(*state, Some(position), cap);
+                    return self.answer(state, decided_by);
+                }
+                Some(Entry::AtMost(state)) if cap.is_none_or(|(c, _)| c.more_than(*state)) => {
+                    cap = Some((*state, position));
+                }
+                Some(Entry::AtMost(_)) => {}
                 Some(Entry::Invalid(_)) => {
                     first_invalid.get_or_insert(position);
                 }
+                // Past a cap, the cap is answered (as past only invalid
+                // keys, below).
                 Some(Entry::Unreadable) => {
-                    return Answer::Invalid {
-                        decided_by: position,
+                    return match cap {
+                        Some((state, position)) => self.answer(state, Some(position)),
+                        None => Answer::Invalid {
+                            decided_by: position,
+                        },
                     }
                 }
                 None => {}
             }
         }
-        match first_invalid {
-            Some(decided_by) => Answer::Invalid { decided_by },
-            None => self.answer(AdminState::Ready, None),
+        match (first_invalid, cap) {
+            // Only invalid keys past a cap: no answer could leave the
+            // server at more than the cap allows (a reload starts it at
+            // its configured weight), so the cap is answered.
+            (Some(_), Some((state, position))) => self.answer(state, Some(position)),
+            (Some(decided_by), None) => Answer::Invalid { decided_by },
+            (None, _) => {
+                let (state, decided_by) = capped(AdminState::Ready, None, cap);
+                self.answer(state, decided_by)
+            }
         }
     }
 
     /// The answer of `state`, withheld when this snapshot is provisional and
-    /// the state puts the server in rotation.
+    /// the state is `ready` ([`Snapshot::provisional`]).
     fn answer(&self, state: AdminState, decided_by: Option<usize>) -> Answer {
-        if self.provisional && !matches!(state, AdminState::Drain | AdminState::Maint) {
+        if self.provisional && state == AdminState::Ready {
             Answer::Withheld { state, decided_by }
         } else {
             Answer::State { state, decided_by }
@@ -326,15 +368,16 @@ mod tests {
     }
 
     #[test]
-    fn a_provisional_snapshot_answers_only_drain_and_maint() {
+    fn a_provisional_snapshot_answers_all_but_ready() {
         let mut snap = snapshot(&[
             ("canary", b"drain"),
             ("web/web-02", b"maint"),
             ("web/web-03", b"50%"),
             ("web/web-04", b"ready"),
+            ("web/web-06", b"0%"),
         ]);
         snap.provisional = true;
-        let table: [(&[&str], Answer); 5] = [
+        let table: [(&[&str], Answer); 6] = [
             (
                 &["web/web-01", "canary"],
                 Answer::State {
@@ -349,10 +392,19 @@ mod tests {
                     decided_by: Some(0),
                 },
             ),
+            // A reload starts every server at its configured weight: no
+            // answer would give it more than the file's weight.
             (
                 &["web/web-03", "canary"],
-                Answer::Withheld {
+                Answer::State {
                     state: AdminState::Weight(50),
+                    decided_by: Some(0),
+                },
+            ),
+            (
+                &["web/web-06"],
+                Answer::State {
+                    state: AdminState::Weight(0),
                     decided_by: Some(0),
                 },
             ),
@@ -379,6 +431,40 @@ mod tests {
             AnswerKind::Unsynced,
             "counted as not synced"
         );
+    }
+
+    #[test]
+    fn a_hidden_ready_or_weight_is_looked_past_and_caps_the_answer() {
+        let mut snap = snapshot(&[("canary", b"drain"), ("zone-b", b"150%")]);
+        let at_most = |state| KeyState {
+            entry: Entry::AtMost(state),
+            modify_index: 3,
+        };
+        snap.keys
+            .insert("web/s1".into(), at_most(AdminState::Weight(40)));
+        snap.keys
+            .insert("web/s2".into(), at_most(AdminState::Ready));
+        let state = |state, decided_by| Answer::State { state, decided_by };
+        let table: [(&[&str], Answer); 6] = [
+            // A later drain is less: it decides.
+            (&["web/s1", "canary"], state(AdminState::Drain, Some(1))),
+            // Nothing later, or more later: the cap decides.
+            (&["web/s1"], state(AdminState::Weight(40), Some(0))),
+            (
+                &["web/s1", "zone-b"],
+                state(AdminState::Weight(40), Some(0)),
+            ),
+            (&["web/s2", "zone-b"], state(AdminState::Ready, Some(0))),
+            (&["web/s2"], state(AdminState::Ready, None)),
+            // The lowest of two caps.
+            (
+                &["web/s2", "web/s1", "zone-b"],
+                state(AdminState::Weight(40), Some(1)),
+            ),
+        ];
+        for (line, want) in table {
+            assert_eq!(snap.lookup(line.iter().copied()), want, "{line:?}");
+        }
     }
 
     #[test]

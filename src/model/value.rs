@@ -31,11 +31,65 @@ pub enum AdminState {
     Weight(u16),
 }
 
+/// How much traffic a state lets a server take: one total order, lowest
+/// first, `maint < drain < 0% < lower weight < higher weight`, with `ready`
+/// the configured weight, 100% (so `ready` ranks with `100%`, below `150%`).
+///
+/// Every rule that holds or withholds a value keeps the lower side of this
+/// order, weights included: the one promise is that a server never takes
+/// more traffic than the newest write allows.
+///
+/// Why drain ranks below `0%`: both stop new load-balanced sessions, but a
+/// server at weight 0 stays READY, and HAProxy still sends it sessions that
+/// persist to it and any a `use-server` or `force-persist` rule names; a
+/// drained one gets only persistent sessions (doc configuration.txt
+/// "agent-check", "weight").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Traffic {
+    /// `maint`: out of service.
+    Maint,
+    /// `drain`: persistent sessions only.
+    Drain,
+    /// In service at this share of the configured weight, in percent
+    /// (`ready` is 100).
+    Weight(u16),
+}
+
+impl Traffic {
+    /// What a server with no key for any of its identities takes: `ready`,
+    /// the configured weight.
+    pub const READY: Traffic = Traffic::Weight(100);
+}
+
 impl AdminState {
-    /// Whether the state keeps its servers out of rotation: drain or maint
-    /// (the states the one promise is about).
+    /// Whether the state keeps its servers out of rotation: drain or maint.
     pub fn keeps_out(self) -> bool {
         matches!(self, AdminState::Drain | AdminState::Maint)
+    }
+
+    /// Where the state ranks in the order of traffic ([`Traffic`]).
+    pub fn traffic(self) -> Traffic {
+        match self {
+            AdminState::Maint => Traffic::Maint,
+            AdminState::Drain => Traffic::Drain,
+            AdminState::Ready => Traffic::READY,
+            AdminState::Weight(pct) => Traffic::Weight(pct),
+        }
+    }
+
+    /// Whether the state gives a server more traffic than `other`.
+    pub fn more_than(self, other: AdminState) -> bool {
+        self.traffic() > other.traffic()
+    }
+
+    /// The state of the two that gives a server less traffic (`self` on a
+    /// tie).
+    pub fn least(self, other: AdminState) -> AdminState {
+        if other.traffic() < self.traffic() {
+            other
+        } else {
+            self
+        }
     }
 
     /// The reply line sent to HAProxy, with its LF terminator.
@@ -361,6 +415,32 @@ mod tests {
             let line = AdminState::Weight(n).reply();
             prop_assert_eq!(line.as_bytes(), reply.as_bytes());
         }
+    }
+
+    #[test]
+    fn traffic_is_one_order_weights_included() {
+        use AdminState::*;
+        let order = [
+            Maint,
+            Drain,
+            Weight(0),
+            Weight(1),
+            Weight(50),
+            Weight(99),
+            Ready,
+            Weight(101),
+            Weight(256),
+        ];
+        for pair in order.windows(2) {
+            assert!(pair[1].more_than(pair[0]), "{} > {}", pair[1], pair[0]);
+            assert!(!pair[0].more_than(pair[1]));
+            assert_eq!(pair[0].least(pair[1]), pair[0]);
+            assert_eq!(pair[1].least(pair[0]), pair[0]);
+        }
+        assert_eq!(Ready.traffic(), Weight(100).traffic());
+        assert!(!Ready.more_than(Weight(100)) && !Weight(100).more_than(Ready));
+        assert_eq!(Ready.least(Weight(100)), Ready);
+        assert_eq!(Ready.traffic(), Traffic::READY);
     }
 
     #[test]

@@ -93,7 +93,7 @@ impl KeyView {
             let state = match e {
                 Some(Entry::Valid(s)) => Ok(*s),
                 Some(Entry::Invalid(e)) => Err(InvalidValue::clone(e)),
-                Some(Entry::Unreadable) | None => parse_value(&p.value),
+                Some(Entry::Unreadable | Entry::AtMost(_)) | None => parse_value(&p.value),
             };
             PairView {
                 value: String::from_utf8_lossy(&p.value).into(),

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::answer::Answer;
 use crate::agent::shared::Shared;
-use crate::decision::served::ServedState;
+use crate::decision::served::{ConsulKey, ServedState};
 use crate::decision::HoldCause;
 use crate::model::snapshot::Entry;
 use crate::model::value::AnswerKind;
@@ -104,11 +104,12 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
             }
             HoldCause::RolledBack => match consul_modify_index {
                 None => "Consul lost its data and the key is gone; release with `state release-rollback` or a new write".to_string(),
-                Some(_) => "Consul lost its data and the key's value there would put servers back in rotation; release with `state release-rollback` or a new write".to_string(),
+                Some(_) => "Consul lost its data and the key's value there would give servers more traffic; release with `state release-rollback` or a new write".to_string(),
             },
             HoldCause::Hidden => match (record.served, &record.consul) {
                 (Some(_), _) => "the token may not read the key (403); its drain or maint is answered until it can".to_string(),
-                (None, Some(_)) => "the token may not read the key (403); its last value (ready, a weight or invalid) is not answered, the next identity decides, until it can".to_string(),
+                (None, Some(c)) if matches!(c.entry, Entry::Valid(_)) => "the token may not read the key (403); its last value (ready or a weight) is not answered: the next identity decides, capped at that value, until it can".to_string(),
+                (None, Some(_)) => "the token may not read the key (403); its last value was invalid and is not answered, the next identity decides, until it can".to_string(),
                 (None, None) => "the token may not read the key (403) and its value was never seen; lines it decides get no answer until it can".to_string(),
             },
         };
@@ -119,7 +120,15 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 "reply": reply,
                 "cause": hold.cause.as_str(),
                 "answer": match (record.served, &record.consul, hold.cause) {
-                    // Hidden, last seen ready, a weight or invalid: skipped.
+                    // Hidden, last seen ready or a weight: it caps.
+                    (None, Some(ConsulKey { entry: Entry::Valid(state), .. }), HoldCause::Hidden) => {
+                        format!(
+                            "at most {}: the next identity decides, capped (held: {})",
+                            state.reply_text(),
+                            hold.cause.words()
+                        )
+                    }
+                    // Hidden, last seen invalid: skipped.
                     (None, Some(_), HoldCause::Hidden) => format!(
                         "no answer from this key, the next identity decides (held: {})",
                         hold.cause.words()
@@ -148,9 +157,12 @@ pub fn status(shared: &Shared) -> Value {
         let mut sorted: Vec<_> = snap.keys.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(b.0));
         for (key, state) in sorted {
+            let record = served.as_deref().and_then(|v| v.keys.get(key));
             match &state.entry {
-                Entry::Valid(s) => {
-                    let record = served.as_deref().and_then(|v| v.keys.get(key));
+                // A held state is listed as it was before it could cap.
+                Entry::Valid(s) | Entry::AtMost(s)
+                    if record.is_none_or(|r| r.served == Some(*s)) =>
+                {
                     let meta = record.and_then(|r| r.meta.as_deref());
                     keys.insert(
                         key.to_string(),
@@ -169,8 +181,8 @@ pub fn status(shared: &Shared) -> Value {
                         json!({"reason": e.to_string(), "modify_index": state.modify_index}),
                     );
                 }
-                // Listed under `held` (hidden, no value known).
-                Entry::Unreadable => {}
+                // Listed under `held` (hidden: no value known, or a cap).
+                Entry::Valid(_) | Entry::Unreadable | Entry::AtMost(_) => {}
             }
         }
     }

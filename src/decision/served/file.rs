@@ -42,6 +42,10 @@ struct FileKey {
     hold: Option<HoldCause>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hold_since: Option<u64>,
+    /// The cap of a held key that answers nothing of its own
+    /// ([`KeyRecord::cap`]; absent in files from before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cap: Option<String>,
     /// When the agent first served `served` (absent in files from before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     since: Option<u64>,
@@ -107,12 +111,15 @@ impl Serialize for KeysOut<'_> {
                     value: r.consul.as_ref().map(|c| match (&c.value, &c.entry) {
                         (Some(v), _) => v.to_string(),
                         (None, Entry::Valid(state)) => state.to_string(),
-                        (None, Entry::Invalid(_) | Entry::Unreadable) => String::new(),
+                        (None, Entry::Invalid(_) | Entry::Unreadable | Entry::AtMost(_)) => {
+                            String::new()
+                        }
                     }),
                     modify_index: r.consul.as_ref().map(|c| c.modify_index),
                     served: r.served.map(|s| s.to_string()),
                     hold: r.hold.map(|h| h.cause),
                     hold_since: r.hold.map(|h| h.since),
+                    cap: r.cap.map(|s| s.to_string()),
                     since: Some(r.since),
                     meta: r.meta.as_deref().cloned(),
                 },
@@ -168,17 +175,14 @@ impl ServedState {
         }
         let mut keys = BTreeMap::new();
         for (key, k) in file.keys {
-            let served = match &k.served {
-                None => None,
-                Some(text) => {
-                    Some(
-                        parse_value(text.as_bytes()).map_err(|_| StateFileError::Served {
-                            key: key.clone(),
-                            value: text.clone(),
-                        })?,
-                    )
-                }
+            let parse = |text: &String| {
+                parse_value(text.as_bytes()).map_err(|_| StateFileError::Served {
+                    key: key.clone(),
+                    value: text.clone(),
+                })
             };
+            let served = k.served.as_ref().map(parse).transpose()?;
+            let cap = k.cap.as_ref().map(parse).transpose()?;
             let consul = match (k.value, k.modify_index) {
                 (Some(v), Some(mi)) => Some(ConsulKey::parse(&key, v.as_bytes(), mi)),
                 _ => None,
@@ -190,6 +194,15 @@ impl ServedState {
             keys.insert(
                 key.into(),
                 KeyRecord {
+                    // A file from before caps were kept: a held key with no
+                    // answer of its own is capped by the value it shows.
+                    cap: cap.or(match (served, hold, &consul) {
+                        (None, Some(_), Some(c)) => match c.entry {
+                            Entry::Valid(state) => Some(state),
+                            _ => None,
+                        },
+                        _ => None,
+                    }),
                     consul,
                     served,
                     hold,

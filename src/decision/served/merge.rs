@@ -8,7 +8,7 @@ use super::state::{Hold, HoldCause, KeyRecord, ServedState};
 use super::view::{AnswerView, ConsulKey};
 use crate::model::meta::KeyMeta;
 use crate::model::snapshot::Entry;
-use crate::model::value::{AdminState, InvalidValue};
+use crate::model::value::{AdminState, InvalidValue, Traffic};
 
 /// What a direct read of a key the answer lacked said.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,9 +77,10 @@ pub struct MergeInput {
     pub probes: BTreeMap<Box<str>, Probe>,
     /// Unix time in seconds, for the start of new holds.
     pub now: u64,
-    /// A hidden key holds only drain or maint (off only in tests that show
-    /// what the rule prevents: then it holds whatever it served).
-    pub hidden_holds_only_out: bool,
+    /// Holds compare only drain and maint, not the whole order of traffic
+    /// (on only in tests that show what the order prevents: then a weight
+    /// rising or vanishing from a store that lost data applies).
+    pub weights_unprotected: bool,
 }
 
 impl ServedState {
@@ -215,17 +216,34 @@ fn pick_meta(
 
 /// Whether applying `new` (`None`: absent) over `prev` (the state served;
 /// `None`: absent or skipped) in an answer from a store that lost data
-/// could put a server back in rotation: drain or maint left for anything
-/// but drain or maint, or a `ready` or a weight that appears where there was
-/// nothing (it would outrank a later identity's drain on the agent-send
-/// line). A weight is in rotation already: what replaces it applies, and
-/// its absence lets a later identity (a group's drain) decide.
-fn undoes(prev: Option<AdminState>, new: Option<AdminState>) -> bool {
+/// could give a server more traffic, in the order of traffic
+/// ([`AdminState::traffic`]: maint < drain < 0% < lower weight < higher
+/// weight, `ready` at 100%):
+///
+/// - a value replacing another undoes it when it ranks higher (maint to
+///   drain, drain to `0%`, `25%` to `40%` or `ready`);
+/// - a key vanishing lets the next identity decide, and a line with no key
+///   left answers `ready`: it undoes anything below `ready`;
+/// - a value that appears where there was nothing would outrank a later
+///   identity on the agent-send line, which may be lower (a drain over a
+///   group's maint, a weight over its drain): it is held, and caps what the
+///   next identity answers ([`KeyRecord::cap`]); only maint, the lowest,
+///   applies.
+fn undoes(prev: Option<AdminState>, new: Option<AdminState>, order: bool) -> bool {
     use AdminState::{Drain, Maint, Ready, Weight};
-    match prev {
-        Some(Drain | Maint) => !matches!(new, Some(Drain | Maint)),
-        Some(Ready | Weight(_)) => false,
-        None => matches!(new, Some(Ready | Weight(_))),
+    if !order {
+        // Before weights were protected: drain and maint only.
+        return match prev {
+            Some(Drain | Maint) => !matches!(new, Some(Drain | Maint)),
+            Some(Ready | Weight(_)) => false,
+            None => matches!(new, Some(Ready | Weight(_))),
+        };
+    }
+    match (prev, new) {
+        (Some(p), Some(n)) => n.more_than(p),
+        (Some(p), None) => Traffic::READY > p.traffic(),
+        (None, Some(n)) => n != Maint,
+        (None, None) => false,
     }
 }
 
@@ -253,6 +271,19 @@ fn merge_key(
             },
         })
     };
+    // A held key that may answer nothing of its own caps the next
+    // identity ([`KeyRecord::capping`]); what it answered as a value of its
+    // own is what a store that lost data is judged against.
+    let capping = prev.and_then(KeyRecord::capping);
+    let was = if capping.is_some() { None } else { prev_served };
+    let order = !input.weights_unprotected;
+    // Held back from a store that lost data: a key that decided keeps its
+    // state; one that did not caps the next identity at the lowest of what
+    // it capped and what the store shows.
+    let held_back = |shown: Option<&ConsulKey>| match was {
+        Some(state) => (Some(state), None),
+        None => (None, lower_cap(capping, valid(shown))),
+    };
 
     // A rolled-back hold lasts until a forward answer shows a write to the
     // key or a new release mark. A value that undoes nothing the hold keeps
@@ -268,15 +299,18 @@ fn merge_key(
     if prev_hold.is_some_and(|h| h.cause == HoldCause::RolledBack) && !forbidden {
         let written =
             !input.rolled_back && now_mi != prev_mi && now_mi.is_none_or(|mi| mi > served_index);
-        let harmless = match shown.as_ref().map(|c| &c.entry) {
-            Some(Entry::Valid(state)) => !undoes(prev_served, Some(*state)),
-            _ => false,
-        };
+        let harmless = valid(shown.as_ref()).is_some_and(|s| !undoes(was, Some(s), order));
         if !written && !release_all && !harmless {
+            // Still gone: kept as it is. Shown again: held back.
+            let (served, cap) = match &shown {
+                None => (prev_served, prev.and_then(|p| p.cap)),
+                Some(_) => held_back(shown.as_ref()),
+            };
             return Some(KeyRecord {
                 consul: shown,
-                served: prev_served,
+                served,
                 hold: prev_hold,
+                cap,
                 meta: None,
                 since: 0,
             });
@@ -290,6 +324,7 @@ fn merge_key(
                 consul: None,
                 served: None,
                 hold: hold(HoldCause::Hidden),
+                cap: None,
                 meta: None,
                 since: 0,
             });
@@ -310,7 +345,7 @@ fn merge_key(
         {
             return Some(p.clone());
         }
-        let holds = |s: AdminState| s.keeps_out() || !input.hidden_holds_only_out;
+        let holds = |s: AdminState| s.keeps_out();
         let seen = match p.served {
             Some(state) if holds(state) => None,
             Some(state) => Some(ConsulKey {
@@ -320,10 +355,18 @@ fn merge_key(
             }),
             None => p.consul.clone(),
         };
+        let served = p.served.filter(|s| holds(*s));
+        // A `ready` or a weight not answered caps what a later identity
+        // answers: the key may still hold it, or have been cleared.
+        let cap = served
+            .is_none()
+            .then(|| lower_cap(p.cap, valid(seen.as_ref())))
+            .flatten();
         return Some(KeyRecord {
-            served: p.served.filter(|s| holds(*s)),
+            served,
             consul: seen,
             hold: hold(HoldCause::Hidden),
+            cap,
             meta: None,
             since: 0,
         });
@@ -339,35 +382,69 @@ fn merge_key(
         }) {
             return Some(p.clone());
         }
-        return (input.rolled_back && undoes(prev_served, None)).then(|| KeyRecord {
+        // A key that answered or capped something, gone from a store that
+        // lost data, keeps that while its vanishing would give more: gone,
+        // it caps the next identity ([`KeyRecord::capping`]).
+        let (served, cap) = match (prev_served, capping) {
+            (Some(state), _) => (Some(state), None),
+            (None, cap) => (None, cap),
+        };
+        return (input.rolled_back && undoes(served.or(cap), None, order)).then(|| KeyRecord {
             consul: None,
-            served: prev_served,
+            served,
             hold: hold(HoldCause::RolledBack),
+            cap,
             meta: None,
             since: 0,
         });
     };
+    let mut cap = None;
     let (served, hold) = match &c.entry {
         // A key no agent-send line can name is never answered.
         Entry::Invalid(e) if matches!(**e, InvalidValue::Key(_)) => (None, None),
-        Entry::Invalid(_) => match prev_served {
-            Some(state) => (Some(state), hold(HoldCause::InvalidValue)),
-            None => (None, None),
+        Entry::Invalid(_) => match (was, capping) {
+            // The key capped the next identity: it still does.
+            (_, Some(c)) => {
+                cap = Some(c);
+                (None, hold(HoldCause::InvalidValue))
+            }
+            (Some(state), None) => (Some(state), hold(HoldCause::InvalidValue)),
+            (None, None) => (None, None),
         },
-        Entry::Valid(state) if input.rolled_back && undoes(prev_served, Some(*state)) => {
-            (prev_served, hold(HoldCause::RolledBack))
+        Entry::Valid(state) if input.rolled_back && undoes(was, Some(*state), order) => {
+            let (served, capped) = held_back(Some(&c));
+            cap = capped;
+            (served, hold(HoldCause::RolledBack))
         }
         Entry::Valid(state) => (Some(*state), None),
         // Never parsed from a value: only the snapshot names a key so.
-        Entry::Unreadable => (prev_served, None),
+        Entry::Unreadable | Entry::AtMost(_) => (prev_served, None),
     };
     Some(KeyRecord {
         consul: Some(c),
         served,
         hold,
+        cap,
         meta: None,
         since: 0,
     })
+}
+
+/// The valid state `key` shows, if any.
+fn valid(key: Option<&ConsulKey>) -> Option<AdminState> {
+    match key.map(|c| &c.entry) {
+        Some(Entry::Valid(state)) => Some(*state),
+        _ => None,
+    }
+}
+
+/// The lower of two caps in the order of traffic (either, when only one
+/// is set).
+fn lower_cap(a: Option<AdminState>, b: Option<AdminState>) -> Option<AdminState> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.least(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 fn note_changes(

@@ -99,6 +99,13 @@ pub struct KeyRecord {
     pub served: Option<AdminState>,
     /// Why `served` is not Consul's value, if it is not.
     pub hold: Option<Hold>,
+    /// For a held key that answers nothing of its own (`served` `None`):
+    /// the most traffic it lets a later identity's answer give, in the
+    /// order of traffic ([`AdminState::traffic`]). Set when a `ready` or a
+    /// weight it showed is not answered (hidden from the token, or appeared
+    /// from a store that lost data: it may be the newest write, or not),
+    /// kept, and only ever lowered, while the hold lasts.
+    pub cap: Option<AdminState>,
     /// The writer's record of the write Consul shows
     /// ([`KeyMeta::describes`]); `None`: written outside the writer. Kept
     /// while the key is held after it vanished or was hidden.
@@ -107,6 +114,24 @@ pub struct KeyRecord {
     /// served the key's current `served` state; kept across restarts in
     /// the state file.
     pub since: u64,
+}
+
+impl KeyRecord {
+    /// The state this key caps a later identity's answer at, when it is
+    /// held and may answer nothing of its own (an [`Entry::AtMost`] in the
+    /// snapshot): a held state Consul shows no value for (it vanished from
+    /// a store that lost data, or the token may no longer read it: the key
+    /// may still hold the state, or be gone, and then the next identity
+    /// decides; the lower of the two is answered), or its
+    /// [`KeyRecord::cap`].
+    pub fn capping(&self) -> Option<AdminState> {
+        self.hold?;
+        match (self.served, &self.consul) {
+            (Some(state), None) => Some(state),
+            (Some(_), Some(_)) => None,
+            (None, _) => self.cap,
+        }
+    }
 }
 
 /// A hold on one key.
@@ -161,19 +186,24 @@ pub struct OutKey<'a> {
 
 impl ServedState {
     /// The snapshot the responder answers from: every key with a served
-    /// state, and skipped keys as [`Entry::Invalid`] (looked past).
+    /// state, skipped keys as [`Entry::Invalid`] (looked past), and as
+    /// [`Entry::AtMost`] (looked past, capping the answer) the held keys
+    /// that may answer nothing of their own: a held state Consul shows no
+    /// value for, and a cap ([`KeyRecord::cap`]).
     pub fn snapshot(&self) -> Snapshot {
         let mut keys = std::collections::HashMap::with_capacity(self.keys.len());
         for (key, record) in &self.keys {
             let modify_index = record.consul.as_ref().map_or(0, |c| c.modify_index);
             let entry = match (record.served, &record.consul) {
+                _ if record.capping().is_some() => {
+                    Entry::AtMost(record.capping().expect("checked"))
+                }
                 (Some(state), _) => Entry::Valid(state),
                 // Hidden from the token with no value ever seen.
                 (None, None) if record.hold.is_some_and(|h| h.cause == HoldCause::Hidden) => {
                     Entry::Unreadable
                 }
-                // Held absent: a value that appeared from a store that lost
-                // data is not answered.
+                // Held with no answer of its own and no cap.
                 (None, _) if record.hold.is_some() => continue,
                 (None, Some(c)) => c.entry.clone(),
                 (None, None) => continue,

@@ -37,7 +37,7 @@ impl ConsulKey {
 
     fn new(entry: Entry, raw: &[u8], modify_index: u64) -> ConsulKey {
         let value = match entry {
-            Entry::Valid(_) | Entry::Unreadable => None,
+            Entry::Valid(_) | Entry::Unreadable | Entry::AtMost(_) => None,
             Entry::Invalid(_) => Some(String::from_utf8_lossy(raw).into()),
         };
         ConsulKey {

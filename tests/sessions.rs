@@ -266,3 +266,39 @@ fn a_lock_taken_between_the_read_and_the_write_is_a_conflict() {
         "the automation's lock was overwritten"
     );
 }
+
+/// The writer's token needs no session rule: `unlock` asks for write on the
+/// key only (checked on Consul 1.8.7). Without `session:read` the session
+/// is named by its ID alone.
+#[test]
+fn a_token_with_key_write_only_releases_and_names_the_session_by_id() {
+    const MASTER: &str = "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9";
+    let consul = Consul::start_acl(MASTER);
+    consul.put_policy(
+        "state-write",
+        r#"key_prefix "gitlab-haproxy-agent/state/" { policy = "write" }"#,
+    );
+    let (_, secret) = consul.token_with("state-write");
+    let dir = support::TempDir::new("sessions-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, &secret).unwrap();
+    let id = session(&consul, "deploy-automation", "delete");
+    acquire(&consul, "web/s1", "drain", &id);
+
+    let token = token.to_str().unwrap();
+    let run = cli(
+        &consul,
+        &["set", "web/s1", "maint", "--consul-token-file", token],
+    );
+    assert_eq!(run.code, 0, "{run:?}");
+    destroy(&consul, &id);
+    std::thread::sleep(SETTLE);
+    assert_eq!(
+        entry(&consul, "web/s1"),
+        Some(("maint".into(), None)),
+        "the maint was deleted with the session"
+    );
+    run.warns(&format!(
+        "released web/s1 from Consul session {id} (gone, or not readable with this token)"
+    ));
+}

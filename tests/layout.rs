@@ -11,8 +11,11 @@ use std::path::{Path, PathBuf};
 /// Most lines `src/writer/**/*.rs` may hold outside `#[cfg(test)]` items
 /// (4,825 plus `writer/author.rs`, which came from `cli.rs`, with its
 /// fallback to the process's uid and host, and the write generation's
-/// errors).
-const WRITER_LINE_BUDGET: usize = 4_894;
+/// errors; plus `writer/held.rs` and the lines of `get`, `list`, `explain`
+/// and the reports that name a key's Consul session, 253: a write releases
+/// the session holding its key, so that the session ending cannot delete
+/// the write).
+const WRITER_LINE_BUDGET: usize = 5_147;
 
 /// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
 const FILE_LINE_BUDGET: usize = 800;

@@ -24,8 +24,10 @@ Exit status:
        --accept-overridden takes them), or Prometheus could not be asked.
        `status`: an agent lags (EX_NOHOST)
   69   Consul unreachable, timed out, or without a leader (EX_UNAVAILABLE)
-  75   conflict: a key changed since it was read; it was not overwritten
-       (EX_TEMPFAIL)
+  75   conflict: a key changed since it was read (also: a Consul session
+       took or released it); it was not overwritten (EX_TEMPFAIL). A key a
+       session holds when read is written with its release, named on
+       stderr, so the session ending cannot delete the write
   76   Consul answered something unusable (EX_PROTOCOL)
   77   permission denied: Consul refused the token, or the token file cannot
        be read (EX_NOPERM)

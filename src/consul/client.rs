@@ -11,8 +11,8 @@ use reqwest::StatusCode;
 
 use super::token::TokenSource;
 use super::types::{
-    decode_bool, decode_pairs, decode_txn, ConsulError, KvPair, PrefixAnswer, ReadMeta, TxnOp,
-    TxnOutcome,
+    decode_bool, decode_held_pairs, decode_pairs, decode_txn, ConsulError, Holders, KvPair,
+    PrefixAnswer, ReadMeta, TxnOp, TxnOutcome,
 };
 use crate::cli::Consistency;
 use crate::decision::KeyRead;
@@ -144,8 +144,18 @@ impl ConsulClient {
     /// As [`ConsulClient::read_prefix`], and 403 when the token may not read
     /// the whole prefix.
     pub async fn list_prefix(&self, prefix: &str) -> Result<PrefixAnswer, ConsulError> {
-        let (answer, _) = self
-            .read_prefix(prefix, 0, Duration::ZERO, Consistency::Default)
+        Ok(self.list_held(prefix).await?.0)
+    }
+
+    /// As [`ConsulClient::list_prefix`], with the keys a Consul session
+    /// holds ([`Holders`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::list_prefix`].
+    pub async fn list_held(&self, prefix: &str) -> Result<(PrefixAnswer, Holders), ConsulError> {
+        let (answer, _, holders) = self
+            .read_held(prefix, 0, Duration::ZERO, Consistency::Default)
             .await?;
         if !self.read_check(prefix, false).await? {
             return Err(ConsulError::Status {
@@ -153,7 +163,7 @@ impl ConsulClient {
                 body: format!("the token may not read every key under {prefix}"),
             });
         }
-        Ok(answer)
+        Ok((answer, holders))
     }
 
     /// Reads every key under `prefix` (which ends in `/`), as a blocking query
@@ -181,6 +191,18 @@ impl ConsulClient {
         wait: Duration,
         consistency: Consistency,
     ) -> Result<(PrefixAnswer, ReadMeta), ConsulError> {
+        let (answer, meta, _) = self.read_held(prefix, index, wait, consistency).await?;
+        Ok((answer, meta))
+    }
+
+    /// [`ConsulClient::read_prefix`], with the keys a session holds.
+    async fn read_held(
+        &self,
+        prefix: &str,
+        index: u64,
+        wait: Duration,
+        consistency: Consistency,
+    ) -> Result<(PrefixAnswer, ReadMeta, Holders), ConsulError> {
         let mut url = format!(
             "{}/v1/kv/{}?recurse=true{}",
             self.addr,
@@ -228,16 +250,16 @@ impl ConsulClient {
                 pairs: Vec::new(),
                 body_bytes: body.len(),
             };
-            return Ok((answer, meta));
+            return Ok((answer, meta, Holders::new()));
         }
-        let pairs = decode_pairs(&body)?;
+        let (pairs, holders) = decode_held_pairs(&body)?;
         check_under_prefix(prefix, &pairs)?;
         let answer = PrefixAnswer {
             index,
             pairs,
             body_bytes: body.len(),
         };
-        Ok((answer, meta))
+        Ok((answer, meta, holders))
     }
 
     /// The index check: `GET /v1/kv/<prefix>?keys&separator=/&stale`,
@@ -473,19 +495,37 @@ impl ConsulClient {
     /// [`ConsulError`] for transport failures, error statuses (403 when the
     /// token may not read it) and malformed answers.
     pub async fn get_key(&self, key: &str) -> Result<Option<KvPair>, ConsulError> {
+        Ok(self.get_held_key(key).await?.map(|(pair, _)| pair))
+    }
+
+    /// As [`ConsulClient::get_key`], with the ID of the Consul session
+    /// holding the key, if one does.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::get_key`].
+    pub async fn get_held_key(
+        &self,
+        key: &str,
+    ) -> Result<Option<(KvPair, Option<String>)>, ConsulError> {
         let url = format!("{}/v1/kv/{}", self.addr, encode_key(key));
-        let (status, body) = self.send(self.http.get(&url)).await?;
+        let (status, body) = self.get(&url).await?;
         if status == StatusCode::NOT_FOUND {
             return Ok(None);
         }
         if status != StatusCode::OK {
             return Err(status_error(status, &body));
         }
-        let mut pairs = decode_pairs(&body)?;
+        let (mut pairs, mut holders) = decode_held_pairs(&body)?;
         match pairs.iter().position(|p| p.key == key) {
-            Some(i) => Ok(Some(pairs.swap_remove(i))),
+            Some(i) => Ok(Some((pairs.swap_remove(i), holders.remove(key)))),
             None => Err(ConsulError::Decode(format!("answer does not hold {key:?}"))),
         }
+    }
+
+    /// A GET of `url` within [`REQUEST_TIMEOUT`]: status and body.
+    pub(crate) async fn get(&self, url: &str) -> Result<(StatusCode, Vec<u8>), ConsulError> {
+        self.send(self.http.get(url)).await
     }
 
     /// Writes `value` at `key` only if the key's ModifyIndex is still `cas`

@@ -12,9 +12,11 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
-use crate::model::meta::KeyMeta;
-
 pub use crate::model::snapshot::KvPair;
+
+/// The keys of one answer that a Consul session holds (`?acquire=ID`):
+/// full key -> session ID. Keys no session holds are not in it.
+pub type Holders = std::collections::BTreeMap<String, String>;
 
 /// A failed Consul request.
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +125,10 @@ struct RawPair {
     modify_index: u64,
     #[serde(default)]
     flags: u64,
+    /// The session holding the key (`?acquire=ID`); absent or empty when
+    /// none does.
+    #[serde(default)]
+    session: Option<String>,
 }
 
 /// Decodes a KV list body: a JSON array of `{Key, Value, Flags, ModifyIndex,
@@ -133,9 +139,28 @@ struct RawPair {
 ///
 /// [`ConsulError::Decode`] for malformed JSON or base64.
 pub fn decode_pairs(body: &[u8]) -> Result<Vec<KvPair>, ConsulError> {
+    decode_held_pairs(body).map(|(pairs, _)| pairs)
+}
+
+/// As [`decode_pairs`], with the keys a Consul session holds: each entry's
+/// `Session` field (api-docs/kv; set by `PUT ?acquire=ID`, kept by a plain
+/// PUT, cleared by `?release=ID`), by full key.
+///
+/// # Errors
+///
+/// As [`decode_pairs`].
+pub fn decode_held_pairs(body: &[u8]) -> Result<(Vec<KvPair>, Holders), ConsulError> {
     let raw: Vec<RawPair> =
         serde_json::from_slice(body).map_err(|e| ConsulError::Decode(format!("JSON: {e}")))?;
-    raw.into_iter().map(decode_raw_pair).collect()
+    let mut holders = Holders::new();
+    let mut pairs = Vec::with_capacity(raw.len());
+    for mut p in raw {
+        if let Some(id) = p.session.take().filter(|id| !id.is_empty()) {
+            holders.insert(p.key.clone(), id);
+        }
+        pairs.push(decode_raw_pair(p)?);
+    }
+    Ok((pairs, holders))
 }
 
 fn decode_raw_pair(p: RawPair) -> Result<KvPair, ConsulError> {
@@ -197,6 +222,23 @@ pub enum TxnOp {
         /// The full key.
         key: String,
     },
+    /// Sets `key` to `value` with `flags` and releases it from `session`,
+    /// which must hold it (Consul's `unlock` verb, as `PUT ?release=ID`
+    /// with a body): the transaction fails if another session or none
+    /// holds the key. It checks no ModifyIndex: put a
+    /// [`TxnOp::CheckIndex`] of the key before it. Checked on Consul 1.8.7:
+    /// the value and Flags are written and the key's `Session` is cleared,
+    /// so the session ending later leaves the key alone.
+    Unlock {
+        /// The full key.
+        key: String,
+        /// The raw value.
+        value: Vec<u8>,
+        /// The key's Flags after the write.
+        flags: u64,
+        /// The ID of the session that holds the key.
+        session: String,
+    },
     /// Fails the transaction unless `key`'s ModifyIndex is `index`.
     CheckIndex {
         /// The full key.
@@ -220,9 +262,10 @@ impl TxnOp {
     }
 
     /// The operation on a writer's record (`<prefix>~meta/<key>`, `key`
-    /// in full) that goes with its key's write: set to `record`, or
-    /// deleted with the key (`None`).
-    pub fn record(key: String, record: Option<&KeyMeta>) -> TxnOp {
+    /// in full) that goes with its key's write: set to `record` (a
+    /// [`crate::model::meta::KeyMeta`], as JSON), or deleted with the key
+    /// (`None`).
+    pub fn record(key: String, record: Option<&impl serde::Serialize>) -> TxnOp {
         match record {
             Some(r) => TxnOp::Set {
                 key,
@@ -249,6 +292,15 @@ impl TxnOp {
             TxnOp::Set { key, value } => {
                 serde_json::json!({"Verb": "set", "Key": key, "Value": b64(value)})
             }
+            TxnOp::Unlock {
+                key,
+                value,
+                flags,
+                session,
+            } => serde_json::json!({
+                "Verb": "unlock", "Key": key, "Value": b64(value), "Flags": flags,
+                "Session": session,
+            }),
             TxnOp::Delete { key } => serde_json::json!({"Verb": "delete", "Key": key}),
             TxnOp::Get { key } => serde_json::json!({"Verb": "get", "Key": key}),
             TxnOp::CheckIndex { key, index } => {
@@ -281,9 +333,11 @@ impl TxnError {
 /// What a transaction did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TxnOutcome {
-    /// Every operation applied, atomically. One pair per `cas`, `set` and
-    /// `get` (with the ModifyIndex the key has now; values only for `get`);
-    /// none for `delete-cas`, `delete` and `check-index`.
+    /// Every operation applied, atomically. One pair per `cas`, `set`,
+    /// `unlock`, `get` and `check-index`, in the order of the operations
+    /// (with the ModifyIndex the key has after that operation; values only
+    /// for `get`; Consul 1.8.7 answers a `check-index` with the key as it
+    /// was checked); none for `delete-cas` and `delete`.
     Committed(Vec<KvPair>),
     /// Nothing applied (HTTP 409): why each refused operation failed.
     RolledBack(Vec<TxnError>),
@@ -395,6 +449,40 @@ mod tests {
         assert_eq!(pairs[1].flags, 0, "no Flags field reads as 0");
         assert_eq!(pairs[2].value, b"maint");
         assert_eq!(pairs[2].flags, 1);
+    }
+
+    #[test]
+    fn the_session_holding_a_key_is_read_with_it() {
+        // Consul 1.8.7's entries, as recorded: one held, one released.
+        let body = br#"[{"LockIndex":1,"Key":"p/web/s1","Flags":0,"Value":"ZHJhaW4=",
+            "Session":"2b62df83-7e27-8e8e-c464-0d615ae73329","CreateIndex":14,"ModifyIndex":14},
+            {"LockIndex":1,"Key":"p/web/s2","Flags":1,"Value":"bWFpbnQ=","CreateIndex":14,
+            "ModifyIndex":17},{"Key":"p/web/s3","Value":null,"Session":"","ModifyIndex":3}]"#;
+        let (pairs, holders) = decode_held_pairs(body).unwrap();
+        assert_eq!(pairs, decode_pairs(body).unwrap());
+        assert_eq!(pairs.len(), 3);
+        assert_eq!(
+            holders,
+            Holders::from([(
+                "p/web/s1".to_string(),
+                "2b62df83-7e27-8e8e-c464-0d615ae73329".to_string()
+            )])
+        );
+    }
+
+    #[test]
+    fn unlock_writes_the_value_with_the_session_that_holds_it() {
+        let op = TxnOp::Unlock {
+            key: "p/web/s1".into(),
+            value: b"maint".to_vec(),
+            flags: 0,
+            session: "s-1".into(),
+        };
+        assert_eq!(
+            op.to_json(),
+            serde_json::json!({"KV": {"Verb": "unlock", "Key": "p/web/s1", "Value": "bWFpbnQ=",
+                "Flags": 0, "Session": "s-1"}})
+        );
     }
 
     #[test]

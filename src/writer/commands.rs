@@ -244,10 +244,17 @@ impl Writer {
 
     pub(super) async fn get(&self, key: &str) -> Result<(), Failure> {
         check_key(key)?;
-        let pair = self.client.get_key(&self.full(key)).await?;
+        let (pair, session) = match self.client.get_held_key(&self.full(key)).await? {
+            Some((pair, session)) => (Some(pair), session),
+            None => (None, None),
+        };
+        let holder = match session {
+            Some(id) => Some(self.client.holder(&id).await),
+            None => None,
+        };
         let record = self.client.get_key(&self.full(&meta_key(key))).await?;
         let records = Records::read(&self.prefix, record.as_slice(), self.author.at);
-        let view = KeyView::new(key, pair.as_ref(), None, &records);
+        let view = KeyView::new(key, (pair.as_ref(), holder.as_ref()), None, &records);
         let invalid = view.invalid();
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
         if self.json {
@@ -274,7 +281,8 @@ impl Writer {
     }
 
     pub(super) async fn list(&self) -> Result<(), Failure> {
-        let answer = self.client.list_prefix(&self.prefix).await?;
+        let (answer, holders) = self.client.list_held(&self.prefix).await?;
+        let held = self.held(&holders, None).await;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let records = Records::read(&self.prefix, &answer.pairs, self.author.at);
         let mut rows: Vec<(String, &KvPair)> = answer
@@ -293,7 +301,7 @@ impl Writer {
         let views: Vec<KeyView> = (rows.iter())
             .map(|(k, p)| {
                 let entry = snapshot.keys.get(k.as_str()).map(|s| &s.entry);
-                KeyView::new(k, Some(p), entry, &records)
+                KeyView::new(k, (Some(p), held.get(k)), entry, &records)
             })
             .collect();
         let invalid_keys: Vec<String> = (rows.iter().zip(&views))
@@ -382,7 +390,10 @@ impl Writer {
         cas: Option<u64>,
         dry_run: bool,
     ) -> Result<(), Failure> {
-        let pair = self.client.get_key(&self.full(key)).await?;
+        let (pair, session) = match self.client.get_held_key(&self.full(key)).await? {
+            Some((pair, session)) => (Some(pair), session),
+            None => (None, None),
+        };
         let before = Current::from_pair(pair.as_ref());
         if let Some(expected) = cas {
             if before.index() != expected {
@@ -392,6 +403,10 @@ impl Writer {
         let plan = plan_write(key, before, change);
         let note = plan.keys[0].note;
         let mut run = Run::new(&plan, 0);
+        if let Some(id) = session {
+            run.held
+                .insert(key.to_string(), self.client.holder(&id).await);
+        }
         let stop = if dry_run {
             None
         } else if plan.steps.is_empty() {
@@ -442,7 +457,17 @@ impl Writer {
         if let Some(n) = note {
             eprintln!("note: {n}");
         }
-        self.print(&KeyReport::new(&plan.keys[0], status, dry_run, &confirmed));
+        let mut report = KeyReport::new(&plan.keys[0], status, dry_run, &confirmed);
+        report.released_session = run.released.pop().map(|(_, holder)| holder);
+        report.session = run.held.remove(key);
+        if let (Some(holder), true) = (&report.session, dry_run) {
+            let state = change.state().map_or("clear".into(), |s| s.to_string());
+            eprintln!(
+                "note: {}; this write would release it ({state})",
+                super::held::held_note(key, holder)
+            );
+        }
+        self.print(&report);
         match confirmed {
             Ok(_) => Ok(()),
             Err(mut f) => {
@@ -501,7 +526,9 @@ impl Writer {
                 "the agent refuses the agent-send line {line:?}: {e}"
             ))
         })?;
-        let answer = self.client.list_prefix(&self.prefix).await?;
+        let (answer, holders) = self.client.list_held(&self.prefix).await?;
+        let named: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
+        let held = self.held(&holders, Some(&named)).await;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let raw: HashMap<&str, &KvPair> = answer
             .pairs
@@ -672,7 +699,7 @@ impl Writer {
                 "answer": if unknown { "unknown" } else { result.kind().as_str() },
                 "decided_by": deciding.map(|d| ids[d]),
                 "identities": rows.iter().map(|(id, value, role)| json!({
-                    "identity": id, "value": value, "role": role,
+                    "identity": id, "value": value, "role": role, "session": held.get(id),
                 })).collect::<Vec<_>>(),
                 "consul_index": answer.index,
                 "agents": agents.iter().cloned().collect::<std::collections::BTreeMap<String, String>>(),
@@ -695,6 +722,9 @@ impl Writer {
             })
             .collect();
         print!("{}", table(&["IDENTITY", "VALUE", "ROLE"], &table_rows));
+        for id in named.iter().filter(|id| held.contains_key(*id)) {
+            println!("{}.", super::held::held_note(id, &held[id]));
+        }
         println!("Consul index {}.", answer.index);
         if let (Some(live), Some(path)) = (&live, socket) {
             println!("{}", live.describe(path));

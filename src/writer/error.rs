@@ -31,7 +31,7 @@ pub mod exit {
     pub const NOT_CONFIRMED: u8 = 68;
     /// EX_UNAVAILABLE: Consul unreachable, timed out, or without a leader.
     pub const UNAVAILABLE: u8 = 69;
-    /// EX_TEMPFAIL: compare-and-set conflict; nothing overwritten.
+    /// EX_TEMPFAIL: compare-and-set conflict (or a session's lock moved); nothing overwritten.
     pub const CONFLICT: u8 = 75;
     /// EX_PROTOCOL: Consul answered something unusable.
     pub const PROTOCOL: u8 = 76;

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::confirm;
 use super::error::{exit, Failure};
 use super::haproxy::{self, Server};
+use super::held::{self, releases, Record};
 use super::output::err_line;
 use super::plan::{currents, Change, Current, Plan, Step, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
@@ -22,7 +23,7 @@ use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
 use super::session::Writer;
 
-use crate::consul::{TxnOp, TxnOutcome, KEYS_PER_TXN};
+use crate::consul::{TxnOp, TxnOutcome};
 use crate::model::meta::meta_key;
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
@@ -188,13 +189,14 @@ impl Writer {
         if target.keys.is_empty() {
             return Err(target.nothing_selected());
         }
-        let answer = self.client.list_prefix(&self.prefix).await?;
+        let (answer, holders) = self.client.list_held(&self.prefix).await?;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
         let plan = make_plan(currents(&self.prefix, &answer.pairs, &target.keys))?;
         if target.assumed {
             err_line(&format!("note: {ASSUMED_ROW_KEYS}"));
         }
         let mut run = Run::new(&plan, answer.index);
+        run.held = self.held(&holders, Some(&target.keys)).await;
         let mut failure = None;
         if dry_run {
             run.statuses
@@ -313,13 +315,19 @@ impl Writer {
                     flags,
                     keys,
                 } => {
-                    let chunks = keys.chunks(KEYS_PER_TXN).count();
-                    for (n, chunk) in keys.chunks(KEYS_PER_TXN).enumerate() {
+                    let chunked = held::chunks(keys, &run.held, *change);
+                    let chunks = chunked.len();
+                    for (n, chunk) in chunked.into_iter().enumerate() {
                         if n > 0 && interrupt.fired().is_some() {
                             run.statuses[i] = StepStatus::Partial;
                             return Err(interrupt.stop(i));
                         }
-                        if let Err(failure) = self.write_chunk(*change, *flags, chunk, run).await {
+                        let released = run.released.len();
+                        let written = self.write_chunk(*change, *flags, chunk, run).await;
+                        for (key, holder) in &run.released[released..] {
+                            err_line(&held::released_line(action, key, holder, *change));
+                        }
+                        if let Err(failure) = written {
                             run.statuses[i] = if n == 0 {
                                 StepStatus::Failed
                             } else {
@@ -422,7 +430,9 @@ impl Writer {
     /// One transaction: every key in `chunk` gets `change` (a value with
     /// Consul Flags `flags`), each only if its ModifyIndex is the one last
     /// seen, and its record is written (or deleted with it), after the keys
-    /// so that a refused operation's position names its key.
+    /// so that a refused operation's position names its key. A value for a
+    /// key a Consul session holds is written with its release
+    /// ([`held`]): the index check, then `unlock`.
     pub(super) async fn write_chunk(
         &self,
         change: Change,
@@ -431,26 +441,53 @@ impl Writer {
         run: &mut Run,
     ) -> Result<(), Failure> {
         self.ensure_store_id().await?;
-        let mut ops: Vec<TxnOp> = chunk
-            .iter()
-            .map(|k| {
-                let index = run.indexes.get(k).copied().unwrap_or(0);
-                match change {
-                    Change::Set(s) => TxnOp::Cas {
-                        key: self.full(k),
-                        value: s.to_string().into_bytes(),
+        let mut ops = Vec::new();
+        // The key of each operation on a key, by position.
+        let mut owners = Vec::new();
+        for k in chunk {
+            let (key, index) = (self.full(k), run.indexes.get(k).copied().unwrap_or(0));
+            let (value, holder) = (
+                change.state().map(|s| s.to_string().into_bytes()),
+                run.held.get(k),
+            );
+            match (value, holder) {
+                (Some(value), Some(h)) => {
+                    ops.push(TxnOp::CheckIndex {
+                        key: key.clone(),
+                        index,
+                    });
+                    let session = h.id.clone();
+                    ops.push(TxnOp::Unlock {
+                        key,
+                        value,
+                        flags,
+                        session,
+                    });
+                    owners.extend([k, k]);
+                }
+                (Some(value), None) => {
+                    ops.push(TxnOp::Cas {
+                        key,
+                        value,
                         flags,
                         index,
-                    },
-                    Change::Clear => TxnOp::DeleteCas {
-                        key: self.full(k),
-                        index,
-                    },
+                    });
+                    owners.push(k);
                 }
-            })
-            .collect();
-        let record = change.state().map(|s| self.author.record(s));
-        ops.extend((chunk.iter()).map(|k| TxnOp::record(self.full(&meta_key(k)), record.as_ref())));
+                (None, _) => {
+                    ops.push(TxnOp::DeleteCas { key, index });
+                    owners.push(k);
+                }
+            }
+        }
+        let meta = change.state().map(|s| self.author.record(s));
+        ops.extend(chunk.iter().map(|k| {
+            let record = meta.as_ref().map(|meta| Record {
+                meta,
+                released_session: run.held.get(k).filter(|_| releases(&run.held, k, change)),
+            });
+            TxnOp::record(self.full(&meta_key(k)), record.as_ref())
+        }));
         match self.client.txn_advancing(&self.prefix, &ops).await? {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
@@ -458,8 +495,13 @@ impl Writer {
                     if change == Change::Clear {
                         run.indexes.insert(k.clone(), 0);
                     }
+                    if let Some(holder) = run.held.remove(k) {
+                        run.released.push((k.clone(), holder));
+                    }
                 }
                 // Records' indexes too: the same as their keys', never asked.
+                // In order, so a released key's index is its unlock's, after
+                // its index check's.
                 for pair in results {
                     if let Some(rel) = pair.key.strip_prefix(&self.prefix) {
                         run.indexes.insert(rel.to_string(), pair.modify_index);
@@ -470,15 +512,19 @@ impl Writer {
             TxnOutcome::RolledBack(errors) => {
                 let mut lines = Vec::new();
                 for e in &errors {
-                    let Some(key) = chunk.get(e.op_index) else {
+                    let Some(key) = owners.get(e.op_index) else {
                         lines.push(e.what.clone());
                         continue;
                     };
-                    let expected = run.indexes.get(key).copied().unwrap_or(0);
-                    let now = match self.client.get_key(&self.full(key)).await {
+                    let expected = run.indexes.get(*key).copied().unwrap_or(0);
+                    let now = match self.client.get_held_key(&self.full(key)).await {
                         Ok(p) => {
-                            let c = Current::from_pair(p.as_ref());
-                            format!("now {} at ModifyIndex {}", c.describe(), c.index())
+                            let c = Current::from_pair(p.as_ref().map(|(p, _)| p));
+                            let held = match p.and_then(|(_, s)| s) {
+                                Some(s) => format!(", held by Consul session {s}"),
+                                None => String::new(),
+                            };
+                            format!("now {} at ModifyIndex {}{held}", c.describe(), c.index())
                         }
                         Err(_) => "now unknown".to_string(),
                     };
@@ -487,6 +533,7 @@ impl Writer {
                          ModifyIndex {expected}, {now})"
                     ));
                 }
+                lines.dedup();
                 Err(Failure::rolled_back(&lines))
             }
         }

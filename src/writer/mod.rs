@@ -30,6 +30,7 @@ pub mod error;
 mod execute;
 pub mod groups;
 pub mod haproxy;
+mod held;
 pub mod live;
 pub mod output;
 pub mod plan;

@@ -118,6 +118,10 @@ pub(super) struct Run {
     /// `--haproxy-socket`).
     pub(super) not_in_maint: Vec<String>,
     pub(super) idle: Option<Idle>,
+    /// Keys a Consul session holds and this run has not written yet.
+    pub(super) held: super::held::Held,
+    /// Keys this run released from a session by writing them, in order.
+    pub(super) released: Vec<(String, crate::consul::Holder)>,
 }
 
 impl Run {
@@ -136,6 +140,8 @@ impl Run {
             not_drained: Vec::new(),
             not_in_maint: Vec::new(),
             idle: None,
+            held: super::held::Held::new(),
+            released: Vec::new(),
         }
     }
 

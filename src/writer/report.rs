@@ -10,11 +10,12 @@ use serde_json::Value;
 
 use super::error::Failure;
 use super::haproxy::{Enrolment, Server};
+use super::held::{self, held_note};
 use super::output::{table, Render};
 use super::plan::{self, is_row_key, show_raw, Current, Plan, Step};
 use super::progress::{Confirmation, Idle, Run};
 use super::select::{Target, ASSUMED_ROW_KEYS, NAMED_ROW_KEY};
-use crate::consul::KvPair;
+use crate::consul::{Holder, KvPair};
 use crate::model::marks::{is_drain_mark, mark_name};
 use crate::model::meta::Records;
 use crate::model::snapshot::{Answer, Entry, Snapshot};
@@ -67,6 +68,8 @@ struct PairView {
     /// The WRITTEN column ([`Records::describe`]).
     #[serde(skip)]
     described: String,
+    /// The Consul session holding the key (`null`: none).
+    session: Option<Holder>,
 }
 
 /// What the agent makes of a value; `reply` is the REPLY column (for an
@@ -88,7 +91,13 @@ enum Verdict {
 impl KeyView {
     /// `key` (below the prefix) and its pair, with the agent's verdict
     /// `entry` when known (key validity included), else its value's.
-    pub(super) fn new(key: &str, p: Option<&KvPair>, e: Option<&Entry>, r: &Records) -> Self {
+    /// `held`: the session holding the key.
+    pub(super) fn new(
+        key: &str,
+        (p, held): (Option<&KvPair>, Option<&Holder>),
+        e: Option<&Entry>,
+        r: &Records,
+    ) -> Self {
         let pair = p.map(|p| {
             let state = match e {
                 Some(Entry::Valid(s)) => Ok(*s),
@@ -114,6 +123,7 @@ impl KeyView {
                     },
                 },
                 described: r.describe(key, p),
+                session: held.cloned(),
             }
         });
         let present = pair.is_some();
@@ -122,6 +132,12 @@ impl KeyView {
             present,
             pair,
         }
+    }
+
+    /// [`held_note`] of the key, when a session holds it.
+    pub(super) fn held_note(&self) -> Option<String> {
+        let holder = self.pair.as_ref()?.session.as_ref()?;
+        Some(held_note(&self.key, holder))
     }
 
     /// True for a present key holding a value the agent refuses.
@@ -146,7 +162,11 @@ pub(super) fn key_table(keys: &[KeyView]) -> String {
         })
         .collect();
     let header = "KEY VALUE STATE REPLY MODIFY-INDEX WRITTEN SET-BY";
-    table(&header.split(' ').collect::<Vec<_>>(), &rows)
+    let mut out = table(&header.split(' ').collect::<Vec<_>>(), &rows);
+    for note in keys.iter().filter_map(KeyView::held_note) {
+        out.push_str(&format!("{note}.\n"));
+    }
+    out
 }
 
 /// True for a state that keeps a server in rotation: ready, or a weight
@@ -171,6 +191,11 @@ pub(super) struct KeyReport {
     pub(super) written: bool,
     pub(super) dry_run: bool,
     pub(super) note: Option<&'static str>,
+    /// The Consul session this write released the key from.
+    pub(super) released_session: Option<Holder>,
+    /// The Consul session that still holds the key (a dry run, or a write
+    /// that failed).
+    pub(super) session: Option<Holder>,
     /// `written`, `unchanged` or `dry run: not written` (the text's STATUS).
     #[serde(skip)]
     pub(super) status: &'static str,
@@ -198,6 +223,8 @@ impl KeyReport {
             written: status == "written",
             dry_run,
             note: k.note,
+            released_session: None,
+            session: None,
             status,
         }
     }
@@ -307,8 +334,14 @@ pub(super) struct SequenceReport {
     row_keys_deciding_first: Vec<DecidesFirst>,
     servers: Vec<ServerRow>,
     not_written: Vec<NotWritten>,
+    /// Keys this run released from a Consul session by writing them.
+    released_sessions: Vec<HeldRow>,
+    /// Keys a Consul session still holds (not written, or a dry run).
+    sessions: Vec<HeldRow>,
     error: Option<Failure>,
 }
+
+pub(super) use held::HeldRow;
 
 /// What a sequence's report is made from.
 pub(super) struct Report<'a> {
@@ -496,6 +529,13 @@ impl Report<'_> {
             row_keys_deciding_first: self.overrides(),
             servers: servers.collect(),
             not_written: not_written.collect(),
+            released_sessions: held::rows(
+                self.plan,
+                (&run.held, &run.released),
+                self.dry_run,
+                true,
+            ),
+            sessions: held::rows(self.plan, (&run.held, &run.released), self.dry_run, false),
             error: self.failure.cloned(),
         }
     }
@@ -688,6 +728,9 @@ impl Render for SequenceReport {
             out.push_str(&table(&["SERVER", "REASON"], &rows));
         }
         out.push_str(&self.set_by_hand_text());
+        for h in &self.sessions {
+            out.push_str(&format!("{}.\n", h.note()));
+        }
         out.push_str(&self.overrides_text());
         if let Some(idle) = &self.until_idle {
             out.push_str(&idle_text(idle));

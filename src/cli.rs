@@ -285,6 +285,18 @@ pub struct AgentArgs {
     )]
     pub consul_fallback_addr: Vec<String>,
 
+    /// The Consul datacenter the agent reads (`Config.Datacenter` of
+    /// --consul-addr's /v1/agent/self), against which every
+    /// --consul-fallback-addr is proven before reads go through it. Default:
+    /// learned from --consul-addr when it answers; set it so a fallback can
+    /// be proven while --consul-addr is down at start-up.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER",
+        value_name = "NAME"
+    )]
+    pub consul_datacenter: Option<String>,
+
     /// Folder of the state file (served-state.json): the state served, holds
     /// included, written on every change and read at start, so a restart
     /// answers what the agent answered before. Default: systemd's

@@ -143,6 +143,7 @@ impl AgentConfig {
                 consistency: a.consistency,
                 max_stale: a.max_stale,
                 index_check: a.index_check,
+                datacenter: consul_datacenter(a.consul_datacenter.as_deref())?,
             },
             consul,
             listen: a.listen,
@@ -163,6 +164,27 @@ impl AgentConfig {
             consul_fallbacks,
         })
     }
+}
+
+/// `--consul-datacenter`, lower-cased as Consul keeps it: a name of letters,
+/// digits, `-` and `_` (Consul's own rule for `datacenter`,
+/// agent/config/builder.go); empty or unset: learned from `--consul-addr`.
+fn consul_datacenter(option: Option<&str>) -> Result<Option<String>, ConfigError> {
+    let Some(name) = option.map(str::trim).filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    if name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(bad(
+            "--consul-datacenter",
+            name,
+            "must be letters, digits, - and _ (at most 64)",
+        ));
+    }
+    Ok(Some(name.to_ascii_lowercase()))
 }
 
 /// The state folder: `--state-dir`, else systemd's `$STATE_DIRECTORY`.
@@ -194,6 +216,24 @@ mod tests {
 
     fn config(args: &[&str], fallbacks: &Fallbacks) -> Result<AgentConfig, ConfigError> {
         AgentConfig::from_cli(&parse(args).expect("clap accepts"), fallbacks)
+    }
+
+    #[test]
+    fn consul_datacenter_is_a_consul_name_lower_cased_and_learned_by_default() {
+        let none = config(&[], &Fallbacks::default()).unwrap();
+        assert_eq!(none.watcher.datacenter, None);
+        let empty = config(&["--consul-datacenter", ""], &Fallbacks::default()).unwrap();
+        assert_eq!(empty.watcher.datacenter, None);
+        let c = config(
+            &["--consul-datacenter", "GPRD-us_east1"],
+            &Fallbacks::default(),
+        )
+        .unwrap();
+        assert_eq!(c.watcher.datacenter.as_deref(), Some("gprd-us_east1"));
+        for bad in ["dc 1", "dc1/x", "dc.1"] {
+            let e = config(&["--consul-datacenter", bad], &Fallbacks::default()).unwrap_err();
+            assert_eq!(e.option, "--consul-datacenter", "{bad}");
+        }
     }
 
     #[test]

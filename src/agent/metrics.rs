@@ -142,6 +142,11 @@ pub struct Metrics {
     /// `gitlab_haproxy_agent_consul_route_switches_total`: times reads moved
     /// to another Consul address.
     pub consul_route_switches: IntCounter,
+    /// `gitlab_haproxy_agent_consul_fallback_refused{reason}`: the
+    /// `--consul-fallback-addr` refused by their proof now, by reason:
+    /// `other_datacenter`, `other_store`, `denied`
+    /// ([`crate::agent::route::judge`]).
+    pub consul_fallback_refused: IntGaugeVec,
     /// `gitlab_haproxy_agent_index_checks_total{result}`: index checks made
     /// while a blocking read was parked, by result: `current`, `behind`
     /// (the read was re-issued), `failed`, `no_leader`, `too_old`.
@@ -293,6 +298,16 @@ impl Metrics {
             "consul_route_switches_total",
             "Times reads moved to another Consul address (an index check could not confirm, or a request failed).",
         );
+        let consul_fallback_refused = f.int_gauge_vec(
+            "consul_fallback_refused",
+            "--consul-fallback-addr refused now by their proof of being the same Consul, by reason: other_datacenter, other_store, denied (the token refused).",
+            &["reason"],
+        );
+        for reason in crate::agent::route::Proof::REFUSED {
+            consul_fallback_refused
+                .with_label_values(&[reason.as_str()])
+                .set(0);
+        }
         let index_checks = f.int_counter_vec(
             "index_checks_total",
             "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
@@ -384,6 +399,7 @@ impl Metrics {
             consul_unconfirmed,
             consul_route,
             consul_route_switches,
+            consul_fallback_refused,
             index_checks,
             generation_lost,
             tombstones_reaped,

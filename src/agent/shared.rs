@@ -93,6 +93,23 @@ pub struct SyncStatus {
     /// The `--consul-fallback-addr` reads go through; `None`: the primary,
     /// `--consul-addr`.
     pub reading_through: Option<String>,
+    /// Our Consul datacenter: `--consul-datacenter`, else the one
+    /// `--consul-addr` answered on `/v1/agent/self`; `None` while unknown.
+    pub datacenter: Option<String>,
+    /// Each `--consul-fallback-addr`, in order, with its proof.
+    pub fallbacks: Vec<FallbackStatus>,
+}
+
+/// What `/status` says of one `--consul-fallback-addr`.
+#[derive(Debug, Clone)]
+pub struct FallbackStatus {
+    /// Its address.
+    pub addr: String,
+    /// Its proof ([`crate::agent::route::Proof::as_str`]): `proven`,
+    /// `unproven`, `other_datacenter`, `other_store` or `denied`.
+    pub state: &'static str,
+    /// Why: the datacenters or store ids compared, or what failed.
+    pub detail: Option<String>,
 }
 
 /// How long after its last confirmation the agent still says it serves

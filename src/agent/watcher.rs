@@ -25,6 +25,7 @@ use crate::decision::stale::hold_reason;
 use crate::decision::{Core, CoreConfig, Delay, IndexCheck, Next, Note, Request, Response, Rules};
 
 mod notes;
+mod prove;
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -50,6 +51,10 @@ pub struct WatcherConfig {
     /// (`--index-check`); zero: never. Default 2 s. Each check is also
     /// bounded by it.
     pub index_check: Duration,
+    /// Our Consul datacenter (`--consul-datacenter`), against which every
+    /// `--consul-fallback-addr` is proven; `None` (the default): the one
+    /// `--consul-addr` answers on `/v1/agent/self`.
+    pub datacenter: Option<String>,
 }
 
 /// Jittered exponential backoff: the n-th consecutive failure waits a random
@@ -108,6 +113,12 @@ pub struct Watcher {
     /// Direct reads answered 403 for the answer being confirmed, of keys
     /// not held hidden before it.
     forbidden: ForbiddenReads,
+    /// Our datacenter, pinned or learned from the primary ([`prove`]).
+    datacenter: Option<String>,
+    /// Why each address has its proof, for the log and `/status`.
+    details: Vec<Option<String>>,
+    /// The served state's store id the fallbacks were last proven against.
+    store_seen: Option<Option<Box<str>>>,
 }
 
 impl Watcher {
@@ -143,8 +154,11 @@ impl Watcher {
         let state_file =
             state_file.map(|file| Arc::new(Persister::new(file, config.prefix.clone())));
         assert!(!clients.is_empty(), "a watcher needs a Consul address");
-        Watcher {
+        let store_seen = core.served().map(|s| s.store_id.clone());
+        let watcher = Watcher {
             routes: Routes::new(clients.len()),
+            details: vec![None; clients.len()],
+            datacenter: config.datacenter.clone(),
             clients,
             config,
             shared,
@@ -153,7 +167,11 @@ impl Watcher {
             next,
             last_prefix_start: None,
             forbidden: ForbiddenReads::default(),
-        }
+            store_seen,
+        };
+        watcher.shared.sync.lock().unwrap().datacenter = watcher.datacenter.clone();
+        watcher.publish_proofs();
+        watcher
     }
 
     /// Runs the core until its first Consul answer is applied or `timeout`
@@ -165,6 +183,7 @@ impl Watcher {
     /// Consul address.
     pub async fn first_sync(&mut self, timeout: Duration) -> Result<(), ConsulError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let _ = tokio::time::timeout_at(deadline, self.prove_at_start()).await;
         let mut last_error = None;
         while !self.core.synced() {
             match tokio::time::timeout_at(deadline, self.step()).await {
@@ -280,9 +299,13 @@ impl Watcher {
                         }
                         continue;
                     }
+                    // A list with no key where the served state has a store
+                    // id confirms nothing: the token sees no key there.
                     let found = match result {
-                        Ok((index, meta)) => IndexCheck::Answered { index, meta },
-                        Err(_) => IndexCheck::Failed,
+                        Ok((index, meta, empty)) if !(empty && self.expects_store_id()) => {
+                            IndexCheck::Answered { index, meta }
+                        }
+                        _ => IndexCheck::Failed,
                     };
                     let out = self.core.on_index_check(found);
                     for note in &out.notes {
@@ -296,8 +319,8 @@ impl Watcher {
                         self.note(note);
                     }
                     let mut reissue = out.reissue;
-                    if let Step::Probe(others) = self.routes.on_check(route, fresh) {
-                        let found = self.beating(self.probe(&others)).await;
+                    if let Step::Probe { check, prove } = self.routes.on_check(route, fresh) {
+                        let found = self.probe(&check, &prove).await;
                         if let Step::Switch(to) = self.routes.on_probes(found) {
                             self.switched(to, "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)");
                             reissue.get_or_insert(same.clone());
@@ -314,40 +337,44 @@ impl Watcher {
 
     /// Whether an index check answered fresh: from a server that knows its
     /// leader and heard from it within `--max-stale` (the stale rules of
-    /// [`crate::decision::stale`]).
-    fn fresh(&self, check: &Result<(u64, ReadMeta), ConsulError>) -> bool {
-        matches!(check, Ok((index, meta)) if hold_reason(None, *index, meta, self.config.max_stale).is_none())
-    }
-
-    /// Index checks through the addresses `routes` at once, each bounded by
-    /// `--index-check`: the first to answer fresh, if any.
-    async fn probe(&self, routes: &[usize]) -> Option<usize> {
-        let every = self.config.index_check;
-        let mut checks = tokio::task::JoinSet::new();
-        for &route in routes {
-            let client = Arc::clone(&self.clients[route]);
-            let prefix = self.config.prefix.clone();
-            checks.spawn(async move { (route, client.check_index(&prefix, every).await) });
-        }
-        while let Some(done) = checks.join_next().await {
-            if let Ok((route, result)) = done {
-                if self.fresh(&result) {
-                    return Some(route);
-                }
-            }
-        }
-        None
+    /// [`crate::decision::stale`]), listing a key where the served state
+    /// has a store id.
+    fn fresh(&self, check: &Result<(u64, ReadMeta, bool), ConsulError>) -> bool {
+        matches!(check, Ok((index, meta, empty))
+            if !(*empty && self.expects_store_id())
+                && hold_reason(None, *index, meta, self.config.max_stale).is_none())
     }
 
     /// A request through address `route` failed with `error`, refused by
     /// the ACLs or not: reads may move ([`Routes::on_refused`],
-    /// [`Routes::on_failure`]).
-    fn reroute(&mut self, route: usize, error: &ConsulError, refused: bool) {
-        let step = if refused {
+    /// [`Routes::on_failure`], which may probe the others first). A
+    /// fallback that refused the token is named.
+    async fn reroute(&mut self, route: usize, error: &ConsulError, refused: bool) {
+        let mut step = if refused {
             self.routes.on_refused(route)
         } else {
             self.routes.on_failure(route)
         };
+        if route != 0 && self.routes.proof(route) != crate::agent::route::Proof::Proven {
+            let detail = if refused {
+                format!("a request through it was refused (403: {error}): that Consul does not know the token or denies it the prefix")
+            } else {
+                format!(
+                    "a request through it failed ({error}); proven again before it is used again"
+                )
+            };
+            self.record(
+                route,
+                crate::agent::route::Verdict {
+                    proof: self.routes.proof(route),
+                    detail,
+                },
+            );
+        }
+        if let Step::Probe { check, prove } = step {
+            let found = self.probe(&check, &prove).await;
+            step = self.routes.on_probes(found);
+        }
         if let Step::Switch(to) = step {
             let why = format!(
                 "a request through {} failed ({error})",
@@ -396,14 +423,14 @@ impl Watcher {
             self.last_prefix_start = Some(tokio::time::Instant::now());
         }
         let started = Instant::now();
-        let route = self.routes.current();
+        let mut route = self.routes.current();
         let blocking = matches!(request, Request::Prefix { index, .. } if index > 0);
         let result = if blocking && !self.config.index_check.is_zero() && self.core.parked() {
             match self.parked(&request).await {
                 Some(result) => result,
                 None => return Ok(()),
             }
-        } else {
+        } else if blocking {
             let work = perform(
                 Arc::clone(self.client()),
                 self.config.prefix.clone(),
@@ -411,6 +438,10 @@ impl Watcher {
                 request.clone(),
             );
             self.beating(work).await
+        } else {
+            let (through, result) = self.unparked(&request).await;
+            route = through;
+            result
         };
         let shared = Arc::clone(&self.shared);
         let metrics = &shared.metrics;
@@ -429,14 +460,14 @@ impl Watcher {
                     ),
                 };
                 metrics.consul_request(ConsulOutcome::from(&e));
-                self.reroute(route, &e, true);
+                self.reroute(route, &e, true).await;
                 (Response::ReadCheck { allowed: false }, Some(e))
             }
             Ok(response) => (response, None),
             Err(e) => {
                 metrics.consul_request(ConsulOutcome::from(&e));
                 let forbidden = e.is_forbidden();
-                self.reroute(route, &e, forbidden);
+                self.reroute(route, &e, forbidden).await;
                 (Response::Failed { forbidden }, Some(e))
             }
         };
@@ -505,7 +536,63 @@ impl Watcher {
             self.on_failure(e);
         }
         self.next = output.next;
+        let store = self.core.served().map(|s| s.store_id.clone());
+        if store != self.store_seen {
+            // The fallbacks were proven against another store id.
+            if self.store_seen.is_some() {
+                self.routes.on_identity_changed();
+                self.publish_proofs();
+            }
+            self.store_seen = store;
+        }
         error.map_or(Ok(()), Err)
+    }
+
+    /// Performs a request Consul answers at once (not a blocking read)
+    /// through the address in use. With fallbacks and index checks on, one
+    /// not answered within `--index-check` counts as a check that cannot
+    /// confirm: the other addresses are probed, and through the first
+    /// proven one that answers fresh the request is sent again (a
+    /// `--consul-addr` that accepts and never answers, at start-up or
+    /// later). Returns the address that answered, and its answer.
+    async fn unparked(&mut self, request: &Request) -> (usize, Result<Response, ConsulError>) {
+        let every = self.config.index_check;
+        loop {
+            let route = self.routes.current();
+            let work = perform(
+                Arc::clone(self.client()),
+                self.config.prefix.clone(),
+                self.config.wait,
+                request.clone(),
+            );
+            if every.is_zero() || self.routes.count() == 1 {
+                return (route, self.beating(work).await);
+            }
+            tokio::pin!(work);
+            let slow = tokio::time::sleep(every);
+            tokio::pin!(slow);
+            let mut beat = tokio::time::interval(HEARTBEAT_EVERY);
+            let mut probed = false;
+            loop {
+                tokio::select! {
+                    r = &mut work => {
+                        self.beat();
+                        return (route, r);
+                    }
+                    _ = beat.tick() => self.beat(),
+                    _ = &mut slow, if !probed => {
+                        probed = true;
+                        if let Step::Probe { check, prove } = self.routes.on_check(route, false) {
+                            let found = self.probe(&check, &prove).await;
+                            if let Step::Switch(to) = self.routes.on_probes(found) {
+                                self.switched(to, "a request through the Consul address in use was not answered within --index-check");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// Writes the state file (before the state is served; a failure is

@@ -267,7 +267,9 @@ impl ConsulClient {
     /// prefix's `X-Consul-Index` (the same as a recursive read's,
     /// tombstones included; checked on Consul 1.8.7) and a body of a few
     /// top-level names, which is not read. `timeout` bounds the whole
-    /// request.
+    /// request. The third value is true for a 404: no key under the prefix
+    /// that the token may see (an empty prefix, or every key filtered out
+    /// by the ACLs, which Consul 1.8.7 does not tell apart).
     ///
     /// # Errors
     ///
@@ -277,7 +279,7 @@ impl ConsulClient {
         &self,
         prefix: &str,
         timeout: Duration,
-    ) -> Result<(u64, ReadMeta), ConsulError> {
+    ) -> Result<(u64, ReadMeta, bool), ConsulError> {
         let url = format!(
             "{}/v1/kv/{}?keys=true&separator=/&stale",
             self.addr,
@@ -299,7 +301,7 @@ impl ConsulClient {
             return Err(status_error(status, &body));
         }
         match index {
-            Some(Some(i)) => Ok((i, meta)),
+            Some(Some(i)) => Ok((i, meta, status == StatusCode::NOT_FOUND)),
             Some(None) => Err(ConsulError::Decode("X-Consul-Index is not a number".into())),
             None => Err(ConsulError::Decode("no X-Consul-Index header".into())),
         }
@@ -375,6 +377,50 @@ impl ConsulClient {
             (KeyRead::Forbidden, _) => Ok(false),
             _ => Ok(true),
         }
+    }
+
+    /// The datacenter this Consul agent answers for: `GET /v1/agent/self`,
+    /// `Config.Datacenter` (api-docs/agent#read-configuration). With ACLs
+    /// on, Consul requires agent read on the agent's node for it
+    /// (`agent_prefix "" { policy = "read" }`) and answers 403 otherwise.
+    /// `timeout` bounds the whole request.
+    ///
+    /// # Errors
+    ///
+    /// [`ConsulError`] for transport failures, a timeout, error statuses
+    /// (403 when the token may not read the agent), and an answer without
+    /// `Config.Datacenter`.
+    pub async fn datacenter(&self, timeout: Duration) -> Result<String, ConsulError> {
+        #[derive(serde::Deserialize)]
+        struct AgentSelf {
+            #[serde(rename = "Config")]
+            config: AgentConfig,
+        }
+        #[derive(serde::Deserialize)]
+        struct AgentConfig {
+            #[serde(rename = "Datacenter")]
+            datacenter: String,
+        }
+        let url = format!("{}/v1/agent/self", self.addr);
+        let response = self
+            .http
+            .get(&url)
+            .headers(self.headers()?)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        let status = response.status();
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        if status != StatusCode::OK {
+            return Err(status_error(status, &body));
+        }
+        let answer: AgentSelf = serde_json::from_slice(&body)
+            .map_err(|e| ConsulError::Decode(format!("/v1/agent/self: {e}")))?;
+        Ok(answer.config.datacenter)
     }
 
     /// Whether ACLs are enabled: `GET /v1/acl/token/self` answers 401 "ACL

@@ -566,6 +566,11 @@ impl Consul {
         self.ports[1]
     }
 
+    /// The serf LAN port (on 127.0.0.1), for a client agent to join.
+    pub fn serf_lan_port(&self) -> u16 {
+        self.ports[2]
+    }
+
     /// `http://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr())

@@ -49,6 +49,10 @@ default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
 # addresses, e.g. ['http://10.0.0.11:8500', 'http://10.0.0.12:8500']). Same
 # token, plain http only. Empty: none, and the variable is left out.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
+# The Consul datacenter every fallback must answer /v1/agent/self with before
+# the agent reads through it. nil: learned from consul_addr (left out); set it
+# so a fallback can be proven while the local Consul agent is down at start.
+default['gitlab-haproxy-agent']['settings']['consul_datacenter'] = nil
 # Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
 # /status and /debug/pprof/ to loopback clients only.
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'

@@ -13,6 +13,7 @@ module GitlabHaproxyAgent
     VARIABLES = {
       'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
       'consul_fallback_addrs' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS',
+      'consul_datacenter' => 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER',
       'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
       'http_remote_debug' => 'GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG',
@@ -71,6 +72,7 @@ module GitlabHaproxyAgent
         end
         text = value!(value, "#{ATTR}.settings.#{key}")
         socket_address!(text, "#{ATTR}.settings.#{key}") if key == 'http_listen'
+        datacenter!(text, "#{ATTR}.settings.#{key}") if key == 'consul_datacenter'
         env << [name, text]
       end
       env
@@ -96,6 +98,16 @@ module GitlabHaproxyAgent
 
       raise ConfigError, "#{attr} #{text.inspect} is not IP:PORT or [IPv6]:PORT with a port 1-65535: the agent " \
                          'refuses a host name or a bad port at every start'
+    end
+
+    # settings.consul_datacenter: a Consul datacenter name as the agent takes
+    # --consul-datacenter (letters, digits, - and _, at most 64); it exits 64
+    # at every start on anything else.
+    def datacenter!(text, attr)
+      return text if text.match?(/\A[A-Za-z0-9_-]{1,64}\z/)
+
+      raise ConfigError, "#{attr} #{text.inspect} is not a Consul datacenter name (letters, digits, - and _): " \
+                         'the agent refuses it at every start'
     end
 
     # settings.consul_fallback_addrs: a list of Consul addresses as the agent

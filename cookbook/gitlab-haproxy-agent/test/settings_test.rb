@@ -87,6 +87,16 @@ class SettingsTest < Minitest::Test
     assert_includes text, "\nGITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS=#{addrs.join(',')}\n"
   end
 
+  def test_consul_datacenter_renders_only_when_set_and_must_be_a_consul_name
+    refute_includes env.map(&:first), 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER'
+    set = env(settings: { 'consul_datacenter' => 'gprd-us_east1' })
+    assert_includes set, ['GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER', 'gprd-us_east1']
+    attr = "#{ATTR}.settings.consul_datacenter"
+    ['dc.1', 'dc1/x', 'dc_' * 30].each do |bad|
+      assert_refused(attr, /datacenter name/) { env(settings: { 'consul_datacenter' => bad }) }
+    end
+  end
+
   # The agent exits 64 at every start on a fallback address it refuses:
   # another scheme, a path or query, one given twice or equal to
   # --consul-addr (after adding http:// and dropping a trailing slash).

@@ -215,6 +215,12 @@ pub fn status(shared: &Shared) -> Value {
         "ready": shared.readiness.is_ready(),
         "consul_addr": shared.consul_addr,
         "consul_fallback_in_use": sync.reading_through,
+        "consul_datacenter": sync.datacenter,
+        "consul_fallbacks": sync.fallbacks.iter().map(|f| json!({
+            "addr": f.addr,
+            "state": f.state,
+            "detail": f.detail,
+        })).collect::<Vec<_>>(),
         "prefix": shared.prefix,
         "consul_index": snapshot.as_ref().map(|s| s.index),
         "last_sync": sync.last_sync.map(unix),

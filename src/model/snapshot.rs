@@ -455,7 +455,8 @@ mod tests {
                 state(AdminState::Weight(40), Some(0)),
             ),
             (&["web/s2", "zone-b"], state(AdminState::Ready, Some(0))),
-            (&["web/s2"], state(AdminState::Ready, None)),
+            // A tie: the cap, the earlier key, decides.
+            (&["web/s2"], state(AdminState::Ready, Some(0))),
             // The lowest of two caps.
             (
                 &["web/s2", "web/s1", "zone-b"],

@@ -18,12 +18,13 @@
 //!   generation leads to (a restore, whatever is written after it), the
 //!   [`STORE_ID_KEY`] the state had vanished or changed (whatever the
 //!   index), or an answer that did not move past the served index shows a
-//!   key rewritten (with ACLs off, any difference). A value from such a store that would put a server back
-//!   in rotation is not applied: drain or maint left for anything else, a
-//!   `ready` or a weight that appears where there was nothing (held
-//!   `rolled_back`) until the key is written again or `state
-//!   release-rollback`. A weight keeps its server in rotation either way
-//!   and follows Consul.
+//!   key rewritten (with ACLs off, any difference). A value from such a
+//!   store that would give a server more traffic in the order of traffic
+//!   ([`crate::model::value::Traffic`]: maint < drain < 0% < lower weight <
+//!   higher weight, `ready` at 100%) is not applied (held `rolled_back`)
+//!   until the key is written again or `state release-rollback`; a held key
+//!   that may answer nothing of its own (gone, or a value that appeared)
+//!   caps its lines at its state.
 //! - **Invalid values**: held at the key's last valid state, or skipped
 //!   (the next identity on the line decides) when none is known.
 //! - **Filtered views** (ACLs): Consul drops keys a token may not read from

@@ -13,5 +13,5 @@ mod view;
 pub use crate::model::identity::STORE_ID_KEY;
 pub use file::StateFileError;
 pub use merge::{Change, MergeInput, Probe};
-pub use state::{held_answer, Hold, HoldCause, KeyRecord, OutKey, ServedState};
+pub use state::{capped_answer, held_answer, Hold, HoldCause, KeyRecord, OutKey, ServedState};
 pub use view::{AnswerView, ConsulKey};

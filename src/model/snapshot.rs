@@ -37,16 +37,18 @@ pub enum Entry {
     /// A key the agent's token may not read (403), known only by the
     /// writer's record of it (`~meta/<key>`), its value never seen: the
     /// lookup stops at it with no answer, so HAProxy keeps the server's
-    /// state. Skipping it could let a later identity put a server the key
-    /// keeps out back in rotation.
+    /// state (past a cap, the cap is answered). Skipping it could let a
+    /// later identity put a server the key keeps out back in rotation.
     Unreadable,
-    /// A key the agent's token may no longer read (403) whose last value
-    /// seen was `ready` or a weight: it may have been cleared or changed
-    /// since, so it neither decides (it would outrank a later identity's
-    /// drain or maint) nor is skipped (a later identity, or the default
-    /// `ready`, could give more traffic than its last value allowed). The
-    /// lookup goes on past it, and the answer it finds is capped at this
-    /// state: the lower of the two in the order of traffic
+    /// A held key that may answer nothing of its own
+    /// ([`KeyRecord::capping`](crate::decision::served::KeyRecord::capping)):
+    /// its value vanished from a store that lost data or is hidden from the
+    /// token (it may still hold this state, or be gone), or a value appeared
+    /// from a store that lost data (it may be the newest write, or not). It
+    /// neither decides (it would outrank a later identity that says less)
+    /// nor is skipped (a later identity, or the default `ready`, could give
+    /// more): the lookup goes on past it, and the answer it finds is capped
+    /// at this state, the lower of the two in the order of traffic
     /// ([`AdminState::traffic`]).
     AtMost(AdminState),
 }

@@ -103,12 +103,12 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 format!("current value is invalid: {reason}")
             }
             HoldCause::RolledBack => match consul_modify_index {
-                None => "Consul lost its data and the key is gone; release with `state release-rollback` or a new write".to_string(),
+                None => "Consul lost its data and the key is gone; the lower of its last state and what the next identity answers is answered; release with `state release-rollback` or a new write".to_string(),
                 Some(_) => "Consul lost its data and the key's value there would give servers more traffic; release with `state release-rollback` or a new write".to_string(),
             },
             HoldCause::Hidden => match (record.served, &record.consul) {
-                (Some(_), _) => "the token may not read the key (403); its drain or maint is answered until it can".to_string(),
-                (None, Some(c)) if matches!(c.entry, Entry::Valid(_)) => "the token may not read the key (403); its last value (ready or a weight) is not answered: the next identity decides, capped at that value, until it can".to_string(),
+                (Some(_), _) => "the token may not read the key (403): it may still hold its drain or maint, or have been cleared; the lower of that and what the next identity answers is answered until it can".to_string(),
+                (None, Some(ConsulKey { entry: Entry::Valid(_), .. })) => "the token may not read the key (403); its last value (ready or a weight) is not answered: the next identity decides, capped at that value, until it can".to_string(),
                 (None, Some(_)) => "the token may not read the key (403); its last value was invalid and is not answered, the next identity decides, until it can".to_string(),
                 (None, None) => "the token may not read the key (403) and its value was never seen; lines it decides get no answer until it can".to_string(),
             },
@@ -119,15 +119,9 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 "state": state_text,
                 "reply": reply,
                 "cause": hold.cause.as_str(),
-                "answer": match (record.served, &record.consul, hold.cause) {
-                    // Hidden, last seen ready or a weight: it caps.
-                    (None, Some(ConsulKey { entry: Entry::Valid(state), .. }), HoldCause::Hidden) => {
-                        format!(
-                            "at most {}: the next identity decides, capped (held: {})",
-                            state.reply_text(),
-                            hold.cause.words()
-                        )
-                    }
+                "cap": record.capping().map(|s| s.to_string()),
+                "answer": match (record.capping(), &record.consul, hold.cause) {
+                    (Some(cap), _, _) => crate::decision::served::capped_answer(cap, hold.cause),
                     // Hidden, last seen invalid: skipped.
                     (None, Some(_), HoldCause::Hidden) => format!(
                         "no answer from this key, the next identity decides (held: {})",

@@ -87,11 +87,11 @@ impl ServedState {
     /// Merges one answer into the served state by the hold rules:
     ///
     /// - a valid value is served, except that in an answer from a store that
-    ///   lost data a value that could put a server back in rotation (see
-    ///   `undoes`: drain or maint left, a `ready` or a weight that
-    ///   appears) is not: the key keeps its state (held `rolled_back`)
-    ///   until a forward answer shows a new write to it (it appears, or its
-    ///   ModifyIndex changes) or a new release mark;
+    ///   lost data a value that could give a server more traffic (see
+    ///   `undoes`) is not: the key keeps its state (held `rolled_back`), or
+    ///   caps its lines ([`KeyRecord::capping`]), until a forward answer
+    ///   shows a new write to it (it appears, or its ModifyIndex changes) or
+    ///   a new release mark;
     /// - an invalid value keeps the key's last valid state (held
     ///   `invalid_value`), or is skipped if none is known;
     /// - a key the answer lacks is deleted, unless a direct read answered

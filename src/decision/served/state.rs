@@ -20,10 +20,10 @@ pub enum HoldCause {
     /// Consul's value is invalid; the last valid state is answered.
     InvalidValue,
     /// Consul lost its data (see [`crate::decision`]) and the value it shows
-    /// now would put servers back in rotation (drain or maint left, or a
-    /// `ready` or weight appeared); the state from before is answered
-    /// (possibly none: held absent) until the key is written again or
-    /// `state release-rollback`.
+    /// now would give servers more traffic in the order of traffic
+    /// ([`crate::model::value::Traffic`]); the state from before is answered
+    /// (or caps the key's lines, see [`KeyRecord::capping`]) until the key
+    /// is written again or `state release-rollback`.
     RolledBack,
     /// The token may no longer read the key (a direct read answers 403);
     /// its last state is answered until the key can be read again.
@@ -86,6 +86,17 @@ pub fn held_answer(served: Option<AdminState>, cause: HoldCause) -> String {
             cause.words()
         ),
     }
+}
+
+/// What a held key that caps the next identity ([`KeyRecord::capping`])
+/// answers, in the one phrase `/status` and the writer use: `at most drain
+/// 100%: the next identity decides when it gives less (held: rolled back)`.
+pub fn capped_answer(cap: AdminState, cause: HoldCause) -> String {
+    format!(
+        "at most {}: the next identity decides when it gives less (held: {})",
+        cap.reply_text(),
+        cause.words()
+    )
 }
 
 /// One key of the served state.

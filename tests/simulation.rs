@@ -18,8 +18,12 @@
 //!   checks then say it knows no leader, and the next default read fails
 //!   and moves the client agent to another server).
 //! - **Model HAProxy**: each server asks the agent with its agent-send line;
-//!   an answer sets its admin state, no answer keeps it, a reload sets every
-//!   server READY at full weight.
+//!   an answer sets its admin state and weight, no answer keeps them, a
+//!   reload sets every server READY at full weight.
+//! - **A fallback address** ([`Routes`]) that leads to another datacenter's
+//!   Consul (a copy of this store, the same store id, written on its own
+//!   since): reads move to it only as the daemon's routes say, after a
+//!   failure of the primary, and come back when the primary answers fresh.
 //! - **Operators**: writes through the writer (which creates the store id
 //!   and advances the write generation in every transaction)
 //!   and by hand (`consul kv put`, invalid values too), deletes,
@@ -28,18 +32,20 @@
 //!   is served, as the daemon does), restarts that keep the file and ones
 //!   that lose it.
 //!
-//! **The invariant**: when HAProxy asks about a server, it is not READY
-//! while the operators' intent for the identity that decides it is drain or
-//! maint, once the agent could know that intent: an answer it applied
+//! **The invariant**: when HAProxy asks about a server, it does not give it
+//! more traffic (in the order maint < drain < 0% < lower weight < higher
+//! weight, `ready` at 100%) than the operators' intent for the identity
+//! that decides it allows, once the agent could know that intent: an answer it applied
 //! showed the intended value. What the agent cannot know is not held against
 //! it: a restart that loses the state file forgets everything Consul does
 //! not show as intended (a value lost with Consul's data, an invalid value,
 //! a key hidden from the token), and a data loss that leaves no trace the
 //! agent can see (no store id, no write generation that left the served
 //! one's history, and the index did not go below the agent's) is not a loss
-//! it can hold through. A key hidden from the token whose intent is not
-//! drain or maint does not excuse the next identity's drain or maint: it
-//! may have been cleared unseen.
+//! it can hold through. A key hidden from the token does not excuse the
+//! next identity's lower intent: it may have been cleared unseen. An answer
+//! read through a fallback from another datacenter excuses nothing: the
+//! operators' intent is still in this one.
 //!
 //! **Two more properties**: with no data lost (and no delete missed by the
 //! agent before its tombstone was reaped) nothing is held as rolled back;
@@ -57,6 +63,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
+use gitlab_haproxy_agent::agent::route::{judge, Expected, RouteRules, Routes, Seen, Step};
 use gitlab_haproxy_agent::consul::{KvPair, PrefixAnswer, ReadMeta};
 use gitlab_haproxy_agent::decision::served::HoldCause;
 use gitlab_haproxy_agent::decision::served::ServedState;
@@ -169,6 +176,14 @@ enum Event {
     Restart {
         keep_file: bool,
     },
+    /// Requests through the primary (`--consul-addr`, the Consul client
+    /// agent) fail: the request in flight fails and reads may move to the
+    /// fallback address ([`Routes::on_failure`]), which is another
+    /// datacenter's Consul ([`Sim::foreign`]).
+    PrimaryFails,
+    /// An index check through the primary answers fresh while reads go
+    /// through the fallback: they may come back ([`Routes::on_check`]).
+    PrimaryFresh,
     /// HAProxy asks about a server; reloads.
     Ask {
         server: usize,
@@ -267,6 +282,9 @@ struct Shown {
     hidden: BTreeSet<String>,
     /// The store generation that answered.
     generation: u64,
+    /// The answer came from the other datacenter's Consul, through the
+    /// fallback address: it says nothing of what the operators intend here.
+    foreign: bool,
 }
 
 /// The rules a run keeps: the core's, and the two that live outside it.
@@ -289,6 +307,9 @@ struct Setup {
     /// A provisional snapshot (from the state file) answers weights. Off,
     /// it withholds them, as it did before weights were protected.
     provisional_weights: bool,
+    /// The daemon's routing rules ([`Routes`]): which Consul address reads
+    /// go through.
+    routes: RouteRules,
 }
 
 impl Setup {
@@ -300,6 +321,7 @@ impl Setup {
             skip_invalid: true,
             caps: true,
             provisional_weights: true,
+            routes: RouteRules::default(),
         }
     }
 }
@@ -404,6 +426,14 @@ struct Sim {
     /// Index checks still to come before the overloaded servers answer a
     /// prefix read.
     overloaded: u32,
+    /// The daemon's routes: the primary (0, the model Consul above) and
+    /// one `--consul-fallback-addr` (1) that leads to [`Sim::foreign`].
+    routes: Routes,
+    /// Another datacenter's Consul, given by mistake as the fallback: a
+    /// copy of this one (a disaster-recovery copy: the same store id),
+    /// written on its own since, at an index far ahead. Nothing it shows is
+    /// what the operators intend here.
+    foreign: Store,
 }
 
 /// How many index checks an overload lasts: two to re-issue a read behind,
@@ -459,6 +489,8 @@ impl Sim {
             reissued_behind: false,
             reissued_again: None,
             overloaded: 0,
+            routes: Routes::with_rules(2, setup.routes),
+            foreign: Store::fresh(),
         };
         for key in KEYS {
             sim.intent.insert(key.to_string(), (None, 0, 0));
@@ -466,7 +498,52 @@ impl Sim {
         // The writer made the store id when the fleet was set up.
         sim.leader.set("~store-id", "gen0");
         sim.follower = sim.leader.clone();
+        // The other datacenter: the same store copied, then every key put
+        // there by hand, far ahead.
+        sim.foreign = sim.leader.clone();
+        sim.foreign.index = 500;
+        for key in KEYS {
+            sim.foreign.set(key, "ready");
+        }
+        sim.prove_fallback();
         sim
+    }
+
+    /// The daemon proves the fallback at start: `/v1/agent/self` answers
+    /// dc2 where ours is dc1; its store id is ours (a copy).
+    fn prove_fallback(&mut self) {
+        let expected = Expected {
+            datacenter: Some("dc1"),
+            store_id: None,
+        };
+        let id = self.foreign.value("~store-id").map(str::to_string);
+        let verdict = judge(
+            expected,
+            &Seen::Answered("dc2".to_string()),
+            &Seen::Answered(id),
+        );
+        self.routes.on_proof(1, verdict.proof);
+    }
+
+    /// Answers the request out through the fallback: from the other
+    /// datacenter's Consul, which is up, fresh and has no ACLs of ours in
+    /// the way.
+    fn respond_foreign(&mut self) -> Option<Response> {
+        std::mem::swap(&mut self.leader, &mut self.foreign);
+        let saved = (self.up, self.cut, self.stuck, self.server_cut, self.acl);
+        (self.up, self.cut, self.stuck, self.server_cut) = (true, false, false, false);
+        let policy = std::mem::take(&mut self.policy);
+        let response = self.respond(false, false);
+        self.policy = policy;
+        (self.up, self.cut, self.stuck, self.server_cut, self.acl) = saved;
+        std::mem::swap(&mut self.leader, &mut self.foreign);
+        if let Some(shown) = self.shown.as_mut() {
+            shown.foreign = true;
+        }
+        // Another store looks like lost data: what that rule is for.
+        self.may_hold = true;
+        self.parked = None;
+        response
     }
 
     fn stale_config(&self) -> bool {
@@ -566,6 +643,7 @@ impl Sim {
         };
         let mut pairs = Vec::new();
         let mut shown = Shown {
+            foreign: false,
             epoch: self.epoch,
             index: store.prefix_index(),
             generation: store.generation,
@@ -714,7 +792,7 @@ impl Sim {
         }
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
         if applied {
-            if let Some(shown) = self.shown.take() {
+            if let Some(shown) = self.shown.take().filter(|s| !s.foreign) {
                 for key in KEYS {
                     if shown.hidden.contains(*key) {
                         self.known_hidden.insert(key.to_string());
@@ -806,6 +884,8 @@ impl Sim {
         self.next = self.core.start();
         self.parked = None;
         self.shown = None;
+        self.routes = Routes::with_rules(2, self.setup.routes);
+        self.prove_fallback();
         // The request in flight, parked or re-issued, went with the old
         // process.
         self.stuck = false;
@@ -827,6 +907,9 @@ impl Sim {
         self.policy.prefix_denied = false;
         self.policy.denied.clear();
         self.follower = self.leader.clone();
+        if self.routes.on_check(0, true) == Step::Switch(0) {
+            self.parked = None;
+        }
         for n in 0..SETTLE_REQUESTS {
             let asked = self.next.request.clone();
             match self.respond(false, false) {
@@ -955,6 +1038,14 @@ impl Sim {
 
     fn apply_event(&mut self, event: &Event) -> Result<(), String> {
         self.step += 1;
+        // Reads through the fallback: the other datacenter answers every
+        // request at once (a blocking one when its index is past).
+        if self.routes.current() != 0 && matches!(event, Event::Deliver { .. } | Event::WaitEnd) {
+            if let Some(r) = self.respond_foreign() {
+                self.deliver(r);
+            }
+            return Ok(());
+        }
         match *event {
             Event::Deliver { follower, lagging } => {
                 if self.overloaded > 0 && matches!(self.next.request, Request::Prefix { .. }) {
@@ -970,7 +1061,25 @@ impl Sim {
                     ));
                 }
                 if let Some(r) = self.respond(follower, lagging) {
+                    if matches!(r, Response::Failed { .. }) {
+                        // The daemon: a failed request may move reads.
+                        self.routes.on_failure(0);
+                    }
                     self.deliver(r);
+                }
+            }
+            Event::PrimaryFails => {
+                if self.routes.current() == 0 {
+                    self.parked = None;
+                    self.stuck = false;
+                    self.routes.on_failure(0);
+                    self.deliver(Response::Failed { forbidden: false });
+                }
+            }
+            Event::PrimaryFresh => {
+                if self.routes.current() != 0 && self.routes.on_check(0, true) == Step::Switch(0) {
+                    // The read in flight is sent again through the primary.
+                    self.parked = None;
                 }
             }
             Event::WaitEnd => {
@@ -1108,7 +1217,9 @@ impl Sim {
             }
             Event::IndexCheck => {
                 self.overloaded = self.overloaded.saturating_sub(1);
-                self.index_check();
+                if self.routes.current() == 0 {
+                    self.index_check();
+                }
             }
             Event::Overload => self.overloaded = OVERLOAD_CHECKS,
             Event::CatchUp => self.follower = self.leader.clone(),
@@ -1143,7 +1254,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
     let stale = rng.u8(..4) == 0;
     let key = |rng: &mut fastrand::Rng| rng.usize(..KEYS.len());
     let events = (0..steps)
-        .map(|_| match rng.u32(..1020) {
+        .map(|_| match rng.u32(..1035) {
             0..=349 => Event::Deliver {
                 follower: rng.bool(),
                 lagging: rng.u8(..10) == 0,
@@ -1199,6 +1310,8 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             990..=999 => Event::Reload,
             1000..=1004 => Event::CutOff { client: rng.bool() },
             1005..=1006 => Event::Overload,
+            1020..=1024 => Event::PrimaryFails,
+            1025..=1034 => Event::PrimaryFresh,
             _ => Event::IndexCheck,
         })
         .collect();
@@ -1449,6 +1562,17 @@ fn without_weights_from_the_state_file_a_restart_and_a_reload_give_full_weight()
         ..Setup::all()
     };
     finds_a_violation(setup, "answering weights from the state file");
+}
+
+#[test]
+fn without_proving_a_fallback_another_datacenter_is_served() {
+    let setup = Setup {
+        routes: RouteRules {
+            prove_identity: false,
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "proving a fallback the same Consul");
 }
 
 #[test]

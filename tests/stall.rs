@@ -336,6 +336,12 @@ fn a_frozen_state_disk_holds_no_change_back_and_a_restart_serves_the_newest_stat
     assert!(behind >= 1.0, "state file behind {behind} s");
     assert_eq!(agent.metric("gitlab_haproxy_agent_state_file_behind"), 1.0);
     assert_eq!(serial(&file), on_disk, "the disk copy lags");
+    let status = agent.http_get("/status").unwrap().1;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert!(
+        status["state_file"]["behind_seconds"].as_f64() >= Some(1.0),
+        "{status}"
+    );
 
     // A crash during the freeze, with Consul gone. The killed agent is gone
     // at once (nothing of it waits on the frozen disk, which would keep it,
@@ -374,6 +380,12 @@ fn a_frozen_state_disk_holds_no_change_back_and_a_restart_serves_the_newest_stat
         agent.log()
     );
     assert!(haproxy.server("web", "s2").is_maint());
+    let status = agent.http_get("/status").unwrap().1;
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(
+        status["state_file"]["loaded_runtime_copy"], true,
+        "{status}"
+    );
     assert_eq!(answers(&agent, "/-/healthy"), 200);
     assert!(serial(&copy) > on_disk);
     let runtime_text = std::fs::read_to_string(&copy).unwrap();

@@ -221,6 +221,7 @@ fn open_state_file(config: &AgentConfig, shared: &Shared) -> Opened {
         }
         Some(state_file::StateFile::in_dir(dir))
     });
+    status.runtime_copy = runtime.as_ref().map(|f| f.path().display().to_string());
     let from_runtime = runtime.as_ref().and_then(|file| match file.load(prefix) {
         state_file::Loaded::State(state, serial) => Some((state, serial)),
         state_file::Loaded::Missing => None,
@@ -234,6 +235,7 @@ fn open_state_file(config: &AgentConfig, shared: &Shared) -> Opened {
         status.load_error = Some("no state folder".into());
         let serial = from_runtime.as_ref().map_or(0, |(_, s)| *s);
         if let Some((state, _)) = &from_runtime {
+            status.loaded_runtime_copy = true;
             info!(
                 keys = state.keys.len(),
                 consul_index = state.index,
@@ -298,6 +300,7 @@ fn open_state_file(config: &AgentConfig, shared: &Shared) -> Opened {
             consul_index = state.index,
             "the runtime copy is newer than the state file (its disk lagged before this start): answering from the runtime copy until Consul answers; the state file is written from it as soon as its disk takes it"
         );
+        status.loaded_runtime_copy = true;
         (Some(state), serial)
     } else if let Some((state, serial)) = from_disk {
         info!(path = %file.path().display(), keys = state.keys.len(), consul_index = state.index, serial, "state file read: answering from it until Consul answers");

@@ -231,7 +231,11 @@ fn open_state_file(config: &AgentConfig, shared: &Shared) -> Opened {
         }
     });
     let Some(dir) = &config.state_dir else {
-        warn!("no --state-dir and no $STATE_DIRECTORY: held keys will not survive a reboot");
+        if runtime.is_some() {
+            warn!("no --state-dir and no $STATE_DIRECTORY: held keys survive a restart (in the runtime copy) but not a reboot");
+        } else {
+            warn!("no --state-dir and no $STATE_DIRECTORY: held keys will not survive a restart");
+        }
         status.load_error = Some("no state folder".into());
         let serial = from_runtime.as_ref().map_or(0, |(_, s)| *s);
         if let Some((state, _)) = &from_runtime {

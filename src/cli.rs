@@ -139,6 +139,11 @@ pub struct ConsulArgs {
     pub prefix: String,
 }
 
+/// Lines queued for the log sink by default (`--log-buffer-lines`): 10,000,
+/// a few MB of memory at most and minutes of the agent's busiest logging;
+/// beyond it, while the sink does not read, lines are dropped and counted.
+pub const DEFAULT_LOG_BUFFER_LINES: u64 = 10_000;
+
 /// Log output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -305,9 +310,25 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_STATE_DIR", value_name = "DIR")]
     pub state_dir: Option<std::path::PathBuf>,
 
+    /// Folder of the runtime copy of the state file (served-state.json),
+    /// written before each new state is served, so that an agent restarted
+    /// while the state folder's disk stalls starts from the newest state;
+    /// a tmpfs that survives restarts but not reboots. Default: systemd's
+    /// $RUNTIME_DIRECTORY (RuntimeDirectory= in the unit) when set; without
+    /// either there is no runtime copy.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_RUNTIME_DIR", value_name = "DIR")]
+    pub runtime_dir: Option<std::path::PathBuf>,
+
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
+
+    /// Log lines queued for a log sink (stderr, the journal) that is slow
+    /// or not reading; past them lines are dropped and counted
+    /// (gitlab_haproxy_agent_log_lines_dropped_total) rather than holding
+    /// the agent back. 1..1000000.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_BUFFER_LINES", default_value_t = DEFAULT_LOG_BUFFER_LINES, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub log_buffer_lines: u64,
 }
 
 /// A bad option value.

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::error::ErrorKind;
 use clap::Parser;
 use gitlab_haproxy_agent::agent::config::AgentConfig;
+use gitlab_haproxy_agent::agent::state_copies;
 use gitlab_haproxy_agent::cli::{Cli, Command, EX_USAGE};
 use gitlab_haproxy_agent::consul::config::{Fallbacks, TOKEN_CREDENTIAL};
 use gitlab_haproxy_agent::writer;
@@ -20,6 +21,11 @@ fn fallbacks() -> Fallbacks {
             .filter(|s| !s.is_empty()),
         credential_token_file,
         state_directory: std::env::var("STATE_DIRECTORY")
+            .ok()
+            .and_then(|v| v.split(':').next().map(str::to_string))
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from),
+        runtime_directory: std::env::var("RUNTIME_DIRECTORY")
             .ok()
             .and_then(|v| v.split(':').next().map(str::to_string))
             .filter(|s| !s.is_empty())
@@ -80,6 +86,17 @@ fn writer_defaults() {
 }
 
 fn main() -> ExitCode {
+    // Started by the agent as its state file's writer (argv[0] says so).
+    let mut args = std::env::args_os();
+    let arg0 = args.next().map(PathBuf::from);
+    if arg0.as_deref().and_then(|p| p.file_name())
+        == Some(std::ffi::OsStr::new(state_copies::STATE_WRITER_ARG0))
+    {
+        return match args.next() {
+            Some(dir) => state_copies::writer_main(PathBuf::from(dir)),
+            None => ExitCode::from(EX_USAGE as u8),
+        };
+    }
     writer_defaults();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -116,7 +133,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return usage_error(&e.to_string()),
     };
-    gitlab_haproxy_agent::agent::logging::init(config.log_format);
+    // Kept to the end of main: dropping it writes what is still queued.
+    let _log =
+        gitlab_haproxy_agent::agent::logging::init(config.log_format, config.log_buffer_lines);
     // A panic in any task or thread ends the process (systemd restarts it)
     // rather than leaving it half-alive, e.g. healthy with no responder.
     let report = std::panic::take_hook();
@@ -135,7 +154,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(gitlab_haproxy_agent::run(config)) {
+    let code = match runtime.block_on(gitlab_haproxy_agent::run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Through the log, so that it has the log's format (a JSON line
@@ -143,5 +162,9 @@ fn main() -> ExitCode {
             tracing::error!(error = format!("{e:#}"), "exiting on a fatal error");
             ExitCode::FAILURE
         }
-    }
+    };
+    // A blocking task still in flight (a file write on a stalled disk) must
+    // not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }

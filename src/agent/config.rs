@@ -51,6 +51,11 @@ pub struct AgentConfig {
     pub log_format: LogFormat,
     /// Folder of the state file; `None`: nothing survives a restart.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Folder of the runtime copy of the state file (`--runtime-dir`, else
+    /// `$RUNTIME_DIRECTORY`); `None`: no runtime copy.
+    pub runtime_dir: Option<std::path::PathBuf>,
+    /// Log lines queued for a sink that does not read (`--log-buffer-lines`).
+    pub log_buffer_lines: usize,
     /// `--consul-fallback-addr`, validated, in order; empty by default.
     pub consul_fallbacks: Vec<String>,
 }
@@ -161,6 +166,8 @@ impl AgentConfig {
             },
             log_format: a.log_format,
             state_dir: state_dir(a.state_dir.as_deref(), fallbacks)?,
+            runtime_dir: runtime_dir(a.runtime_dir.as_deref(), fallbacks)?,
+            log_buffer_lines: usize::try_from(a.log_buffer_lines).unwrap_or(usize::MAX),
             consul_fallbacks,
         })
     }
@@ -185,6 +192,20 @@ fn consul_datacenter(option: Option<&str>) -> Result<Option<String>, ConfigError
         ));
     }
     Ok(Some(name.to_ascii_lowercase()))
+}
+
+/// The runtime folder: `--runtime-dir`, else systemd's `$RUNTIME_DIRECTORY`.
+fn runtime_dir(
+    option: Option<&std::path::Path>,
+    fallbacks: &Fallbacks,
+) -> Result<Option<std::path::PathBuf>, ConfigError> {
+    match option {
+        Some(p) if p.as_os_str().is_empty() => {
+            Err(bad("--runtime-dir", "\"\"", "must name a folder"))
+        }
+        Some(p) => Ok(Some(p.to_path_buf())),
+        None => Ok(fallbacks.runtime_directory.clone()),
+    }
 }
 
 /// The state folder: `--state-dir`, else systemd's `$STATE_DIRECTORY`.

@@ -201,6 +201,17 @@ pub struct Metrics {
     /// not in the state file (its write failed; retried every 5 s), 0
     /// otherwise. A restart then would start from an older state.
     pub state_file_behind: IntGauge,
+    /// `gitlab_haproxy_agent_state_file_behind_seconds`: how long the state
+    /// file has not held the state served (a write failing, or stalled on
+    /// its disk), in seconds; 0 when it holds it.
+    pub state_file_behind_seconds: Gauge,
+    /// `gitlab_haproxy_agent_runtime_copy_writes_total{result}`: writes of
+    /// the runtime copy (`--runtime-dir`), `ok` or `error`.
+    pub runtime_copy_writes: IntCounterVec,
+    /// `gitlab_haproxy_agent_log_lines_dropped_total`: log lines dropped
+    /// because the log sink (stderr, the journal) was not reading and the
+    /// queue (`--log-buffer-lines`) was full.
+    pub log_lines_dropped: IntCounter,
     /// The agent-check responder's families.
     pub checks: CheckMetrics,
     /// The families of the rows seen, set at scrape time.
@@ -372,6 +383,22 @@ impl Metrics {
             &["ok", "error"],
         );
         let state_file_behind = f.int_gauge("state_file_behind", "1 while the state served is not in the state file (its write failed and is retried every 5 s).");
+        let state_file_behind_seconds = f.gauge(
+            "state_file_behind_seconds",
+            "Seconds the state file has not held the state served (its write failing or stalled \
+             on the disk); 0 when it holds it.",
+        );
+        let runtime_copy_writes = f.int_counter_vec(
+            "runtime_copy_writes_total",
+            "Writes of the runtime copy of the state file (--runtime-dir), by result: ok, error.",
+            &["result"],
+            &["ok", "error"],
+        );
+        let log_lines_dropped = f.int_counter(
+            "log_lines_dropped_total",
+            "Log lines dropped because the log sink (stderr, the journal) was not reading and \
+             --log-buffer-lines were queued.",
+        );
         let held_keys_family = held_keys;
         for c in crate::decision::HoldCause::ALL {
             held_keys_family.with_label_values(&[c.as_str()]);
@@ -416,6 +443,9 @@ impl Metrics {
             state_file_loaded,
             state_file_writes,
             state_file_behind,
+            state_file_behind_seconds,
+            runtime_copy_writes,
+            log_lines_dropped,
         }
     }
 

@@ -17,6 +17,7 @@ pub mod responder;
 pub mod route;
 pub mod seen;
 pub mod shared;
+pub mod state_copies;
 pub mod state_file;
 pub mod watcher;
 
@@ -102,13 +103,29 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (state_file, restored) = open_state_file(&config, &shared);
+    tracker.spawn(logging::report_dropped(
+        shared.metrics.log_lines_dropped.clone(),
+        shutdown.clone(),
+    ));
+    let opened = open_state_file(&config, &shared);
+    let copies = (opened.disk.is_some() || opened.runtime.is_some()).then(|| {
+        state_copies::Copies::start(
+            &config.consul.prefix,
+            opened.runtime.clone(),
+            opened.disk.clone(),
+            (opened.serial, opened.disk_serial),
+            &shared,
+        )
+    });
+    if let (Some(copies), Some(state), true) = (&copies, &opened.restored, opened.catch_up) {
+        copies.catch_up(state, opened.serial);
+    }
     let mut watcher = Watcher::new(
         clients.clone(),
         config.watcher.clone(),
         shared.clone(),
-        state_file,
-        restored,
+        copies.clone(),
+        opened.restored,
     );
     let serving = shared.snapshot.load().is_some();
     if serving {
@@ -128,8 +145,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     let first = tokio::select! {
         r = watcher.first_sync(config.startup_timeout) => r,
-        _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
-        _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
+        _ = sigterm.recv() => return stop(shutdown, tracker, copies.as_deref(), "SIGTERM").await,
+        _ = sigint.recv() => return stop(shutdown, tracker, copies.as_deref(), "SIGINT").await,
     };
     match first {
         Ok(()) => {
@@ -159,8 +176,8 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     loop {
         tokio::select! {
-            _ = sigterm.recv() => return stop(shutdown, tracker, "SIGTERM").await,
-            _ = sigint.recv() => return stop(shutdown, tracker, "SIGINT").await,
+            _ = sigterm.recv() => return stop(shutdown, tracker, copies.as_deref(), "SIGTERM").await,
+            _ = sigint.recv() => return stop(shutdown, tracker, copies.as_deref(), "SIGINT").await,
             _ = sighup.recv() => {
                 info!("SIGHUP: the Consul token file will be read again");
                 for client in &clients {
@@ -171,54 +188,143 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     }
 }
 
-/// Reads the state file at start-up: the state to serve at once, or why
-/// there is none (logged, counted and shown on `/status`).
-fn open_state_file(
-    config: &AgentConfig,
-    shared: &Shared,
-) -> (
-    Option<state_file::StateFile>,
-    Option<crate::decision::served::ServedState>,
-) {
+/// The copies of the served state found at start.
+struct Opened {
+    /// The state file, when there is a state folder.
+    disk: Option<state_file::StateFile>,
+    /// The runtime copy, when there is a runtime folder.
+    runtime: Option<state_file::StateFile>,
+    /// The state to serve at once, from the copy with the higher serial.
+    restored: Option<crate::decision::served::ServedState>,
+    /// The higher serial of the two copies.
+    serial: u64,
+    /// The serial of the state file (0: none, or from before serials).
+    disk_serial: u64,
+    /// The runtime copy was newer than the state file: the file is written
+    /// from it as soon as its disk takes it.
+    catch_up: bool,
+}
+
+/// Reads the state file and its runtime copy at start-up, without writing
+/// to the state folder (reads work on a frozen file system, writes wait):
+/// the state to serve at once, or why there is none (logged, counted and
+/// shown on `/status`).
+fn open_state_file(config: &AgentConfig, shared: &Shared) -> Opened {
+    let prefix = &config.consul.prefix;
     let mut status = shared.state_file.lock().unwrap();
+    let runtime = config.runtime_dir.as_ref().and_then(|dir| {
+        if !dir.is_dir() {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                warn!(path = %dir.display(), error = %e, "cannot create the runtime folder; no runtime copy of the state served");
+                return None;
+            }
+        }
+        Some(state_file::StateFile::in_dir(dir))
+    });
+    status.runtime_copy = runtime.as_ref().map(|f| f.path().display().to_string());
+    let from_runtime = runtime.as_ref().and_then(|file| match file.load(prefix) {
+        state_file::Loaded::State(state, serial) => Some((state, serial)),
+        state_file::Loaded::Missing => None,
+        state_file::Loaded::Unusable(e) => {
+            warn!(path = %file.path().display(), error = %e, "runtime copy of the state file unusable; not used");
+            None
+        }
+    });
     let Some(dir) = &config.state_dir else {
-        warn!("no --state-dir and no $STATE_DIRECTORY: held keys will not survive a restart");
+        if runtime.is_some() {
+            warn!("no --state-dir and no $STATE_DIRECTORY: held keys survive a restart (in the runtime copy) but not a reboot");
+        } else {
+            warn!("no --state-dir and no $STATE_DIRECTORY: held keys will not survive a restart");
+        }
         status.load_error = Some("no state folder".into());
-        return (None, None);
+        let serial = from_runtime.as_ref().map_or(0, |(_, s)| *s);
+        if let Some((state, _)) = &from_runtime {
+            status.loaded_runtime_copy = true;
+            info!(
+                keys = state.keys.len(),
+                consul_index = state.index,
+                "runtime copy read: answering from it until Consul answers"
+            );
+            status.loaded = true;
+            shared.metrics.state_file_loaded.set(1);
+        }
+        return Opened {
+            disk: None,
+            runtime,
+            restored: from_runtime.map(|(state, _)| state),
+            serial,
+            disk_serial: 0,
+            catch_up: false,
+        };
     };
     // systemd's StateDirectory= and the pod's emptyDir exist already; a
     // folder named by hand may not yet. One that cannot be made is named
-    // here, and every write retried until it can be.
-    if let Err(e) = std::fs::create_dir_all(dir) {
-        warn!(path = %dir.display(), error = %e, "cannot create the state folder; the state file cannot be written until it exists");
+    // here, and every write retried until it can be. An existing folder is
+    // not touched: mkdir waits on a frozen file system.
+    if !dir.is_dir() {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            warn!(path = %dir.display(), error = %e, "cannot create the state folder; the state file cannot be written until it exists");
+        }
     }
     let file = state_file::StateFile::in_dir(dir);
     status.path = Some(file.path().display().to_string());
-    let restored = match file.load(&config.consul.prefix) {
-        state_file::Loaded::State(state) => {
-            info!(path = %file.path().display(), keys = state.keys.len(), consul_index = state.index, "state file read: answering from it until Consul answers");
-            status.loaded = true;
-            shared.metrics.state_file_loaded.set(1);
-            Some(state)
-        }
+    let from_disk = match file.load(prefix) {
+        state_file::Loaded::State(state, serial) => Some((state, serial)),
         state_file::Loaded::Missing => {
-            info!(path = %file.path().display(), "no state file yet (first start): answering nobody until Consul answers");
+            if from_runtime.is_none() {
+                info!(path = %file.path().display(), "no state file yet (first start): answering nobody until Consul answers");
+            }
             status.load_error = Some("missing".into());
             None
         }
         state_file::Loaded::Unusable(e) => {
-            // Kept aside for a post-mortem: the first write replaces the file.
-            let aside = file.path().with_extension("json.unusable");
-            let kept = match std::fs::rename(file.path(), &aside) {
-                Ok(()) => aside.display().to_string(),
-                Err(_) => "not kept".to_string(),
-            };
-            warn!(path = %file.path().display(), error = %e, copy = %kept, "state file unusable: starting with no memory of held keys; answering nobody until Consul answers");
+            // Kept aside for a post-mortem: the first write replaces the
+            // file. Renamed in the background: a rename waits on a frozen
+            // file system.
+            let (from, aside) = (
+                file.path().to_path_buf(),
+                file.path().with_extension("json.unusable"),
+            );
+            warn!(path = %from.display(), error = %e, copy = %aside.display(), "state file unusable: kept aside; starting with no memory of held keys unless the runtime copy has them");
+            std::thread::spawn(move || std::fs::rename(from, aside));
             status.load_error = Some(e);
             None
         }
     };
-    (Some(file), restored)
+    let disk_serial = from_disk.as_ref().map(|(_, s)| *s);
+    let runtime_newer = matches!((&from_runtime, disk_serial), (Some((_, r)), Some(d)) if *r > d)
+        || (from_runtime.is_some() && from_disk.is_none());
+    let (restored, serial) = if runtime_newer {
+        let (state, serial) = from_runtime.expect("a runtime copy");
+        warn!(
+            path = %file.path().display(),
+            serial,
+            state_file_serial = disk_serial.unwrap_or(0),
+            keys = state.keys.len(),
+            consul_index = state.index,
+            "the runtime copy is newer than the state file (its disk lagged before this start): answering from the runtime copy until Consul answers; the state file is written from it as soon as its disk takes it"
+        );
+        status.loaded_runtime_copy = true;
+        (Some(state), serial)
+    } else if let Some((state, serial)) = from_disk {
+        info!(path = %file.path().display(), keys = state.keys.len(), consul_index = state.index, serial, "state file read: answering from it until Consul answers");
+        (Some(state), serial)
+    } else {
+        (None, 0)
+    };
+    if restored.is_some() {
+        status.loaded = true;
+        status.load_error = None;
+        shared.metrics.state_file_loaded.set(1);
+    }
+    Opened {
+        disk: Some(file),
+        runtime,
+        restored,
+        serial,
+        disk_serial: disk_serial.unwrap_or(0),
+        catch_up: runtime_newer,
+    }
 }
 
 /// Sends `READY=1` with the snapshot's size and index.
@@ -265,9 +371,14 @@ fn keep_retrying_unready(
     });
 }
 
+/// How long shutdown waits for the state file to hold the state served
+/// (its disk may be stalled; the runtime copy holds it anyway): 2 s.
+pub const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
 async fn stop(
     shutdown: CancellationToken,
     tracker: TaskTracker,
+    copies: Option<&state_copies::Copies>,
     signal: &str,
 ) -> anyhow::Result<()> {
     info!(
@@ -282,6 +393,14 @@ async fn stop(
         .is_err()
     {
         warn!("work still in flight after {SHUTDOWN_GRACE:?}; exiting anyway");
+    }
+    if let Some(copies) = copies {
+        if !copies.flush(FINAL_FLUSH).await {
+            warn!(
+                behind_seconds = copies.behind_for().map_or(0.0, |d| d.as_secs_f64()),
+                "the state file does not hold the state served after {FINAL_FLUSH:?} (its disk stalled or failing); exiting anyway: the next start reads the newer runtime copy if there is one"
+            );
+        }
     }
     info!("stopped");
     Ok(())

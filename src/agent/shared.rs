@@ -49,8 +49,12 @@ pub struct Shared {
 pub struct StateFileStatus {
     /// Its path; `None`: no state folder, nothing survives a restart.
     pub path: Option<String>,
-    /// The agent started from it.
+    /// The agent started from it (or from its runtime copy).
     pub loaded: bool,
+    /// The runtime copy's path; `None`: no runtime folder.
+    pub runtime_copy: Option<String>,
+    /// The start served the runtime copy, newer than the file.
+    pub loaded_runtime_copy: bool,
     /// Why it was not used at start-up (missing, unreadable, malformed).
     pub load_error: Option<String>,
     /// The last write failed with this error.

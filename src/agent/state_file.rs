@@ -1,30 +1,27 @@
 //! The served state on disk (`<state dir>/served-state.json`), so that a
 //! restarted agent answers what it answered before: held keys stay held
-//! through an upgrade, a watchdog kill, an OOM kill or a reboot.
+//! through an upgrade, a watchdog kill, an OOM kill or a reboot; and its
+//! runtime copy (`<runtime dir>/served-state.json`, a tmpfs), written
+//! before each new state is served, so that an agent restarted while the
+//! state folder's disk stalls starts from the newest state.
 //!
-//! Written atomically on every change (a temporary file in the same folder,
-//! fsync, rename over the old one, fsync of the folder), before the new state
-//! is served: a crash between the two leaves the file one step ahead of the
-//! answers, never behind them.
+//! Each copy is written atomically (a temporary file in the same folder,
+//! fsync, rename over the old one, fsync of the folder) under an exclusive
+//! `flock` of the folder, and carries a serial that only grows, across
+//! restarts too: a write never puts an older state over a newer one, even
+//! from a process that was stuck on a frozen disk and resumes after a newer
+//! agent wrote; at start the copy with the higher serial is served.
 
 use std::fs::{self, File};
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
-
-use crate::agent::shared::Shared;
 use crate::decision::served::ServedState;
 
 /// The file's name in the state folder.
 pub const FILE_NAME: &str = "served-state.json";
 
-/// Where the served state lives, and what happened the last time it was read
-/// and written.
+/// Where the served state lives.
 #[derive(Debug, Clone)]
 pub struct StateFile {
     path: PathBuf,
@@ -33,12 +30,53 @@ pub struct StateFile {
 /// What reading the file at start-up found.
 #[derive(Debug)]
 pub enum Loaded {
-    /// A served state.
-    State(ServedState),
+    /// A served state, and its serial (0 in a file from before serials).
+    State(ServedState, u64),
     /// No file: a first start, or the folder was emptied.
     Missing,
     /// A file that cannot be used; the text says why.
     Unusable(String),
+}
+
+/// What a [`StateFile::save`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Saved {
+    /// The file holds the text given.
+    Written,
+    /// The file already held this serial or a higher one, written by this
+    /// agent or by a newer one: left as it was.
+    AlreadyNewer(u64),
+}
+
+/// The text of the file for `state` served as number `serial`: the served
+/// state's JSON (format version 1, [`ServedState::write_file`]) with a
+/// leading `"serial"` member, which readers of the format that do not know
+/// it ignore.
+pub fn file_text(prefix: &str, state: &ServedState, serial: u64) -> Vec<u8> {
+    let mut json = Vec::new();
+    // Writing to memory cannot fail.
+    let _ = state.write_file(prefix, &mut json);
+    let mut out = format!("{{\"serial\":{serial},").into_bytes();
+    out.extend_from_slice(json.strip_prefix(b"{").unwrap_or(&json));
+    out
+}
+
+/// The serial at the start of a file's text; 0 when it has none (a file
+/// from before serials, or not one of ours).
+pub fn serial_of(text: &[u8]) -> u64 {
+    let Some(rest) = text.strip_prefix(b"{\"serial\":") else {
+        return 0;
+    };
+    let digits: Vec<u8> = rest
+        .iter()
+        .copied()
+        .take_while(u8::is_ascii_digit)
+        .take(20)
+        .collect();
+    std::str::from_utf8(&digits)
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(0)
 }
 
 impl StateFile {
@@ -54,11 +92,16 @@ impl StateFile {
         &self.path
     }
 
-    /// Reads the served state written for `prefix`.
+    fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("."))
+    }
+
+    /// Reads the served state written for `prefix`. Only reads: safe on a
+    /// frozen file system.
     pub fn load(&self, prefix: &str) -> Loaded {
         match fs::read_to_string(&self.path) {
             Ok(text) => match ServedState::from_file(prefix, &text) {
-                Ok(state) => Loaded::State(state),
+                Ok(state) => Loaded::State(state, serial_of(text.as_bytes())),
                 Err(e) => Loaded::Unusable(e.to_string()),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Loaded::Missing,
@@ -66,119 +109,51 @@ impl StateFile {
         }
     }
 
-    /// Writes `state` atomically: temporary file, fsync, rename, fsync of
-    /// the folder.
+    /// The serial of the file now there; 0 when there is none.
+    fn serial_now(&self) -> u64 {
+        let mut head = [0u8; 32];
+        let Ok(mut f) = File::open(&self.path) else {
+            return 0;
+        };
+        let mut n = 0;
+        while n < head.len() {
+            match f.read(&mut head[n..]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k,
+            }
+        }
+        serial_of(&head[..n])
+    }
+
+    /// Writes `text` ([`file_text`] of number `serial`) atomically, unless
+    /// the file holds `serial` or a higher one already: under an exclusive
+    /// `flock` of the folder, a temporary file, fsync, rename, fsync of the folder.
     ///
     /// # Errors
     ///
     /// The I/O error of any step; the old file is then left as it was.
-    pub fn save(&self, prefix: &str, state: &ServedState) -> std::io::Result<()> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
+    pub fn save(&self, text: &[u8], serial: u64) -> std::io::Result<Saved> {
+        let dir = self.dir();
+        let folder = File::open(dir)?;
+        rustix::fs::flock(&folder, rustix::fs::FlockOperation::LockExclusive)?;
+        let on_disk = self.serial_now();
+        if on_disk >= serial && serial > 0 {
+            return Ok(Saved::AlreadyNewer(on_disk));
+        }
+        // One writer at a time holds the lock, so one temporary name will do.
         let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
         let result = (|| {
-            let f = File::create(&tmp)?;
-            let mut writer = std::io::BufWriter::new(f);
-            state.write_file(prefix, &mut writer)?;
-            writer.flush()?;
-            let f = writer.into_inner().map_err(|e| e.into_error())?;
+            let mut f = File::create(&tmp)?;
+            f.write_all(text)?;
             f.sync_all()?;
             fs::rename(&tmp, &self.path)?;
-            File::open(dir)?.sync_all()
+            folder.sync_all()
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
         }
-        result
-    }
-}
-
-/// A state-file write that failed is retried this often until it succeeds
-/// or a newer state is written: 5 s.
-const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
-
-/// The state file, written by the watcher on every change and by
-/// [`Persister::retry`] when that write failed: a state served but not on
-/// disk is written as soon as the disk takes it (space freed, the folder
-/// writable again), not only at the next change, which may never come.
-pub struct Persister {
-    file: StateFile,
-    prefix: String,
-    /// Serialises the writes (the watcher's and the retries').
-    writing: tokio::sync::Mutex<()>,
-    /// The newest state whose write failed.
-    behind: std::sync::Mutex<Option<Arc<ServedState>>>,
-}
-
-impl Persister {
-    /// A persister of `file` for the watched `prefix`, nothing behind.
-    pub fn new(file: StateFile, prefix: String) -> Persister {
-        Persister {
-            file,
-            prefix,
-            writing: tokio::sync::Mutex::new(()),
-            behind: std::sync::Mutex::new(None),
-        }
-    }
-
-    /// Writes `state`. A retry (`retry`) writes only if `state` is still the
-    /// newest unwritten one, so it never puts an older state over a newer.
-    pub async fn write(&self, shared: &Shared, state: &Arc<ServedState>, retry: bool) {
-        let _writing = self.writing.lock().await;
-        if retry
-            && !self
-                .behind
-                .lock()
-                .unwrap()
-                .as_ref()
-                .is_some_and(|b| Arc::ptr_eq(b, state))
-        {
-            return;
-        }
-        let (file, prefix, to_write) = (self.file.clone(), self.prefix.clone(), Arc::clone(state));
-        let result = tokio::task::spawn_blocking(move || file.save(&prefix, &to_write)).await;
-        let result = match result {
-            Ok(r) => r.map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        let metrics = &shared.metrics;
-        let mut status = shared.state_file.lock().unwrap();
-        let mut behind = self.behind.lock().unwrap();
-        match result {
-            Ok(()) => {
-                metrics.state_file_writes.with_label_values(&["ok"]).inc();
-                *behind = None;
-                if status.write_error.take().is_some() {
-                    info!(path = %self.file.path().display(), "state file written again: it holds the state served");
-                }
-            }
-            Err(e) => {
-                metrics
-                    .state_file_writes
-                    .with_label_values(&["error"])
-                    .inc();
-                *behind = Some(Arc::clone(state));
-                if status.write_error.is_none() {
-                    warn!(error = %e, path = %self.file.path().display(), "cannot write the state file; retrying every 5 s. Until it is written, a restart would start from an older state (answering only its drain and maint until Consul answers)");
-                }
-                status.write_error = Some(e);
-            }
-        }
-        metrics.state_file_behind.set(i64::from(behind.is_some()));
-    }
-
-    /// Retries the newest failed write every 5 s until
-    /// `shutdown`.
-    pub async fn retry(self: Arc<Self>, shared: Arc<Shared>, shutdown: CancellationToken) {
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
-            }
-            let behind = self.behind.lock().unwrap().clone();
-            if let Some(state) = behind {
-                self.write(&shared, &state, true).await;
-            }
-        }
+        // The lock goes with `folder`.
+        result.map(|()| Saved::Written)
     }
 }
 
@@ -212,11 +187,21 @@ mod tests {
             ],
         );
         let (state, _) = ServedState::default().merge(view, &MergeInput::default());
-        file.save("p/", &state).unwrap();
+        let text = file_text("p/", &state, 7);
+        assert_eq!(serial_of(&text), 7);
+        assert_eq!(file.save(&text, 7).unwrap(), Saved::Written);
         match file.load("p/") {
-            Loaded::State(s) => assert_eq!(s, state),
+            Loaded::State(s, serial) => {
+                assert_eq!(s, state);
+                assert_eq!(serial, 7);
+            }
             other => panic!("{other:?}"),
         }
+        // The format without the serial reads the same state.
+        assert_eq!(
+            ServedState::from_file("p/", std::str::from_utf8(&text).unwrap()).unwrap(),
+            state
+        );
         match file.load("other/") {
             Loaded::Unusable(e) => assert!(e.contains("prefix"), "{e}"),
             other => panic!("{other:?}"),
@@ -229,9 +214,33 @@ mod tests {
     }
 
     #[test]
+    fn an_older_serial_never_replaces_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::in_dir(dir.path());
+        let state = ServedState::default();
+        // A file from before serials counts as 0.
+        fs::write(file.path(), state.to_file("p/")).unwrap();
+        assert!(matches!(file.load("p/"), Loaded::State(_, 0)));
+        assert_eq!(
+            file.save(&file_text("p/", &state, 5), 5).unwrap(),
+            Saved::Written
+        );
+        assert_eq!(
+            file.save(&file_text("p/", &state, 4), 4).unwrap(),
+            Saved::AlreadyNewer(5)
+        );
+        assert_eq!(
+            file.save(&file_text("p/", &state, 5), 5).unwrap(),
+            Saved::AlreadyNewer(5)
+        );
+        assert!(matches!(file.load("p/"), Loaded::State(_, 5)));
+        assert_eq!(serial_of(b"{\"version\":1}"), 0);
+    }
+
+    #[test]
     fn a_failed_save_leaves_the_old_file() {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::in_dir(&dir.path().join("missing-folder"));
-        assert!(file.save("p/", &ServedState::default()).is_err());
+        assert!(file.save(b"{}", 1).is_err());
     }
 }

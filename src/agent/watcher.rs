@@ -1,7 +1,9 @@
 //! The watcher: performs the Consul requests the decision core
 //! ([`crate::decision`]) asks for, one at a time, hands back the answers,
-//! and, when the served state changes, writes it to the state file and then
-//! swaps the new [`Snapshot`](crate::model::snapshot::Snapshot) in whole.
+//! and, when the served state changes, writes its runtime copy, swaps the
+//! new [`Snapshot`](crate::model::snapshot::Snapshot) in whole and hands the
+//! state to the state file's writer, which never holds it back
+//! ([`crate::agent::state_copies`]).
 //! It decides nothing itself: it waits as the core says (backoff with
 //! jitter, the least interval between reads), beats the watchdog while any
 //! request is in flight, and turns the core's notes into logs and metrics.
@@ -16,7 +18,7 @@ use crate::agent::log_summary::ForbiddenReads;
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::route::{Routes, Step};
 use crate::agent::shared::{ReadyStep, Shared};
-use crate::agent::state_file::{Persister, StateFile};
+use crate::agent::state_copies::Copies;
 use crate::cli::Consistency;
 use crate::consul::ReadMeta;
 use crate::consul::{ConsulClient, ConsulError};
@@ -107,7 +109,7 @@ pub struct Watcher {
     config: WatcherConfig,
     shared: Arc<Shared>,
     core: Core,
-    state_file: Option<Arc<Persister>>,
+    copies: Option<Arc<Copies>>,
     next: Next,
     last_prefix_start: Option<tokio::time::Instant>,
     /// Direct reads answered 403 for the answer being confirmed, of keys
@@ -124,13 +126,13 @@ pub struct Watcher {
 impl Watcher {
     /// A watcher that reads through `clients` (the primary first, then
     /// the fallbacks; at least one) and publishes into `shared`, starting
-    /// from `restored` (the state read from the state file, served at once)
-    /// and writing every change to `state_file`.
+    /// from `restored` (the state read from the state file or its runtime
+    /// copy, served at once) and keeping every change in `copies`.
     pub fn new(
         clients: Vec<Arc<ConsulClient>>,
         config: WatcherConfig,
         shared: Arc<Shared>,
-        state_file: Option<StateFile>,
+        copies: Option<Arc<Copies>>,
         restored: Option<ServedState>,
     ) -> Self {
         let mut core = Core::new(
@@ -151,8 +153,6 @@ impl Watcher {
             );
         }
         let next = core.start();
-        let state_file =
-            state_file.map(|file| Arc::new(Persister::new(file, config.prefix.clone())));
         assert!(!clients.is_empty(), "a watcher needs a Consul address");
         let store_seen = core.served().map(|s| s.store_id.clone());
         let watcher = Watcher {
@@ -162,7 +162,7 @@ impl Watcher {
             clients,
             config,
             shared,
-            state_file,
+            copies,
             core,
             next,
             last_prefix_start: None,
@@ -200,12 +200,8 @@ impl Watcher {
         Ok(())
     }
 
-    /// Runs the loop until `shutdown` is cancelled, and beside it the
-    /// retries of a state-file write that failed.
+    /// Runs the loop until `shutdown` is cancelled.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        if let Some(persister) = &self.state_file {
-            tokio::spawn(Arc::clone(persister).retry(self.shared.clone(), shutdown.clone()));
-        }
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => break,
@@ -241,9 +237,12 @@ impl Watcher {
     }
 
     /// Proves the loop alive, and exports how long the state served has
-    /// gone unconfirmed.
+    /// gone unconfirmed and how long the state file has lagged it.
     fn beat(&self) {
         self.shared.watcher_heartbeat.beat();
+        if let Some(copies) = &self.copies {
+            copies.export(&self.shared);
+        }
         let unconfirmed = self.shared.sync.lock().unwrap().unconfirmed_for();
         if let Some(d) = unconfirmed {
             self.shared.metrics.consul_unconfirmed.set(d.as_secs_f64());
@@ -517,11 +516,18 @@ impl Watcher {
         let first_sync = output.notes.contains(&Note::FirstSync);
         if output.served_changed || first_sync {
             if let Some(served) = self.core.served_shared() {
+                let mut job = None;
                 if output.served_changed {
-                    self.persist(&served).await;
+                    if let Some(copies) = &self.copies {
+                        job = Some(copies.before_serving(&self.shared, &served).await);
+                    }
                 }
                 // A state changes only by an answer applied: Consul's.
                 publish(&self.shared, &served, false);
+                if let (Some(copies), Some(job)) = (&self.copies, job) {
+                    copies.to_disk(job);
+                    copies.export(&self.shared);
+                }
             }
         }
         if first_sync {
@@ -592,14 +598,6 @@ impl Watcher {
                     }
                 }
             }
-        }
-    }
-
-    /// Writes the state file (before the state is served; a failure is
-    /// counted, logged and retried, and the state is served all the same).
-    async fn persist(&self, served: &Arc<ServedState>) {
-        if let Some(persister) = &self.state_file {
-            persister.write(&self.shared, served, false).await;
         }
     }
 

@@ -27,6 +27,10 @@ pub struct Fallbacks {
     /// `$STATE_DIRECTORY` (the first folder of systemd's `StateDirectory=`);
     /// the daemon's state folder when `--state-dir` is not given.
     pub state_directory: Option<PathBuf>,
+    /// `$RUNTIME_DIRECTORY` (the first folder of systemd's
+    /// `RuntimeDirectory=`); the daemon's runtime folder when
+    /// `--runtime-dir` is not given.
+    pub runtime_directory: Option<PathBuf>,
     /// `$CONSUL_HTTP_TOKEN`; used by the writer CLI only, after
     /// `--consul-token-file` and `$CONSUL_HTTP_TOKEN_FILE`.
     pub consul_http_token: Option<String>,

@@ -263,6 +263,22 @@ impl Proc {
         }
     }
 
+    /// Starts `cmd` with stdout into `log` and stderr into `stderr` (a
+    /// FIFO, say, to stand in for a log sink).
+    pub fn spawn_stderr(mut cmd: Command, log: PathBuf, stderr: std::fs::File) -> Proc {
+        let out = std::fs::File::create(&log).unwrap();
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Proc {
+            child: Some(child),
+            log,
+        }
+    }
+
     /// The PID.
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("running").id()
@@ -984,6 +1000,31 @@ impl Agent {
         envs: &[(&str, &str)],
         extra: &[&str],
     ) -> Agent {
+        Self::spawn_with(bin, consul_url, port, http_port, envs, extra, None)
+    }
+
+    /// Like [`Agent::spawn_env`] with the agent's stderr into `stderr`
+    /// (its log then is not in [`Agent::log`]).
+    pub fn spawn_stderr(
+        consul_url: &str,
+        port: u16,
+        http_port: u16,
+        stderr: std::fs::File,
+        extra: &[&str],
+    ) -> Agent {
+        let bin = Path::new(AGENT_BIN);
+        Self::spawn_with(bin, consul_url, port, http_port, &[], extra, Some(stderr))
+    }
+
+    fn spawn_with(
+        bin: &Path,
+        consul_url: &str,
+        port: u16,
+        http_port: u16,
+        envs: &[(&str, &str)],
+        extra: &[&str],
+        stderr: Option<std::fs::File>,
+    ) -> Agent {
         let dir = TempDir::new("agent");
         let listen = SocketAddr::from(([127, 0, 0, 1], port));
         let http = SocketAddr::from(([127, 0, 0, 1], http_port));
@@ -1008,7 +1049,11 @@ impl Agent {
             })
             .args(extra)
             .envs(envs.iter().copied());
-        let proc = Proc::spawn(cmd, dir.path().join("agent.log"));
+        let log = dir.path().join("agent.log");
+        let proc = match stderr {
+            Some(stderr) => Proc::spawn_stderr(cmd, log, stderr),
+            None => Proc::spawn(cmd, log),
+        };
         Agent {
             proc,
             listen,

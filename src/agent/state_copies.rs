@@ -1,0 +1,345 @@
+//! Keeping the copies of the served state ([`crate::agent::state_file`])
+//! without ever holding a change back.
+//!
+//! Each new state gets the next serial. The runtime copy (`--runtime-dir`,
+//! a tmpfs) is written before the state is served, bounded by
+//! [`RUNTIME_COPY_TIMEOUT`]; then the state is served; then it is handed to
+//! the state file's writer, which writes the newest state it was handed
+//! (older ones it had not started are skipped) and retries a failed write
+//! every [`STATE_FILE_RETRY`] or at the next change. A disk that stalls
+//! (frozen, a dying device) delays only the state file: the watcher, the
+//! responder, the HTTP port and the watchdog go on, and
+//! `gitlab_haproxy_agent_state_file_behind_seconds` counts how long the file
+//! has lagged the state served.
+//!
+//! The state file is written by a child process (this binary, started as
+//! [`STATE_WRITER_ARG0`], reading frames on its standard input): a process
+//! blocked in a write to a frozen file system cannot exit until the file
+//! system thaws (the wait is uninterruptible), and if that were a thread of
+//! the agent it would keep the agent's listening ports bound, so an agent
+//! restarted during the stall could not bind them. The child holds no port;
+//! the agent exits at once whatever the child is waiting for.
+
+use std::io::{BufRead as _, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::agent::shared::Shared;
+use crate::agent::state_file::{file_text, Saved, StateFile};
+use crate::decision::served::ServedState;
+
+/// `argv[0]` of the state file's writer process.
+pub const STATE_WRITER_ARG0: &str = "gitlab-haproxy-agent-state-writer";
+
+/// Longest wait for the runtime copy before a new state is served anyway:
+/// 1 s (a tmpfs answers in microseconds; a failure is counted and logged).
+pub const RUNTIME_COPY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A state-file write that failed is retried this often, or at the next
+/// change, until it succeeds: 5 s.
+pub const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
+
+/// A state serialised for its copies: its serial and the file's text.
+#[derive(Clone)]
+pub struct Job {
+    serial: u64,
+    text: Arc<Vec<u8>>,
+}
+
+/// The runtime copy and the state file of one agent.
+pub struct Copies {
+    prefix: String,
+    /// The last serial handed out.
+    serial: AtomicU64,
+    runtime: Option<(StateFile, Arc<Mutex<()>>)>,
+    disk: Option<Disk>,
+}
+
+struct Disk {
+    file: StateFile,
+    /// The newest job handed to the writer.
+    pending: watch::Sender<Option<Job>>,
+    /// The serial the file holds.
+    written: watch::Sender<u64>,
+    /// Since when the file has not held the state served.
+    behind_since: Mutex<Option<Instant>>,
+}
+
+impl Copies {
+    /// The copies of `prefix`'s state: in `runtime` and in `disk` (either
+    /// may be absent), serials following `serial` (the higher of the two
+    /// read at start), the state file holding `disk_serial`. The state
+    /// file's writer runs as a task from here on.
+    pub fn start(
+        prefix: &str,
+        runtime: Option<StateFile>,
+        disk: Option<StateFile>,
+        (serial, disk_serial): (u64, u64),
+        shared: &Arc<Shared>,
+    ) -> Arc<Copies> {
+        let copies = Arc::new(Copies {
+            prefix: prefix.to_string(),
+            serial: AtomicU64::new(serial),
+            runtime: runtime.map(|f| (f, Arc::new(Mutex::new(())))),
+            disk: disk.map(|file| Disk {
+                file,
+                pending: watch::channel(None).0,
+                written: watch::channel(disk_serial).0,
+                behind_since: Mutex::new(None),
+            }),
+        });
+        if copies.disk.is_some() {
+            tokio::spawn(Arc::clone(&copies).write_disk(Arc::clone(shared)));
+        }
+        copies
+    }
+
+    /// Writes the runtime copy of `state` under a new serial (bounded by
+    /// [`RUNTIME_COPY_TIMEOUT`]; a failure is counted and logged, and the
+    /// state is served all the same), and returns the job for
+    /// [`Copies::to_disk`], to be handed over once the state is served.
+    pub async fn before_serving(&self, shared: &Shared, state: &ServedState) -> Job {
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        let job = Job {
+            serial,
+            text: Arc::new(file_text(&self.prefix, state, serial)),
+        };
+        if let Some((file, lock)) = &self.runtime {
+            let (file, lock, text) = (file.clone(), Arc::clone(lock), Arc::clone(&job.text));
+            let path = file.path().display().to_string();
+            let write = tokio::task::spawn_blocking(move || {
+                let _one_at_a_time = lock.lock().unwrap_or_else(|e| e.into_inner());
+                file.save(&text, serial)
+            });
+            let error = match tokio::time::timeout(RUNTIME_COPY_TIMEOUT, write).await {
+                Ok(Ok(Ok(_))) => None,
+                Ok(Ok(Err(e))) => Some(e.to_string()),
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some(format!("not written within {RUNTIME_COPY_TIMEOUT:?}")),
+            };
+            let result = if error.is_some() { "error" } else { "ok" };
+            shared
+                .metrics
+                .runtime_copy_writes
+                .with_label_values(&[result])
+                .inc();
+            if let Some(e) = error {
+                warn!(path, error = %e, "cannot write the runtime copy of the state served; serving the new state all the same (a restart while the state file lags would start from an older state)");
+            }
+        }
+        job
+    }
+
+    /// Hands `job` to the state file's writer, which writes it unless a
+    /// newer one comes first. Never waits.
+    pub fn to_disk(&self, job: Job) {
+        let Some(disk) = &self.disk else { return };
+        disk.behind_since
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
+        disk.pending.send_replace(Some(job));
+    }
+
+    /// Hands the state served at start, read from the runtime copy as
+    /// number `serial` because the state file held an older one (its disk
+    /// lagged before the restart), to the state file's writer.
+    pub fn catch_up(&self, state: &ServedState, serial: u64) {
+        self.to_disk(Job {
+            serial,
+            text: Arc::new(file_text(&self.prefix, state, serial)),
+        });
+    }
+
+    /// How long the state file has not held the state served; `None` when
+    /// it holds it (or there is none).
+    pub fn behind_for(&self) -> Option<Duration> {
+        let disk = self.disk.as_ref()?;
+        disk.behind_since.lock().unwrap().map(|t| t.elapsed())
+    }
+
+    /// Exports [`Copies::behind_for`] to the state-file gauges.
+    pub fn export(&self, shared: &Shared) {
+        let behind = self.behind_for();
+        let metrics = &shared.metrics;
+        metrics.state_file_behind.set(i64::from(behind.is_some()));
+        metrics
+            .state_file_behind_seconds
+            .set(behind.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// Waits at most `limit` for the state file to hold the newest state
+    /// handed to it; true when it does.
+    pub async fn flush(&self, limit: Duration) -> bool {
+        let Some(disk) = &self.disk else { return true };
+        let want = disk.pending.borrow().as_ref().map_or(0, |j| j.serial);
+        let mut written = disk.written.subscribe();
+        tokio::time::timeout(limit, written.wait_for(|w| *w >= want))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The state file's writer: writes the newest job, through the writer
+    /// process, until the agent exits.
+    async fn write_disk(self: Arc<Self>, shared: Arc<Shared>) {
+        let Some(disk) = &self.disk else { return };
+        let mut pending = disk.pending.subscribe();
+        let mut child: Option<WriterChild> = None;
+        let mut failing = false;
+        loop {
+            let job = loop {
+                let newest = pending.borrow_and_update().clone();
+                if let Some(job) = newest.filter(|j| j.serial > *disk.written.borrow()) {
+                    break job;
+                }
+                if pending.changed().await.is_err() {
+                    return;
+                }
+            };
+            let result = match &mut child {
+                Some(c) => c.write(&job).await,
+                None => match WriterChild::spawn(disk.file.path()) {
+                    Ok(c) => child.insert(c).write(&job).await,
+                    Err(e) => Err(format!("cannot start the state file's writer: {e}")),
+                },
+            };
+            let metrics = &shared.metrics;
+            match result {
+                Ok(()) => {
+                    metrics.state_file_writes.with_label_values(&["ok"]).inc();
+                    disk.written.send_replace(job.serial);
+                    let newest = disk.pending.borrow().as_ref().map_or(0, |j| j.serial);
+                    if newest <= job.serial {
+                        *disk.behind_since.lock().unwrap() = None;
+                    }
+                    shared.state_file.lock().unwrap().write_error = None;
+                    if std::mem::take(&mut failing) {
+                        info!(path = %disk.file.path().display(), "state file written again: it holds the state served");
+                    }
+                }
+                Err(e) => {
+                    metrics
+                        .state_file_writes
+                        .with_label_values(&["error"])
+                        .inc();
+                    if !failing {
+                        warn!(error = %e, path = %disk.file.path().display(), "cannot write the state file; retrying every 5 s and at each change. Until it is written, a restart would start from an older state, unless the runtime copy is newer");
+                    }
+                    failing = true;
+                    if child.as_ref().is_some_and(|c| c.broken) {
+                        child = None;
+                    }
+                    shared.state_file.lock().unwrap().write_error = Some(e);
+                    tokio::select! {
+                        _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
+                        _ = pending.changed() => {}
+                    }
+                }
+            }
+            self.export(&shared);
+        }
+    }
+}
+
+/// The state file's writer process and its pipes.
+struct WriterChild {
+    _child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// Its pipes failed: a new one is started for the next write.
+    broken: bool,
+}
+
+impl WriterChild {
+    fn spawn(path: &Path) -> std::io::Result<WriterChild> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let mut child = tokio::process::Command::new("/proc/self/exe")
+            .arg0(STATE_WRITER_ARG0)
+            .arg(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(false)
+            .spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(std::io::Error::other("no pipes to the writer"));
+        };
+        Ok(WriterChild {
+            _child: child,
+            stdin,
+            stdout: BufReader::new(stdout),
+            broken: false,
+        })
+    }
+
+    /// Sends `job` and waits, however long the disk takes, for the reply.
+    async fn write(&mut self, job: &Job) -> Result<(), String> {
+        let result = async {
+            let head = format!("{} {}\n", job.serial, job.text.len());
+            self.stdin.write_all(head.as_bytes()).await?;
+            self.stdin.write_all(&job.text).await?;
+            self.stdin.flush().await?;
+            let mut reply = String::new();
+            if self.stdout.read_line(&mut reply).await? == 0 {
+                return Err(std::io::Error::other("the state file's writer exited"));
+            }
+            Ok(reply)
+        }
+        .await;
+        match result {
+            Ok(reply) if reply.trim_end() == "ok" => Ok(()),
+            Ok(reply) => Err(reply
+                .trim_end()
+                .strip_prefix("error ")
+                .unwrap_or(reply.trim_end())
+                .to_string()),
+            Err(e) => {
+                self.broken = true;
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+/// The state file's writer process ([`STATE_WRITER_ARG0`]): for each frame
+/// on standard input (`<serial> <length>\n` and the file's text) writes
+/// the file in `dir` ([`StateFile::save`]) and answers `ok` or
+/// `error <why>` on a line; exits 0 at the end of its input.
+pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
+    let file = StateFile::in_dir(&dir);
+    let mut input = std::io::stdin().lock();
+    let mut output = std::io::stdout().lock();
+    loop {
+        let mut head = String::new();
+        match input.read_line(&mut head) {
+            Ok(0) => return std::process::ExitCode::SUCCESS,
+            Ok(_) => {}
+            Err(_) => return std::process::ExitCode::FAILURE,
+        }
+        let mut words = head.split_whitespace().map(str::parse::<u64>);
+        let (Some(Ok(serial)), Some(Ok(len))) = (words.next(), words.next()) else {
+            return std::process::ExitCode::FAILURE;
+        };
+        let mut text = vec![0; usize::try_from(len).unwrap_or(0)];
+        if input.read_exact(&mut text).is_err() {
+            return std::process::ExitCode::FAILURE;
+        }
+        let reply = match file.save(&text, serial) {
+            Ok(Saved::Written | Saved::AlreadyNewer(_)) => "ok".to_string(),
+            Err(e) => format!("error {e}"),
+        };
+        if writeln!(output, "{reply}")
+            .and_then(|()| output.flush())
+            .is_err()
+        {
+            return std::process::ExitCode::FAILURE;
+        }
+    }
+}

@@ -45,6 +45,17 @@ pub struct Rules {
     /// slowly, but it is not parked (the daemon's give-up deadline still
     /// bounds it).
     pub reissue_behind_once: bool,
+    /// Re-issue a parked read from 0 when an index check shows the prefix
+    /// below its index (Consul's reset rule: a snapshot restored under it).
+    pub reset_below: bool,
+    /// Replace a read re-issued for being behind that checks keep showing
+    /// behind by a full read, after
+    /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) checks.
+    pub replace_unanswered: bool,
+    /// A write generation that starts a new history where the last answer
+    /// showed none (the store restored from before the generation, or the
+    /// key deleted) is not lost data: the vanishing was.
+    pub generation_restart: bool,
     /// A hidden key holds only drain or maint; a hidden `ready` or weight
     /// is skipped.
     pub hidden_holds_only_out: bool,
@@ -61,6 +72,9 @@ impl Default for Rules {
             index_check: true,
             reissue_behind_once: true,
             hidden_holds_only_out: true,
+            reset_below: true,
+            replace_unanswered: true,
+            generation_restart: true,
         }
     }
 }

@@ -289,6 +289,7 @@ impl Watcher {
                         let result = match note {
                             Note::Confirmed { .. } => "current",
                             Note::ParkedBehind { .. } => "behind",
+                            Note::IndexBelow { .. } => "below",
                             Note::Unconfirmed { reason } => reason.as_str(),
                             _ => continue,
                         };
@@ -296,7 +297,13 @@ impl Watcher {
                         self.note(note);
                     }
                     let mut reissue = out.reissue;
-                    if let Step::Probe(others) = self.routes.on_check(route, fresh) {
+                    if out.reroute {
+                        // The read went unanswered through this address
+                        // while its checks passed: like a failed request.
+                        if let Step::Switch(to) = self.routes.on_failure(route) {
+                            self.switched(to, "a re-issued blocking read went unanswered while index checks passed");
+                        }
+                    } else if let Step::Probe(others) = self.routes.on_check(route, fresh) {
                         let found = self.beating(self.probe(&others)).await;
                         if let Step::Switch(to) = self.routes.on_probes(found) {
                             self.switched(to, "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)");

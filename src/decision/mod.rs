@@ -74,10 +74,10 @@ pub mod served;
 pub mod stale;
 
 pub use config::{CoreConfig, Rules};
-pub use machine::Core;
+pub use machine::{Core, REPLACE_UNANSWERED_AFTER};
 pub use protocol::{
-    CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
-    Unconfirmed,
+    BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
+    Response, Unconfirmed,
 };
 pub use served::{held_answer, HoldCause, STORE_ID_KEY};
 

@@ -40,15 +40,15 @@ const INTER_MS: u64 = 200;
 const REAP_WAIT: Duration = Duration::from_secs(17 * 60);
 
 /// The longest the reap test waits for an agent to serve the index Consul
-/// answers after the reap. The reap wakes no blocking query, and an index
-/// check re-issues one only for an index past it. A query parked across the
-/// reap returns at its timeout with what it read before the reap (Consul
-/// 1.8.7 does not read again when the wait runs out); the next one reads
-/// the lower index, which is not past the one it asks with, so it is held
-/// a whole wait too. The watching agent (`--wait 5s`, plus Consul's jitter
-/// of up to a sixteenth) therefore serves the reap 5 to about 10.6 s after
-/// it (measured: 6.6 to 9.5 s after the test saw it). The rest is slack
-/// for a loaded machine.
+/// answers after the reap. The reap wakes no blocking query: a query parked
+/// across it returns at its timeout with what it read before the reap
+/// (Consul 1.8.7 does not read again when the wait runs out), and the next
+/// one, at the lower index, is held a whole wait too. The watching agent's
+/// index check (every 2 s) sees the index below its query's and reads
+/// again from 0 (Consul's reset rule), so it serves the reap within a
+/// check or two of it; before that rule it took 5 to about 10.6 s at
+/// `--wait 5s` (measured: 6.6 to 9.5 s), a whole `--wait` or two at the
+/// default. The rest is slack for a loaded machine.
 const SEE_REAP: Duration = Duration::from_secs(60);
 
 /// `state ARGS --consul-addr URL` with the writer CLI; panics unless it

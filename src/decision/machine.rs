@@ -60,6 +60,9 @@ enum Sent {
     /// Re-issued as a default read because an index check showed its
     /// server cut off: left to fail, not re-issued again for that.
     CutOff,
+    /// A full default read because an index check showed the prefix below
+    /// `parked`, the index the read it replaces waited on.
+    Reset { parked: u64 },
 }
 
 /// How far index checks have found a blocking read behind Consul's index.
@@ -155,6 +158,13 @@ pub struct Core {
     /// with the record's ModifyIndex: not read again until the record
     /// changes (a key deleted by hand leaves its record behind).
     records_read: BTreeMap<Box<str>, u64>,
+    /// A read from 0 after an index check below the parked index answered
+    /// exactly the parked index: nothing went back, nothing new, so the
+    /// checks' server lags the leader (a follower that has not applied the
+    /// latest writes). Checks below do not read from 0 again until one
+    /// answers at the parked index or past it: a follower lagging for long
+    /// would otherwise cost a full read every check.
+    checks_lag: bool,
 }
 
 impl Core {
@@ -172,6 +182,7 @@ impl Core {
             confirm_default: true,
             failures: 0,
             records_read: BTreeMap::new(),
+            checks_lag: false,
         }
     }
 
@@ -248,7 +259,9 @@ impl Core {
     ///   judge. One check is enough: a stale check from a follower that has
     ///   not applied the last write yet (about 100 ms after it) costs one
     ///   full read that shows the same state, and the default read decides
-    ///   in one request in either mode;
+    ///   in one request in either mode. When that read answers exactly the
+    ///   parked index (the checks' server lags), checks below read from 0
+    ///   again only after one has answered at the parked index or past it;
     /// - two in a row past it mean the read is parked behind: it is
     ///   re-issued, and answers at once (the first may just have come before
     ///   the read's own answer); a read re-issued so is not re-issued for
@@ -295,9 +308,14 @@ impl Core {
                     }
                     None if index < parked && rules.reset_below => {
                         out.notes.push(Note::IndexBelow { parked, index });
-                        Act::Reset
+                        if self.checks_lag {
+                            Act::Keep
+                        } else {
+                            Act::Reset
+                        }
                     }
                     None if index > parked => {
+                        self.checks_lag = false;
                         let (behind, then) = match ask.behind {
                             Behind::No => (Behind::Once, BehindStep::Waits),
                             Behind::Reissued { checks } if rules.reissue_behind_once => {
@@ -327,6 +345,9 @@ impl Core {
                         }
                     }
                     None => {
+                        if index >= parked {
+                            self.checks_lag = false;
+                        }
                         out.notes.push(Note::Confirmed {
                             last_contact: meta.last_contact.unwrap_or_default(),
                         });
@@ -359,7 +380,7 @@ impl Core {
             }
             Act::Reset => {
                 self.confirm_default = true;
-                self.read(true, Sent::Next, Delay::None)
+                self.read(true, Sent::Reset { parked }, Delay::None)
             }
             Act::Replace => {
                 out.reroute = true;
@@ -481,6 +502,9 @@ impl Core {
             ask,
         } = read;
         let full = ask.index == 0;
+        if let Sent::Reset { parked } = ask.sent {
+            self.checks_lag = answer.index == parked;
+        }
         let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
         let (raw_index, empty) = (answer.index, answer.pairs.is_empty());
         // The view holds what is needed: the pairs go now, not after the

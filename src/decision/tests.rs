@@ -1719,6 +1719,37 @@ fn an_index_check_below_the_parked_index_reads_again_from_0_by_default() {
         assert_eq!(served(&c, "web/s1"), Some(Drain));
         assert_eq!(served(&c, "web/s2"), Some(Maint));
     }
+    // A check from a server that lags: the read from 0 shows the parked
+    // index itself. Later checks below are counted, and read from 0 again
+    // only once a check has answered at the parked index.
+    let mut c = started(false, true, None);
+    step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    let out = c.on_index_check(check(29, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(0)));
+    let out = step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    assert_eq!(
+        asks(&out),
+        &Request::Prefix {
+            index: 30,
+            stale: true
+        }
+    );
+    for _ in 0..3 {
+        let out = c.on_index_check(check(29, FRESH));
+        assert_eq!(
+            out.notes,
+            vec![Note::IndexBelow {
+                parked: 30,
+                index: 29
+            }]
+        );
+        assert_eq!(out.reissue, None);
+    }
+    assert_eq!(c.on_index_check(check(30, FRESH)).reissue, None);
+    let out = c.on_index_check(check(29, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(0)));
+
     // With the rule off, the lower index is taken for current.
     let mut config = config(false);
     config.rules.reset_below = false;

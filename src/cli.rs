@@ -270,9 +270,11 @@ pub struct AgentArgs {
 
     /// While a blocking query is parked, how often to check the prefix's
     /// index with a small stale read (`?keys&separator=/&stale`): a query
-    /// parked on a Consul server cut off from the quorum answers nothing
-    /// until --wait ends, and the check re-issues it. 500ms..60s, or 0 to
-    /// turn the checks off.
+    /// parked on a Consul server cut off from the quorum, or held across a
+    /// snapshot restore, answers nothing until --wait ends, and the check
+    /// re-issues it (from index 0 when the index went below it; a re-issued
+    /// query still unanswered 3 checks later is replaced by a full read).
+    /// 500ms..60s, or 0 to turn the checks off.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_INDEX_CHECK", default_value = "2s", value_parser = parse_duration)]
     pub index_check: Duration,
 

@@ -473,3 +473,120 @@ fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
     consul.delete("canary");
     wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");
 }
+
+/// The bound on a drain through a blocking read that is never answered:
+/// two index checks to re-issue the read, three more to replace it, the
+/// full read, and HAProxy's next check; at `--index-check 1s`, about 5 s.
+const UNANSWERED_BOUND: Duration = Duration::from_secs(12);
+
+/// The agent reads through a proxy that withholds every blocking read
+/// while index checks and full reads pass (an overloaded server, a proxy
+/// that holds long polls), with `--wait 60s`; `fallback`: the real Consul
+/// is also given as `--consul-fallback-addr`. A drain reaches HAProxy
+/// within [`UNANSWERED_BOUND`], every check counted. On 89740e7 it came
+/// after the request's timeout (71.6 s measured at `--wait 60s`), the
+/// checks after the re-issue uncounted, the fallback never tried.
+fn a_drain_through_a_read_never_answered(fallback: bool) {
+    use support::withhold::WithholdingProxy;
+    let consul = Consul::start();
+    let proxy = WithholdingProxy::start(consul.addr());
+    proxy.withhold(true);
+    let port = support::free_port();
+    let consul_url = consul.url();
+    let mut extra = vec!["--wait", "60s", "--index-check", "1s"];
+    if fallback {
+        extra.extend(["--consul-fallback-addr", &consul_url]);
+    }
+    let agent = Agent::spawn_on(&proxy.url(), port, support::free_port(), &extra);
+    agent.wait_ready();
+    let backend = format!(
+        "backend web\n{}",
+        support::server_line("web", "s1", &["web/s1"], port, 200)
+    );
+    let haproxy = support::Haproxy::start(&support::haproxy_config(&backend));
+    haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
+        s.is_ready_full_weight()
+    });
+    // The next blocking read is parked at the proxy.
+    assert!(wait_for(Duration::from_secs(10), || (proxy.withheld() >= 1)
+        .then_some(()))
+    .is_some());
+    let checks = |agent: &Agent| -> f64 {
+        [
+            "current",
+            "behind",
+            "below",
+            "failed",
+            "no_leader",
+            "too_old",
+        ]
+        .iter()
+        .map(|r| {
+            agent.metric(&format!(
+                "gitlab_haproxy_agent_index_checks_total{{result=\"{r}\"}}"
+            ))
+        })
+        .sum()
+    };
+
+    let (code, out) = writer(&consul, &["set", "web/s1", "drain"]);
+    assert_eq!(code, 0, "{out}");
+    let written = Instant::now();
+    let shown = wait_for(UNANSWERED_BOUND, || {
+        haproxy
+            .server("web", "s1")
+            .is_drain()
+            .then(|| written.elapsed())
+    });
+    eprintln!(
+        "drain shown by HAProxy after {shown:?}; {} blocking reads withheld",
+        proxy.withheld()
+    );
+    assert!(
+        shown.is_some(),
+        "no drain within {UNANSWERED_BOUND:?}: HAProxy {:?}, the agent answers {:?}\n{}",
+        haproxy.server("web", "s1"),
+        agent.ask("web/s1"),
+        agent.log()
+    );
+    let behind = agent.metric("gitlab_haproxy_agent_index_checks_total{result=\"behind\"}");
+    assert!(behind >= 5.0, "every check behind counted: {behind}");
+    // Every check made is counted: one per second while parked.
+    let before = checks(&agent);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        checks(&agent) >= before + 1.0,
+        "checks go on and are counted"
+    );
+    let log = agent.log();
+    assert!(
+        log.contains("went unanswered while index checks showed Consul past it"),
+        "{log}"
+    );
+    let route = agent.metric("gitlab_haproxy_agent_consul_route");
+    if fallback {
+        assert_eq!(route, 1.0, "reads moved to the fallback\n{log}");
+        // Through the fallback, blocking reads are answered again.
+        let (code, out) = writer(&consul, &["set", "web/s1", "maint"]);
+        assert_eq!(code, 0, "{out}");
+        assert!(
+            haproxy
+                .wait_server("web", "s1", Duration::from_secs(5), |s| s.is_maint())
+                .is_maint(),
+            "{}",
+            agent.log()
+        );
+    } else {
+        assert_eq!(route, 0.0);
+    }
+}
+
+#[test]
+fn a_drain_reaches_haproxy_within_seconds_through_a_read_never_answered() {
+    a_drain_through_a_read_never_answered(false);
+}
+
+#[test]
+fn a_read_never_answered_moves_reads_to_the_fallback() {
+    a_drain_through_a_read_never_answered(true);
+}

@@ -40,15 +40,15 @@ const INTER_MS: u64 = 200;
 const REAP_WAIT: Duration = Duration::from_secs(17 * 60);
 
 /// The longest the reap test waits for an agent to serve the index Consul
-/// answers after the reap. The reap wakes no blocking query, and an index
-/// check re-issues one only for an index past it. A query parked across the
-/// reap returns at its timeout with what it read before the reap (Consul
-/// 1.8.7 does not read again when the wait runs out); the next one reads
-/// the lower index, which is not past the one it asks with, so it is held
-/// a whole wait too. The watching agent (`--wait 5s`, plus Consul's jitter
-/// of up to a sixteenth) therefore serves the reap 5 to about 10.6 s after
-/// it (measured: 6.6 to 9.5 s after the test saw it). The rest is slack
-/// for a loaded machine.
+/// answers after the reap. The reap wakes no blocking query: a query parked
+/// across it returns at its timeout with what it read before the reap
+/// (Consul 1.8.7 does not read again when the wait runs out), and the next
+/// one, at the lower index, is held a whole wait too. The watching agent's
+/// index check (every 2 s) sees the index below its query's and reads
+/// again from 0 (Consul's reset rule), so it serves the reap within a
+/// check or two of it; before that rule it took 5 to about 10.6 s at
+/// `--wait 5s` (measured: 6.6 to 9.5 s), a whole `--wait` or two at the
+/// default. The rest is slack for a loaded machine.
 const SEE_REAP: Duration = Duration::from_secs(60);
 
 /// `state ARGS --consul-addr URL` with the writer CLI; panics unless it
@@ -193,6 +193,127 @@ fn a_drain_undone_by_a_restore_stays_held_after_the_next_write() {
 #[test]
 fn a_drain_undone_by_a_restore_stays_held_for_an_agent_stopped_through_it() {
     a_drain_undone_by_a_restore_stays_held(true);
+}
+
+/// The bound on seeing a restore under a parked query, from the end of
+/// `consul snapshot restore`: the next index check (every 2 s by default)
+/// sees the lower index and the read starts again from 0. The parked read
+/// itself is held by Consul until its wait ends (60 s by default).
+const SEE_RESTORE: Duration = Duration::from_secs(5);
+
+/// The agent watching with the default `--wait 60s` and `--index-check
+/// 2s`: `web/s1` = drain, a snapshot, `web/s1` cleared (served ready), the
+/// snapshot restored. Consul holds the drain again and the index went
+/// below the parked read's: the agent serves the drain, and HAProxy shows
+/// it, within [`SEE_RESTORE`] (a drain that comes back is less traffic: the
+/// loss rules apply it). On 89740e7 the agent served ready for the whole
+/// wait (60.5 s), its checks counted `current`.
+#[test]
+fn a_restore_under_a_parked_read_is_served_within_seconds_whatever_the_wait() {
+    let consul = Consul::start();
+    let state = TempDir::new("lost-data-parked");
+    let (port, http_port) = (free_port(), free_port());
+    let dir = state.path().to_str().unwrap();
+    let agent = Agent::spawn_on(
+        &consul.url(),
+        port,
+        http_port,
+        &["--state-dir", dir, "--wait", "60s"],
+    );
+    agent.wait_ready();
+    let haproxy = haproxy(port, &[("s1", &["web/s1"])]);
+    writer(&consul, &["set", "web/s1", "drain"]);
+    agent.wait_answer("web/s1", "drain 100%\n");
+    let snap = state.path().join("s1-drained.snap");
+    snapshot(&consul, "save", &snap);
+    writer(&consul, &["clear", "web/s1"]);
+    agent.wait_answer("web/s1", "ready 100%\n");
+    haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
+        !s.is_drain() && !s.is_maint()
+    });
+    // Let the next blocking read park at the cleared index.
+    std::thread::sleep(Duration::from_secs(1));
+
+    snapshot(&consul, "restore", &snap);
+    let restored = Instant::now();
+    let served = wait_for(SEE_RESTORE, || {
+        (agent.ask("web/s1") == "drain 100%\n").then(|| restored.elapsed())
+    });
+    let shown = served.and_then(|_| {
+        wait_for(Duration::from_secs(2), || {
+            haproxy
+                .server("web", "s1")
+                .is_drain()
+                .then(|| restored.elapsed())
+        })
+    });
+    eprintln!("restore served after {served:?}, shown by HAProxy after {shown:?}");
+    assert!(
+        served.is_some(),
+        "web/s1's drain, back with the restore, not served within {SEE_RESTORE:?} (answers {:?})\n{}",
+        agent.ask("web/s1"),
+        agent.log()
+    );
+    assert!(
+        shown.is_some_and(|t| t <= SEE_RESTORE + Duration::from_secs(1)),
+        "HAProxy: {:?} after {shown:?}",
+        haproxy.server("web", "s1")
+    );
+    assert!(agent.metric("gitlab_haproxy_agent_index_checks_total{result=\"below\"}") >= 1.0);
+    assert!(!went_backwards(&agent).is_empty(), "the restore is said");
+}
+
+/// A snapshot from before the store had a write generation (keys written
+/// by hand), restored after the writer made one: the restore is a loss
+/// (the generation vanished, the index went back), once. The writer's next
+/// transaction starts a new generation on the absent key: that is not a
+/// second loss, and what it wrote is served, not held. On 89740e7 it was
+/// taken for one: `web/s3` held "rolled back" with no answer (full weight)
+/// while the writer had set it to 50%.
+#[test]
+fn a_write_after_restoring_a_snapshot_from_before_the_generation_is_served() {
+    let consul = Consul::start();
+    let state = TempDir::new("lost-data-pregen");
+    let agent = agent(&consul, &state, free_port(), free_port());
+    consul.put("web/s1", "drain");
+    agent.wait_answer("web/s1", "drain 100%\n");
+    let snap = state.path().join("before-generation.snap");
+    snapshot(&consul, "save", &snap);
+    writer(&consul, &["set", "web/s2", "maint"]);
+    agent.wait_answer("web/s2", "maint 100%\n");
+
+    snapshot(&consul, "restore", &snap);
+    // The restore: web/s2's maint, undone, is held.
+    let held = wait_for(Duration::from_secs(15), || {
+        (status(&agent)["held"]["web/s2"]["cause"] == "rolled_back").then_some(())
+    });
+    assert!(held.is_some(), "{}\n{}", status(&agent), agent.log());
+    let warnings = went_backwards(&agent).len();
+    assert!(warnings >= 1);
+
+    writer(&consul, &["set", "web/s3", "50%"]);
+    let index = consul.prefix_index();
+    let seen = wait_for(Duration::from_secs(15), || {
+        consul_index(&agent).filter(|i| *i >= index)
+    });
+    assert!(seen.is_some(), "{}", agent.log());
+    assert_eq!(
+        agent.ask("web/s3"),
+        "ready 50%\n",
+        "the writer's write is served\n{}\n{}",
+        status(&agent),
+        agent.log()
+    );
+    let status = status(&agent);
+    assert!(status["held"].get("web/s3").is_none(), "{status}");
+    assert_eq!(status["held"]["web/s2"]["cause"], "rolled_back", "{status}");
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_generation_lost_total"),
+        1.0,
+        "{}",
+        agent.log()
+    );
+    assert_eq!(went_backwards(&agent).len(), warnings, "{}", agent.log());
 }
 
 /// The reap: `canary` = maint, served by two agents; one is stopped, the

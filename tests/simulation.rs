@@ -55,6 +55,18 @@
 //! re-issued for that again before it is answered (it asks at an index
 //! Consul is past: however slow, it is on its way).
 //!
+//! **Restores and reads never answered**: a snapshot restored under a
+//! parked blocking read wakes it with the store as it was (Consul answers
+//! the parked query with the old index and data; only the next query shows
+//! the restored, lower index, and index checks see it); once a check showed
+//! the index below the parked read, the next delivery finds it re-issued.
+//! Blocking reads can be withheld (never answered) while checks and full
+//! reads pass; once more than two checks plus
+//! [`REPLACE_UNANSWERED_AFTER`] showed Consul past a withheld read, the
+//! next delivery finds it replaced by a full read. A writer's write to a
+//! store restored from before the write generation, once the agent applied
+//! its answer, is not taken for a second loss.
+//!
 //! A violating schedule is shrunk to the fewest events that still violate,
 //! and printed with its seed. `GHA_SIM_SEEDS` (a count) and `GHA_SIM_STEPS`
 //! override the CI size; `GHA_SIM_SEED` replays one seed.
@@ -68,7 +80,8 @@ use gitlab_haproxy_agent::consul::{KvPair, PrefixAnswer, ReadMeta};
 use gitlab_haproxy_agent::decision::served::HoldCause;
 use gitlab_haproxy_agent::decision::served::ServedState;
 use gitlab_haproxy_agent::decision::{
-    Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rules,
+    BehindStep, Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rules,
+    REPLACE_UNANSWERED_AFTER,
 };
 use gitlab_haproxy_agent::model::generation::{Generation, Lineage, GENERATION_KEY};
 use gitlab_haproxy_agent::model::snapshot::{Answer, Entry, Snapshot};
@@ -149,6 +162,16 @@ enum Event {
     Backup,
     /// Tombstones reaped.
     Reap,
+    /// Blocking reads stop being answered, or are answered again, while
+    /// index checks and full reads pass (a proxy or an overloaded server
+    /// that withholds long polls).
+    Withhold {
+        on: bool,
+    },
+    /// A while with no answer: this many index checks in a row.
+    Quiet {
+        checks: u32,
+    },
     /// The follower catches up with the leader.
     CatchUp,
     /// The server holding the blocking query is cut off from the quorum
@@ -434,6 +457,28 @@ struct Sim {
     /// written on its own since, at an index far ahead. Nothing it shows is
     /// what the operators intend here.
     foreign: Store,
+    /// Blocking reads are withheld (never answered) while checks pass.
+    withholding: bool,
+    /// What a blocking read parked across a snapshot restore is woken
+    /// with: the store as it was before (Consul answers the parked query
+    /// with the old index and data; the restored index shows only in the
+    /// next query's answer).
+    woken: Option<Store>,
+    /// An index check showed the prefix below the parked read's index.
+    below_seen: bool,
+    /// Index checks that showed Consul past the read out since the last
+    /// answer, across re-issues of it as a blocking read.
+    behind_unanswered: u32,
+    /// Index checks that showed Consul past the read since it was
+    /// re-issued for being behind.
+    behind_since_reissue: u32,
+    /// Since the last applied answer, something a loss may honestly be
+    /// seen through happened (the token's policy or ACLs changed, the
+    /// agent restarted).
+    excused: bool,
+    /// A loss seen by a writer's write to the store the agent last applied
+    /// an answer of, where that answer lacked the generation.
+    second_loss: Option<String>,
 }
 
 /// How many index checks an overload lasts: two to re-issue a read behind,
@@ -491,6 +536,13 @@ impl Sim {
             overloaded: 0,
             routes: Routes::with_rules(2, setup.routes),
             foreign: Store::fresh(),
+            withholding: false,
+            woken: None,
+            below_seen: false,
+            behind_unanswered: 0,
+            behind_since_reissue: 0,
+            excused: false,
+            second_loss: None,
         };
         for key in KEYS {
             sim.intent.insert(key.to_string(), (None, 0, 0));
@@ -618,6 +670,7 @@ impl Sim {
         self.leader = next;
         self.follower = self.leader.clone();
         self.parked = None;
+        self.woken = None;
         self.mutated();
     }
 
@@ -718,6 +771,18 @@ impl Sim {
                 if self.stuck {
                     return None;
                 }
+                if index > 0 {
+                    if let Some(store) = self.woken.take() {
+                        let now = std::mem::replace(&mut self.leader, store);
+                        let policy = self.parked.take().unwrap_or_else(|| self.policy.clone());
+                        let r = self.prefix_response(false, lagging, &policy);
+                        self.leader = now;
+                        return Some(r);
+                    }
+                    if self.withholding {
+                        return None;
+                    }
+                }
                 if index > 0 && self.parked.is_none() {
                     self.parked = Some(self.policy.clone());
                 }
@@ -769,6 +834,30 @@ impl Sim {
         self.behind_seen = false;
         self.behind_checks = 0;
         self.reissued_behind = false;
+        self.below_seen = false;
+        self.behind_unanswered = 0;
+        self.behind_since_reissue = 0;
+        self.woken = None;
+        // The store the agent last applied an answer of, lacking the
+        // generation (a snapshot from before it restored): a writer's
+        // write there starts a new history, not a second loss.
+        let same_store = self
+            .shown
+            .as_ref()
+            .is_some_and(|s| s.generation == self.agent_generation);
+        let lacked = self
+            .before_applied
+            .as_ref()
+            .is_some_and(|b| b.generation.is_some() && !b.generation_shown);
+        if same_store && lacked && !self.excused {
+            if let Some(n) = out
+                .notes
+                .iter()
+                .find(|n| matches!(n, Note::GenerationLost { now: Some(_), .. }))
+            {
+                self.second_loss = Some(format!("{n:?}"));
+            }
+        }
         let loss = out.notes.iter().find(|n| {
             matches!(
                 n,
@@ -793,6 +882,11 @@ impl Sim {
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
         if applied {
             if let Some(shown) = self.shown.take().filter(|s| !s.foreign) {
+                // An answer that hid nothing from the token ends the
+                // excuse of a policy change.
+                if shown.hidden.is_empty() && !self.policy.prefix_denied {
+                    self.excused = false;
+                }
                 for key in KEYS {
                     if shown.hidden.contains(*key) {
                         self.known_hidden.insert(key.to_string());
@@ -892,6 +986,10 @@ impl Sim {
         self.behind_seen = false;
         self.behind_checks = 0;
         self.reissued_behind = false;
+        self.woken = None;
+        self.below_seen = false;
+        self.behind_unanswered = 0;
+        self.behind_since_reissue = 0;
     }
 
     /// After the schedule, every fault healed (Consul up, the token may
@@ -904,6 +1002,7 @@ impl Sim {
         self.cut = false;
         self.stuck = false;
         self.server_cut = false;
+        self.withholding = false;
         self.policy.prefix_denied = false;
         self.policy.denied.clear();
         self.follower = self.leader.clone();
@@ -985,20 +1084,45 @@ impl Sim {
             self.behind_seen = self.stuck;
         } else if self.leader.prefix_index() > parked {
             self.behind_checks += 1;
+            self.behind_unanswered += 1;
+            self.behind_since_reissue += 1;
             self.behind_seen = self.stuck && self.behind_checks >= 2;
+        } else if self.leader.prefix_index() < parked && self.woken.is_none() {
+            // (A woken read's answer, the store before the restore, is on
+            // its way.)
+            self.below_seen = true;
         }
         let out = self.core.on_index_check(check);
         if let Some(next) = &out.reissue {
             // A read that asks at an index Consul is known to be past is
             // answered as soon as its server gets to it, however slowly:
             // re-issuing it again drops that answer, for ever if the
-            // server is always slower than two checks.
-            if !self.server_cut {
+            // server is always slower than two checks. Replaced once by a
+            // full read after a few more checks (which is never parked,
+            // so never replaced again), or read from 0 for an index below
+            // it, it is not re-issued again.
+            let replaced = out.notes.iter().any(|n| {
+                matches!(
+                    n,
+                    Note::ParkedBehind {
+                        then: BehindStep::Replaced,
+                        ..
+                    }
+                )
+            });
+            let allowed = matches!(next.request, Request::Prefix { index: 0, .. })
+                && (!replaced || self.behind_since_reissue >= REPLACE_UNANSWERED_AFTER);
+            if !self.server_cut && !allowed {
                 if self.reissued_behind && !self.stuck {
                     self.reissued_again = Some(format!("{:?}", next.request));
                 }
                 self.reissued_behind = true;
+                self.behind_since_reissue = 0;
             }
+            if matches!(next.request, Request::Prefix { index: 0, .. }) {
+                self.behind_unanswered = 0;
+            }
+            self.below_seen = false;
         }
         if let Some(next) = out.reissue {
             // The parked request is dropped; its connection closes.
@@ -1015,6 +1139,12 @@ impl Sim {
     fn no_false_loss(&mut self) -> Result<(), String> {
         if let Some(note) = self.false_loss.take() {
             return Err(format!("a loss seen with no data lost: {note}"));
+        }
+        if let Some(note) = self.second_loss.take() {
+            return Err(format!(
+                "a write to a store restored from before the generation, whose answer the agent \
+                 applied, taken for a second loss: {note}"
+            ));
         }
         if let Some(request) = self.reissued_again.take() {
             return Err(format!(
@@ -1060,6 +1190,30 @@ impl Sim {
                         self.next.request
                     ));
                 }
+                let parked_at = match self.next.request {
+                    Request::Prefix { index, .. } if index > 0 => Some(index),
+                    _ => None,
+                };
+                if self.below_seen && self.up && parked_at.is_some() {
+                    return Err(format!(
+                        "an index check showed the prefix at {} below the parked read {:?} (a \
+                         restore or a reap Consul holds it across), and it is still parked",
+                        self.leader.prefix_index(),
+                        self.next.request
+                    ));
+                }
+                let unanswered = 2 + REPLACE_UNANSWERED_AFTER;
+                if self.withholding
+                    && self.up
+                    && parked_at.is_some()
+                    && self.behind_unanswered > unanswered
+                {
+                    return Err(format!(
+                        "{} index checks showed Consul past a read that is never answered, and \
+                         it is still parked: {:?}",
+                        self.behind_unanswered, self.next.request
+                    ));
+                }
                 if let Some(r) = self.respond(follower, lagging) {
                     if matches!(r, Response::Failed { .. }) {
                         // The daemon: a failed request may move reads.
@@ -1091,6 +1245,7 @@ impl Sim {
                     self.deliver(Response::Failed { forbidden: false });
                 } else if self.up
                     && !self.cut
+                    && !self.withholding
                     && matches!(self.next.request, Request::Prefix { index, .. } if index > 0)
                 {
                     let policy = self.parked.take().unwrap_or_else(|| self.policy.clone());
@@ -1162,6 +1317,7 @@ impl Sim {
                 // Keys a policy hid show at the same index once ACLs are
                 // off: the agent cannot tell that from a restore.
                 self.may_hold = true;
+                self.excused = true;
                 self.acl = !self.acl;
                 self.cut = true;
                 self.parked = None;
@@ -1180,7 +1336,11 @@ impl Sim {
                     // goes on from where it was, so the next write lands
                     // past everything served.
                     old.index = old.index.max(self.leader.index) + 1;
+                    // A blocking read parked across it is woken with the
+                    // store as it was; the next one sees the restore.
+                    let woken = (self.core.parked() && !self.stuck).then(|| self.leader.clone());
                     self.lose_data(old);
+                    self.woken = woken;
                 }
             }
             Event::Backup => self.old = Some(self.leader.clone()),
@@ -1236,9 +1396,20 @@ impl Sim {
                 // (the safe way: held).
                 self.policy.prefix_denied = true;
                 self.may_hold = true;
+                self.excused = true;
             }
             Event::AllowPrefix => self.policy.prefix_denied = false,
-            Event::Restart { keep_file } => self.restart(keep_file),
+            Event::Restart { keep_file } => {
+                self.excused = true;
+                self.restart(keep_file);
+            }
+            Event::Withhold { on } => self.withholding = on,
+            Event::Quiet { checks } => {
+                for _ in 0..checks {
+                    self.overloaded = self.overloaded.saturating_sub(1);
+                    self.index_check();
+                }
+            }
             Event::Ask { server } => return self.ask(server),
             Event::Reload => self.haproxy = vec![AdminState::Ready; SERVERS.len()],
         }
@@ -1254,7 +1425,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
     let stale = rng.u8(..4) == 0;
     let key = |rng: &mut fastrand::Rng| rng.usize(..KEYS.len());
     let events = (0..steps)
-        .map(|_| match rng.u32(..1035) {
+        .map(|_| match rng.u32(..1055) {
             0..=349 => Event::Deliver {
                 follower: rng.bool(),
                 lagging: rng.u8(..10) == 0,
@@ -1310,8 +1481,13 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             990..=999 => Event::Reload,
             1000..=1004 => Event::CutOff { client: rng.bool() },
             1005..=1006 => Event::Overload,
-            1020..=1024 => Event::PrimaryFails,
-            1025..=1034 => Event::PrimaryFresh,
+            1020..=1024 => Event::Withhold { on: true },
+            1025..=1029 => Event::Withhold { on: false },
+            1030..=1039 => Event::Quiet {
+                checks: rng.u32(2..=8),
+            },
+            1040..=1044 => Event::PrimaryFails,
+            1045..=1054 => Event::PrimaryFresh,
             _ => Event::IndexCheck,
         })
         .collect();
@@ -1655,4 +1831,43 @@ fn seeds_found_beyond_ci_stay_clean() {
             panic!("{report}");
         }
     }
+}
+
+#[test]
+fn without_the_reset_rule_a_restore_under_a_parked_read_stays_parked() {
+    let setup = Setup {
+        rules: Rules {
+            reset_below: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(
+        setup,
+        "reading from 0 on an index check below the parked read",
+    );
+}
+
+#[test]
+fn without_replacing_an_unanswered_read_a_withheld_read_holds_changes_back() {
+    let setup = Setup {
+        rules: Rules {
+            replace_unanswered: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "replacing a re-issued read left unanswered");
+}
+
+#[test]
+fn without_the_new_history_rule_a_write_after_a_restore_from_before_the_generation_is_a_loss() {
+    let setup = Setup {
+        rules: Rules {
+            generation_restart: false,
+            ..Rules::default()
+        },
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "a new generation history after one vanished");
 }

@@ -321,9 +321,9 @@ impl Metrics {
         }
         let index_checks = f.int_counter_vec(
             "index_checks_total",
-            "Index checks made while a blocking read was parked, by result (current, behind, failed, no_leader, too_old).",
+            "Index checks made while a blocking read was parked, by result (current, behind, below, failed, no_leader, too_old).",
             &["result"],
-            &["current", "behind", "failed", "no_leader", "too_old"],
+            &["current", "behind", "below", "failed", "no_leader", "too_old"],
         );
         let generation_lost = f.int_counter(
             "generation_lost_total",

@@ -311,6 +311,7 @@ impl Watcher {
                         let result = match note {
                             Note::Confirmed { .. } => "current",
                             Note::ParkedBehind { .. } => "behind",
+                            Note::IndexBelow { .. } => "below",
                             Note::Unconfirmed { reason } => reason.as_str(),
                             _ => continue,
                         };
@@ -318,12 +319,28 @@ impl Watcher {
                         self.note(note);
                     }
                     let mut reissue = out.reissue;
-                    if let Step::Probe { check, prove } = self.routes.on_check(route, fresh) {
-                        let found = self.probe(&check, &prove).await;
-                        if let Step::Switch(to) = self.routes.on_probes(found) {
-                            self.switched(to, "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)");
-                            reissue.get_or_insert(same.clone());
+                    let step = if out.reroute {
+                        // The read went unanswered through this address
+                        // while its checks passed: like a failed request.
+                        self.routes.on_failure(route)
+                    } else {
+                        self.routes.on_check(route, fresh)
+                    };
+                    let step = match step {
+                        Step::Probe { check, prove } => {
+                            let found = self.probe(&check, &prove).await;
+                            self.routes.on_probes(found)
                         }
+                        step => step,
+                    };
+                    if let Step::Switch(to) = step {
+                        let why = if out.reroute {
+                            "a re-issued blocking read went unanswered while index checks passed"
+                        } else {
+                            "an index check through the Consul address in use could not confirm (failed, no leader, or out of contact)"
+                        };
+                        self.switched(to, why);
+                        reissue.get_or_insert(same.clone());
                     }
                     if let Some(next) = reissue {
                         self.next = next;

@@ -50,6 +50,17 @@ pub struct Rules {
     /// rises or vanishes in an answer from a store that lost data is held
     /// like a drain that is left.
     pub traffic_order: bool,
+    /// Re-issue a parked read from 0 when an index check shows the prefix
+    /// below its index (Consul's reset rule: a snapshot restored under it).
+    pub reset_below: bool,
+    /// Replace a read re-issued for being behind that checks keep showing
+    /// behind by a full read, after
+    /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) checks.
+    pub replace_unanswered: bool,
+    /// A write generation that starts a new history where the last answer
+    /// showed none (the store restored from before the generation, or the
+    /// key deleted) is not lost data: the vanishing was.
+    pub generation_restart: bool,
 }
 
 impl Default for Rules {
@@ -63,6 +74,9 @@ impl Default for Rules {
             index_check: true,
             reissue_behind_once: true,
             traffic_order: true,
+            reset_below: true,
+            replace_unanswered: true,
+            generation_restart: true,
         }
     }
 }

@@ -64,7 +64,7 @@ pub(super) fn judge(
         lost = !reaped;
     }
     if rules.generation {
-        if let Some(note) = generation_lost(state, view) {
+        if let Some(note) = generation_lost(state, view, rules) {
             notes.push(note);
             lost = true;
         }
@@ -95,7 +95,18 @@ pub(super) fn judge(
 /// [`crate::model::generation`]), or none where the last answer showed
 /// one. A value that does not parse (written by hand) and one too many
 /// writes ahead to link say nothing.
-fn generation_lost(state: &ServedState, view: &AnswerView) -> Option<Note> {
+///
+/// Where the last answer showed none (a snapshot from before the
+/// generation restored, or the key deleted: that vanishing was the loss),
+/// a generation written since (its ModifyIndex past the served index)
+/// whose history reaches back to generation 1 is the writer's new history
+/// on the absent key, not a second loss. A generation restored by a
+/// snapshot keeps its old ModifyIndex, so a restore seen as it happened is
+/// still judged by its generation; one restored while the generation was
+/// absent and advanced by a writer before the agent read it looks like a
+/// new history, and only the index rules (the agent saw the index go
+/// back) tell it.
+fn generation_lost(state: &ServedState, view: &AnswerView, rules: Rules) -> Option<Note> {
     let served = state.generation?;
     let now = match &view.generation {
         None if !state.generation_shown => return None,
@@ -103,6 +114,14 @@ fn generation_lost(state: &ServedState, view: &AnswerView) -> Option<Note> {
         Some(Err(_)) => return None,
         Some(Ok(g)) => match g.lineage(served) {
             Lineage::Same | Lineage::Descends | Lineage::TooFar => return None,
+            Lineage::Lost
+                if rules.generation_restart
+                    && !state.generation_shown
+                    && view.generation_index > state.index
+                    && g.from_first() =>
+            {
+                return None
+            }
             Lineage::Lost => Some(g.mark()),
         },
     };

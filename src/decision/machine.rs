@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::config::CoreConfig;
 use super::loss;
 use super::protocol::{
-    CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
-    Unconfirmed,
+    BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
+    Response, Unconfirmed,
 };
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
@@ -42,22 +42,57 @@ struct PrefixAsk {
     index: u64,
     /// A `?stale` read.
     stale: bool,
-    /// A fresh read replacing a refused answer (which is not refused again).
-    fresh: bool,
-    /// A blocking read re-issued for a cut-off server: left to fail, not
-    /// re-issued again for that.
-    for_cut_off: bool,
-    /// An index check already showed the prefix past `index`: the next
-    /// that does re-issues the read.
-    behind: bool,
-    /// Re-issued because two checks showed it behind: Consul is known to
-    /// be past `index`, so the read is answered as soon as its server gets
-    /// to it. Checks that show it behind again do not re-issue it: in a
-    /// fleet whose servers take longer than two checks to answer a full
-    /// read, each re-issue would drop an answer on its way and ask again,
-    /// for ever (measured at 1,000 agents on 919 keys).
-    reissued: bool,
+    /// Why it was sent.
+    sent: Sent,
+    /// What index checks found of it (a blocking read's).
+    behind: Behind,
 }
+
+/// Why a prefix read was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// The next read: after an answer, a failure or the ACL probe, or
+    /// re-issued for being behind.
+    Next,
+    /// A full read replacing an answer refused for hiding writes (which is
+    /// not refused again).
+    Refresh,
+    /// Re-issued as a default read because an index check showed its
+    /// server cut off: left to fail, not re-issued again for that.
+    CutOff,
+    /// A full default read because an index check showed the prefix below
+    /// `parked`, the index the read it replaces waited on.
+    Reset { parked: u64 },
+}
+
+/// How far index checks have found a blocking read behind Consul's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Behind {
+    /// No check showed Consul past it.
+    No,
+    /// One did: its own answer may be on its way (in a fleet whose write
+    /// takes longer than a check to reach every agent, re-issuing then
+    /// would add a full read per agent to a fan-out already slow).
+    Once,
+    /// Re-issued because two in a row did: Consul is known to be past
+    /// `index`, so the read is answered as soon as its server gets to it.
+    /// `checks` have shown Consul past it since. It is not re-issued for
+    /// that again: in a fleet whose servers take longer than two checks to
+    /// answer a full read, each re-issue would drop an answer on its way
+    /// and ask again, for ever (measured at 1,000 agents on 919 keys). At
+    /// [`REPLACE_UNANSWERED_AFTER`] it is replaced, once, by a full read,
+    /// which is not parked and so never replaced again.
+    Reissued { checks: u32 },
+}
+
+/// How many index checks that show Consul past a read re-issued for being
+/// behind it waits before it is replaced by a full read (index 0): 3, six
+/// seconds at the default `--index-check` of 2 s, past the two checks of
+/// an overloaded fan-out that still answers. A read that is never answered
+/// (a proxy or an overloaded server that withholds blocking answers while
+/// index checks pass) otherwise holds every change back until the
+/// request's own timeout (`--wait` and more).
+pub const REPLACE_UNANSWERED_AFTER: u32 = 3;
 
 /// The request out while an answer is confirmed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +158,13 @@ pub struct Core {
     /// with the record's ModifyIndex: not read again until the record
     /// changes (a key deleted by hand leaves its record behind).
     records_read: BTreeMap<Box<str>, u64>,
+    /// A read from 0 after an index check below the parked index answered
+    /// exactly the parked index: nothing went back, nothing new, so the
+    /// checks' server lags the leader (a follower that has not applied the
+    /// latest writes). Checks below do not read from 0 again until one
+    /// answers at the parked index or past it: a follower lagging for long
+    /// would otherwise cost a full read every check.
+    checks_lag: bool,
 }
 
 impl Core {
@@ -140,6 +182,7 @@ impl Core {
             confirm_default: true,
             failures: 0,
             records_read: BTreeMap::new(),
+            checks_lag: false,
         }
     }
 
@@ -187,16 +230,14 @@ impl Core {
 
     /// A prefix read: a full one (no index), or a blocking one on the
     /// served index.
-    fn read(&mut self, full: bool, fresh: bool, delay: Delay) -> Next {
+    fn read(&mut self, full: bool, sent: Sent, delay: Delay) -> Next {
         let index = if full { 0 } else { self.current().unwrap_or(0) };
         let stale = self.stale_now();
         self.phase = Phase::Prefix(PrefixAsk {
             index,
             stale,
-            fresh,
-            for_cut_off: false,
-            behind: false,
-            reissued: false,
+            sent,
+            behind: Behind::No,
         });
         next(Request::Prefix { index, stale }, delay)
     }
@@ -208,23 +249,34 @@ impl Core {
     /// leadership). So:
     ///
     /// - a check from a server that knows the leader and heard from it
-    ///   within `--max-stale` at an index not past the parked one confirms
-    ///   the state served;
+    ///   within `--max-stale` at the parked index confirms the state
+    ///   served;
+    /// - one below the parked index is Consul's reset rule (api-docs
+    ///   features/blocking: an index that goes backwards means read again
+    ///   from 0): a snapshot restored under the parked query (which Consul
+    ///   holds until its wait ends) or a reaped tombstone. The read is
+    ///   re-issued at once as a full default read, which the loss rules
+    ///   judge. One check is enough: a stale check from a follower that has
+    ///   not applied the last write yet (about 100 ms after it) costs one
+    ///   full read that shows the same state, and the default read decides
+    ///   in one request in either mode. When that read answers exactly the
+    ///   parked index (the checks' server lags), checks below read from 0
+    ///   again only after one has answered at the parked index or past it;
     /// - two in a row past it mean the read is parked behind: it is
     ///   re-issued, and answers at once (the first may just have come before
-    ///   the read's own answer, which in a fleet whose write takes longer
-    ///   than one check to reach every agent is still on its way: re-issuing
-    ///   then would add a full read per agent to a fan-out already slow);
+    ///   the read's own answer); a read re-issued so is not re-issued for
+    ///   that again, but [`REPLACE_UNANSWERED_AFTER`] more checks past it
+    ///   replace it by a full read, once, and ask the daemon to read through
+    ///   another address when it has one ([`CheckOutput::reroute`]);
     /// - one from a server that knows no leader, or has not heard from it
     ///   within `--max-stale`, means a read through it is stuck: it is
     ///   re-issued as a default read, which such a server fails after
     ///   Consul's `rpc_hold_timeout` (7 s), and a Consul client agent moves
-    ///   to another server on that error;
+    ///   to another server on that error; not again for that;
     /// - a failed check confirms nothing.
     ///
-    /// A read re-issued for a cut-off server is not re-issued again for
-    /// that, nor one re-issued for being behind for being behind; a check
-    /// that comes after the read returned is ignored.
+    /// Every check gets one note, the daemon's count. A check that comes
+    /// after the read returned is ignored.
     pub fn on_index_check(&mut self, check: IndexCheck) -> CheckOutput {
         let mut out = CheckOutput::default();
         let Phase::Prefix(ask) = self.phase else {
@@ -233,13 +285,14 @@ impl Core {
         if ask.index == 0 {
             return out;
         }
-        // Whether to re-issue, and whether for a cut-off server.
-        let reissue = match check {
+        let rules = self.config.rules;
+        let parked = ask.index;
+        let act = match check {
             IndexCheck::Failed => {
                 out.notes.push(Note::Unconfirmed {
                     reason: Unconfirmed::Failed,
                 });
-                None
+                Act::Keep
             }
             IndexCheck::Answered { index, meta } => {
                 match hold_reason(None, index, &meta, self.config.max_stale) {
@@ -247,47 +300,93 @@ impl Core {
                         out.notes.push(Note::Unconfirmed {
                             reason: Unconfirmed::CutOff(reason),
                         });
-                        (!ask.for_cut_off).then_some(true)
-                    }
-                    None if index > ask.index
-                        && ask.reissued
-                        && self.config.rules.reissue_behind_once =>
-                    {
-                        None
-                    }
-                    None if index > ask.index && !ask.behind => {
-                        if let Phase::Prefix(ask) = &mut self.phase {
-                            ask.behind = true;
+                        if ask.sent == Sent::CutOff {
+                            Act::Keep
+                        } else {
+                            Act::CutOff
                         }
-                        None
                     }
-                    None if index > ask.index => {
+                    None if index < parked && rules.reset_below => {
+                        out.notes.push(Note::IndexBelow { parked, index });
+                        if self.checks_lag {
+                            Act::Keep
+                        } else {
+                            Act::Reset
+                        }
+                    }
+                    None if index > parked => {
+                        self.checks_lag = false;
+                        let (behind, then) = match ask.behind {
+                            Behind::No => (Behind::Once, BehindStep::Waits),
+                            Behind::Reissued { checks } if rules.reissue_behind_once => {
+                                let checks = checks.saturating_add(1);
+                                if checks >= REPLACE_UNANSWERED_AFTER && rules.replace_unanswered {
+                                    (ask.behind, BehindStep::Replaced)
+                                } else {
+                                    (Behind::Reissued { checks }, BehindStep::Waits)
+                                }
+                            }
+                            Behind::Once | Behind::Reissued { .. } => {
+                                (ask.behind, BehindStep::Reissued)
+                            }
+                        };
+                        if let Phase::Prefix(ask) = &mut self.phase {
+                            ask.behind = behind;
+                        }
                         out.notes.push(Note::ParkedBehind {
-                            parked: ask.index,
+                            parked,
                             index,
+                            then,
                         });
-                        Some(false)
+                        match then {
+                            BehindStep::Waits => Act::Keep,
+                            BehindStep::Reissued => Act::Behind,
+                            BehindStep::Replaced => Act::Replace,
+                        }
                     }
                     None => {
+                        if index >= parked {
+                            self.checks_lag = false;
+                        }
                         out.notes.push(Note::Confirmed {
                             last_contact: meta.last_contact.unwrap_or_default(),
                         });
-                        None
+                        Act::Keep
                     }
                 }
             }
         };
-        let Some(for_cut_off) = reissue.filter(|_| self.config.rules.index_check) else {
-            return out;
+        let next = match act {
+            Act::Keep => return out,
+            // Re-issues that the index-check rule turns off.
+            Act::CutOff | Act::Behind if !rules.index_check => return out,
+            Act::CutOff => {
+                self.confirm_default = true;
+                let next = self.read(false, Sent::CutOff, Delay::None);
+                // A read re-issued for being behind stays so, with its
+                // own checks before it is replaced.
+                if let (Phase::Prefix(new), Behind::Reissued { .. }) = (&mut self.phase, ask.behind)
+                {
+                    new.behind = Behind::Reissued { checks: 0 };
+                }
+                next
+            }
+            Act::Behind => {
+                let next = self.read(false, Sent::Next, Delay::None);
+                if let Phase::Prefix(new) = &mut self.phase {
+                    new.behind = Behind::Reissued { checks: 0 };
+                }
+                next
+            }
+            Act::Reset => {
+                self.confirm_default = true;
+                self.read(true, Sent::Reset { parked }, Delay::None)
+            }
+            Act::Replace => {
+                out.reroute = true;
+                self.read(true, Sent::Next, Delay::None)
+            }
         };
-        if for_cut_off {
-            self.confirm_default = true;
-        }
-        let next = self.read(false, ask.fresh, Delay::None);
-        if let Phase::Prefix(new) = &mut self.phase {
-            new.for_cut_off = for_cut_off;
-            new.reissued = ask.reissued || !for_cut_off;
-        }
         out.reissue = Some(next);
         out
     }
@@ -311,7 +410,7 @@ impl Core {
                 out.notes.push(Note::Acl { enabled });
                 match held {
                     Some(read) => self.on_prefix(read, now, &mut out),
-                    None => self.read(true, false, Delay::None),
+                    None => self.read(true, Sent::Next, Delay::None),
                 }
             }
             (
@@ -367,9 +466,9 @@ impl Core {
             (_, Response::Acl { enabled }) => {
                 self.acl = Some(enabled);
                 out.notes.push(Note::Acl { enabled });
-                self.read(true, false, Delay::None)
+                self.read(true, Sent::Next, Delay::None)
             }
-            (_, _) => self.read(true, false, Delay::MinInterval),
+            (_, _) => self.read(true, Sent::Next, Delay::MinInterval),
         };
         out
     }
@@ -388,7 +487,7 @@ impl Core {
             out.reload_token = true;
             self.token_checked = None;
         }
-        self.read(true, false, Delay::Backoff(self.failures))
+        self.read(true, Sent::Next, Delay::Backoff(self.failures))
     }
 
     fn on_prefix(&mut self, read: PrefixRead, now: u64, out: &mut Output) -> Next {
@@ -403,6 +502,9 @@ impl Core {
             ask,
         } = read;
         let full = ask.index == 0;
+        if let Sent::Reset { parked } = ask.sent {
+            self.checks_lag = answer.index == parked;
+        }
         let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
         let (raw_index, empty) = (answer.index, answer.pairs.is_empty());
         // The view holds what is needed: the pairs go now, not after the
@@ -420,7 +522,7 @@ impl Core {
                     served_index: self.current().unwrap_or(0),
                 });
                 self.confirm_default = true;
-                return self.read(true, false, Delay::MinInterval);
+                return self.read(true, Sent::Next, Delay::MinInterval);
             }
         }
         let acl_on = self.acl != Some(false) || meta.filtered_by_acls == Some(true);
@@ -433,7 +535,7 @@ impl Core {
         if !full && Some(view.index) == self.current() && loss::shows_the_same(served, &view) {
             out.notes.push(Note::NotModified);
             self.failures = 0;
-            return self.read(false, false, Delay::MinInterval);
+            return self.read(false, Sent::Next, Delay::MinInterval);
         }
 
         let rolled_back = loss::judge(served, &view, acl_on, self.config.rules, &mut out.notes);
@@ -452,7 +554,7 @@ impl Core {
         let moved = self.current().is_some_and(|c| view.index > c);
         if acl_on
             && !rolled_back
-            && !ask.fresh
+            && ask.sent != Sent::Refresh
             && moved
             && view.latest_shown > 0
             && view.index > view.latest_shown
@@ -461,7 +563,7 @@ impl Core {
             out.notes.push(Note::Refused(Refused::HidesWrites));
             // A policy narrowed since the last check is the likely cause.
             self.token_checked = None;
-            return self.read(true, true, Delay::None);
+            return self.read(true, Sent::Refresh, Delay::None);
         }
         let read_check = (acl_on && (empty || self.token_checked != Some(token_load)))
             .then_some(Some(token_load));
@@ -474,7 +576,7 @@ impl Core {
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
             store_check: false,
-            may_refuse: acl_on && !rolled_back && !ask.fresh && moved,
+            may_refuse: acl_on && !rolled_back && ask.sent != Sent::Refresh && moved,
         });
         self.proceed(pending, now, out)
     }
@@ -501,7 +603,7 @@ impl Core {
             // fresh.
             if p.may_refuse && loss::hides_writes(&p.view, &p.probes) {
                 out.notes.push(Note::Refused(Refused::HidesWrites));
-                return self.read(true, true, Delay::None);
+                return self.read(true, Sent::Refresh, Delay::None);
             }
             return self.finish(*p, now, out);
         };
@@ -554,7 +656,7 @@ impl Core {
         }
         out.notes.push(Note::StoreMoved);
         // Not at once: a store that keeps moving cannot make the loop spin.
-        self.read(true, false, Delay::MinInterval)
+        self.read(true, Sent::Next, Delay::MinInterval)
     }
 
     fn on_key(
@@ -644,8 +746,23 @@ impl Core {
         }
         // Consul's rule: after the index went backwards on a blocking read,
         // read again from 0; a full read that shows it needs no second one.
-        self.read(backwards && !p_full, false, Delay::MinInterval)
+        self.read(backwards && !p_full, Sent::Next, Delay::MinInterval)
     }
+}
+
+/// What an index check does with the read out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Act {
+    /// Nothing.
+    Keep,
+    /// Re-issue it as a default read: its server is cut off.
+    CutOff,
+    /// Re-issue it: parked behind.
+    Behind,
+    /// Read from 0, default: the index went below the parked one.
+    Reset,
+    /// Replace the re-issued read that went unanswered by a full read.
+    Replace,
 }
 
 fn next(request: Request, delay: Delay) -> Next {

@@ -15,7 +15,8 @@
 //!   restored): the index went backwards and something moved
 //!   (nothing moved: a reaped tombstone, not a loss), the writer's write
 //!   generation ([`crate::model::generation`]) is not one the served
-//!   generation leads to (a restore, whatever is written after it), the
+//!   generation leads to (a restore, whatever is written after it; not the
+//!   writer's new history after the generation vanished), the
 //!   [`STORE_ID_KEY`] the state had vanished or changed (whatever the
 //!   index), or an answer that did not move past the served index shows a
 //!   key rewritten (with ACLs off, any difference). A value from such a
@@ -54,7 +55,9 @@
 //!   on a server cut off from the quorum answers nothing until its wait
 //!   ends; while one is parked the daemon checks the prefix's index every
 //!   `--index-check`, and the core re-issues the query when the check shows
-//!   it behind or its server cut off.
+//!   it behind or its server cut off, reads again from 0 when it shows the
+//!   index below it (a restore), and replaces a re-issued query still
+//!   unanswered a few checks later by a full read.
 //!
 //! The core is a state machine (`machine.rs`): one phase says what it waits
 //! for (the ACL probe, a prefix read, or a check of an answer before it is
@@ -75,10 +78,10 @@ pub mod served;
 pub mod stale;
 
 pub use config::{CoreConfig, Rules};
-pub use machine::Core;
+pub use machine::{Core, REPLACE_UNANSWERED_AFTER};
 pub use protocol::{
-    CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request, Response,
-    Unconfirmed,
+    BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
+    Response, Unconfirmed,
 };
 pub use served::{held_answer, HoldCause, STORE_ID_KEY};
 

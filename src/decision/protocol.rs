@@ -185,8 +185,20 @@ pub enum Note {
         reason: Unconfirmed,
     },
     /// An index check showed the prefix past the index a parked blocking
-    /// read waits on: the read was re-issued.
+    /// read waits on.
     ParkedBehind {
+        /// The index the read waited on.
+        parked: u64,
+        /// The check's index.
+        index: u64,
+        /// What was done.
+        then: BehindStep,
+    },
+    /// An index check showed the prefix below the index a parked blocking
+    /// read waits on (a restored snapshot, a reaped tombstone, or a
+    /// follower that has not applied the last write): Consul's reset rule,
+    /// the read was re-issued from 0 as a default read.
+    IndexBelow {
         /// The index the read waited on.
         parked: u64,
         /// The check's index.
@@ -236,9 +248,24 @@ pub enum Note {
     StoreMoved,
 }
 
+/// What an index check that showed Consul past a parked read did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BehindStep {
+    /// Nothing yet: the first such check (the read's own answer may be on
+    /// its way), or one of the few after the read was re-issued for it.
+    Waits,
+    /// The read was re-issued: the second check in a row.
+    Reissued,
+    /// The re-issued read went unanswered for
+    /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) more
+    /// checks: replaced by a full read (which does not park), and
+    /// [`CheckOutput::reroute`] set.
+    Replaced,
+}
+
 /// Why an index check did not confirm the served state (the `reason` label
-/// of `gitlab_haproxy_agent_index_checks_total`, beside `current` and
-/// `behind`).
+/// of `gitlab_haproxy_agent_index_checks_total`, beside `current`,
+/// `behind` and `below`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unconfirmed {
     /// The check failed or timed out.
@@ -280,6 +307,10 @@ pub enum IndexCheck {
 pub struct CheckOutput {
     /// Drop the parked read and send this instead.
     pub reissue: Option<Next>,
+    /// A read through the address in use went unanswered while index
+    /// checks through it passed: send the re-issue through another
+    /// address when there is one (`--consul-fallback-addr`).
+    pub reroute: bool,
     /// What to log and count.
     pub notes: Vec<Note>,
 }

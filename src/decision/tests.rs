@@ -1686,6 +1686,15 @@ fn check(index: u64, meta: ReadMeta) -> IndexCheck {
     IndexCheck::Answered { index, meta }
 }
 
+/// The note of a check that found the read behind, and what it did.
+fn behind(parked: u64, index: u64, then: BehindStep) -> Vec<Note> {
+    vec![Note::ParkedBehind {
+        parked,
+        index,
+        then,
+    }]
+}
+
 #[test]
 fn a_read_reissued_for_being_behind_is_not_reissued_for_that_again() {
     let mut c = started(false, false, None);
@@ -1696,11 +1705,15 @@ fn a_read_reissued_for_being_behind_is_not_reissued_for_that_again() {
     assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
     // The re-issued read asks at an index Consul is past: however long its
     // servers take to answer (a fleet's fan-out), it is on its way.
-    // Re-issuing it again would drop that answer each time.
-    for _ in 0..4 {
-        assert_eq!(c.on_index_check(check(13, FRESH)), CheckOutput::default());
+    // Re-issuing it again would drop that answer each time; every check is
+    // still counted.
+    for _ in 0..REPLACE_UNANSWERED_AFTER - 1 {
+        let out = c.on_index_check(check(13, FRESH));
+        assert_eq!(out.reissue, None);
+        assert_eq!(out.notes, behind(10, 13, BehindStep::Waits));
     }
-    // A cut-off server still re-issues it, once, as a default read.
+    // A cut-off server still re-issues it, once, as a default read, and it
+    // stays a read re-issued for being behind, with checks of its own.
     let leaderless = ReadMeta {
         known_leader: Some(false),
         ..FRESH
@@ -1714,6 +1727,257 @@ fn a_read_reissued_for_being_behind_is_not_reissued_for_that_again() {
     assert_eq!(c.on_index_check(check(14, FRESH)).reissue, None);
     let out = c.on_index_check(check(14, FRESH));
     assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(13)));
+}
+
+#[test]
+fn a_reissued_read_left_unanswered_while_checks_pass_is_replaced_by_a_full_read() {
+    let mut c = started(false, false, None);
+    step(&mut c, prefix(10, &[("canary", "ready", 10)]));
+    // Consul moves to 12 (canary drained); the read is never answered (a
+    // proxy or a server that withholds blocking answers). Every check is
+    // counted, one note each.
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(out.notes, behind(10, 12, BehindStep::Waits));
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(out.notes, behind(10, 12, BehindStep::Reissued));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
+    for _ in 0..REPLACE_UNANSWERED_AFTER - 1 {
+        let out = c.on_index_check(check(12, FRESH));
+        assert_eq!(out.notes, behind(10, 12, BehindStep::Waits));
+        assert_eq!((out.reissue, out.reroute), (None, false));
+    }
+    // The last: replaced by a full read, which does not park, and another
+    // address asked for.
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(out.notes, behind(10, 12, BehindStep::Replaced));
+    assert_eq!(
+        out.reissue,
+        Some(Next {
+            request: blocks_on(0),
+            delay: Delay::None
+        })
+    );
+    assert!(out.reroute);
+    assert!(!c.parked(), "a full read is not watched by checks");
+    assert_eq!(c.on_index_check(check(12, FRESH)), CheckOutput::default());
+    step(&mut c, prefix(12, &[("canary", "drain", 12)]));
+    assert_eq!(served(&c, "canary"), Some(Drain));
+
+    // With the rule off, the re-issued read is left to its timeout.
+    let mut config = config(false);
+    config.rules.replace_unanswered = false;
+    let mut c = Core::new(config, None);
+    c.start();
+    step(&mut c, Response::Acl { enabled: false });
+    step(&mut c, prefix(10, &[("canary", "ready", 10)]));
+    for _ in 0..2 + 2 * REPLACE_UNANSWERED_AFTER {
+        c.on_index_check(check(12, FRESH));
+    }
+    assert!(c.parked());
+}
+
+#[test]
+fn an_index_check_below_the_parked_index_reads_again_from_0_by_default() {
+    for stale in [false, true] {
+        let mut c = started(false, stale, None);
+        step(
+            &mut c,
+            prefix(
+                30,
+                &[
+                    ("~store-id", "a", 3),
+                    ("web/s1", "ready", 30),
+                    ("web/s2", "maint", 12),
+                ],
+            ),
+        );
+        if stale {
+            // The default read that confirmed the first, then stale ones.
+            step(
+                &mut c,
+                prefix(
+                    30,
+                    &[
+                        ("~store-id", "a", 3),
+                        ("web/s1", "ready", 30),
+                        ("web/s2", "maint", 12),
+                    ],
+                ),
+            );
+        }
+        assert!(c.parked());
+        // A snapshot from when web/s1 was drained is restored: Consul
+        // holds the parked read until its wait ends; the check sees 20.
+        let out = c.on_index_check(check(20, FRESH));
+        assert_eq!(
+            out.notes,
+            vec![Note::IndexBelow {
+                parked: 30,
+                index: 20
+            }]
+        );
+        assert_eq!(
+            out.reissue.map(|n| n.request),
+            Some(blocks_on(0)),
+            "a full default read, stale {stale}"
+        );
+        let out = step(
+            &mut c,
+            prefix(
+                20,
+                &[
+                    ("~store-id", "a", 3),
+                    ("web/s1", "drain", 20),
+                    ("web/s2", "maint", 12),
+                ],
+            ),
+        );
+        assert!(out.notes.contains(&Note::IndexReset {
+            previous: 30,
+            index: 20,
+            reaped: false
+        }));
+        // Lost data: a drain that comes back is less traffic, and applies.
+        assert_eq!(served(&c, "web/s1"), Some(Drain));
+        assert_eq!(served(&c, "web/s2"), Some(Maint));
+    }
+    // A check from a server that lags: the read from 0 shows the parked
+    // index itself. Later checks below are counted, and read from 0 again
+    // only once a check has answered at the parked index.
+    let mut c = started(false, true, None);
+    step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    let out = c.on_index_check(check(29, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(0)));
+    let out = step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    assert_eq!(
+        asks(&out),
+        &Request::Prefix {
+            index: 30,
+            stale: true
+        }
+    );
+    for _ in 0..3 {
+        let out = c.on_index_check(check(29, FRESH));
+        assert_eq!(
+            out.notes,
+            vec![Note::IndexBelow {
+                parked: 30,
+                index: 29
+            }]
+        );
+        assert_eq!(out.reissue, None);
+    }
+    assert_eq!(c.on_index_check(check(30, FRESH)).reissue, None);
+    let out = c.on_index_check(check(29, FRESH));
+    assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(0)));
+
+    // With the rule off, the lower index is taken for current.
+    let mut config = config(false);
+    config.rules.reset_below = false;
+    let mut c = Core::new(config, None);
+    c.start();
+    step(&mut c, Response::Acl { enabled: false });
+    step(&mut c, prefix(30, &[("web/s1", "ready", 30)]));
+    let out = c.on_index_check(check(20, FRESH));
+    assert!(matches!(out.notes[..], [Note::Confirmed { .. }]));
+    assert_eq!(out.reissue, None);
+}
+
+#[test]
+fn a_write_after_a_restore_from_before_the_generation_is_not_a_second_loss() {
+    let mut c = started(false, false, None);
+    let g2 = generation(2, &[0xb, 0xa]);
+    step(
+        &mut c,
+        prefix(
+            15,
+            &[
+                ("~store-id", "a", 3),
+                ("~generation", &g2, 15),
+                ("web/s1", "drain", 4),
+                ("web/s2", "drain", 15),
+            ],
+        ),
+    );
+    // A snapshot from before the writer kept a generation is restored:
+    // the index and keys went back, and the generation vanished. A loss,
+    // once.
+    let out = step(
+        &mut c,
+        prefix(9, &[("~store-id", "a", 3), ("web/s1", "drain", 4)]),
+    );
+    assert!(out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { now: None, .. })));
+    assert!(out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::IndexReset { reaped: false, .. })));
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::RolledBack));
+    // The writer's next transaction starts a new history on the absent
+    // key: web/s3 at 50%. Not a second loss: web/s3 is served as written.
+    let g1 = generation(1, &[0xc]);
+    let out = step(
+        &mut c,
+        prefix(
+            40,
+            &[
+                ("~store-id", "a", 3),
+                ("~generation", &g1, 40),
+                ("web/s1", "drain", 4),
+                ("web/s3", "50%", 40),
+            ],
+        ),
+    );
+    assert!(
+        !out.notes
+            .iter()
+            .any(|n| matches!(n, Note::GenerationLost { .. })),
+        "{:?}",
+        out.notes
+    );
+    assert_eq!(served(&c, "web/s3"), Some(Weight(50)));
+    assert_eq!(hold(&c, "web/s3"), None);
+    // The restore's own loss is still held.
+    assert_eq!(served(&c, "web/s2"), Some(Drain));
+    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::RolledBack));
+    // A generation restored (its old ModifyIndex) where none was shown is
+    // still judged by its history, also by an agent restarted from its
+    // state file in between (the file keeps that the generation had
+    // vanished).
+    let mut c = started(false, false, None);
+    step(
+        &mut c,
+        prefix(15, &[("~store-id", "a", 3), ("~generation", &g2, 15)]),
+    );
+    step(&mut c, prefix(16, &[("~store-id", "a", 3)]));
+    let text = c.served().unwrap().to_file("p/");
+    let restored = ServedState::from_file("p/", &text).unwrap();
+    assert!(!restored.generation_shown, "kept through the state file");
+    let mut c = started(false, false, Some(restored));
+    let out = step(&mut c, prefix(16, &[("~store-id", "a", 3)]));
+    assert!(
+        !out.notes
+            .iter()
+            .any(|n| matches!(n, Note::GenerationLost { .. })),
+        "the vanishing is lost data once, not again after a restart"
+    );
+    let out = step(
+        &mut c,
+        prefix(
+            30,
+            &[
+                ("~store-id", "a", 3),
+                ("~generation", &generation(1, &[0xa]), 8),
+            ],
+        ),
+    );
+    assert!(out
+        .notes
+        .iter()
+        .any(|n| matches!(n, Note::GenerationLost { .. })));
 }
 
 #[test]
@@ -1737,7 +2001,9 @@ fn an_index_check_reissues_a_query_parked_behind_or_on_a_cut_off_server() {
     assert!(matches!(out.notes[0], Note::Unconfirmed { .. }));
     // The prefix moved past the parked read: once may be the read's own
     // answer on its way; twice, it is re-issued at once.
-    assert_eq!(c.on_index_check(check(12, FRESH)), CheckOutput::default());
+    let out = c.on_index_check(check(12, FRESH));
+    assert_eq!(out.reissue, None);
+    assert_eq!(out.notes, behind(10, 12, BehindStep::Waits));
     let out = c.on_index_check(check(12, FRESH));
     assert_eq!(
         out.reissue,
@@ -1746,13 +2012,7 @@ fn an_index_check_reissues_a_query_parked_behind_or_on_a_cut_off_server() {
             delay: Delay::None
         })
     );
-    assert_eq!(
-        out.notes,
-        vec![Note::ParkedBehind {
-            parked: 10,
-            index: 12
-        }]
-    );
+    assert_eq!(out.notes, behind(10, 12, BehindStep::Reissued));
     // The re-issued read answers: no read is parked until the next.
     let out = step(&mut c, prefix(12, &[("canary", "maint", 12)]));
     assert_eq!(served(&c, "canary"), Some(Maint));

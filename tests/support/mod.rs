@@ -1196,6 +1196,7 @@ pub fn haproxy_config(backends: &str) -> String {
 }
 
 pub mod schedule;
+pub mod withhold;
 
 /// Keeps `n` connections made by `open(i)` (set non-blocking) open until
 /// `stop`: every `every`, each is drained of what the agent sent, and one the

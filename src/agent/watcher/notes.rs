@@ -9,7 +9,7 @@ use super::Watcher;
 use crate::agent::metrics::ConsulOutcome;
 use crate::consul::ConsulError;
 use crate::decision::served::Change;
-use crate::decision::Note;
+use crate::decision::{BehindStep, Note};
 
 impl Watcher {
     pub(super) fn on_sync(&self) {
@@ -147,10 +147,28 @@ impl Watcher {
                 reason = reason.as_str(),
                 "index check could not confirm the state served is Consul's latest"
             ),
-            Note::ParkedBehind { parked, index } => info!(
+            Note::ParkedBehind {
+                parked,
+                index,
+                then,
+            } => match then {
+                BehindStep::Waits => {}
+                BehindStep::Reissued => info!(
+                    parked_index = parked,
+                    consul_index = index,
+                    "the blocking query is parked behind Consul's index (its server may be cut off): re-issued"
+                ),
+                BehindStep::Replaced => warn!(
+                    parked_index = parked,
+                    consul_index = index,
+                    checks = crate::decision::REPLACE_UNANSWERED_AFTER,
+                    "the re-issued blocking query went unanswered while index checks showed Consul past it: replaced by a full read"
+                ),
+            },
+            Note::IndexBelow { parked, index } => info!(
                 parked_index = parked,
                 consul_index = index,
-                "the blocking query is parked behind Consul's index (its server may be cut off): re-issued"
+                "index check below the blocking query's index (a restored snapshot or a reaped tombstone): reading again from 0"
             ),
             Note::NotMoved { index } => warn!(
                 consul_index = index,

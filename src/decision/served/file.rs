@@ -25,6 +25,10 @@ struct FileV1 {
     /// before it was kept).
     #[serde(default)]
     generation: Option<String>,
+    /// The last answer applied lacked the generation (kept to judge the
+    /// next one by); absent: it showed it.
+    #[serde(default)]
+    generation_vanished: bool,
     keys: BTreeMap<String, FileKey>,
 }
 
@@ -86,6 +90,8 @@ struct FileOut<'a> {
     release_mark: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     generation: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    generation_vanished: bool,
     keys: KeysOut<'a>,
 }
 
@@ -144,6 +150,7 @@ impl ServedState {
             store_id: self.store_id.as_deref(),
             release_mark: self.release_mark,
             generation: self.generation.map(file_generation),
+            generation_vanished: self.generation.is_some() && !self.generation_shown,
             keys: KeysOut(&self.keys),
         };
         serde_json::to_writer(writer, &file).map_err(std::io::Error::other)
@@ -223,7 +230,7 @@ impl ServedState {
             index: file.index.max(1),
             store_id: file.store_id.map(Into::into),
             release_mark: file.release_mark,
-            generation_shown: generation.is_some(),
+            generation_shown: generation.is_some() && !file.generation_vanished,
             generation,
             keys,
             invalid_meta: 0,

@@ -472,13 +472,6 @@ struct Sim {
     /// Index checks that showed Consul past the read since it was
     /// re-issued for being behind.
     behind_since_reissue: u32,
-    /// Since the last applied answer, something a loss may honestly be
-    /// seen through happened (the token's policy or ACLs changed, the
-    /// agent restarted).
-    excused: bool,
-    /// A loss seen by a writer's write to the store the agent last applied
-    /// an answer of, where that answer lacked the generation.
-    second_loss: Option<String>,
 }
 
 /// How many index checks an overload lasts: two to re-issue a read behind,
@@ -541,8 +534,6 @@ impl Sim {
             below_seen: false,
             behind_unanswered: 0,
             behind_since_reissue: 0,
-            excused: false,
-            second_loss: None,
         };
         for key in KEYS {
             sim.intent.insert(key.to_string(), (None, 0, 0));
@@ -838,26 +829,6 @@ impl Sim {
         self.behind_unanswered = 0;
         self.behind_since_reissue = 0;
         self.woken = None;
-        // The store the agent last applied an answer of, lacking the
-        // generation (a snapshot from before it restored): a writer's
-        // write there starts a new history, not a second loss.
-        let same_store = self
-            .shown
-            .as_ref()
-            .is_some_and(|s| s.generation == self.agent_generation);
-        let lacked = self
-            .before_applied
-            .as_ref()
-            .is_some_and(|b| b.generation.is_some() && !b.generation_shown);
-        if same_store && lacked && !self.excused {
-            if let Some(n) = out
-                .notes
-                .iter()
-                .find(|n| matches!(n, Note::GenerationLost { now: Some(_), .. }))
-            {
-                self.second_loss = Some(format!("{n:?}"));
-            }
-        }
         let loss = out.notes.iter().find(|n| {
             matches!(
                 n,
@@ -882,11 +853,6 @@ impl Sim {
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
         if applied {
             if let Some(shown) = self.shown.take().filter(|s| !s.foreign) {
-                // An answer that hid nothing from the token ends the
-                // excuse of a policy change.
-                if shown.hidden.is_empty() && !self.policy.prefix_denied {
-                    self.excused = false;
-                }
                 for key in KEYS {
                     if shown.hidden.contains(*key) {
                         self.known_hidden.insert(key.to_string());
@@ -1140,12 +1106,6 @@ impl Sim {
         if let Some(note) = self.false_loss.take() {
             return Err(format!("a loss seen with no data lost: {note}"));
         }
-        if let Some(note) = self.second_loss.take() {
-            return Err(format!(
-                "a write to a store restored from before the generation, whose answer the agent \
-                 applied, taken for a second loss: {note}"
-            ));
-        }
         if let Some(request) = self.reissued_again.take() {
             return Err(format!(
                 "a read re-issued for being behind was re-issued again before any answer: {request}"
@@ -1317,7 +1277,6 @@ impl Sim {
                 // Keys a policy hid show at the same index once ACLs are
                 // off: the agent cannot tell that from a restore.
                 self.may_hold = true;
-                self.excused = true;
                 self.acl = !self.acl;
                 self.cut = true;
                 self.parked = None;
@@ -1396,13 +1355,9 @@ impl Sim {
                 // (the safe way: held).
                 self.policy.prefix_denied = true;
                 self.may_hold = true;
-                self.excused = true;
             }
             Event::AllowPrefix => self.policy.prefix_denied = false,
-            Event::Restart { keep_file } => {
-                self.excused = true;
-                self.restart(keep_file);
-            }
+            Event::Restart { keep_file } => self.restart(keep_file),
             Event::Withhold { on } => self.withholding = on,
             Event::Quiet { checks } => {
                 for _ in 0..checks {
@@ -1858,16 +1813,4 @@ fn without_replacing_an_unanswered_read_a_withheld_read_holds_changes_back() {
         ..Setup::all()
     };
     finds_a_violation(setup, "replacing a re-issued read left unanswered");
-}
-
-#[test]
-fn without_the_new_history_rule_a_write_after_a_restore_from_before_the_generation_is_a_loss() {
-    let setup = Setup {
-        rules: Rules {
-            generation_restart: false,
-            ..Rules::default()
-        },
-        ..Setup::all()
-    };
-    finds_a_violation(setup, "a new generation history after one vanished");
 }

@@ -57,10 +57,6 @@ pub struct Rules {
     /// behind by a full read, after
     /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) checks.
     pub replace_unanswered: bool,
-    /// A write generation that starts a new history where the last answer
-    /// showed none (the store restored from before the generation, or the
-    /// key deleted) is not lost data: the vanishing was.
-    pub generation_restart: bool,
 }
 
 impl Default for Rules {
@@ -76,7 +72,6 @@ impl Default for Rules {
             traffic_order: true,
             reset_below: true,
             replace_unanswered: true,
-            generation_restart: true,
         }
     }
 }

@@ -64,7 +64,7 @@ pub(super) fn judge(
         lost = !reaped;
     }
     if rules.generation {
-        if let Some(note) = generation_lost(state, view, rules) {
+        if let Some(note) = generation_lost(state, view) {
             notes.push(note);
             lost = true;
         }
@@ -97,16 +97,17 @@ pub(super) fn judge(
 /// writes ahead to link say nothing.
 ///
 /// Where the last answer showed none (a snapshot from before the
-/// generation restored, or the key deleted: that vanishing was the loss),
-/// a generation written since (its ModifyIndex past the served index)
-/// whose history reaches back to generation 1 is the writer's new history
-/// on the absent key, not a second loss. A generation restored by a
-/// snapshot keeps its old ModifyIndex, so a restore seen as it happened is
-/// still judged by its generation; one restored while the generation was
-/// absent and advanced by a writer before the agent read it looks like a
-/// new history, and only the index rules (the agent saw the index go
-/// back) tell it.
-fn generation_lost(state: &ServedState, view: &AnswerView, rules: Rules) -> Option<Note> {
+/// generation restored, the key deleted), the writer's next transaction
+/// starts a new history at 1, which does not descend from the one served:
+/// lost data again. The agent cannot tell it from a store rebuilt ahead,
+/// or an old snapshot restored into a store started anew, whose first
+/// writer transaction looks the same (a new store id and generation 1 past
+/// every index served); taking it for a new history serves a drain lost
+/// with the rebuild as gone (the simulation finds it). So it is held, on
+/// the lower side of the order of traffic: what the write set is served
+/// (a value that appears caps its lines at it), and `state
+/// release-rollback` releases the rest.
+fn generation_lost(state: &ServedState, view: &AnswerView) -> Option<Note> {
     let served = state.generation?;
     let now = match &view.generation {
         None if !state.generation_shown => return None,
@@ -114,14 +115,6 @@ fn generation_lost(state: &ServedState, view: &AnswerView, rules: Rules) -> Opti
         Some(Err(_)) => return None,
         Some(Ok(g)) => match g.lineage(served) {
             Lineage::Same | Lineage::Descends | Lineage::TooFar => return None,
-            Lineage::Lost
-                if rules.generation_restart
-                    && !state.generation_shown
-                    && view.generation_index > state.index
-                    && g.from_first() =>
-            {
-                return None
-            }
             Lineage::Lost => Some(g.mark()),
         },
     };

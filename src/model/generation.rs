@@ -126,13 +126,6 @@ impl Generation {
         Ok(Generation { number, ids })
     }
 
-    /// Whether its history reaches back to generation 1 (at most
-    /// [`HISTORY`] transactions): a history the writer may have started on
-    /// an absent key.
-    pub fn from_first(&self) -> bool {
-        self.ids.len() as u64 == self.number
-    }
-
     /// How this generation stands to `served`.
     pub fn lineage(&self, served: GenerationMark) -> Lineage {
         if self.number < served.number {

@@ -326,9 +326,9 @@ impl Core {
                                     (Behind::Reissued { checks }, BehindStep::Waits)
                                 }
                             }
-                            Behind::Once | Behind::Reissued { .. } => {
-                                (ask.behind, BehindStep::Reissued)
-                            }
+                            // Without the rule, as a read sent afresh.
+                            Behind::Reissued { .. } => (Behind::Once, BehindStep::Waits),
+                            Behind::Once => (ask.behind, BehindStep::Reissued),
                         };
                         if let Phase::Prefix(ask) = &mut self.phase {
                             ask.behind = behind;

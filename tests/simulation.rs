@@ -28,9 +28,10 @@
 //!   and advances the write generation in every transaction)
 //!   and by hand (`consul kv put`, invalid values too), deletes,
 //!   transactions, `state release-rollback`.
-//! - **The agent**: the core, its state file (written before each new state
-//!   is served, as the daemon does), restarts that keep the file and ones
-//!   that lose it.
+//! - **The agent**: the core, its runtime copy (written before each new
+//!   state is served) and its state file (written after, held back while
+//!   the disk stalls), as the daemon keeps them; restarts that keep them
+//!   (loading the newer) and ones that lose both.
 //!
 //! **The invariant**: when HAProxy asks about a server, it does not give it
 //! more traffic (in the order maint < drain < 0% < lower weight < higher
@@ -166,6 +167,12 @@ enum Event {
     /// index checks and full reads pass (a proxy or an overloaded server
     /// that withholds long polls).
     Withhold {
+        on: bool,
+    },
+    /// The state folder's disk stalls (writes hang: a frozen file system),
+    /// or takes writes again: the state file's writer then writes the
+    /// newest state served.
+    DiskStall {
         on: bool,
     },
     /// A while with no answer: this many index checks in a row.
@@ -333,6 +340,10 @@ struct Setup {
     /// The daemon's routing rules ([`Routes`]): which Consul address reads
     /// go through.
     routes: RouteRules,
+    /// The daemon keeps a runtime copy of the state served, written before
+    /// serving, and a restart loads the newer of it and the state file
+    /// (which a stalled disk holds back). Off, a restart loads the file.
+    runtime_copy: bool,
 }
 
 impl Setup {
@@ -345,6 +356,7 @@ impl Setup {
             caps: true,
             provisional_weights: true,
             routes: RouteRules::default(),
+            runtime_copy: true,
         }
     }
 }
@@ -403,7 +415,14 @@ struct Sim {
     parked: Option<Policy>,
     core: Core,
     next: Next,
+    /// The state file on disk: written after each new state is served,
+    /// by a writer that a stalled disk holds back.
     file: Option<ServedState>,
+    /// The runtime copy (tmpfs, kept across restarts of the agent, not
+    /// reboots): written before each new state is served.
+    runtime: Option<ServedState>,
+    /// The state folder's disk does not take writes.
+    disk_stalled: bool,
     snapshot: Option<Snapshot>,
     /// What the pending answer (and its direct reads) showed.
     shown: Option<Shown>,
@@ -507,6 +526,8 @@ impl Sim {
             core,
             next,
             file: None,
+            runtime: None,
+            disk_stalled: false,
             snapshot: None,
             shown: None,
             agent_generation: 0,
@@ -847,7 +868,12 @@ impl Sim {
             let served = self.core.served().expect("a changed state exists").clone();
             self.snapshot = Some(served.snapshot());
             if out.served_changed {
-                self.file = Some(served);
+                if self.setup.runtime_copy {
+                    self.runtime = Some(served.clone());
+                }
+                if !self.disk_stalled {
+                    self.file = Some(served);
+                }
             }
         }
         let applied = out.notes.iter().any(|n| matches!(n, Note::Applied { .. }));
@@ -925,10 +951,13 @@ impl Sim {
     fn restart(&mut self, keep_file: bool) {
         if !keep_file {
             self.file = None;
+            self.runtime = None;
             self.known.clear();
         }
+        // The newer of the two copies: the runtime copy is never behind
+        // the file (the daemon compares their serials).
         let restored = if self.setup.restore {
-            self.file.clone()
+            self.runtime.clone().or_else(|| self.file.clone())
         } else {
             None
         };
@@ -972,6 +1001,7 @@ impl Sim {
         self.policy.prefix_denied = false;
         self.policy.denied.clear();
         self.follower = self.leader.clone();
+        self.disk_stalled = false;
         if self.routes.on_check(0, true) == Step::Switch(0) {
             self.parked = None;
         }
@@ -1052,7 +1082,14 @@ impl Sim {
             self.behind_checks += 1;
             self.behind_unanswered += 1;
             self.behind_since_reissue += 1;
-            self.behind_seen = self.stuck && self.behind_checks >= 2;
+            // A read already re-issued for being behind is replaced only
+            // after a few more checks (the re-issue-once rule).
+            self.behind_seen = self.stuck
+                && if self.reissued_behind {
+                    self.behind_since_reissue >= REPLACE_UNANSWERED_AFTER
+                } else {
+                    self.behind_checks >= 2
+                };
         } else if self.leader.prefix_index() < parked && self.woken.is_none() {
             // (A woken read's answer, the store before the restore, is on
             // its way.)
@@ -1359,6 +1396,15 @@ impl Sim {
             Event::AllowPrefix => self.policy.prefix_denied = false,
             Event::Restart { keep_file } => self.restart(keep_file),
             Event::Withhold { on } => self.withholding = on,
+            Event::DiskStall { on } => {
+                self.disk_stalled = on;
+                if !on {
+                    // The writer catches up with the newest state served.
+                    if let Some(served) = self.core.served() {
+                        self.file = Some(served.clone());
+                    }
+                }
+            }
             Event::Quiet { checks } => {
                 for _ in 0..checks {
                     self.overloaded = self.overloaded.saturating_sub(1);
@@ -1380,7 +1426,7 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
     let stale = rng.u8(..4) == 0;
     let key = |rng: &mut fastrand::Rng| rng.usize(..KEYS.len());
     let events = (0..steps)
-        .map(|_| match rng.u32(..1055) {
+        .map(|_| match rng.u32(..1065) {
             0..=349 => Event::Deliver {
                 follower: rng.bool(),
                 lagging: rng.u8(..10) == 0,
@@ -1443,6 +1489,8 @@ fn schedule(seed: u64, steps: usize) -> (bool, bool, Vec<Event>) {
             },
             1040..=1044 => Event::PrimaryFails,
             1045..=1054 => Event::PrimaryFresh,
+            1055..=1059 => Event::DiskStall { on: true },
+            1060..=1064 => Event::DiskStall { on: false },
             _ => Event::IndexCheck,
         })
         .collect();
@@ -1813,4 +1861,13 @@ fn without_replacing_an_unanswered_read_a_withheld_read_holds_changes_back() {
         ..Setup::all()
     };
     finds_a_violation(setup, "replacing a re-issued read left unanswered");
+}
+
+#[test]
+fn without_the_runtime_copy_a_restart_during_a_disk_stall_serves_an_older_state() {
+    let setup = Setup {
+        runtime_copy: false,
+        ..Setup::all()
+    };
+    finds_a_violation(setup, "the runtime copy");
 }

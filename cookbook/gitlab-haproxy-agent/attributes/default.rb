@@ -65,6 +65,10 @@ default['gitlab-haproxy-agent']['settings']['check_timeout'] = nil
 default['gitlab-haproxy-agent']['settings']['max_connections'] = nil
 default['gitlab-haproxy-agent']['settings']['min_query_interval'] = nil
 default['gitlab-haproxy-agent']['settings']['log_format'] = nil
+default['gitlab-haproxy-agent']['settings']['log_buffer_lines'] = nil
+# The runtime copy of the state served (tmpfs, kept across restarts of the
+# agent): nil uses the unit's RuntimeDirectory=, /run/gitlab-haproxy-agent.
+default['gitlab-haproxy-agent']['settings']['runtime_dir'] = nil
 # The Prometheus that scrapes every agent, for the writer on this node
 # (`gitlab-haproxy-agent state ...` reads it from /etc/default): group checks,
 # write confirmation, `state status`. nil: none.

@@ -27,7 +27,9 @@ module GitlabHaproxyAgent
       'max_stale' => 'GITLAB_HAPROXY_AGENT_MAX_STALE',
       'index_check' => 'GITLAB_HAPROXY_AGENT_INDEX_CHECK',
       'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
+      'runtime_dir' => 'GITLAB_HAPROXY_AGENT_RUNTIME_DIR',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
+      'log_buffer_lines' => 'GITLAB_HAPROXY_AGENT_LOG_BUFFER_LINES',
       'prometheus_url' => 'GITLAB_HAPROXY_AGENT_PROMETHEUS_URL',
     }.freeze
     # Values are written unquoted: both systemd and a POSIX shell read them

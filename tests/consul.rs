@@ -396,10 +396,11 @@ fn writer(consul: &Consul, args: &[&str]) -> (i32, String) {
 
 /// A dev Consul restarted comes back without its data, index starting over:
 /// every drain, maint and weight vanishes. The agent keeps answering the
-/// drain and maint (held), pages through `rollback_held_keys`, lists them on
+/// drain, maint and weight (held: gone, the weight would give its server
+/// full weight), pages through `rollback_held_keys`, lists them on
 /// /status, and releases a key on a new write to it and all of them on
-/// `state release-rollback`; a weight keeps its server in rotation either
-/// way and follows Consul. Deletes with a forward index apply at once.
+/// `state release-rollback`; a `ready` that vanishes gives nothing more and
+/// follows Consul. Deletes with a forward index apply at once.
 #[test]
 fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
     let mut consul = Consul::start();
@@ -431,15 +432,19 @@ fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
             agent.log()
         );
         assert_eq!(agent.ask("web/web-01"), "maint 100%\n");
-        assert_eq!(agent.ask("web/web-02"), "ready 100%\n");
+        assert_eq!(agent.ask("web/web-02"), "ready 50%\n");
         assert_eq!(agent.ask("web/web-03"), "ready 100%\n");
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(held(), 2.0);
+    assert_eq!(held(), 3.0);
     assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 0.0);
     let status: serde_json::Value =
         serde_json::from_str(&agent.http_get("/status").unwrap().1).unwrap();
-    for (key, state) in [("canary", "drain"), ("web/web-01", "maint")] {
+    for (key, state) in [
+        ("canary", "drain"),
+        ("web/web-01", "maint"),
+        ("web/web-02", "50%"),
+    ] {
         assert_eq!(status["held"][key]["state"], state, "{status}");
         assert_eq!(status["held"][key]["cause"], "rolled_back", "{status}");
     }
@@ -452,12 +457,13 @@ fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
     // A new write to a held key releases that key.
     consul.put("web/web-01", "ready");
     wait_answer(&agent, "web/web-01", "ready 100%\n");
-    assert_eq!(held(), 1.0);
+    assert_eq!(held(), 2.0);
 
     // One operator action releases the rest on every agent.
     let (code, out) = writer(&consul, &["release-rollback", "--dry-run"]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(agent.ask("web/web-cny-01 canary"), "drain 100%\n");
+    assert_eq!(agent.ask("web/web-02"), "ready 50%\n");
     let (code, out) = writer(&consul, &["release-rollback"]);
     assert_eq!(code, 0, "{out}");
     wait_answer(&agent, "web/web-cny-01 canary", "ready 100%\n");

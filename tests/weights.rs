@@ -117,6 +117,19 @@ fn wait_held(agent: &Agent, key: &str, cause: &str) -> serde_json::Value {
 /// `state ARGS` with the writer CLI against `consul` (and Prometheus at
 /// `prometheus`, when given).
 fn writer(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
+    match prometheus {
+        Some(url) => writer_env(
+            consul,
+            &[("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", url)],
+            args,
+        ),
+        None => writer_env(consul, &[], args),
+    }
+}
+
+/// `state ARGS` with the writer CLI against `consul`, with more
+/// environment variables (a token, Prometheus).
+fn writer_env(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
     let mut cmd = Command::new(AGENT_BIN);
     cmd.env_clear()
         // Writes that take servers out carry a reason.
@@ -125,10 +138,8 @@ fn writer(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
             "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
             "/nonexistent/haproxy.cfg",
         )
-        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url());
-    if let Some(url) = prometheus {
-        cmd.env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", url);
-    }
+        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
+        .envs(envs.iter().copied());
     Run::from(cmd.arg("state").args(args).output().unwrap())
 }
 
@@ -330,7 +341,9 @@ fn a_weight_lost_with_consuls_data_is_held_until_release_rollback() {
     keeps_answering(&agent, "api/api-01", "ready 40%\n", Duration::from_secs(2));
     let held = wait_held(&agent, "api/api-01", "rolled_back");
     assert_eq!(held["state"], "40%", "{held}");
-    assert_eq!(held["answer"], "ready 40% (held: rolled back)", "{held}");
+    let capped =
+        "at most ready 40%: the next identity decides when it gives less (held: rolled back)";
+    assert_eq!(held["answer"], capped, "{held}");
     server_stays(
         &haproxy,
         "api",
@@ -342,7 +355,7 @@ fn a_weight_lost_with_consuls_data_is_held_until_release_rollback() {
     assert!(
         prometheus.wait_until(
             Duration::from_secs(30),
-            "gitlab_haproxy_agent_held_key{key=\"api/api-01\",cause=\"rolled_back\",state=\"40%\"}",
+            "gitlab_haproxy_agent_held_key{key=\"api/api-01\",cause=\"rolled_back\",state=\"at most 40%\"}",
             1,
             |v| v == 1.0
         ),
@@ -351,13 +364,13 @@ fn a_weight_lost_with_consuls_data_is_held_until_release_rollback() {
     );
     let run = writer(&consul, Some(&prom), &["release-rollback", "--dry-run"]);
     assert_eq!(run.code, 0, "{run:?}");
-    run.says("  api/api-01: ready 40% (held: rolled back) on 1/1 agents");
+    run.says(&format!("  api/api-01: {capped} on 1/1 agents"));
     // A dry run releases nothing.
     keeps_answering(&agent, "api/api-01", "ready 40%\n", Duration::from_secs(1));
 
     let run = writer(&consul, Some(&prom), &["release-rollback"]);
     assert_eq!(run.code, 0, "{run:?}");
-    run.says("  api/api-01: ready 40% (held: rolled back) on 1/1 agents");
+    run.says(&format!("  api/api-01: {capped} on 1/1 agents"));
     agent.wait_answer("api/api-01", "ready 100%\n");
     haproxy.wait_server("api", "api-01", CONVERGE, ServerState::is_ready_full_weight);
     assert!(
@@ -387,12 +400,18 @@ fn a_weight_hidden_from_the_token_caps_a_later_groups_ready() {
     std::fs::write(&token_file, consul.token_with("agent-read").1).unwrap();
     consul.put("web/s3", "40%");
     consul.put("canary", "ready");
-    let agent = Agent::start(
-        &consul.url(),
-        &["--consul-token-file", token_file.to_str().unwrap()],
-    );
+    let state = TempDir::new("weights-token-state");
+    let args = [
+        "--consul-token-file",
+        token_file.to_str().unwrap(),
+        "--state-dir",
+        state.path().to_str().unwrap(),
+    ];
+    let (port, http_port) = (free_port(), free_port());
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args);
+    agent.wait_ready();
     let servers: [Server; 2] = [("s3", 100, &["canary"]), ("s4", 100, &["canary"])];
-    let haproxy = haproxy(agent.listen.port(), "web", &servers);
+    let haproxy = haproxy(port, "web", &servers);
     haproxy.wait_server("web", "s3", CONVERGE, at_weight(40));
     haproxy.wait_server("web", "s4", CONVERGE, ServerState::is_ready_full_weight);
 
@@ -434,9 +453,53 @@ fn a_weight_hidden_from_the_token_caps_a_later_groups_ready() {
     assert!(haproxy.server("web", "s4").is_ready_full_weight());
     assert_eq!(
         held["answer"],
-        "at most ready 40%: the next identity decides, capped (held: hidden from the token)",
+        "at most ready 40%: the next identity decides when it gives less (held: hidden from the token)",
         "{held}"
     );
+    // The writer says the same through Prometheus.
+    let prometheus = Prometheus::start(&[agent.http]);
+    let series =
+        "gitlab_haproxy_agent_held_key{key=\"web/s3\",cause=\"hidden\",state=\"at most 40%\"}";
+    assert!(
+        prometheus.wait_until(Duration::from_secs(30), series, 1, |v| v == 1.0),
+        "Prometheus did not see web/s3 capped:\n{}",
+        agent.metrics()
+    );
+    let envs = [
+        ("CONSUL_HTTP_TOKEN", MASTER),
+        ("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", &prometheus.url()),
+    ];
+    let capped = "at most ready 40%: the next identity decides when it gives less (held: hidden from the token) on 1/1 agents";
+    let run = writer_env(&consul, &envs, &["get", "web/s3"]);
+    assert_eq!(run.code, 0, "{run:?}");
+    run.says(&format!("agents: {capped}"));
+    let run = writer_env(&consul, &envs, &["list"]);
+    run.says(&format!("  web/s3: {capped}"));
+    drop(prometheus);
+
+    // The agent restarts (no goodbye) with its state file, and HAProxy
+    // reloads: the cap is kept, s3 is back at 40%.
+    agent.proc().kill();
+    drop(agent);
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args);
+    agent.wait_ready();
+    haproxy.reload();
+    haproxy.wait_server("web", "s3", CONVERGE, at_weight(40));
+    keeps_answering(
+        &agent,
+        "web/s3 canary",
+        "ready 40%\n",
+        Duration::from_secs(1),
+    );
+    server_stays(
+        &haproxy,
+        "web",
+        "s3",
+        "at 40%",
+        Duration::from_secs(1),
+        at_weight(40),
+    );
+    assert_eq!(status(&agent)["held"]["web/s3"]["cause"], "hidden");
 
     consul.put("canary", "drain");
     agent.wait_answer("web/s3 canary", "drain 100%\n");

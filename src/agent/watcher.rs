@@ -704,7 +704,7 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
         .iter()
         .filter_map(|(key, record)| Some((key, record, record.hold?)));
     for (key, record, hold) in held.take(crate::agent::metrics::MAX_HELD_KEYS_EXPORTED) {
-        let state = record.served.map_or("none".to_string(), |s| s.to_string());
+        let state = crate::decision::held_state(record.served, record.capping());
         metrics
             .held_key
             .with_label_values(&[key, hold.cause.as_str(), &state])

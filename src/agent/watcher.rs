@@ -685,7 +685,7 @@ fn unix_now_secs() -> u64 {
 /// state `/status` shows, and the gauges. `provisional`: the state comes
 /// from the state file and no Consul answer was applied since the start
 /// ([`Snapshot::provisional`](crate::model::snapshot::Snapshot::provisional):
-/// only drain and maint are answered).
+/// `ready` is not answered).
 pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
     use crate::decision::HoldCause;
     let metrics = &shared.metrics;

@@ -86,7 +86,7 @@ pub fn check(agent_addr: SocketAddr, http_addr: SocketAddr, args: &CheckReadyArg
         .and_then(|how| Ok((answer(agent_addr, args.timeout)?, how)))
     {
         Ok((Some(reply), how)) => return Outcome::Ready(format!("{how}; {reply:?}")),
-        // From the state file only drain and maint are answered: the port
+        // From the state file a `ready` is not answered: the port
         // read the line and withheld its ready, as it should.
         Ok((None, how)) if how.starts_with(FROM_STATE_FILE) => {
             return Outcome::Ready(format!(

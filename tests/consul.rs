@@ -396,10 +396,11 @@ fn writer(consul: &Consul, args: &[&str]) -> (i32, String) {
 
 /// A dev Consul restarted comes back without its data, index starting over:
 /// every drain, maint and weight vanishes. The agent keeps answering the
-/// drain, maint and weight (held: each would give its servers more traffic
-/// gone), pages through `rollback_held_keys`, lists them on /status, and
-/// releases a key on a new write to it and all of them on `state
-/// release-rollback`. Deletes with a forward index apply at once.
+/// drain, maint and weight (held: gone, the weight would give its server
+/// full weight), pages through `rollback_held_keys`, lists them on
+/// /status, and releases a key on a new write to it and all of them on
+/// `state release-rollback`; a `ready` that vanishes gives nothing more and
+/// follows Consul. Deletes with a forward index apply at once.
 #[test]
 fn keys_lost_when_consul_comes_back_without_its_data_are_held_until_released() {
     let mut consul = Consul::start();

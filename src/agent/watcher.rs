@@ -685,7 +685,7 @@ fn unix_now_secs() -> u64 {
 /// state `/status` shows, and the gauges. `provisional`: the state comes
 /// from the state file and no Consul answer was applied since the start
 /// ([`Snapshot::provisional`](crate::model::snapshot::Snapshot::provisional):
-/// only drain and maint are answered).
+/// `ready` is not answered).
 pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
     use crate::decision::HoldCause;
     let metrics = &shared.metrics;
@@ -704,7 +704,7 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
         .iter()
         .filter_map(|(key, record)| Some((key, record, record.hold?)));
     for (key, record, hold) in held.take(crate::agent::metrics::MAX_HELD_KEYS_EXPORTED) {
-        let state = record.served.map_or("none".to_string(), |s| s.to_string());
+        let state = crate::decision::held_state(record.served, record.capping());
         metrics
             .held_key
             .with_label_values(&[key, hold.cause.as_str(), &state])

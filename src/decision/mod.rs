@@ -83,7 +83,7 @@ pub use protocol::{
     BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
     Response, Unconfirmed,
 };
-pub use served::{held_answer, HoldCause, STORE_ID_KEY};
+pub use served::{held_answer, held_state, parse_held_state, HoldCause, STORE_ID_KEY};
 
 #[cfg(test)]
 mod tests;

@@ -13,5 +13,8 @@ mod view;
 pub use crate::model::identity::STORE_ID_KEY;
 pub use file::StateFileError;
 pub use merge::{Change, MergeInput, Probe};
-pub use state::{capped_answer, held_answer, Hold, HoldCause, KeyRecord, OutKey, ServedState};
+pub use state::{
+    capped_answer, held_answer, held_state, parse_held_state, Hold, HoldCause, KeyRecord, OutKey,
+    ServedState,
+};
 pub use view::{AnswerView, ConsulKey};

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 
 use super::{http_client, instant_query, samples};
 use crate::cli::DEFAULT_PROMETHEUS_SELECTOR;
-use crate::decision::{held_answer, HoldCause};
-use crate::model::value::{parse_value, AdminState};
+use crate::decision::{held_answer, parse_held_state, HoldCause};
+use crate::model::value::AdminState;
 
 /// Where the agents' metrics are: `--prometheus` and the selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,12 +51,16 @@ pub struct Holder {
     pub cause: HoldCause,
     /// The state it answers for the key (`None`: held absent).
     pub state: Option<AdminState>,
+    /// With no state of its own: the most it lets the next identity answer
+    /// (the label's `at most 40%`,
+    /// [`held_state`](crate::decision::held_state)).
+    pub cap: Option<AdminState>,
 }
 
 impl Holder {
     /// [`held_answer`] of this hold.
     pub fn answer(&self) -> String {
-        held_answer(self.state, self.cause)
+        held_answer(self.state, self.cap, self.cause)
     }
 }
 
@@ -119,10 +123,12 @@ async fn fetch(source: &Source) -> Result<Holds, String> {
             Some(f) if *f != instance => format!("{instance} ({f})"),
             _ => instance,
         };
+        let (state, cap) = parse_held_state(&label("state"));
         keys.entry(label("key")).or_default().push(Holder {
             agent,
             cause,
-            state: parse_value(label("state").as_bytes()).ok(),
+            state,
+            cap,
         });
     }
     Ok(Holds::Known {
@@ -264,6 +270,7 @@ mod tests {
                     agent: "a".into(),
                     cause: *cause,
                     state: *state,
+                    cap: None,
                 });
         }
         Holds::Known {

@@ -120,16 +120,13 @@ fn held_json(served: &ServedState, invalid: &mut serde_json::Map<String, Value>)
                 "reply": reply,
                 "cause": hold.cause.as_str(),
                 "cap": record.capping().map(|s| s.to_string()),
-                "answer": match (record.served, record.capping(), &record.consul, hold.cause) {
-                    // A held state answers as the writer shows it; one with
-                    // no state of its own, by its cap.
-                    (None, Some(cap), _, _) => crate::decision::served::capped_answer(cap, hold.cause),
+                "answer": match (record.capping(), &record.consul, hold.cause) {
                     // Hidden, last seen invalid: skipped.
-                    (None, None, Some(_), HoldCause::Hidden) => format!(
+                    (None, Some(_), HoldCause::Hidden) => format!(
                         "no answer from this key, the next identity decides (held: {})",
                         hold.cause.words()
                     ),
-                    _ => crate::decision::held_answer(record.served, hold.cause),
+                    (cap, _, _) => crate::decision::held_answer(record.served, cap, hold.cause),
                 },
                 "detail": detail,
                 "consul_modify_index": consul_modify_index,

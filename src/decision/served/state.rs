@@ -25,8 +25,9 @@ pub enum HoldCause {
     /// (or caps the key's lines, see [`KeyRecord::capping`]) until the key
     /// is written again or `state release-rollback`.
     RolledBack,
-    /// The token may no longer read the key (a direct read answers 403);
-    /// its last state is answered until the key can be read again.
+    /// The token may no longer read the key (a direct read answers 403):
+    /// its last drain or maint is answered, its last `ready` or weight caps
+    /// the next identity, until the key can be read again.
     Hidden,
 }
 
@@ -66,22 +67,25 @@ impl HoldCause {
 
 /// What a held key answers, in the one phrase `/status`, the writer (`state
 /// list`, `get`, `explain`, `status`, `release-rollback`) and the runbook
-/// use: `maint 100% (held: invalid value)`; for a key held absent,
-/// `no answer from this key, the next identity decides (held: rolled back)`;
-/// for a key hidden with no value known, which stops the lookup, `no
-/// answer: its value was never seen (held: hidden from the token)`.
-pub fn held_answer(served: Option<AdminState>, cause: HoldCause) -> String {
-    match served {
-        Some(state) => format!(
-            "{} (held: {})",
-            String::from_utf8_lossy(state.reply().as_bytes()).trim_end(),
-            cause.words()
-        ),
-        None if cause == HoldCause::Hidden => format!(
+/// use: `maint 100% (held: invalid value)`; for a key that caps the next
+/// identity (`cap`, [`KeyRecord::capping`]), [`capped_answer`]; for a key
+/// held absent, `no answer from this key, the next identity decides (held:
+/// rolled back)`; for a key hidden with no value known, which stops the
+/// lookup, `no answer: its value was never seen (held: hidden from the
+/// token)`.
+pub fn held_answer(
+    served: Option<AdminState>,
+    cap: Option<AdminState>,
+    cause: HoldCause,
+) -> String {
+    match (served, cap) {
+        (_, Some(cap)) => capped_answer(cap, cause),
+        (Some(state), None) => format!("{} (held: {})", state.reply_text(), cause.words()),
+        (None, None) if cause == HoldCause::Hidden => format!(
             "no answer: its value was never seen (held: {})",
             cause.words()
         ),
-        None => format!(
+        (None, None) => format!(
             "no answer from this key, the next identity decides (held: {})",
             cause.words()
         ),
@@ -97,6 +101,32 @@ pub fn capped_answer(cap: AdminState, cause: HoldCause) -> String {
         cap.reply_text(),
         cause.words()
     )
+}
+
+/// How [`held_state`] writes a cap: `at most 40%`, `at most ready`.
+const AT_MOST: &str = "at most ";
+
+/// The `state` label of `gitlab_haproxy_agent_held_key` for a held key:
+/// `at most 40%` for a key that caps the next identity (`cap`,
+/// [`KeyRecord::capping`]: it vanished or is hidden, or answers nothing of
+/// its own), else the state it answers (`drain`, `40%`), or `none` for a
+/// key that answers nothing. [`parse_held_state`] reads it back, so the
+/// writer says what `/status` says.
+pub fn held_state(served: Option<AdminState>, cap: Option<AdminState>) -> String {
+    match (served, cap) {
+        (_, Some(cap)) => format!("{AT_MOST}{cap}"),
+        (Some(state), None) => state.to_string(),
+        (None, None) => "none".to_string(),
+    }
+}
+
+/// [`held_state`] read back: (the state answered, the cap); both `None`
+/// for `none` or a text that is neither.
+pub fn parse_held_state(text: &str) -> (Option<AdminState>, Option<AdminState>) {
+    match text.strip_prefix(AT_MOST) {
+        Some(cap) => (None, parse_value(cap.as_bytes()).ok()),
+        None => (parse_value(text.as_bytes()).ok(), None),
+    }
 }
 
 /// One key of the served state.
@@ -297,22 +327,42 @@ mod held_answer_tests {
 
     #[test]
     fn one_phrase_per_hold() {
+        use AdminState::{Maint, Ready, Weight};
         assert_eq!(
-            held_answer(Some(AdminState::Maint), HoldCause::InvalidValue),
+            held_answer(Some(Maint), None, HoldCause::InvalidValue),
             "maint 100% (held: invalid value)"
         );
         assert_eq!(
-            held_answer(Some(AdminState::Weight(50)), HoldCause::Hidden),
-            "ready 50% (held: hidden from the token)"
+            held_answer(Some(Weight(50)), None, HoldCause::RolledBack),
+            "ready 50% (held: rolled back)"
         );
+        for served in [None, Some(Weight(40))] {
+            assert_eq!(
+                held_answer(served, Some(Weight(40)), HoldCause::Hidden),
+                "at most ready 40%: the next identity decides when it gives less (held: hidden \
+                 from the token)"
+            );
+        }
         assert_eq!(
-            held_answer(None, HoldCause::RolledBack),
+            held_answer(None, None, HoldCause::RolledBack),
             "no answer from this key, the next identity decides (held: rolled back)"
         );
         assert_eq!(
-            held_answer(None, HoldCause::Hidden),
+            held_answer(None, None, HoldCause::Hidden),
             "no answer: its value was never seen (held: hidden from the token)"
         );
+        for (served, cap, text) in [
+            (Some(Maint), None, "maint"),
+            (Some(Weight(40)), None, "40%"),
+            (None, Some(Weight(0)), "at most 0%"),
+            (None, Some(Ready), "at most ready"),
+            (None, None, "none"),
+        ] {
+            assert_eq!(held_state(served, cap), text);
+            assert_eq!(parse_held_state(text), (served, cap), "{text}");
+        }
+        assert_eq!(held_state(Some(Maint), Some(Maint)), "at most maint");
+        assert_eq!(parse_held_state("at most frozen"), (None, None));
         for c in HoldCause::ALL {
             assert_eq!(HoldCause::from_label(c.as_str()), Some(c));
         }

@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::cluster::Cluster;
-use support::{free_port, wait_for, Agent, Consul, Proc, TempDir, AGENT_BIN, PREFIX};
+use support::{free_port, wait_for, Agent, Consul, Proc, TempDir, PREFIX};
 
 /// How long the tests watch an agent whose primary is gone: long enough for
 /// several index checks, failed reads and their backoff (at 2 s checks).
@@ -38,16 +38,7 @@ const WATCH: Duration = Duration::from_secs(12);
 /// `token_file`, if any); panics unless it exits 0.
 #[track_caller]
 fn writer(url: &str, token_file: Option<&std::path::Path>, args: &[&str]) {
-    let mut cmd = Command::new(AGENT_BIN);
-    cmd.env_clear()
-        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
-        .env(
-            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
-            "/nonexistent/haproxy.cfg",
-        )
-        .arg("state")
-        .args(args)
-        .args(["--consul-addr", url]);
+    let mut cmd = support::state_command(url, args);
     if let Some(file) = token_file {
         cmd.arg("--consul-token-file").arg(file);
     }

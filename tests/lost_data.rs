@@ -24,13 +24,10 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::{
     free_port, haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, ServerState, TempDir,
-    AGENT_BIN,
 };
 
 /// `agent-inter` of every server, milliseconds.
@@ -56,39 +53,12 @@ const SEE_REAP: Duration = Duration::from_secs(60);
 /// exits 0.
 #[track_caller]
 fn writer(consul: &Consul, args: &[&str]) {
-    let out = Command::new(AGENT_BIN)
-        .env_clear()
-        // Writes that take servers out need a reason; the environment's
-        // default gives it.
-        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
-        .env(
-            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
-            "/nonexistent/haproxy.cfg",
-        )
-        .arg("state")
-        .args(args)
-        .args(["--consul-addr", &consul.url()])
+    let out = support::state_command(&consul.url(), args)
         .output()
         .unwrap();
     assert!(
         out.status.success(),
         "state {args:?}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// `consul snapshot save|restore FILE` against `consul`.
-#[track_caller]
-fn snapshot(consul: &Consul, verb: &str, file: &Path) {
-    let out = Command::new("consul")
-        .args(["snapshot", verb, &format!("-http-addr={}", consul.url())])
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "consul snapshot {verb}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -155,7 +125,7 @@ fn a_drain_undone_by_a_restore_stays_held(stopped: bool) {
     writer(&consul, &["set", "web/s2", "maint"]);
     agent.wait_answer("web/s2", "maint 100%\n");
     let snap = state.path().join("before-s1.snap");
-    snapshot(&consul, "save", &snap);
+    consul.snapshot("save", &snap);
     writer(&consul, &["set", "web/s1", "drain"]);
     agent.wait_answer("web/s1", "drain 100%\n");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_drain);
@@ -163,7 +133,7 @@ fn a_drain_undone_by_a_restore_stays_held(stopped: bool) {
     if stopped {
         assert!(agent.terminate().is_some_and(|s| s.success()));
     }
-    snapshot(&consul, "restore", &snap);
+    consul.snapshot("restore", &snap);
     writer(&consul, &["set", "web/s3", "drain"]);
     if stopped {
         agent = self::agent(&consul, &state, port, http_port);
@@ -226,7 +196,7 @@ fn a_restore_under_a_parked_read_is_served_within_seconds_whatever_the_wait() {
     writer(&consul, &["set", "web/s1", "drain"]);
     agent.wait_answer("web/s1", "drain 100%\n");
     let snap = state.path().join("s1-drained.snap");
-    snapshot(&consul, "save", &snap);
+    consul.snapshot("save", &snap);
     writer(&consul, &["clear", "web/s1"]);
     agent.wait_answer("web/s1", "ready 100%\n");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), |s| {
@@ -235,7 +205,7 @@ fn a_restore_under_a_parked_read_is_served_within_seconds_whatever_the_wait() {
     // Let the next blocking read park at the cleared index.
     std::thread::sleep(Duration::from_secs(1));
 
-    snapshot(&consul, "restore", &snap);
+    consul.snapshot("restore", &snap);
     let restored = Instant::now();
     let served = wait_for(SEE_RESTORE, || {
         (agent.ask("web/s1") == "drain 100%\n").then(|| restored.elapsed())
@@ -280,11 +250,11 @@ fn a_write_after_restoring_a_snapshot_from_before_the_generation_is_served() {
     consul.put("web/s1", "drain");
     agent.wait_answer("web/s1", "drain 100%\n");
     let snap = state.path().join("before-generation.snap");
-    snapshot(&consul, "save", &snap);
+    consul.snapshot("save", &snap);
     writer(&consul, &["set", "web/s2", "maint"]);
     agent.wait_answer("web/s2", "maint 100%\n");
 
-    snapshot(&consul, "restore", &snap);
+    consul.snapshot("restore", &snap);
     // The restore: web/s2's maint, undone, is held.
     let held = wait_for(Duration::from_secs(15), || {
         (status(&agent)["held"]["web/s2"]["cause"] == "rolled_back").then_some(())

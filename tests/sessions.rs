@@ -11,24 +11,15 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use serde_json::Value;
-use support::{haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, Run, AGENT_BIN};
+use support::{haproxy_config, server_line, wait_for, Agent, Consul, Haproxy, Run};
 use support::{kill, PREFIX};
 
 /// `state ARGS --consul-addr URL`, with the short agent timings and the
 /// default reason of tests/writer.rs.
 fn command(consul: &Consul, args: &[&str]) -> Command {
-    let mut cmd = Command::new(AGENT_BIN);
-    cmd.env_clear()
-        .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", "10ms")
+    let mut cmd = support::state_command(&consul.url(), args);
+    cmd.env("GITLAB_HAPROXY_AGENT_AGENT_INTER", "10ms")
         .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "10ms")
-        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
-        .env(
-            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
-            "/nonexistent/haproxy.cfg",
-        )
-        .arg("state")
-        .args(args)
-        .args(["--consul-addr", &consul.url()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

@@ -18,7 +18,6 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -130,17 +129,8 @@ fn writer(consul: &Consul, prometheus: Option<&str>, args: &[&str]) -> Run {
 /// `state ARGS` with the writer CLI against `consul`, with more
 /// environment variables (a token, Prometheus).
 fn writer_env(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
-    let mut cmd = Command::new(AGENT_BIN);
-    cmd.env_clear()
-        // Writes that take servers out carry a reason.
-        .env("GITLAB_HAPROXY_AGENT_REASON", "weights test")
-        .env(
-            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
-            "/nonexistent/haproxy.cfg",
-        )
-        .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
-        .envs(envs.iter().copied());
-    Run::from(cmd.arg("state").args(args).output().unwrap())
+    let mut cmd = support::state_command(&consul.url(), args);
+    Run::from(cmd.envs(envs.iter().copied()).output().unwrap())
 }
 
 /// [`writer`] that must exit 0.
@@ -148,22 +138,6 @@ fn writer_env(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
 fn write(consul: &Consul, args: &[&str]) {
     let run = writer(consul, None, args);
     assert_eq!(run.code, 0, "state {args:?}: {run:?}");
-}
-
-/// `consul snapshot save|restore FILE` against `consul`.
-#[track_caller]
-fn snapshot(consul: &Consul, verb: &str, file: &Path) {
-    let out = Command::new("consul")
-        .args(["snapshot", verb, &format!("-http-addr={}", consul.url())])
-        .arg(file)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "consul snapshot {verb}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// `s1 = 0%`, `s2 = drain`, `s3 = 25%` (configured weight 40) and `s4`
@@ -263,7 +237,7 @@ fn a_restore_that_brings_back_ready_over_zero_percent_holds_the_zero() {
     write(&consul, &["set", "web/s1", "ready"]);
     agent.wait_answer("web/s1", "ready 100%\n");
     let snap = state.path().join("s1-ready.snap");
-    snapshot(&consul, "save", &snap);
+    consul.snapshot("save", &snap);
     write(&consul, &["set", "web/s1", "0%"]);
     write(&consul, &["set", "web/s2", "drain"]);
     agent.wait_answer("web/s1", "ready 0%\n");
@@ -271,7 +245,7 @@ fn a_restore_that_brings_back_ready_over_zero_percent_holds_the_zero() {
     haproxy.wait_server("web", "s1", CONVERGE, at_weight(0));
     haproxy.wait_server("web", "s2", CONVERGE, ServerState::is_drain);
 
-    snapshot(&consul, "restore", &snap);
+    consul.snapshot("restore", &snap);
     // The loss is seen (s2 gone from the restored store is held), and s1,
     // `ready` there, is held at 0%.
     let s2 = wait_held(&agent, "web/s2", "rolled_back");

@@ -402,19 +402,7 @@ impl ConsulClient {
             datacenter: String,
         }
         let url = format!("{}/v1/agent/self", self.addr);
-        let response = self
-            .http
-            .get(&url)
-            .headers(self.headers()?)
-            .timeout(timeout)
-            .send()
-            .await
-            .map_err(|e| self.transport_error(e, timeout))?;
-        let status = response.status();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| self.transport_error(e, timeout))?;
+        let (status, body) = self.send_within(self.http.get(&url), timeout).await?;
         if status != StatusCode::OK {
             return Err(status_error(status, &body));
         }
@@ -519,17 +507,27 @@ impl ConsulClient {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<(StatusCode, Vec<u8>), ConsulError> {
+        self.send_within(request, REQUEST_TIMEOUT).await
+    }
+
+    /// Sends `request` with the token, bounded by `timeout` as a whole: its
+    /// status and body.
+    async fn send_within(
+        &self,
+        request: reqwest::RequestBuilder,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Vec<u8>), ConsulError> {
         let response = request
             .headers(self.headers()?)
-            .timeout(REQUEST_TIMEOUT)
+            .timeout(timeout)
             .send()
             .await
-            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+            .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
         let body = response
             .bytes()
             .await
-            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+            .map_err(|e| self.transport_error(e, timeout))?;
         Ok((status, body.to_vec()))
     }
 

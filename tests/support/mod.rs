@@ -22,6 +22,23 @@ pub mod prometheus;
 /// The agent binary built by cargo for these tests.
 pub const AGENT_BIN: &str = env!("CARGO_BIN_EXE_gitlab-haproxy-agent");
 
+/// The writer CLI, `gitlab-haproxy-agent state ARGS --consul-addr URL`,
+/// with a clean environment: a reason (writes that take servers out need
+/// one) and no HAProxy configuration to read on this machine.
+pub fn state_command(consul_url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(AGENT_BIN);
+    cmd.env_clear()
+        .env("GITLAB_HAPROXY_AGENT_REASON", "test")
+        .env(
+            "GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG",
+            "/nonexistent/haproxy.cfg",
+        )
+        .arg("state")
+        .args(args)
+        .args(["--consul-addr", consul_url]);
+    cmd
+}
+
 /// A finished run of the binary (the writer CLI): its exit status (-1 when a
 /// signal ended it) and its output.
 #[derive(Debug)]
@@ -662,6 +679,23 @@ impl Consul {
             v["AccessorID"].as_str().unwrap().to_string(),
             v["SecretID"].as_str().unwrap().to_string(),
         )
+    }
+
+    /// `consul snapshot save|restore FILE` against this Consul; panics
+    /// unless it exits 0.
+    #[track_caller]
+    pub fn snapshot(&self, verb: &str, file: &Path) {
+        let out = Command::new("consul")
+            .args(["snapshot", verb, &format!("-http-addr={}", self.url())])
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "consul snapshot {verb}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// The `X-Consul-Index` of the prefix.

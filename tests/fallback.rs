@@ -154,11 +154,9 @@ fn a_fallback_into_the_same_datacenter_is_proven_and_read_through_while_the_prim
     writer(&s1.url(), None, &["set", "web/s1", "ready"]);
     let fallbacks = format!("{},{}", s1.url(), s2.url());
     let agent = Agent::start(&c1.url(), &["--consul-fallback-addr", &fallbacks]);
-    let proven = wait_for(Duration::from_secs(10), || {
-        (fallback_state(&agent, 0) == "proven" && fallback_state(&agent, 1) == "proven")
-            .then_some(())
-    });
-    assert!(proven.is_some(), "{:#}\n{}", status(&agent), agent.log());
+    // A fresh agent proves them at its first probe: at start-up it serves
+    // no store id yet to prove them by.
+    assert_eq!(fallback_state(&agent, 0), "unproven");
     assert_eq!(status(&agent)["consul_datacenter"], "dc1");
     assert_eq!(
         agent.metric("gitlab_haproxy_agent_consul_fallback_refused{reason=\"denied\"}"),
@@ -176,6 +174,13 @@ fn a_fallback_into_the_same_datacenter_is_proven_and_read_through_while_the_prim
     eprintln!("drain served through a fallback {served:?} after the client agent hung");
     assert!(served < Duration::from_secs(10), "{served:?}");
     assert!(agent.metric("gitlab_haproxy_agent_consul_route") > 0.0);
+    let in_use = status(&agent)["consul_fallback_in_use"].clone();
+    assert!(
+        (0..2).any(|i| fallback_state(&agent, i) == "proven"),
+        "{:#}",
+        status(&agent)
+    );
+    assert!(in_use.is_string(), "{in_use}");
 }
 
 /// A Consul client agent on 127.0.0.1 joined to `server`, with ACLs on and
@@ -271,6 +276,16 @@ fn a_hung_consul_addr_at_start_moves_to_a_proven_fallback_within_the_startup_tim
     let hung = TcpListener::bind("127.0.0.1:0").unwrap();
     let hung_url = format!("http://{}", hung.local_addr().unwrap());
 
+    // The agent served this store before (its state file holds the store
+    // id a fallback is proven by), and restarts while --consul-addr hangs.
+    let state = TempDir::new("fallback-hung");
+    let dir = state.path().to_str().unwrap();
+    let mut before = Agent::spawn(&consul.url(), &["--state-dir", dir]);
+    before.wait_ready();
+    assert_eq!(before.ask("web/s1"), "drain 100%\n");
+    assert!(before.terminate().is_some_and(|s| s.success()));
+    drop(before);
+
     let started = Instant::now();
     let agent = Agent::spawn(
         &hung_url,
@@ -279,6 +294,8 @@ fn a_hung_consul_addr_at_start_moves_to_a_proven_fallback_within_the_startup_tim
             &consul.url(),
             "--consul-datacenter",
             "dc1",
+            "--state-dir",
+            dir,
         ],
     );
     let ready = wait_for(Duration::from_secs(8), || {
@@ -293,8 +310,9 @@ fn a_hung_consul_addr_at_start_moves_to_a_proven_fallback_within_the_startup_tim
     assert_eq!(s["consul_fallbacks"][0]["state"], "proven", "{s:#}");
 
     // Without --consul-datacenter our datacenter cannot be known while
-    // --consul-addr does not answer: nothing is proven, nothing is read,
-    // and the agent exits after --startup-timeout saying why.
+    // --consul-addr does not answer, nor without a state served the store
+    // id: nothing is proven, nothing is read, and the agent exits after
+    // --startup-timeout saying why.
     let mut unpinned = Agent::spawn(&hung_url, &["--consul-fallback-addr", &consul.url()]);
     let exit = unpinned.proc().wait_exit(Duration::from_secs(15));
     assert_eq!(exit.and_then(|e| e.code()), Some(1), "{}", unpinned.log());
@@ -305,4 +323,38 @@ fn a_hung_consul_addr_at_start_moves_to_a_proven_fallback_within_the_startup_tim
         "{log}"
     );
     drop(hung);
+}
+
+/// Two unrelated Consuls, both `dc1` (Consul's default name), neither
+/// written by the writer (no store id): the fallback, ahead in index,
+/// holds `ready` where the primary holds a drain by hand. With the primary
+/// stopped, nothing proves the fallback the same Consul, so it is never
+/// read through and the drain stays. Before the store id was required on
+/// both sides, the datacenter name alone proved it and `ready 100%` was
+/// served.
+#[test]
+fn an_unrelated_consul_of_the_same_name_without_a_store_id_is_never_read_through() {
+    let mut primary = Consul::start();
+    primary.put("web/s1", "drain");
+    let other = Consul::start();
+    for i in 0..20 {
+        other.put("web/s1", if i % 2 == 0 { "maint" } else { "ready" });
+    }
+    assert!(other.prefix_index() > primary.prefix_index());
+    let agent = Agent::start(
+        &primary.url(),
+        &["--consul-fallback-addr", &other.url(), "--index-check", "1s"],
+    );
+    assert_eq!(agent.ask("web/s1"), "drain 100%\n");
+
+    primary.stop();
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        assert_eq!(agent.ask("web/s1"), "drain 100%\n", "{}", agent.log());
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let s = status(&agent);
+    assert_eq!(s["consul_fallbacks"][0]["state"], "unproven", "{s:#}");
+    assert!(s["consul_fallback_in_use"].is_null(), "{s:#}");
+    assert_eq!(agent.metric("gitlab_haproxy_agent_consul_route"), 0.0);
 }

@@ -131,8 +131,9 @@ pub struct Expected<'a> {
     /// `/v1/agent/self`; `None` while neither is known.
     pub datacenter: Option<&'a str>,
     /// The served state's store id: `Some(None)` for a served state without
-    /// one, `None` before any state is served (nothing to compare: the first
-    /// store read defines it, as at the primary's first answer).
+    /// one, `None` before any state is served. A fallback is proven only by
+    /// a store id both hold: with none on either side, or nothing served
+    /// yet, it stays unproven.
     pub store_id: Option<Option<&'a str>>,
 }
 
@@ -189,18 +190,32 @@ pub fn judge(
         );
     };
     let show = |id: Option<&str>| id.map_or("none".to_string(), |id| format!("{id:?}"));
-    match expected.store_id {
-        Some(ours_id) if ours_id != store.as_deref() => verdict(
+    // Datacenters share names (every Consul is `dc1` unless told
+    // otherwise): only a store id both sides hold proves the same store.
+    match (expected.store_id, store.as_deref()) {
+        (Some(Some(ours_id)), Some(theirs)) if ours_id == theirs => verdict(
+            Proof::Proven,
+            format!("datacenter {ours:?}, store id {theirs:?}"),
+        ),
+        (Some(ours_id), theirs) if ours_id.is_some() || theirs.is_some() => verdict(
             Proof::OtherStore,
             format!(
                 "datacenter {ours:?}, but its store id is {}, ours {}",
-                show(store.as_deref()),
+                show(theirs),
                 show(ours_id)
             ),
         ),
-        _ => verdict(
-            Proof::Proven,
-            format!("datacenter {ours:?}, store id {}", show(store.as_deref())),
+        (Some(_), _) => verdict(
+            Proof::Unproven,
+            format!(
+                "datacenter {ours:?}, but neither it nor the state served has a store id (`~store-id`, which the writer creates: `gitlab-haproxy-agent state release-rollback` creates it): another Consul of the same name cannot be told from ours"
+            ),
+        ),
+        (None, _) => verdict(
+            Proof::Unproven,
+            format!(
+                "datacenter {ours:?}; no state served yet to compare its store id with (proven again once Consul has answered)"
+            ),
         ),
     }
 }
@@ -651,7 +666,8 @@ mod tests {
                 store(Some("s-1")),
                 Proof::Unproven,
             ),
-            // A served state without a store id: only a store without one.
+            // A served state without a store id: nothing proves a store
+            // without one either (another Consul named dc1 would do).
             (
                 Expected {
                     store_id: Some(None),
@@ -659,7 +675,7 @@ mod tests {
                 },
                 dc("dc1"),
                 store(None),
-                Proof::Proven,
+                Proof::Unproven,
             ),
             (
                 Expected {
@@ -670,7 +686,7 @@ mod tests {
                 store(Some("s-1")),
                 Proof::OtherStore,
             ),
-            // Nothing served yet: the datacenter decides.
+            // Nothing served yet: nothing to compare the store id with.
             (
                 Expected {
                     store_id: None,
@@ -678,7 +694,7 @@ mod tests {
                 },
                 dc("dc1"),
                 store(Some("s-9")),
-                Proof::Proven,
+                Proof::Unproven,
             ),
             (
                 Expected {

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 echo "Installing HAProxy and Consul if missing, then building the agent (a few minutes on a fresh machine)..."
 if [ "$(id -u)" -eq 0 ]; then scripts/install-deps.sh --demo >/dev/null; else sudo scripts/install-deps.sh --demo >/dev/null; fi
 cargo build --quiet --locked
-agent_bin=target/debug/gitlab-haproxy-agent
+agent_bin=${CARGO_TARGET_DIR:-target}/debug/gitlab-haproxy-agent
 
 work=$(mktemp -d /tmp/gitlab-haproxy-agent-demo.XXXXXX)
 pids=()
@@ -54,10 +54,16 @@ echo "Starting the agent on 127.0.0.1:$agent_port (metrics on 127.0.0.1:$metrics
 "$agent_bin" --listen "127.0.0.1:$agent_port" --http-listen "127.0.0.1:$metrics_port" \
   --log-format text >"$work/agent.log" 2>&1 &
 pids+=($!)
+ready=false
 for _ in $(seq 1 100); do
-  curl -fs "http://127.0.0.1:$metrics_port/-/ready" >/dev/null && break
+  if curl -fs "http://127.0.0.1:$metrics_port/-/ready" >/dev/null; then ready=true; break; fi
   sleep 0.1
 done
+if ! $ready; then
+  echo "demo: the agent did not become ready within 10 s; its log:" >&2
+  cat "$work/agent.log" >&2
+  exit 1
+fi
 
 server() { # backend server groups...
   local backend=$1 name=$2; shift 2

@@ -343,7 +343,12 @@ fn an_unrelated_consul_of_the_same_name_without_a_store_id_is_never_read_through
     assert!(other.prefix_index() > primary.prefix_index());
     let agent = Agent::start(
         &primary.url(),
-        &["--consul-fallback-addr", &other.url(), "--index-check", "1s"],
+        &[
+            "--consul-fallback-addr",
+            &other.url(),
+            "--index-check",
+            "1s",
+        ],
     );
     assert_eq!(agent.ask("web/s1"), "drain 100%\n");
 

@@ -617,7 +617,11 @@ fn explain_agrees_with_the_running_agent() {
 
 /// Polls HAProxy every 25 ms while `child` runs and afterwards until every
 /// server in `end` is in maint (at most 10 s more), recording each server's
-/// distinct (admin state, user weight) sequence.
+/// distinct (admin state, user weight) sequence. Drain and maint at once is
+/// not recorded: HAProxy 2.6 showed both flags for an instant, on its way
+/// from drain to maint, when an agent's `maint` followed its `drain` (one
+/// 25 ms poll landed there once in a full test run); the sequence is what
+/// settles.
 fn watch(
     haproxy: &Haproxy,
     child: &mut Child,
@@ -631,7 +635,7 @@ fn watch(
         for (id, s) in &states {
             let v = seen.entry(id.clone()).or_default();
             let now = (s.admin_state, s.uweight);
-            if v.last() != Some(&now) {
+            if now.0 != DRAIN | MAINT && v.last() != Some(&now) {
                 v.push(now);
             }
         }

@@ -712,15 +712,8 @@ impl Writer {
         for (id, phrase) in &agents {
             println!("agents: key {id}: {phrase}");
         }
-        // Agents may answer otherwise than Consul's values (a key held
-        // after Consul lost data or hidden from the token): say so whenever
-        // that cannot be checked here.
         if let crate::fleet::held::Holds::Unknown(why) = &holds {
-            println!(
-                "(what the agents hold is not known here: {why}; an agent holding a key, after \
-                 Consul lost data or for a key hidden from its token, answers otherwise: its \
-                 /status, or --prometheus, shows it)"
-            );
+            println!("(what the agents hold is not known here: {why}; one holding a key, after Consul lost data or for a key hidden from it, answers otherwise)");
         }
         let table_rows: Vec<Vec<String>> = rows
             .into_iter()

@@ -495,6 +495,9 @@ const UNANSWERED_BOUND: Duration = Duration::from_secs(12);
 fn a_drain_through_a_read_never_answered(fallback: bool) {
     use support::withhold::WithholdingProxy;
     let consul = Consul::start();
+    // The writer made the store id before (a fallback is proven by it).
+    let (code, out) = writer(&consul, &["set", "web/s1", "ready"]);
+    assert_eq!(code, 0, "{out}");
     let proxy = WithholdingProxy::start(consul.addr());
     proxy.withhold(true);
     let port = support::free_port();

@@ -573,12 +573,14 @@ impl Sim {
         sim
     }
 
-    /// The daemon proves the fallback at start: `/v1/agent/self` answers
-    /// dc2 where ours is dc1; its store id is ours (a copy).
+    /// The daemon proves the fallback (at start, and in a probe):
+    /// `/v1/agent/self` answers dc2 where ours is dc1; its store id is
+    /// ours (a copy), so only the datacenter refuses it.
     fn prove_fallback(&mut self) {
+        let served = self.core.served().map(|s| s.store_id.clone());
         let expected = Expected {
             datacenter: Some("dc1"),
-            store_id: None,
+            store_id: served.as_ref().map(|id| id.as_deref()),
         };
         let id = self.foreign.value("~store-id").map(str::to_string);
         let verdict = judge(
@@ -587,6 +589,16 @@ impl Sim {
             &Seen::Answered(id),
         );
         self.routes.on_proof(1, verdict.proof);
+    }
+
+    /// A request through the primary failed: reads move to a usable
+    /// fallback, or, with none, the daemon probes, proving the fallback
+    /// again against the state served now, and moves to it if proven.
+    fn primary_failed(&mut self) {
+        if let Step::Probe { .. } = self.routes.on_failure(0) {
+            self.prove_fallback();
+            self.routes.on_probes(Some(1));
+        }
     }
 
     /// Answers the request out through the fallback: from the other
@@ -1214,7 +1226,7 @@ impl Sim {
                 if let Some(r) = self.respond(follower, lagging) {
                     if matches!(r, Response::Failed { .. }) {
                         // The daemon: a failed request may move reads.
-                        self.routes.on_failure(0);
+                        self.primary_failed();
                     }
                     self.deliver(r);
                 }
@@ -1223,7 +1235,7 @@ impl Sim {
                 if self.routes.current() == 0 {
                     self.parked = None;
                     self.stuck = false;
-                    self.routes.on_failure(0);
+                    self.primary_failed();
                     self.deliver(Response::Failed { forbidden: false });
                 }
             }

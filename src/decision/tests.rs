@@ -1579,7 +1579,7 @@ fn forbid_direct_reads(c: &mut Core, mut out: Output, index: u64) {
 }
 
 #[test]
-fn a_hidden_key_holds_only_drain_or_maint_and_a_hidden_ready_is_skipped() {
+fn a_hidden_key_holds_its_drain_or_maint_and_a_hidden_ready_caps_the_next_identity() {
     let mut c = started(true, false, None);
     step(
         &mut c,

@@ -265,29 +265,24 @@ pub struct Proc {
 
 impl Proc {
     /// Starts `cmd` with stdout and stderr into `log`.
-    pub fn spawn(mut cmd: Command, log: PathBuf) -> Proc {
+    pub fn spawn(cmd: Command, log: PathBuf) -> Proc {
         let out = std::fs::File::create(&log).unwrap();
         let err = out.try_clone().unwrap();
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        Proc {
-            child: Some(child),
-            log,
-        }
+        Proc::start(cmd, log, out, err)
     }
 
     /// Starts `cmd` with stdout into `log` and stderr into `stderr` (a
     /// FIFO, say, to stand in for a log sink).
-    pub fn spawn_stderr(mut cmd: Command, log: PathBuf, stderr: std::fs::File) -> Proc {
+    pub fn spawn_stderr(cmd: Command, log: PathBuf, stderr: std::fs::File) -> Proc {
         let out = std::fs::File::create(&log).unwrap();
+        Proc::start(cmd, log, out, stderr)
+    }
+
+    fn start(mut cmd: Command, log: PathBuf, out: std::fs::File, err: std::fs::File) -> Proc {
         let child = cmd
             .stdin(Stdio::null())
             .stdout(out)
-            .stderr(stderr)
+            .stderr(err)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
         Proc {

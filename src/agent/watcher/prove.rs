@@ -122,15 +122,7 @@ impl Watcher {
                 Ok(None) | Err(_) => break,
             }
         }
-        let expected_store = self.expected_store();
-        let datacenter = self.datacenter.clone();
-        for (route, dc, store) in observed {
-            let expected = Expected {
-                datacenter: datacenter.as_deref(),
-                store_id: expected_store.as_ref().map(|s| s.as_deref()),
-            };
-            self.record(route, judge(expected, &dc, &store));
-        }
+        self.judge_all(observed);
         for route in 1..self.routes.count() {
             if self.routes.proof(route) == Proof::Unproven {
                 let why = self.details[route]
@@ -289,6 +281,8 @@ impl Watcher {
         fresh.into_iter().find(|r| self.routes.usable(*r))
     }
 
+    /// Records each proof observed, judged against our datacenter and the
+    /// served store id as they are now.
     fn judge_all(&mut self, observed: Vec<(usize, Seen<String>, Seen<Option<String>>)>) {
         if observed.is_empty() {
             return;

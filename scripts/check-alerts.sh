@@ -3,7 +3,7 @@
 # their unit tests (promtool test rules), the Grafana dashboard (valid JSON,
 # fixed uid, template variables, every panel query parses), and that every
 # runbook annotation points at a section of runbook/README.md and every metric
-# used is one docs/interfaces.md lists; that the example Alertmanager
+# used is one docs/metrics.md lists; that the example Alertmanager
 # configuration routes every alert by its labels (amtool), and that a real
 # Prometheus and Alertmanager deliver a page (scripts/alertmanager-e2e.sh).
 # Exits non-zero on any failure. Needs promtool, amtool, alertmanager,
@@ -119,13 +119,13 @@ PY
 done
 
 # Metric names used by rules and dashboards must be ones the agent exports.
-if [ -f docs/interfaces.md ]; then
+if [ -f docs/metrics.md ]; then
   while read -r metric; do
     base=$metric
     for suffix in _bucket _count _sum; do
       base=${base%"$suffix"}
     done
-    grep -qF "\`$base\`" docs/interfaces.md || fail "metric $metric is not listed in docs/interfaces.md"
+    grep -qF "\`$base\`" docs/metrics.md || fail "metric $metric is not listed in docs/metrics.md"
   done < <(cat "${rule_files[@]}" "${dashboards[@]}" |
     grep -oE '(^|[^:a-z_])(gitlab_haproxy_agent_[a-z_]+|process_[a-z_]+)' |
     sed -E 's/^[^a-z]//' | sort -u)

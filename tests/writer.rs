@@ -1921,9 +1921,20 @@ fn runbook_commands_parse_with_this_cli() {
     use clap::Parser as _;
     use gitlab_haproxy_agent::cli::{Cli, Command as Sub};
     let mut checked = 0;
-    for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
-        let text = std::fs::read_to_string(&path).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md")];
+    for dir in ["docs", "runbook"] {
+        let mut pages: Vec<_> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        pages.sort();
+        docs.extend(pages);
+    }
+    for path in &docs {
+        let doc = path.strip_prefix(root).unwrap().display();
+        let text = std::fs::read_to_string(path).unwrap();
         // Commands in ```shell blocks, as on-call copies them, and in
         // ```text blocks (those run on a load balancer).
         let mut in_shell = false;

@@ -3,7 +3,7 @@
 # checks its contents, runs lintian, `systemd-analyze verify` and
 # `systemd-analyze security --offline=true` (exposure must stay under 5.0) on
 # the packaged unit, checks that /etc/default lists every setting of
-# docs/interfaces.md with its default, and shellchecks the scripts.
+# docs/options.md with its default, and shellchecks the scripts.
 #
 # Usage: debian/tests/static.sh [--clean-clone]
 #   --clean-clone  build from a fresh `git clone` of HEAD instead of the work
@@ -111,12 +111,12 @@ check "unit: unprivileged user" directive User "$pkg"
 check "unit: no capabilities" directive CapabilityBoundingSet ""
 check "unit: syscall filter" directive SystemCallFilter "@system-service"
 
-# --- /etc/default against docs/interfaces.md --------------------------------
-# Every env var of the options table is in the file, commented out, with the
+# --- /etc/default against docs/options.md -----------------------------------
+# Every env var of the options table ("Defaults and ranges") is in the file, commented out, with the
 # default the table gives (in backticks), so uncommenting changes nothing.
 default_file=$root/etc/default/$pkg
-interfaces=$repo/docs/interfaces.md
-if [ -f "$interfaces" ]; then
+options_md=$repo/docs/options.md
+if [ -f "$options_md" ]; then
 	rows=0
 	while IFS='|' read -r _ _opt env def _; do
 		name=$(grep -oE 'GITLAB_HAPROXY_AGENT_[A-Z_]+' <<<"$env" | sed -n 1p)
@@ -129,10 +129,10 @@ if [ -f "$interfaces" ]; then
 		else
 			check "/etc/default: #$name=" grep -q "^#$name=" "$default_file"
 		fi
-	done <"$interfaces"
-	check "docs/interfaces.md lists options ($rows)" test "$rows" -gt 0
+	done < <(sed -n '/^## Defaults and ranges/,/^## [^D]/p' "$options_md")
+	check "docs/options.md lists options ($rows)" test "$rows" -gt 0
 else
-	fail "docs/interfaces.md not found"
+	fail "docs/options.md not found"
 fi
 # Nothing in the file is set: the defaults are the binary's.
 check "/etc/default sets nothing by default" \

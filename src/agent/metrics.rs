@@ -3,7 +3,7 @@
 //! families ([`families::Families`]): the responder's in
 //! [`crate::agent::responder::metrics`], the rows seen's in
 //! [`crate::agent::seen`], the HTTP port's in [`crate::agent::http::metrics`], the watcher's and the served
-//! state's here. Names and units are listed in README.md ("Metrics").
+//! state's here. Names and units are listed in docs/metrics.md.
 
 pub mod families;
 

@@ -38,7 +38,7 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 # Package source and version pin: attributes/apt.rb.
 
 #
-# Agent settings written to /etc/default/gitlab-haproxy-agent (docs/interfaces.md).
+# Agent settings written to /etc/default/gitlab-haproxy-agent (docs/options.md).
 # nil leaves a setting out, so the agent's own default applies. listen and
 # prefix are not set here: they come from agent.addr, agent.port and agent.prefix.
 #
@@ -112,7 +112,7 @@ default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
 }
 # name => { name => line }: resolvers sections (nameserver, hold, timeout
 # resolve, ...) for servers with `resolvers <name>`. Enrolled servers that
-# resolve at run time get `resolve-opts ignore-weight` (see README).
+# resolve at run time get `resolve-opts ignore-weight` (see docs/enrolling.md).
 default['gitlab-haproxy-agent']['haproxy']['resolvers'] = {}
 # name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}

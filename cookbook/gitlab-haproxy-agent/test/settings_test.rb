@@ -24,21 +24,22 @@ class SettingsTest < Minitest::Test
     FILE
   end
 
-  def test_variable_names_are_those_of_docs_interfaces
-    doc = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs', 'interfaces.md')
-    skip 'docs/interfaces.md not found' unless File.exist?(doc)
+  def test_variable_names_are_those_of_docs_options
+    docs = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs')
+    doc = File.join(docs, 'options.md')
+    skip 'docs/options.md not found' unless File.exist?(doc)
 
-    # The daemon's options: the first section's table. The writer's
-    # Prometheus URL, which the writer reads from the same file, is
-    # documented under the writer CLI.
+    # The daemon's options: the table under "Defaults and ranges". The
+    # writer's Prometheus URL, which the writer reads from the same file,
+    # is documented on the writer's page.
     text = File.read(doc)
-    daemon = text[/^## Binary and options\n(.*?)(?=^## )/m, 1]
+    daemon = text[/^## Defaults and ranges\n(.*?)(?=^## |\z)/m, 1]
     documented = daemon.scan(/`(GITLAB_HAPROXY_AGENT_[A-Z_]+)`/).flatten.uniq.sort
     writer = %w[GITLAB_HAPROXY_AGENT_PROMETHEUS_URL]
     ours = (GitlabHaproxyAgent::Settings::VARIABLES.values - writer +
             %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX]).sort
     assert_equal documented, ours
-    writer_section = text[/^## Writer CLI\n(.*?)(?=^## )/m, 1]
+    writer_section = File.read(File.join(docs, 'writer.md'))
     writer.each { |name| assert_includes writer_section, "`#{name}`" }
   end
 

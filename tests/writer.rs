@@ -394,6 +394,50 @@ fn exit_codes_for_usage_and_unreachable_consul() {
     }
 }
 
+/// Debian's `haproxy` package installs a sample /etc/haproxy/haproxy.cfg
+/// that lists no server. On a console node with that package, the writer
+/// does not read it (runbook: Console node): a server named exactly is
+/// written as named, and a whole backend asks for a configuration and says
+/// why the sample is not one. The same file given by `--haproxy-config` is
+/// read.
+#[test]
+fn a_default_configuration_that_lists_no_server_is_not_read() {
+    let consul = Consul::start();
+    let dir = TempDir::new("sample-cfg");
+    let sample = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &sample,
+        "global\n\tlog /dev/log local0\n\tdaemon\n\ndefaults\n\tmode http\n\
+         \ttimeout connect 5000\n\ttimeout client 50000\n\ttimeout server 50000\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &sample)
+            .output()
+            .expect("run the CLI");
+        Run::from(out)
+    };
+    let group = run(&["drain", "--zone", "b", "--dry-run"]);
+    assert_eq!(group.code, 0, "{group:?}");
+    assert!(!group.stdout.contains("Servers read from"), "{group:?}");
+    assert!(!group.stdout.contains("No server in"), "{group:?}");
+    let backend = run(&["drain", "--backend", "web", "--dry-run"]);
+    assert_eq!(backend.code, 64, "{backend:?}");
+    assert!(backend.stderr.contains("lists no server"), "{backend:?}");
+    let sample = sample.to_str().unwrap();
+    let given = run(&[
+        "drain",
+        "--zone",
+        "b",
+        "--dry-run",
+        "--haproxy-config",
+        sample,
+    ]);
+    assert_eq!(given.code, 0, "{given:?}");
+    assert!(given.stdout.contains("Servers read from"), "{given:?}");
+}
+
 #[test]
 fn permission_denied_is_77_and_writes_nothing() {
     const MASTER: &str = "3c5d2a41-9b7e-4f0a-8e21-5a6c7d8e9f01";

@@ -54,9 +54,9 @@ default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
 # so a fallback can be proven while the local Consul agent is down at start.
 default['gitlab-haproxy-agent']['settings']['consul_datacenter'] = nil
 # Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
-# /status and /debug/pprof/ to loopback clients only.
+# /status and /debug/pprof/ to 127.0.0.1 and ::1 only.
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'
-# true: /status and /debug/pprof/ also to clients beyond loopback.
+# true: /status and /debug/pprof/ also to clients other than 127.0.0.1 and ::1.
 default['gitlab-haproxy-agent']['settings']['http_remote_debug'] = nil
 default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil

@@ -322,6 +322,20 @@ pub struct AgentArgs {
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_RUNTIME_DIR", value_name = "DIR")]
     pub runtime_dir: Option<std::path::PathBuf>,
 
+    /// HAProxy's PID file (its `-p`; in master-worker mode the master's
+    /// PID): the agent counts the master's old workers, left by a reload
+    /// with the sessions they hold, every second from /proc and exports
+    /// gitlab_haproxy_agent_haproxy_old_workers (-1 when it cannot tell:
+    /// no such file or master, or /proc hidden from the agent), which
+    /// `state drain --until-idle` waits on. Needs no HAProxy socket.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE",
+        value_name = "FILE",
+        default_value = crate::agent::old_workers::DEFAULT_PID_FILE
+    )]
+    pub haproxy_pid_file: std::path::PathBuf,
+
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,

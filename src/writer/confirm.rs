@@ -343,6 +343,7 @@ impl Writer {
             base,
             selector,
             servers,
+            agents: &self.confirm.as_ref()?.confirm_selector,
         };
         tokio::select! {
             idle = query.wait(at_least, max, drained_for) => Some(idle),

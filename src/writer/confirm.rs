@@ -337,9 +337,8 @@ impl Writer {
         cancel: &CancellationToken,
     ) -> Option<Idle> {
         let base = self.confirm.as_ref()?.confirm_prometheus.as_deref()?;
-        let http = http_client().unwrap_or_default();
         let query = IdleQuery {
-            http: &http,
+            http: &http_client().unwrap_or_default(),
             base,
             selector,
             servers,

@@ -69,6 +69,9 @@ default['gitlab-haproxy-agent']['settings']['log_buffer_lines'] = nil
 # The runtime copy of the state served (tmpfs, kept across restarts of the
 # agent): nil uses the unit's RuntimeDirectory=, /run/gitlab-haproxy-agent.
 default['gitlab-haproxy-agent']['settings']['runtime_dir'] = nil
+# HAProxy's PID file, whose master's old workers the agent counts for
+# `state drain --until-idle`: nil uses the agent's default, /run/haproxy.pid.
+default['gitlab-haproxy-agent']['settings']['haproxy_pid_file'] = nil
 # The Prometheus that scrapes every agent, for the writer on this node
 # (`gitlab-haproxy-agent state ...` reads it from /etc/default): group checks,
 # write confirmation, `state status`. nil: none.

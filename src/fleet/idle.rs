@@ -411,6 +411,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_agent_and_an_exporter_are_matched_by_the_host_of_their_instance() {
+        for (instance, host) in [
+            ("10.0.0.1:9778", "10.0.0.1"),
+            ("lb-01.example.com:8405", "lb-01.example.com"),
+            ("lb-01", "lb-01"),
+            ("[::1]:9778", "[::1]"),
+            ("[2001:db8::1]", "[2001:db8::1]"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("lb-01:", "lb-01:"),
+            ("lb-01:http", "lb-01:http"),
+        ] {
+            assert_eq!(host_of(instance), host, "{instance}");
+        }
+    }
+
+    #[test]
     fn the_report_names_each_load_balancer_that_may_hold_a_session_and_why() {
         let busy = |server: &str, instance: Option<&str>, sessions, why| Sessions {
             server: server.into(),

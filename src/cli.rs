@@ -202,7 +202,7 @@ pub struct AgentArgs {
     /// HTTP listener for /metrics, /-/healthy, /-/ready and /-/answering:
     /// every IPv4 address by default, so the fleet's Prometheus can scrape
     /// it (`[::]:9778` adds IPv6). /status and /debug/pprof/ are served on
-    /// it to loopback clients only (see --http-remote-debug).
+    /// it to clients at 127.0.0.1 and ::1 only (see --http-remote-debug).
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
@@ -210,9 +210,10 @@ pub struct AgentArgs {
     )]
     pub http_listen: SocketAddr,
 
-    /// Serve /status and /debug/pprof/ to clients beyond loopback too
-    /// (`true`/`false` in the environment). Without it they answer 403 to
-    /// every address but 127.0.0.0/8 and ::1: /status lists every key and
+    /// Serve /status and /debug/pprof/ to every client (`true`/`false` in
+    /// the environment). Without it they answer 403 to every address but
+    /// 127.0.0.1 and ::1, the rest of 127.0.0.0/8 included (Istio's sidecar
+    /// hands connections on from 127.0.0.6): /status lists every key and
     /// the servers HAProxy asks about, and a profile costs CPU.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG")]
     pub http_remote_debug: bool,
@@ -320,6 +321,20 @@ pub struct AgentArgs {
     /// either there is no runtime copy.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_RUNTIME_DIR", value_name = "DIR")]
     pub runtime_dir: Option<std::path::PathBuf>,
+
+    /// HAProxy's PID file (its `-p`; in master-worker mode the master's
+    /// PID): the agent counts the master's old workers, left by a reload
+    /// with the sessions they hold, every second from /proc and exports
+    /// gitlab_haproxy_agent_haproxy_old_workers (-1 when it cannot tell:
+    /// no such file or master, or /proc hidden from the agent), which
+    /// `state drain --until-idle` waits on. Needs no HAProxy socket.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE",
+        value_name = "FILE",
+        default_value = crate::agent::old_workers::DEFAULT_PID_FILE
+    )]
+    pub haproxy_pid_file: std::path::PathBuf,
 
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]

@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub log_buffer_lines: usize,
     /// `--consul-fallback-addr`, validated, in order; empty by default.
     pub consul_fallbacks: Vec<String>,
+    /// `--haproxy-pid-file`: whose master's old workers are counted.
+    pub haproxy_pid_file: std::path::PathBuf,
 }
 
 impl AgentConfig {
@@ -169,6 +171,7 @@ impl AgentConfig {
             runtime_dir: runtime_dir(a.runtime_dir.as_deref(), fallbacks)?,
             log_buffer_lines: usize::try_from(a.log_buffer_lines).unwrap_or(usize::MAX),
             consul_fallbacks,
+            haproxy_pid_file: a.haproxy_pid_file.clone(),
         })
     }
 }
@@ -320,6 +323,7 @@ mod tests {
         assert_eq!(c.on_startup_timeout, OnStartupTimeout::Exit);
         assert_eq!(c.watcher.consistency, Consistency::Default);
         assert_eq!(c.watcher.max_stale, Duration::from_secs(5));
+        assert_eq!(c.haproxy_pid_file.to_str(), Some("/run/haproxy.pid"));
         let c = config(
             &["--consistency", "stale", "--max-stale", "2s"],
             &Fallbacks::default(),

@@ -212,6 +212,11 @@ pub struct Metrics {
     /// because the log sink (stderr, the journal) was not reading and the
     /// queue (`--log-buffer-lines`) was full.
     pub log_lines_dropped: IntCounter,
+    /// `gitlab_haproxy_agent_haproxy_old_workers`: HAProxy workers left by
+    /// a reload and still running (they keep their sessions until those
+    /// close or `hard-stop-after`), counted from /proc under the master of
+    /// `--haproxy-pid-file`; -1 when that cannot be told.
+    pub haproxy_old_workers: IntGauge,
     /// The agent-check responder's families.
     pub checks: CheckMetrics,
     /// The families of the rows seen, set at scrape time.
@@ -399,6 +404,12 @@ impl Metrics {
             "Log lines dropped because the log sink (stderr, the journal) was not reading and \
              --log-buffer-lines were queued.",
         );
+        let haproxy_old_workers = f.int_gauge(
+            "haproxy_old_workers",
+            "HAProxy workers left by a reload and still running (holding sessions the exporter \
+             does not count), under the master of --haproxy-pid-file; -1 when unknown.",
+        );
+        haproxy_old_workers.set(-1);
         let held_keys_family = held_keys;
         for c in crate::decision::HoldCause::ALL {
             held_keys_family.with_label_values(&[c.as_str()]);
@@ -446,6 +457,7 @@ impl Metrics {
             state_file_behind_seconds,
             runtime_copy_writes,
             log_lines_dropped,
+            haproxy_old_workers,
         }
     }
 

@@ -13,6 +13,7 @@ pub mod log_summary;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod old_workers;
 pub mod responder;
 pub mod route;
 pub mod seen;
@@ -103,6 +104,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    tracker.spawn(old_workers::watch(
+        config.haproxy_pid_file.clone(),
+        shared.metrics.haproxy_old_workers.clone(),
+        shutdown.clone(),
+    ));
     tracker.spawn(logging::report_dropped(
         shared.metrics.log_lines_dropped.clone(),
         shutdown.clone(),

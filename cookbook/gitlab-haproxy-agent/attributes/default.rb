@@ -54,9 +54,9 @@ default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
 # so a fallback can be proven while the local Consul agent is down at start.
 default['gitlab-haproxy-agent']['settings']['consul_datacenter'] = nil
 # Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
-# /status and /debug/pprof/ to loopback clients only.
+# /status and /debug/pprof/ to 127.0.0.1 and ::1 only.
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'
-# true: /status and /debug/pprof/ also to clients beyond loopback.
+# true: /status and /debug/pprof/ also to clients other than 127.0.0.1 and ::1.
 default['gitlab-haproxy-agent']['settings']['http_remote_debug'] = nil
 default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
@@ -69,6 +69,9 @@ default['gitlab-haproxy-agent']['settings']['log_buffer_lines'] = nil
 # The runtime copy of the state served (tmpfs, kept across restarts of the
 # agent): nil uses the unit's RuntimeDirectory=, /run/gitlab-haproxy-agent.
 default['gitlab-haproxy-agent']['settings']['runtime_dir'] = nil
+# HAProxy's PID file, whose master's old workers the agent counts for
+# `state drain --until-idle`: nil uses the agent's default, /run/haproxy.pid.
+default['gitlab-haproxy-agent']['settings']['haproxy_pid_file'] = nil
 # The Prometheus that scrapes every agent, for the writer on this node
 # (`gitlab-haproxy-agent state ...` reads it from /etc/default): group checks,
 # write confirmation, `state status`. nil: none.

@@ -28,6 +28,7 @@ module GitlabHaproxyAgent
       'index_check' => 'GITLAB_HAPROXY_AGENT_INDEX_CHECK',
       'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
       'runtime_dir' => 'GITLAB_HAPROXY_AGENT_RUNTIME_DIR',
+      'haproxy_pid_file' => 'GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
       'log_buffer_lines' => 'GITLAB_HAPROXY_AGENT_LOG_BUFFER_LINES',
       'prometheus_url' => 'GITLAB_HAPROXY_AGENT_PROMETHEUS_URL',

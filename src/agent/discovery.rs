@@ -1,8 +1,8 @@
 //! Fallback addresses found from Consul itself, when no
 //! `--consul-fallback-addr` list is given: the servers of our datacenter,
-//! from the raft peers (`GET /v1/status/peers`, a list of `ip:port` server
-//! RPC addresses; Consul 1.8.7 `agent/status_endpoint.go`, answered by any
-//! server from its raft configuration, no leader and no ACL needed), each
+//! from the raft peers (`GET /v1/status/peers?stale`, a list of `ip:port`
+//! server RPC addresses; Consul 1.8.7 `agent/consul/status_endpoint.go`,
+//! answered by any server from its raft configuration, no ACL needed), each
 //! on the scheme of `--consul-addr` and on `--consul-fallback-port`, else
 //! `--consul-addr`'s port (Consul does not publish a server's HTTP port).
 //!

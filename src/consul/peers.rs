@@ -14,11 +14,12 @@ use super::types::ConsulError;
 const MAX_PEERS_BODY: usize = 64 << 10;
 
 impl ConsulClient {
-    /// `GET /v1/status/peers`: the raft peers of this agent's datacenter, as
-    /// `ip:port` server RPC addresses (Consul 1.8.7
-    /// `agent/status_endpoint.go`; a client agent forwards it to a server,
-    /// which answers from its raft configuration without its leader; no
-    /// ACL is checked). `timeout` bounds the whole request.
+    /// `GET /v1/status/peers?stale`: the raft peers of this agent's
+    /// datacenter, as `ip:port` server RPC addresses (Consul 1.8.7
+    /// `agent/consul/status_endpoint.go`: a client agent forwards it to a
+    /// server, which, asked `stale`, answers from its own raft
+    /// configuration without asking its leader; no ACL is checked).
+    /// `timeout` bounds the whole request.
     ///
     /// # Errors
     ///
@@ -26,7 +27,7 @@ impl ConsulClient {
     /// (500 "No known Consul servers" from a client agent that has none)
     /// and an answer that is not a JSON list of strings.
     pub async fn raft_peers(&self, timeout: Duration) -> Result<Vec<String>, ConsulError> {
-        let url = format!("{}/v1/status/peers", self.addr());
+        let url = format!("{}/v1/status/peers?stale", self.addr());
         let (status, body) = tokio::time::timeout(timeout, self.get(&url))
             .await
             .map_err(|_| ConsulError::Timeout {

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod discovery;
+pub mod finder;
 pub mod http;
 pub mod log_summary;
 pub mod logging;
@@ -98,7 +99,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     // Every Consul address, listed or found, gets the same settings.
     let token_file = config.consul.token_file.clone();
-    let make: watcher::ClientFactory = Arc::new(move |addr: &str| {
+    let make: finder::ClientFactory = Arc::new(move |addr: &str| {
         ConsulClient::new(
             addr,
             TokenSource::new(token_file.clone()),

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::agent::discovery::Discovery;
+use crate::agent::finder::{ClientFactory, Finder};
 use crate::agent::log_summary::ForbiddenReads;
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::route::{Routes, Step};
@@ -30,8 +31,6 @@ use crate::decision::{Core, CoreConfig, Delay, IndexCheck, Next, Note, Request, 
 mod found;
 mod notes;
 mod prove;
-
-pub use found::ClientFactory;
 
 /// Watcher settings.
 #[derive(Debug, Clone)]
@@ -130,7 +129,7 @@ pub struct Watcher {
     /// The served state's store id the fallbacks were last proven against.
     store_seen: Option<Option<Box<str>>>,
     /// The reads of the servers, while fallbacks are found from Consul.
-    finder: Option<found::Finder>,
+    finder: Option<Finder>,
 }
 
 impl Watcher {
@@ -168,10 +167,7 @@ impl Watcher {
         let next = core.start();
         assert!(!clients.is_empty(), "a watcher needs a Consul address");
         let store_seen = core.served().map(|s| s.store_id.clone());
-        let finder = config
-            .discovery
-            .clone()
-            .map(|d| found::Finder::new(d, make));
+        let finder = config.discovery.clone().map(|d| Finder::new(d, make));
         let fallbacks_from = match (&finder, clients.len()) {
             (Some(_), _) => "found",
             (None, 1) => "none",

@@ -16,45 +16,11 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Watcher;
-use crate::agent::discovery::{self, Discovery, RETRY_AFTER};
+use crate::agent::discovery::{self, RETRY_AFTER};
+use crate::agent::finder::Answer;
 use crate::agent::route::Step;
 use crate::agent::shared::DiscoveryStatus;
 use crate::consul::{ConsulClient, ConsulError};
-
-/// Makes the client of an address found, as `--consul-addr`'s is made
-/// (same token, same settings).
-pub type ClientFactory = Arc<dyn Fn(&str) -> anyhow::Result<ConsulClient> + Send + Sync>;
-
-/// What a read of the servers found: the address that answered and the
-/// peers, or the last error.
-type Answer = (Option<String>, Result<Vec<String>, ConsulError>);
-
-/// The reads of the servers, while fallbacks are found.
-pub(super) struct Finder {
-    discovery: Discovery,
-    make: ClientFactory,
-    task: Option<JoinHandle<Answer>>,
-    /// When the next read starts.
-    due: Instant,
-    /// When the last one started.
-    started: Option<Instant>,
-    /// Whether the last read failed (a change is logged once).
-    failing: bool,
-}
-
-impl Finder {
-    /// A finder whose first read is due now.
-    pub(super) fn new(discovery: Discovery, make: ClientFactory) -> Self {
-        Finder {
-            discovery,
-            make,
-            task: None,
-            due: Instant::now(),
-            started: None,
-            failing: false,
-        }
-    }
-}
 
 impl Watcher {
     /// Starts a read of the servers when one is due and none is in flight.

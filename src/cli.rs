@@ -284,7 +284,10 @@ pub struct AgentArgs {
     /// order: reads move to one while an index check through --consul-addr
     /// cannot confirm the state served (its server cut off from the
     /// quorum, no leader) or a request through it fails, and go back once
-    /// it answers fresh again. Default: none. Same token, plain http://.
+    /// it answers fresh again. Default: found from Consul (the servers of
+    /// /v1/status/peers on --consul-fallback-port, read again every
+    /// --consul-fallback-refresh); a list given here replaces them, `none`
+    /// turns fallbacks off. Same token, plain http://.
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS",
@@ -292,6 +295,23 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     pub consul_fallback_addr: Vec<String>,
+
+    /// The HTTP port of the Consul servers found as fallbacks (Consul does
+    /// not publish it). Default: the port of --consul-addr. Not used with a
+    /// --consul-fallback-addr list.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT",
+        value_name = "PORT",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub consul_fallback_port: Option<u16>,
+
+    /// How often the Consul servers found as fallbacks are read again
+    /// (/v1/status/peers), 1s..10m; after a read that failed, 5 s. Not used
+    /// with a --consul-fallback-addr list.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH", default_value = "30s", value_parser = parse_duration)]
+    pub consul_fallback_refresh: Duration,
 
     /// The Consul datacenter the agent reads (`Config.Datacenter` of
     /// --consul-addr's /v1/agent/self), against which every

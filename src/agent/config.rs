@@ -6,10 +6,11 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::agent::discovery::{Discovery, REFRESH_RANGE};
 use crate::agent::http::DebugAccess;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
-use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
+use crate::cli::{bad, AgentArgs, Cli, ConfigError, LogFormat, OnStartupTimeout};
 use crate::consul::config::{normalize_consul_addr, ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
 use crate::decision::stale::MAX_STALE_RANGE;
@@ -118,11 +119,29 @@ impl AgentConfig {
             ));
         }
         let mut consul_fallbacks = Vec::new();
-        for raw in a
+        let listed: Vec<&String> = a
             .consul_fallback_addr
             .iter()
             .filter(|r| !r.trim().is_empty())
-        {
+            .collect();
+        let off = listed.iter().any(|r| r.trim().eq_ignore_ascii_case("none"));
+        if off && listed.len() > 1 {
+            return Err(bad(
+                "--consul-fallback-addr",
+                listed
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                "`none` turns fallbacks off: give it alone",
+            ));
+        }
+        let discovery = if off || !listed.is_empty() {
+            None
+        } else {
+            Some(discovery(&consul.addr, a)?)
+        };
+        for raw in listed.into_iter().filter(|_| !off) {
             let addr = normalize_consul_addr(raw)
                 .map_err(|reason| bad("--consul-fallback-addr", raw, reason))?;
             if addr == consul.addr || consul_fallbacks.contains(&addr) {
@@ -151,6 +170,7 @@ impl AgentConfig {
                 max_stale: a.max_stale,
                 index_check: a.index_check,
                 datacenter: consul_datacenter(a.consul_datacenter.as_deref())?,
+                discovery,
             },
             consul,
             listen: a.listen,
@@ -174,6 +194,31 @@ impl AgentConfig {
             haproxy_pid_file: a.haproxy_pid_file.clone(),
         })
     }
+}
+
+/// How fallbacks are found when no `--consul-fallback-addr` list is
+/// given: on the scheme of `--consul-addr` (`primary`, normalized) and on
+/// `--consul-fallback-port`, else its port, read again every
+/// `--consul-fallback-refresh`.
+fn discovery(primary: &str, a: &AgentArgs) -> Result<Discovery, ConfigError> {
+    let refresh = a.consul_fallback_refresh;
+    if refresh < REFRESH_RANGE.0 || refresh > REFRESH_RANGE.1 {
+        return Err(bad(
+            "--consul-fallback-refresh",
+            humantime::format_duration(refresh),
+            "must be between 1s and 10m",
+        ));
+    }
+    let url = reqwest::Url::parse(primary).map_err(|e| bad("--consul-addr", primary, e))?;
+    let port = a
+        .consul_fallback_port
+        .or_else(|| url.port_or_known_default())
+        .ok_or_else(|| bad("--consul-addr", primary, "no port"))?;
+    Ok(Discovery {
+        scheme: url.scheme().to_string(),
+        port,
+        refresh,
+    })
 }
 
 /// `--consul-datacenter`, lower-cased as Consul keeps it: a name of letters,
@@ -261,9 +306,69 @@ mod tests {
     }
 
     #[test]
-    fn consul_fallbacks_are_validated_in_order_and_none_by_default() {
-        let none = config(&[], &Fallbacks::default()).unwrap();
-        assert!(none.consul_fallbacks.is_empty());
+    fn consul_fallbacks_are_found_by_default_listed_or_none() {
+        let found = config(&[], &Fallbacks::default()).unwrap();
+        assert!(found.consul_fallbacks.is_empty());
+        assert_eq!(
+            found.watcher.discovery,
+            Some(Discovery {
+                scheme: "http".into(),
+                port: 8500,
+                refresh: crate::agent::discovery::DEFAULT_REFRESH,
+            })
+        );
+        let port = config(
+            &[
+                "--consul-addr",
+                "10.0.0.5",
+                "--consul-fallback-refresh",
+                "5s",
+            ],
+            &Fallbacks::default(),
+        )
+        .unwrap();
+        let d = port.watcher.discovery.unwrap();
+        assert_eq!((d.port, d.refresh), (80, Duration::from_secs(5)));
+        let pinned = config(&["--consul-fallback-port", "8501"], &Fallbacks::default()).unwrap();
+        assert_eq!(pinned.watcher.discovery.unwrap().port, 8501);
+        for off in [
+            &["--consul-fallback-addr", "none"][..],
+            &["--consul-fallback-addr", "NONE"],
+        ] {
+            let c = config(off, &Fallbacks::default()).unwrap();
+            assert!(c.consul_fallbacks.is_empty() && c.watcher.discovery.is_none());
+        }
+        let listed = config(
+            &["--consul-fallback-addr", "10.0.0.2:8500"],
+            &Fallbacks::default(),
+        );
+        assert_eq!(
+            listed.unwrap().watcher.discovery,
+            None,
+            "a list replaces them"
+        );
+        for (args, option) in [
+            (
+                &["--consul-fallback-addr", "none,10.0.0.2:8500"][..],
+                "--consul-fallback-addr",
+            ),
+            (
+                &["--consul-fallback-refresh", "500ms"],
+                "--consul-fallback-refresh",
+            ),
+            (
+                &["--consul-fallback-refresh", "11m"],
+                "--consul-fallback-refresh",
+            ),
+        ] {
+            let e = config(args, &Fallbacks::default()).unwrap_err();
+            assert_eq!(e.option, option, "{args:?}");
+        }
+        assert!(parse(&["--consul-fallback-port", "0"]).is_err());
+    }
+
+    #[test]
+    fn consul_fallbacks_are_validated_in_order() {
         let c = config(
             &[
                 "--consul-fallback-addr",

@@ -147,6 +147,15 @@ pub struct Metrics {
     /// `other_datacenter`, `other_store`, `denied`
     /// ([`crate::agent::route::judge`]).
     pub consul_fallback_refused: IntGaugeVec,
+    /// `gitlab_haproxy_agent_consul_fallbacks_found`: the fallback
+    /// addresses found from Consul's raft peers in the list now
+    /// ([`crate::agent::discovery`]); 0 with a `--consul-fallback-addr`
+    /// list or `none`.
+    pub consul_fallbacks_found: IntGauge,
+    /// `gitlab_haproxy_agent_consul_fallback_discovery_failures_total{reason}`:
+    /// reads of the servers that gave nothing (`request`: no answer or an
+    /// error), and peer entries that are not `ip:port` (`bad_peer`, each).
+    pub consul_fallback_discovery_failures: IntCounterVec,
     /// `gitlab_haproxy_agent_index_checks_total{result}`: index checks made
     /// while a blocking read was parked, by result: `current`, `behind`
     /// (the read was re-issued), `failed`, `no_leader`, `too_old`.
@@ -324,6 +333,16 @@ impl Metrics {
                 .with_label_values(&[reason.as_str()])
                 .set(0);
         }
+        let consul_fallbacks_found = f.int_gauge(
+            "consul_fallbacks_found",
+            "Fallback addresses found from Consul's raft peers (/v1/status/peers) in the list now; 0 with a --consul-fallback-addr list or none.",
+        );
+        let consul_fallback_discovery_failures = f.int_counter_vec(
+            "consul_fallback_discovery_failures_total",
+            "Reads of the Consul servers for fallbacks that gave nothing (request), and peer entries that are not ip:port (bad_peer).",
+            &["reason"],
+            &["request", "bad_peer"],
+        );
         let index_checks = f.int_counter_vec(
             "index_checks_total",
             "Index checks made while a blocking read was parked, by result (current, behind, below, failed, no_leader, too_old).",
@@ -438,6 +457,8 @@ impl Metrics {
             consul_route,
             consul_route_switches,
             consul_fallback_refused,
+            consul_fallbacks_found,
+            consul_fallback_discovery_failures,
             index_checks,
             generation_lost,
             tombstones_reaped,

@@ -8,6 +8,8 @@
 //! [`run`] wires them together with one shutdown path.
 
 pub mod config;
+pub mod discovery;
+pub mod finder;
 pub mod http;
 pub mod log_summary;
 pub mod logging;
@@ -68,7 +70,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         listen = %agent_listener.local_addr()?,
         http_listen = %http_listener.local_addr()?,
         consul_addr = %config.consul.addr,
-        consul_fallback_addrs = %config.consul_fallbacks.join(","),
+        consul_fallback_addrs = %match (&config.watcher.discovery, config.consul_fallbacks.is_empty()) {
+            (Some(_), _) => "found from Consul".to_string(),
+            (None, true) => "none".to_string(),
+            (None, false) => config.consul_fallbacks.join(","),
+        },
         prefix = %config.consul.prefix,
         version = env!("CARGO_PKG_VERSION"),
         "starting; no answers until the state file or the first Consul answer"
@@ -92,16 +98,21 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     ));
     shared.readiness.set(ReadyStep::HttpBound);
 
+    // Every Consul address, listed or found, gets the same settings.
+    let token_file = config.consul.token_file.clone();
+    let make: finder::ClientFactory = Arc::new(move |addr: &str| {
+        ConsulClient::new(
+            addr,
+            TokenSource::new(token_file.clone()),
+            Duration::from_secs(2),
+        )
+    });
     let clients = std::iter::once(&config.consul.addr)
         .chain(&config.consul_fallbacks)
         .map(|addr| {
-            ConsulClient::new(
-                addr,
-                TokenSource::new(config.consul.token_file.clone()),
-                Duration::from_secs(2),
-            )
-            .map(Arc::new)
-            .context("cannot build the Consul client")
+            make(addr)
+                .map(Arc::new)
+                .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     tracker.spawn(old_workers::watch(
@@ -132,6 +143,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         shared.clone(),
         copies.clone(),
         opened.restored,
+        make,
     );
     let serving = shared.snapshot.load().is_some();
     if serving {

@@ -45,10 +45,16 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
 # Other ways into the same Consul datacenter, tried when the local Consul
-# agent cannot serve reads (on a load balancer: the Consul servers' HTTP
-# addresses, e.g. ['http://10.0.0.11:8500', 'http://10.0.0.12:8500']). Same
-# token, plain http only. Empty: none, and the variable is left out.
+# agent cannot serve reads. Empty (the variable is left out): the agent finds
+# the Consul servers of its datacenter from Consul itself and keeps the list
+# current. A list replaces them (e.g. ['http://10.0.0.11:8500',
+# 'http://10.0.0.12:8500']); ['none'] turns fallbacks off. Same token, plain
+# http only.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
+# The HTTP port of the Consul servers found. nil: the port of consul_addr.
+default['gitlab-haproxy-agent']['settings']['consul_fallback_port'] = nil
+# How often the servers found are read again. nil: the agent's 30s.
+default['gitlab-haproxy-agent']['settings']['consul_fallback_refresh'] = nil
 # The Consul datacenter every fallback must answer /v1/agent/self with before
 # the agent reads through it. nil: learned from consul_addr (left out); set it
 # so a fallback can be proven while the local Consul agent is down at start.

@@ -13,6 +13,8 @@ module GitlabHaproxyAgent
     VARIABLES = {
       'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
       'consul_fallback_addrs' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS',
+      'consul_fallback_port' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT',
+      'consul_fallback_refresh' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH',
       'consul_datacenter' => 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER',
       'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
@@ -115,13 +117,20 @@ module GitlabHaproxyAgent
 
     # settings.consul_fallback_addrs: a list of Consul addresses as the agent
     # takes --consul-fallback-addr (http://host:port or host:port), written
-    # comma-joined; nil for an empty list (the variable is left out). The
-    # agent exits 64 at every start on another scheme, a path, an address
-    # given twice or the same as --consul-addr: refused here first.
+    # comma-joined; nil for an empty list (the variable is left out, and the
+    # agent finds the Consul servers itself); ['none'] turns fallbacks off.
+    # The agent exits 64 at every start on another scheme, a path, an
+    # address given twice or the same as --consul-addr, or none beside an
+    # address: refused here first.
     def fallback_addrs!(value, consul_addr, attr)
       unless value.is_a?(Array)
         raise ConfigError, "#{attr} must be a list of Consul addresses such as ['http://10.0.0.11:8500'], " \
-                           "got #{value.inspect}"
+                           "or ['none'], got #{value.inspect}"
+      end
+      if value.map { |v| v.to_s.strip.downcase }.include?('none')
+        return 'none' if value.length == 1
+
+        raise ConfigError, "#{attr}: 'none' turns fallbacks off and must be alone, got #{value.inspect}"
       end
 
       primary = consul_addr.nil? ? 'http://127.0.0.1:8500' : consul_address(consul_addr.to_s)

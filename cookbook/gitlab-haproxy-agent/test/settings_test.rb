@@ -88,6 +88,19 @@ class SettingsTest < Minitest::Test
     assert_includes text, "\nGITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS=#{addrs.join(',')}\n"
   end
 
+  def test_consul_fallback_addrs_none_alone_turns_them_off_and_empty_finds_them
+    refute_includes env.map(&:first), 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS'
+    assert_includes env(settings: { 'consul_fallback_addrs' => ['none'] }),
+                    %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS none]
+    attr = "#{ATTR}.settings.consul_fallback_addrs"
+    assert_refused(attr, /alone/) do
+      env(settings: { 'consul_fallback_addrs' => ['none', 'http://10.0.0.11:8500'] })
+    end
+    set = env(settings: { 'consul_fallback_port' => 8501, 'consul_fallback_refresh' => '10s' })
+    assert_includes set, %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT 8501]
+    assert_includes set, %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH 10s]
+  end
+
   def test_consul_datacenter_renders_only_when_set_and_must_be_a_consul_name
     refute_includes env.map(&:first), 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER'
     set = env(settings: { 'consul_datacenter' => 'gprd-us_east1' })

@@ -56,7 +56,11 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         Ok(t) => t,
         Err(e) => return report_failure(args.json, &Failure::from(e)),
     };
-    let client = match ConsulClient::new(&config.addr, token, Duration::from_secs(2)) {
+    let tls = match config.tls.load() {
+        Ok(tls) => tls,
+        Err(e) => return report_failure(args.json, &Failure::usage(e.to_string())),
+    };
+    let client = match ConsulClient::new(&config.addr, token, Duration::from_secs(2), &tls) {
         Ok(c) => c,
         Err(e) => {
             return report_failure(

@@ -44,10 +44,19 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 #
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
+# TLS to Consul for https:// addresses: PEM CA file (nil: the system's roots),
+# client certificate and key (for verify_incoming; both or neither), the name
+# Consul's certificate is checked against (nil: each address's host), and
+# false to take any certificate. nil leaves each out.
+default['gitlab-haproxy-agent']['settings']['consul_ca_file'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_cert'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_key'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_tls_server_name'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_http_ssl_verify'] = nil
 # Other ways into the same Consul datacenter, tried when the local Consul
 # agent cannot serve reads (on a load balancer: the Consul servers' HTTP
 # addresses, e.g. ['http://10.0.0.11:8500', 'http://10.0.0.12:8500']). Same
-# token, plain http only. Empty: none, and the variable is left out.
+# token and TLS settings; https only when consul_addr is https. Empty: none, and the variable is left out.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
 # The Consul datacenter every fallback must answer /v1/agent/self with before
 # the agent reads through it. nil: learned from consul_addr (left out); set it

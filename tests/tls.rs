@@ -18,7 +18,7 @@
 //!   is refused by Consul; verification turned off takes any certificate;
 //! - a CA file that cannot be read: exit 64 naming the option or variable.
 //!
-//! About 40 s.
+//! About 5 s.
 
 mod support;
 

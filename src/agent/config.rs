@@ -11,7 +11,6 @@ use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
 use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
 use crate::consul::config::{normalize_consul_addr_as, ConsulConfig, Fallbacks};
-use crate::consul::tls::Tls;
 use crate::consul::MAX_WAIT;
 use crate::decision::stale::MAX_STALE_RANGE;
 
@@ -59,8 +58,6 @@ pub struct AgentConfig {
     pub log_buffer_lines: usize,
     /// `--consul-fallback-addr`, validated, in order; empty by default.
     pub consul_fallbacks: Vec<String>,
-    /// The TLS options' files, loaded: every Consul client's TLS.
-    pub consul_tls: Tls,
 }
 
 impl AgentConfig {
@@ -69,9 +66,9 @@ impl AgentConfig {
     /// # Errors
     ///
     /// [`ConfigError`] naming the first bad option; a TLS option whose file
-    /// cannot be read or used is one (the TLS files are read here, last).
+    /// cannot be read or used is one (the TLS files are read here).
     pub fn from_cli(cli: &Cli, fallbacks: &Fallbacks) -> Result<Self, ConfigError> {
-        let consul = cli.consul.resolve(fallbacks)?;
+        let consul = cli.consul.resolve(fallbacks)?.load_tls()?;
         let a = &cli.agent;
         let human = |d: Duration| humantime::format_duration(d).to_string();
         if a.wait < Duration::from_secs(1) || a.wait > MAX_WAIT {
@@ -151,7 +148,6 @@ impl AgentConfig {
                 "same address as --listen",
             ));
         }
-        let consul_tls = consul.tls.load()?;
         Ok(AgentConfig {
             watcher: WatcherConfig {
                 prefix: consul.prefix.clone(),
@@ -181,7 +177,6 @@ impl AgentConfig {
             state_dir: state_dir(a.state_dir.as_deref(), fallbacks)?,
             runtime_dir: runtime_dir(a.runtime_dir.as_deref(), fallbacks)?,
             log_buffer_lines: usize::try_from(a.log_buffer_lines).unwrap_or(usize::MAX),
-            consul_tls,
             consul_fallbacks,
         })
     }
@@ -295,8 +290,8 @@ mod tests {
         );
         for (args, reason) in [
             (
-                vec!["--consul-fallback-addr", "https://10.0.0.2:8501"],
-                "only http://",
+                vec!["--consul-fallback-addr", "ftp://10.0.0.2:8501"],
+                "only http:// and https://",
             ),
             (
                 vec!["--consul-fallback-addr", "127.0.0.1:8500"],

@@ -98,7 +98,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 addr,
                 TokenSource::new(config.consul.token_file.clone()),
                 Duration::from_secs(2),
-                &config.consul_tls,
+                &config.consul.loaded_tls,
             )
             .map(Arc::new)
             .context("cannot build the Consul client")

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use super::tls::{file, TlsSettings};
+use super::tls::{file, Tls, TlsSettings};
+use super::{ConsulClient, TokenSource};
 use crate::cli::{bad, ConfigError, ConsulArgs};
 
 /// Default Consul agent address.
@@ -60,8 +61,35 @@ pub struct ConsulConfig {
     pub token_file: Option<PathBuf>,
     /// Prefix, ending in `/`.
     pub prefix: String,
-    /// TLS options for https:// addresses, not loaded yet.
+    /// TLS options for https:// addresses.
     pub tls: TlsSettings,
+    /// `tls`'s files, loaded by [`ConsulConfig::load_tls`] (until then
+    /// none: [`Tls::default`]); every Consul client is built with it.
+    pub loaded_tls: Tls,
+}
+
+impl ConsulConfig {
+    /// Reads the TLS options' files ([`TlsSettings::load`]) into
+    /// `loaded_tls`.
+    ///
+    /// # Errors
+    ///
+    /// As [`TlsSettings::load`]: a [`ConfigError`] naming the option.
+    pub fn load_tls(mut self) -> Result<Self, ConfigError> {
+        self.loaded_tls = self.tls.load()?;
+        Ok(self)
+    }
+
+    /// A client for `addr` with `loaded_tls` and `token`, each connection
+    /// attempt bounded by 2 s.
+    ///
+    /// # Errors
+    ///
+    /// As [`ConsulClient::new`].
+    pub fn client(&self, token: TokenSource) -> anyhow::Result<ConsulClient> {
+        let connect_timeout = std::time::Duration::from_secs(2);
+        ConsulClient::new(&self.addr, token, connect_timeout, &self.loaded_tls)
+    }
 }
 
 impl ConsulArgs {
@@ -139,6 +167,7 @@ impl ConsulArgs {
                 .or_else(|| fallbacks.credential_token_file.clone()),
             prefix,
             tls,
+            loaded_tls: Tls::default(),
         })
     }
 }

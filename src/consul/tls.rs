@@ -74,6 +74,19 @@ impl std::fmt::Debug for Tls {
     }
 }
 
+/// Equal when both are the default or share one loaded configuration.
+impl PartialEq for Tls {
+    fn eq(&self, other: &Tls) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Tls {}
+
 impl Tls {
     /// `builder` with this TLS configuration, for a client of `addr`; an
     /// `https://` address's client refuses any `http://` URL (no redirect

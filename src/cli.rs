@@ -105,8 +105,9 @@ pub struct CheckReadyArgs {
 /// are also accepted after `state ...`).
 #[derive(Debug, Args, Clone)]
 pub struct ConsulArgs {
-    /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
-    /// http://127.0.0.1:8500].
+    /// Local Consul agent HTTP address, http:// or https:// [default:
+    /// $CONSUL_HTTP_ADDR, else http://127.0.0.1:8500; without a scheme
+    /// https:// when $CONSUL_HTTP_SSL is true].
     #[arg(
         long,
         global = true,
@@ -127,6 +128,65 @@ pub struct ConsulArgs {
         help_heading = GLOBAL_OPTIONS
     )]
     pub consul_token_file: Option<PathBuf>,
+
+    /// PEM file of the CA certificates that sign Consul's HTTPS
+    /// certificate, for https:// addresses; replaces the system's roots
+    /// [default: $CONSUL_CACERT, else the system's roots].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CA_FILE",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate, for a Consul that verifies clients
+    /// (verify_incoming); needs --consul-client-key [default:
+    /// $CONSUL_CLIENT_CERT, else none].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_CERT",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --consul-client-cert [default: $CONSUL_CLIENT_KEY,
+    /// else none].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_client_key: Option<PathBuf>,
+
+    /// Name Consul's HTTPS certificate is checked against instead of each
+    /// address's host, e.g. server.dc1.consul [default:
+    /// $CONSUL_TLS_SERVER_NAME, else the host].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_TLS_SERVER_NAME",
+        value_name = "NAME",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_tls_server_name: Option<String>,
+
+    /// Verify Consul's HTTPS certificate; false takes any certificate
+    /// [default: $CONSUL_HTTP_SSL_VERIFY, else true].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_HTTP_SSL_VERIFY",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_http_ssl_verify: Option<bool>,
 
     /// KV prefix holding desired state (always treated as ending in `/`).
     #[arg(
@@ -287,7 +347,8 @@ pub struct AgentArgs {
     /// it answers fresh again. Default: found from Consul (the servers of
     /// /v1/status/peers on --consul-fallback-port, read again every
     /// --consul-fallback-refresh); a list given here replaces them, `none`
-    /// turns fallbacks off. Same token, plain http://.
+    /// turns fallbacks off. Same token and TLS options; without a scheme,
+    /// --consul-addr's (no http:// when it is https://).
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS",

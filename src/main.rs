@@ -36,6 +36,12 @@ fn fallbacks() -> Fallbacks {
         consul_http_token: std::env::var("CONSUL_HTTP_TOKEN")
             .ok()
             .filter(|s| !s.is_empty()),
+        consul_http_ssl: std::env::var("CONSUL_HTTP_SSL").ok(),
+        consul_cacert: std::env::var_os("CONSUL_CACERT").map(PathBuf::from),
+        consul_client_cert: std::env::var_os("CONSUL_CLIENT_CERT").map(PathBuf::from),
+        consul_client_key: std::env::var_os("CONSUL_CLIENT_KEY").map(PathBuf::from),
+        consul_tls_server_name: std::env::var("CONSUL_TLS_SERVER_NAME").ok(),
+        consul_http_ssl_verify: std::env::var("CONSUL_HTTP_SSL_VERIFY").ok(),
     }
 }
 

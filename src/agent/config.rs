@@ -11,7 +11,7 @@ use crate::agent::http::DebugAccess;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
 use crate::cli::{bad, AgentArgs, Cli, ConfigError, LogFormat, OnStartupTimeout};
-use crate::consul::config::{normalize_consul_addr, ConsulConfig, Fallbacks};
+use crate::consul::config::{normalize_consul_addr_as, ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
 use crate::decision::stale::MAX_STALE_RANGE;
 
@@ -68,9 +68,10 @@ impl AgentConfig {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the first bad option.
+    /// [`ConfigError`] naming the first bad option; a TLS option whose file
+    /// cannot be read or used is one (the TLS files are read here).
     pub fn from_cli(cli: &Cli, fallbacks: &Fallbacks) -> Result<Self, ConfigError> {
-        let consul = cli.consul.resolve(fallbacks)?;
+        let consul = cli.consul.resolve(fallbacks)?.load_tls()?;
         let a = &cli.agent;
         let human = |d: Duration| humantime::format_duration(d).to_string();
         if a.wait < Duration::from_secs(1) || a.wait > MAX_WAIT {
@@ -141,9 +142,17 @@ impl AgentConfig {
         } else {
             Some(discovery(&consul.addr, a)?)
         };
+        let https = consul.addr.starts_with("https://");
         for raw in listed.into_iter().filter(|_| !off) {
-            let addr = normalize_consul_addr(raw)
+            let addr = normalize_consul_addr_as(raw, if https { "https" } else { "http" })
                 .map_err(|reason| bad("--consul-fallback-addr", raw, reason))?;
+            if https && !addr.starts_with("https://") {
+                return Err(bad(
+                    "--consul-fallback-addr",
+                    raw,
+                    "plain http:// while --consul-addr is https://: reads would leave TLS",
+                ));
+            }
             if addr == consul.addr || consul_fallbacks.contains(&addr) {
                 return Err(bad(
                     "--consul-fallback-addr",
@@ -389,8 +398,8 @@ mod tests {
         );
         for (args, reason) in [
             (
-                vec!["--consul-fallback-addr", "https://10.0.0.2:8501"],
-                "only http://",
+                vec!["--consul-fallback-addr", "ftp://10.0.0.2:8501"],
+                "only http:// and https://",
             ),
             (
                 vec!["--consul-fallback-addr", "127.0.0.1:8500"],
@@ -474,6 +483,101 @@ mod tests {
     }
 
     #[test]
+    fn https_addresses_take_the_consul_cli_tls_variables_under_the_options() {
+        use crate::consul::tls::{TlsFile, TlsSettings};
+        // CONSUL_HTTP_SSL: an address without a scheme is https://, the
+        // default one too; a scheme given wins.
+        let ssl = Fallbacks {
+            consul_http_ssl: Some("true".into()),
+            ..Fallbacks::default()
+        };
+        assert_eq!(
+            config(&[], &ssl).unwrap().consul.addr,
+            "https://127.0.0.1:8500"
+        );
+        let c = config(&["--consul-addr", "http://c:8500"], &ssl).unwrap();
+        assert_eq!(c.consul.addr, "http://c:8500");
+        let bad_bool = Fallbacks {
+            consul_http_ssl: Some("yes".into()),
+            ..Fallbacks::default()
+        };
+        assert_eq!(
+            config(&[], &bad_bool).unwrap_err().option,
+            "$CONSUL_HTTP_SSL"
+        );
+
+        let env = Fallbacks {
+            consul_cacert: Some("/env/ca.pem".into()),
+            consul_client_cert: Some("/env/cert.pem".into()),
+            consul_client_key: Some("/env/key.pem".into()),
+            consul_tls_server_name: Some("server.dc1.consul".into()),
+            consul_http_ssl_verify: Some("0".into()),
+            ..Fallbacks::default()
+        };
+        let file = |path: &str, from| {
+            Some(TlsFile {
+                path: path.into(),
+                from,
+            })
+        };
+        let tls = |args: &[&str]| parse(args).unwrap().consul.resolve(&env).unwrap().tls;
+        assert_eq!(
+            tls(&[]),
+            TlsSettings {
+                ca_file: file("/env/ca.pem", "$CONSUL_CACERT"),
+                client_cert: file("/env/cert.pem", "$CONSUL_CLIENT_CERT"),
+                client_key: file("/env/key.pem", "$CONSUL_CLIENT_KEY"),
+                server_name: Some("server.dc1.consul".into()),
+                verify: false,
+            }
+        );
+        let flags = tls(&[
+            "--consul-ca-file",
+            "/ca.pem",
+            "--consul-tls-server-name",
+            "consul.example",
+            "--consul-http-ssl-verify",
+            "true",
+        ]);
+        assert_eq!(flags.ca_file, file("/ca.pem", "--consul-ca-file"));
+        assert_eq!(flags.server_name.as_deref(), Some("consul.example"));
+        assert!(flags.verify);
+        let none = parse(&[]).unwrap().consul.resolve(&Fallbacks::default());
+        assert_eq!(none.unwrap().tls, TlsSettings::default());
+    }
+
+    #[test]
+    fn fallbacks_take_the_scheme_of_consul_addr_and_never_leave_tls() {
+        let fb = Fallbacks::default();
+        let c = config(
+            &[
+                "--consul-addr",
+                "https://c:8501",
+                "--consul-fallback-addr",
+                "s1:8501",
+            ],
+            &fb,
+        )
+        .unwrap();
+        assert_eq!(c.consul_fallbacks, ["https://s1:8501"]);
+        let err = config(
+            &[
+                "--consul-addr",
+                "https://c:8501",
+                "--consul-fallback-addr",
+                "http://s1:8500",
+            ],
+            &fb,
+        )
+        .unwrap_err();
+        assert_eq!(err.option, "--consul-fallback-addr");
+        assert!(err.reason.contains("leave TLS"), "{err}");
+        // The servers' HTTPS API behind a local agent over plain HTTP.
+        let c = config(&["--consul-fallback-addr", "https://s1:8501,s2:8500"], &fb).unwrap();
+        assert_eq!(c.consul_fallbacks, ["https://s1:8501", "http://s2:8500"]);
+    }
+
+    #[test]
     fn prefix_always_ends_in_slash() {
         let c = config(&["--prefix", "a/b"], &Fallbacks::default()).unwrap();
         assert_eq!(c.consul.prefix, "a/b/");
@@ -486,10 +590,7 @@ mod tests {
             (vec!["--prefix", ""], "--prefix"),
             (vec!["--prefix", "/abs"], "--prefix"),
             (vec!["--prefix", "a b"], "--prefix"),
-            (
-                vec!["--consul-addr", "https://consul:8501"],
-                "--consul-addr",
-            ),
+            (vec!["--consul-addr", "ftp://consul:8501"], "--consul-addr"),
             (
                 vec!["--consul-addr", "http://consul:8500/v1"],
                 "--consul-addr",

@@ -36,7 +36,8 @@ pub enum ConsulOutcome {
     Http4xx,
     /// A 5xx status (500 `No cluster leader` during elections).
     Http5xx,
-    /// The TCP connection failed or was reset.
+    /// The TCP connection failed or was reset, or the TLS handshake failed
+    /// (a certificate that did not verify, ours refused).
     ConnectError,
     /// No answer within the wait plus Consul's jitter plus a margin.
     Timeout,
@@ -51,7 +52,9 @@ impl From<&ConsulError> for ConsulOutcome {
     /// `decode_error`.
     fn from(e: &ConsulError) -> ConsulOutcome {
         match e {
-            ConsulError::Connect { .. } | ConsulError::Token { .. } => ConsulOutcome::ConnectError,
+            ConsulError::Connect { .. } | ConsulError::Tls { .. } | ConsulError::Token { .. } => {
+                ConsulOutcome::ConnectError
+            }
             ConsulError::Timeout { .. } => ConsulOutcome::Timeout,
             ConsulError::Status { status, .. } if status.is_server_error() => {
                 ConsulOutcome::Http5xx

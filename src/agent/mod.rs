@@ -100,11 +100,13 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
 
     // Every Consul address, listed or found, gets the same settings.
     let token_file = config.consul.token_file.clone();
+    let tls = config.consul.loaded_tls.clone();
     let make: finder::ClientFactory = Arc::new(move |addr: &str| {
         ConsulClient::new(
             addr,
             TokenSource::new(token_file.clone()),
             Duration::from_secs(2),
+            &tls,
         )
     });
     let clients = std::iter::once(&config.consul.addr)

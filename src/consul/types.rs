@@ -29,6 +29,16 @@ pub enum ConsulError {
         /// The transport error.
         detail: String,
     },
+    /// The TLS handshake failed: Consul's certificate did not verify, it
+    /// refused ours, or it does not speak TLS there. Never retried over
+    /// plain HTTP.
+    #[error("TLS to Consul at {addr} failed: {detail}")]
+    Tls {
+        /// The Consul address used.
+        addr: String,
+        /// The TLS error, with what to check.
+        detail: String,
+    },
     /// No complete answer in time.
     #[error("Consul at {addr} did not answer within {after:?}")]
     Timeout {

@@ -46,7 +46,7 @@ mod weights;
 use std::process::ExitCode;
 
 use crate::cli::{ConsulArgs, StateArgs};
-use crate::consul::config::Fallbacks;
+use crate::consul::config::{ConsulConfig, Fallbacks};
 use commands::run;
 use error::report_failure;
 pub use error::{exit, Failure};
@@ -56,7 +56,7 @@ pub use select::CANARY_KEY;
 /// Runs one `state` command and returns its exit status. Consul options are
 /// resolved as for the daemon (same flags, environment and token file).
 pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> ExitCode {
-    let code = match consul.resolve(fallbacks) {
+    let code = match consul.resolve(fallbacks).and_then(ConsulConfig::load_tls) {
         Err(e) => report_failure(args.json, &Failure::usage(e.to_string())),
         Ok(config) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()

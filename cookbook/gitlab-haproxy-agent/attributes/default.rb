@@ -44,12 +44,21 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 #
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
+# TLS to Consul for https:// addresses: PEM CA file (nil: the system's roots),
+# client certificate and key (for verify_incoming; both or neither), the name
+# Consul's certificate is checked against (nil: each address's host), and
+# false to take any certificate. nil leaves each out.
+default['gitlab-haproxy-agent']['settings']['consul_ca_file'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_cert'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_key'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_tls_server_name'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_http_ssl_verify'] = nil
 # Other ways into the same Consul datacenter, tried when the local Consul
 # agent cannot serve reads. Empty (the variable is left out): the agent finds
 # the Consul servers of its datacenter from Consul itself and keeps the list
 # current. A list replaces them (e.g. ['http://10.0.0.11:8500',
-# 'http://10.0.0.12:8500']); ['none'] turns fallbacks off. Same token, plain
-# http only.
+# 'http://10.0.0.12:8500']); ['none'] turns fallbacks off. Same token and TLS
+# settings; https only when consul_addr is https.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
 # The HTTP port of the Consul servers found. nil: the port of consul_addr.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_port'] = nil

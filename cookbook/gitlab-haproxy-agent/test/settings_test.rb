@@ -113,16 +113,17 @@ class SettingsTest < Minitest::Test
 
   # The agent exits 64 at every start on a fallback address it refuses:
   # another scheme, a path or query, one given twice or equal to
-  # --consul-addr (after adding http:// and dropping a trailing slash).
+  # --consul-addr (after adding its scheme and dropping a trailing slash),
+  # plain http:// when --consul-addr is https://.
   def test_refuses_consul_fallback_addrs_the_agent_refuses
     attr = "#{ATTR}.settings.consul_fallback_addrs"
     assert_refused(attr, /list/) { env(settings: { 'consul_fallback_addrs' => 'http://10.0.0.11:8500' }) }
     {
-      ['https://10.0.0.11:8501'] => /plain http/,
+      ['ftp://10.0.0.11:8501'] => /http\(s\)/,
       ['http://10.0.0.11:8500/v1/kv'] => /no path/,
       ['http://10.0.0.11:8500?dc=x'] => /no path/,
-      ['http://10.0.0.11:99999'] => /plain http/,
-      ['http://'] => /plain http/,
+      ['http://10.0.0.11:99999'] => /http\(s\)/,
+      ['http://'] => /http\(s\)/,
       ['10.0.0.11:8500,10.0.0.12:8500'] => /no commas/,
       [''] => /empty/,
       ['http://10.0.0.11:8500 $(id)'] => /shell/,
@@ -132,6 +133,16 @@ class SettingsTest < Minitest::Test
     }.each do |addrs, pattern|
       error = assert_refused(attr, pattern) { env(settings: { 'consul_fallback_addrs' => addrs }) }
       assert_includes error.message, addrs.last.inspect, addrs.inspect unless addrs.last.empty?
+    end
+    # https:// beside an http:// consul_addr (the servers' HTTPS API); with an
+    # https:// consul_addr an address without a scheme is https:// and plain
+    # http:// is refused.
+    servers = { 'consul_fallback_addrs' => ['https://10.0.0.11:8501'] }
+    assert_includes env(settings: servers), %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS https://10.0.0.11:8501]
+    tls = { 'consul_addr' => 'https://127.0.0.1:8501', 'consul_fallback_addrs' => ['10.0.0.11:8501'] }
+    assert_includes env(settings: tls), %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS 10.0.0.11:8501]
+    assert_refused(attr, /plain http while settings.consul_addr is https/) do
+      env(settings: tls.merge('consul_fallback_addrs' => ['http://10.0.0.11:8500']))
     end
     # Compared with the consul_addr actually set.
     moved = { 'consul_addr' => 'http://10.0.0.5:8500', 'consul_fallback_addrs' => ['http://127.0.0.1:8500'] }

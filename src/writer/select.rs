@@ -66,30 +66,11 @@ pub(super) struct Target {
 /// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` when that file exists and lists
 /// a server, else none.
 pub(super) fn config_path(given: Option<&Path>) -> Option<PathBuf> {
-    match given {
-        Some(path) => Some(path.to_path_buf()),
-        None => Some(default_config()).filter(|p| lists_a_server(p)),
-    }
-}
-
-/// True when the file at `path` is a HAProxy configuration with at least one
-/// server line: a load balancer's, not a package's sample.
-fn lists_a_server(path: &Path) -> bool {
-    path.is_file() && haproxy::servers_from_config(path).is_ok_and(|s| !s.is_empty())
-}
-
-/// Why the default configuration is not read, for a message: it does not
-/// exist, or it enrolls no server.
-fn default_config_unused() -> String {
-    let path = default_config();
-    if path.is_file() {
-        format!(
-            "{} lists no server (a package's sample, not a load balancer's), so it is not read",
-            path.display()
-        )
-    } else {
-        format!("{} does not exist here", path.display())
-    }
+    let listed =
+        |p: &PathBuf| p.is_file() && haproxy::servers_from_config(p).is_ok_and(|s| !s.is_empty());
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| Some(default_config()).filter(listed))
 }
 
 /// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, else [`DEFAULT_HAPROXY_CONFIG`].
@@ -196,7 +177,7 @@ impl Target {
                     (None, Some(named)) => named,
                     _ => Err(Failure::usage(format!(
                         "{} needs the servers of HAProxy: give --haproxy-config PATH (a copy \
-                         of a load balancer's configuration) or --haproxy-socket PATH; {}. One \
+                         of a load balancer's configuration) or --haproxy-socket PATH; {} {}. One \
                          server by exact name needs neither: --backend B --server NAME; \
                          nothing written",
                         if !select.server.is_empty() {
@@ -204,7 +185,11 @@ impl Target {
                         } else {
                             "a whole --backend"
                         },
-                        default_config_unused(),
+                        default_config().display(),
+                        match default_config().is_file() {
+                            true => "lists no server (a package's sample), so it is not read",
+                            false => "does not exist here",
+                        },
                     ))),
                 };
             }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use gitlab_haproxy_agent::agent::config::AgentConfig;
 use gitlab_haproxy_agent::agent::state_copies;
 use gitlab_haproxy_agent::cli::{Cli, Command, EX_USAGE};
@@ -72,23 +72,28 @@ fn usage_error(message: &str) -> ExitCode {
 /// For `state`: the Prometheus settings of the defaults file
 /// (`/etc/default/gitlab-haproxy-agent`, or
 /// `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE`) that the environment does not
-/// set, put in the environment before the options are parsed, so that
-/// flag > environment > file > none.
-fn writer_defaults() {
+/// set, as the options' defaults, so that flag > environment > file > none.
+/// The environment is read, never changed.
+fn writer_defaults() -> Vec<(String, String)> {
     if !std::env::args_os().skip(1).any(|a| a == "state") {
-        return;
+        return Vec::new();
     }
     let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE").map_or_else(
         || PathBuf::from(writer::settings::DEFAULTS_FILE),
         PathBuf::from,
     );
     let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
+        return Vec::new();
     };
-    for (name, value) in writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some()) {
-        // Still one thread: nothing else reads the environment yet.
-        std::env::set_var(name, value);
-    }
+    writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some())
+}
+
+/// The options: the command line, the environment, then the defaults
+/// file's values ([`writer_defaults`]).
+fn parse() -> Result<Cli, clap::Error> {
+    let mut cmd = writer::settings::with_file_defaults(Cli::command(), &writer_defaults());
+    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
 }
 
 fn main() -> ExitCode {
@@ -103,8 +108,7 @@ fn main() -> ExitCode {
             None => ExitCode::from(EX_USAGE as u8),
         };
     }
-    writer_defaults();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.

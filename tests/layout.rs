@@ -401,3 +401,39 @@ fn no_source_file_over_its_line_budget() {
         over.join(", ")
     );
 }
+
+/// The process environment is read, never changed: `set_var` and
+/// `remove_var` race with any thread reading it (unsafe since Rust 2024),
+/// and the defaults file's values reach clap as defaults instead
+/// (`writer::settings::with_file_defaults`).
+#[test]
+fn nothing_changes_the_process_environment() {
+    let mut files = Vec::new();
+    rust_files(&src(), &mut files);
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"),
+        &mut files,
+    );
+    let found: Vec<String> = files
+        .iter()
+        .filter(|f| !f.ends_with("tests/layout.rs"))
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            let rel = f
+                .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+                .unwrap()
+                .display()
+                .to_string();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains("env::set_var") || l.contains("env::remove_var"))
+                .map(|(n, _)| format!("{rel}:{}", n + 1))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        found.is_empty(),
+        "the process environment is changed at {}",
+        found.join(", ")
+    );
+}

@@ -2474,3 +2474,41 @@ fn a_token_that_may_not_write_the_generation_writes_nothing() {
     run.warns(&format!("may not write {PREFIX}~generation"));
     assert_eq!(kv(&consul, "canary"), None);
 }
+
+/// The Prometheus URL of `/etc/default/gitlab-haproxy-agent` (here the file
+/// `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` names) is used when neither a flag
+/// nor the environment gives one: flag > environment > file > none, an
+/// empty variable meaning none. Each URL is a closed port, so the zone
+/// drain's group check names the one it asked.
+#[test]
+fn the_defaults_file_gives_prometheus_below_the_environment_and_the_flag() {
+    let consul = Consul::start();
+    let dir = TempDir::new("defaults-file");
+    let [file, env, flag] = [(); 3].map(|()| format!("http://127.0.0.1:{}", free_port()));
+    let defaults = dir.path().join("gitlab-haproxy-agent");
+    std::fs::write(
+        &defaults,
+        format!("# settings\nGITLAB_HAPROXY_AGENT_PROMETHEUS_URL={file}\n"),
+    )
+    .unwrap();
+    let drain = ["drain", "--zone", "b", "--dry-run"];
+    let asked = |env_value: Option<&str>, extra: &[&str]| {
+        let mut cmd = command(&consul.url(), &[&drain[..], extra].concat());
+        cmd.env("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE", &defaults);
+        if let Some(v) = env_value {
+            cmd.env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", v);
+        }
+        let run = Run::from(cmd.output().expect("run the CLI"));
+        assert_eq!(run.code, 0, "{run:?}");
+        run.stderr
+    };
+    let did_not_answer = |url: &str| format!("Prometheus at {url} did not answer");
+    let stderr = asked(None, &[]);
+    assert!(stderr.contains(&did_not_answer(&file)), "{stderr}");
+    let stderr = asked(Some(&env), &[]);
+    assert!(stderr.contains(&did_not_answer(&env)), "{stderr}");
+    let stderr = asked(Some(&env), &["--prometheus", &flag]);
+    assert!(stderr.contains(&did_not_answer(&flag)), "{stderr}");
+    let stderr = asked(Some(""), &[]);
+    assert!(stderr.contains("no Prometheus is set"), "{stderr}");
+}

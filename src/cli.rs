@@ -10,6 +10,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// Default of `--haproxy-pid-file`: `/run/haproxy.pid`, the `-p` of the
+/// haproxy.service that Debian, Ubuntu and Red Hat ship. In master-worker
+/// mode (`-W`, `-Ws`) it holds the master's PID (HAProxy
+/// doc/management.txt, "-p").
+pub const DEFAULT_HAPROXY_PID_FILE: &str = "/run/haproxy.pid";
+
+pub mod defaults;
 pub mod help;
 pub mod state;
 mod values;
@@ -413,7 +420,7 @@ pub struct AgentArgs {
         long,
         env = "GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE",
         value_name = "FILE",
-        default_value = crate::agent::old_workers::DEFAULT_PID_FILE
+        default_value = DEFAULT_HAPROXY_PID_FILE
     )]
     pub haproxy_pid_file: std::path::PathBuf,
 

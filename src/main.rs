@@ -79,19 +79,20 @@ fn writer_defaults() -> Vec<(String, String)> {
         return Vec::new();
     }
     let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE").map_or_else(
-        || PathBuf::from(writer::settings::DEFAULTS_FILE),
+        || PathBuf::from(gitlab_haproxy_agent::cli::defaults::DEFAULTS_FILE),
         PathBuf::from,
     );
     let Ok(text) = std::fs::read_to_string(&path) else {
         return Vec::new();
     };
-    writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some())
+    gitlab_haproxy_agent::cli::defaults::from_defaults(&text, |n| std::env::var_os(n).is_some())
 }
 
 /// The options: the command line, the environment, then the defaults
 /// file's values ([`writer_defaults`]).
 fn parse() -> Result<Cli, clap::Error> {
-    let mut cmd = writer::settings::with_file_defaults(Cli::command(), &writer_defaults());
+    let mut cmd =
+        gitlab_haproxy_agent::cli::defaults::with_file_defaults(Cli::command(), &writer_defaults());
     let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
     Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
 }
@@ -125,14 +126,14 @@ fn main() -> ExitCode {
             // `state ... --json`: a JSON object on stdout, as for every
             // other writer failure.
             if std::env::args_os().any(|a| a == "--json") {
-                return gitlab_haproxy_agent::writer::usage_error(true, &message);
+                return writer::usage_error(true, &message);
             }
             return usage_error(&message);
         }
     };
     match &cli.command {
         Some(Command::State(state)) => {
-            return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
+            return writer::main(&cli.consul, state, &fallbacks());
         }
         Some(Command::CheckReady(args)) => {
             return gitlab_haproxy_agent::check_ready::main(&cli.agent, args);

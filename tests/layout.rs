@@ -405,7 +405,7 @@ fn no_source_file_over_its_line_budget() {
 /// The process environment is read, never changed: `set_var` and
 /// `remove_var` race with any thread reading it (unsafe since Rust 2024),
 /// and the defaults file's values reach clap as defaults instead
-/// (`writer::settings::with_file_defaults`).
+/// (`cli::defaults::with_file_defaults`).
 #[test]
 fn nothing_changes_the_process_environment() {
     let mut files = Vec::new();

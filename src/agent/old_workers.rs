@@ -12,12 +12,6 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tokio_util::sync::CancellationToken;
 
-/// Default of `--haproxy-pid-file`: `/run/haproxy.pid`, the `-p` of the
-/// haproxy.service that Debian, Ubuntu and Red Hat ship. In master-worker
-/// mode (`-W`, `-Ws`) it holds the master's PID (HAProxy
-/// doc/management.txt, "-p").
-pub const DEFAULT_PID_FILE: &str = "/run/haproxy.pid";
-
 /// How often `/proc` is read: 1 s, so the writer sees an old worker go
 /// within a scrape interval of it exiting.
 pub const POLL: Duration = Duration::from_secs(1);

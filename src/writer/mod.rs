@@ -17,8 +17,9 @@
 //! servers it decides); `progress` records how far it got; `report` prints
 //! the result as text or JSON. `commands` dispatches and holds the read-only
 //! commands (`get`, `list`, `explain`), which say with
-//! [`crate::fleet::held`] what the agents hold; `session` is the Consul connection they share; [`settings`]
-//! reads the Prometheus settings of the defaults file; [`error`] names each
+//! [`crate::fleet::held`] what the agents hold; `session` is the Consul connection they share
+//! ([`crate::cli::defaults`] reads the Prometheus settings of the defaults
+//! file); [`error`] names each
 //! failure and its exit status. The writer stands on the model and the
 //! Consul client and imports nothing from the daemon; no module of it
 //! imports one that imports it back (tests/layout.rs).
@@ -39,7 +40,6 @@ mod release;
 mod report;
 mod select;
 mod session;
-pub mod settings;
 pub mod waits;
 mod weights;
 

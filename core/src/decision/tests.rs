@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::served::{Change, ServedState};
 use super::stale::HoldReason;
 use super::*;
-use crate::consul::types::{PrefixAnswer, ReadMeta};
+use crate::model::answer::{PrefixAnswer, ReadMeta};
 use crate::model::snapshot::Answer;
 use crate::model::snapshot::KvPair;
 use crate::model::value::AdminState::{self, Drain, Maint, Ready, Weight};

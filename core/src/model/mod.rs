@@ -7,6 +7,7 @@
 //! [`haproxy_config`] which servers an HAProxy
 //! configuration (or `show servers state` answer) declares.
 
+pub mod answer;
 pub mod generation;
 pub mod haproxy_config;
 pub mod identity;

@@ -13,7 +13,7 @@ use super::protocol::{
 };
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
-use crate::consul::types::{PrefixAnswer, ReadMeta};
+use crate::model::answer::{PrefixAnswer, ReadMeta};
 use crate::model::identity::STORE_ID_KEY;
 
 /// What the core waits for: the answer to the one request it has out.

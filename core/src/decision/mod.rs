@@ -1,6 +1,6 @@
 //! The decision core: every rule that decides what the agent serves, in one
 //! place with no I/O, no clock and no runtime (the shape of ntpd-rs's
-//! `ntp-proto`). The daemon ([`crate::agent::watcher`]) performs the
+//! `ntp-proto`). The daemon (the agent's `watcher`) performs the
 //! [`Request`] the core asks for, hands back the [`Response`], publishes the
 //! [`served::ServedState`] when it changed, and writes it to disk.
 //!

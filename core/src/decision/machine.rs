@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::config::CoreConfig;
+use super::config::{CoreConfig, Rule};
 use super::loss;
 use super::protocol::{
     BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
@@ -306,7 +306,7 @@ impl Core {
                             Act::CutOff
                         }
                     }
-                    None if index < parked && rules.reset_below => {
+                    None if index < parked && rules.on(Rule::ResetBelow) => {
                         out.notes.push(Note::IndexBelow { parked, index });
                         if self.checks_lag {
                             Act::Keep
@@ -318,9 +318,11 @@ impl Core {
                         self.checks_lag = false;
                         let (behind, then) = match ask.behind {
                             Behind::No => (Behind::Once, BehindStep::Waits),
-                            Behind::Reissued { checks } if rules.reissue_behind_once => {
+                            Behind::Reissued { checks } if rules.on(Rule::ReissueBehindOnce) => {
                                 let checks = checks.saturating_add(1);
-                                if checks >= REPLACE_UNANSWERED_AFTER && rules.replace_unanswered {
+                                if checks >= REPLACE_UNANSWERED_AFTER
+                                    && rules.on(Rule::ReplaceUnanswered)
+                                {
                                     (ask.behind, BehindStep::Replaced)
                                 } else {
                                     (Behind::Reissued { checks }, BehindStep::Waits)
@@ -359,7 +361,7 @@ impl Core {
         let next = match act {
             Act::Keep => return out,
             // Re-issues that the index-check rule turns off.
-            Act::CutOff | Act::Behind if !rules.index_check => return out,
+            Act::CutOff | Act::Behind if !rules.on(Rule::IndexCheck) => return out,
             Act::CutOff => {
                 self.confirm_default = true;
                 let next = self.read(false, Sent::CutOff, Delay::None);
@@ -480,7 +482,7 @@ impl Core {
     /// request per retry, and the recovery one more.
     fn fail(&mut self, forbidden: bool, out: &mut Output) -> Next {
         self.failures = self.failures.saturating_add(1);
-        if self.config.rules.acl_reprobe {
+        if self.config.rules.on(Rule::AclReprobe) {
             self.acl = None;
         }
         if forbidden {
@@ -542,7 +544,7 @@ impl Core {
 
         // Keys the state holds that the answer lacks, and keys only a
         // writer record names, are read directly (ACLs on).
-        let probe = acl_on && self.config.rules.probe_missing;
+        let probe = acl_on && self.config.rules.on(Rule::ProbeMissing);
         let missing = if rolled_back {
             Vec::new()
         } else {
@@ -719,7 +721,7 @@ impl Core {
 
     fn finish(&mut self, p: Pending, now: u64, out: &mut Output) -> Next {
         let input = MergeInput {
-            weights_unprotected: !self.config.rules.traffic_order,
+            weights_unprotected: !self.config.rules.on(Rule::TrafficOrder),
             rolled_back: p.rolled_back,
             probes: p.probes,
             now,

@@ -77,7 +77,7 @@ mod protocol;
 pub mod served;
 pub mod stale;
 
-pub use config::{CoreConfig, Rules};
+pub use config::{CoreConfig, Rule, Rules};
 pub use machine::{Core, REPLACE_UNANSWERED_AFTER};
 pub use protocol::{
     BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,

@@ -90,3 +90,36 @@ impl Rules {
         1 << rule as u16
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Rule; 10] = [
+        Rule::ProbeMissing,
+        Rule::StoreId,
+        Rule::AclReprobe,
+        Rule::Generation,
+        Rule::Reap,
+        Rule::IndexCheck,
+        Rule::ReissueBehindOnce,
+        Rule::TrafficOrder,
+        Rule::ResetBelow,
+        Rule::ReplaceUnanswered,
+    ];
+
+    #[test]
+    fn every_rule_is_on_by_default_and_turns_off_alone() {
+        for rule in ALL {
+            assert!(Rules::default().on(rule), "{rule:?} on by default");
+            let without = Rules::default().without(rule);
+            for other in ALL {
+                assert_eq!(
+                    without.on(other),
+                    other != rule,
+                    "{other:?} without {rule:?}"
+                );
+            }
+        }
+    }
+}

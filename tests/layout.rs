@@ -443,8 +443,10 @@ fn the_cycle_check_finds_a_cycle() {
 fn the_writer_stays_under_its_line_budget() {
     let mut files = Vec::new();
     rust_files(&src().join("writer"), &mut files);
+    // A `tests.rs` is a `#[cfg(test)]` module in a file of its own.
     let lines: usize = files
         .iter()
+        .filter(|f| !f.ends_with("tests.rs"))
         .map(|f| non_test_lines(&std::fs::read_to_string(f).unwrap()).len())
         .sum();
     assert!(

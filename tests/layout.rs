@@ -421,6 +421,28 @@ fn no_import_cycle_through_a_reexport() {
     }
 }
 
+/// The core's model is its bottom layer: no module of `core::model` names
+/// the decision core or the route policy, which are built on it.
+#[test]
+fn the_model_names_nothing_above_it() {
+    let graph = module_graph(true);
+    let up: Vec<String> = graph
+        .iter()
+        .filter(|(module, _)| *module == "core::model" || module.starts_with("core::model::"))
+        .flat_map(|(module, edges)| {
+            edges
+                .iter()
+                .filter(|e| !(*e == "core::model" || e.starts_with("core::model::")))
+                .map(move |e| format!("{module} -> {e}"))
+        })
+        .collect();
+    assert!(
+        up.is_empty(),
+        "the model imports from above it: {}",
+        up.join(", ")
+    );
+}
+
 #[test]
 fn the_cycle_check_finds_a_cycle() {
     let mut graph = module_graph(true);

@@ -41,7 +41,7 @@ pub(super) struct PrefixAsk {
 /// What a prefix read asks Consul for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Read {
-    /// A full read, without an index: answered at once.
+    /// A full read, without an index: Consul answers it at once.
     Full,
     /// A blocking read on `index` (never 0), parked until the prefix moves
     /// past it or the wait ends; the daemon checks the prefix's index while
@@ -55,8 +55,8 @@ pub(super) enum Read {
 }
 
 impl Read {
-    /// A read on `index`: full for 0 (Consul's rule: 0 asks for no
-    /// index), else blocking, no check having found it behind yet.
+    /// A read on `index`: full for 0 (sent without an index), else
+    /// blocking, no check having found it behind yet.
     pub(super) fn on(index: u64) -> Read {
         match index {
             0 => Read::Full,

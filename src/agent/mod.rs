@@ -17,7 +17,7 @@ pub mod metrics;
 pub mod notify;
 pub mod old_workers;
 pub mod responder;
-pub mod route;
+pub use gitlab_haproxy_agent_core::route;
 pub mod seen;
 pub mod shared;
 pub mod state_copies;

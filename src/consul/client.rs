@@ -12,8 +12,8 @@ use reqwest::StatusCode;
 use super::tls::{tls_failure, Tls};
 use super::token::TokenSource;
 use super::types::{
-    decode_bool, decode_held_pairs, decode_pairs, decode_txn, ConsulError, Holders, KvPair,
-    PrefixAnswer, ReadMeta, TxnOp, TxnOutcome,
+    decode_bool, decode_held_pairs, decode_pairs, decode_txn, read_meta, ConsulError, Holders,
+    KvPair, PrefixAnswer, ReadMeta, TxnOp, TxnOutcome,
 };
 use crate::cli::Consistency;
 use crate::decision::KeyRead;
@@ -236,7 +236,7 @@ impl ConsulClient {
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
         let header_index = consul_index(response.headers());
-        let meta = ReadMeta::from_headers(response.headers());
+        let meta = read_meta(response.headers());
         let gzipped = response
             .headers()
             .get(reqwest::header::CONTENT_ENCODING)
@@ -305,7 +305,7 @@ impl ConsulClient {
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
-        let meta = ReadMeta::from_headers(response.headers());
+        let meta = read_meta(response.headers());
         let index = consul_index(response.headers());
         if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
             let body = response.bytes().await.unwrap_or_default();

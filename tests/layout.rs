@@ -517,10 +517,21 @@ const NOT_IN_THE_CORE: &[&str] = &[
 
 /// The names of the packages `package` depends on, directly or through
 /// another, as Cargo resolved them (`cargo metadata`, as `cargo tree -p`
-/// sees them), build dependencies included, dev-dependencies left out.
+/// sees them on this host: `--filter-platform`, so that another platform's
+/// dependencies, never downloaded here, are not asked for), build
+/// dependencies included, dev-dependencies left out.
 fn resolved_dependencies(package: &str) -> BTreeSet<String> {
+    let rustc = std::process::Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_string))
+        .expect("rustc -vV names the host");
     let out = std::process::Command::new(env!("CARGO"))
         .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--filter-platform", &host])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
@@ -634,6 +645,10 @@ fn the_core_reads_no_clock_and_performs_no_io() {
 fn nothing_changes_the_process_environment() {
     let mut files = Vec::new();
     rust_files(&src(), &mut files);
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("core/src"),
+        &mut files,
+    );
     rust_files(
         &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"),
         &mut files,

@@ -7,8 +7,9 @@
 //! and re-export these modules under the same paths.
 //!
 //! ```text
-//!   decision/   route        what the agent serves, and which Consul
-//!      |          |          address it reads through
+//!   decision/   route,       what the agent serves, and which Consul
+//!      |        discovery    address it reads through (and which
+//!      |          |          servers are fallbacks)
 //!      +----+-----+
 //!           |
 //!        model/              value and agent-send grammar, snapshot,
@@ -19,5 +20,6 @@
 #![warn(missing_docs)]
 
 pub mod decision;
+pub mod discovery;
 pub mod model;
 pub mod route;

@@ -8,7 +8,6 @@
 //! [`run`] wires them together with one shutdown path.
 
 pub mod config;
-pub mod discovery;
 pub mod finder;
 pub mod http;
 pub mod log_summary;
@@ -17,7 +16,7 @@ pub mod metrics;
 pub mod notify;
 pub mod old_workers;
 pub mod responder;
-pub use gitlab_haproxy_agent_core::route;
+pub use gitlab_haproxy_agent_core::{discovery, route};
 pub mod seen;
 pub mod shared;
 pub mod state_copies;

@@ -10,7 +10,7 @@
 //! use (kept in order, proofs kept), and which addresses are asked for it
 //! are decided here; the watcher performs the reads and keeps the time.
 //! Every address found is proven the same Consul before reads go through
-//! it ([`crate::agent::route::judge`]), so a list is only a hint. Pure: no
+//! it ([`crate::route::judge`]), so a list is only a hint. Pure: no
 //! I/O, no clock.
 
 use std::net::SocketAddr;
@@ -92,7 +92,7 @@ pub struct Refit {
     /// For each address of the new route list (0: the primary, then
     /// `list`), the index it had in the old one (0: the primary, 1.. the
     /// old fallbacks), `None` for an address new to the list: what
-    /// [`crate::agent::route::Routes::refit`] takes.
+    /// [`crate::route::Routes::refit`] takes.
     pub keep: Vec<Option<usize>>,
     /// Addresses new to the list.
     pub added: Vec<String>,

@@ -626,30 +626,45 @@ fn the_watchdog_keeps_beating_while_confirming_reads_are_slow() {
     agent.wait_answer("web/s1 canary", "ready 100%\n");
 }
 
-/// A state-file write fails (the disk full, the folder unwritable: here its
-/// temporary file's path is taken by a folder, which stops root too) while
-/// `web/s1` goes ready -> maint. The agent is killed and starts again while
-/// Consul is down, from the file that still says ready: it answers nothing
-/// for s1 (HAProxy keeps it MAINT) until Consul answers maint. Once the
-/// path is freed the write is retried without a new change.
+/// A state-file write fails (the disk full, the folder unwritable: here the
+/// state folder is moved aside and a file put at its path, which stops root
+/// too) while `web/s1` goes ready -> maint. The agent is killed and starts
+/// again while Consul is down, from the file that still says ready (the
+/// folder back in place): it answers nothing for s1 (HAProxy keeps it
+/// MAINT) until Consul answers maint. A write that fails so is retried once
+/// the folder is back, without a new change.
 #[test]
 fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     let consul = Consul::start();
     write_store_marker(&consul);
     consul.put("web/s1", "ready");
     consul.put("web/s2", "drain");
-    let state = TempDir::new("served-state");
-    let dir_args = state_dir_args(state.path());
+    // The state folder inside a folder of the test's, so that it can be
+    // moved aside.
+    let root = TempDir::new("served-state");
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let dir_args = state_dir_args(&state);
     let (port, http_port) = (free_port(), free_port());
     let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
     agent.wait_ready();
     let haproxy = haproxy(port, &[("s1", &["web/s1"]), ("s2", &["web/s2"])]);
     haproxy.wait_server("web", "s2", Duration::from_secs(10), ServerState::is_drain);
-    let file = state.path().join("served-state.json");
+    let file = state.join("served-state.json");
     assert!(std::fs::read_to_string(&file).unwrap().contains("web/s1"));
 
-    let blocker = state.path().join(".served-state.json.tmp");
-    std::fs::create_dir(&blocker).unwrap();
+    // The folder's path taken by a file: no temporary file can be made in
+    // it. `block` and `unblock` swap the folder and the file.
+    let aside = root.path().join("aside");
+    let block = || {
+        std::fs::rename(&state, &aside).unwrap();
+        std::fs::write(&state, "not a folder").unwrap();
+    };
+    let unblock = || {
+        std::fs::remove_file(&state).unwrap();
+        std::fs::rename(&aside, &state).unwrap();
+    };
+    block();
     consul.put("web/s1", "maint");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
     let behind = || agent.metric("gitlab_haproxy_agent_state_file_behind");
@@ -660,6 +675,7 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     // listens).
     agent.proc().kill();
     drop(agent);
+    unblock();
     let nowhere = format!("http://127.0.0.1:{}", free_port());
     let mut agent = Agent::spawn_on(&nowhere, port, http_port, &args(&dir_args, &[]));
     let answering = wait_for(Duration::from_secs(10), || {
@@ -673,27 +689,32 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
         r.is_maint()
     });
 
-    // Consul again: maint applies (its write fails again, the path still
-    // taken).
+    // Consul again: maint applies and is written.
     agent.proc().kill();
     drop(agent);
     let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
     agent.wait_ready();
     agent.wait_answer("web/s1", "maint 100%\n");
-    assert_eq!(
-        agent.metric("gitlab_haproxy_agent_state_file_behind"),
-        1.0,
-        "{}",
-        agent.log()
-    );
-    // The write that failed is retried once the path is free again.
-    std::fs::remove_dir(&blocker).unwrap();
-    let written = wait_for(Duration::from_secs(15), || {
-        (agent.metric("gitlab_haproxy_agent_state_file_behind") == 0.0).then_some(())
-    });
-    assert!(written.is_some(), "{}", agent.log());
-    let saved = std::fs::read_to_string(&file).unwrap();
-    assert!(saved.contains("maint"), "{saved}");
+    let behind = |want: f64| {
+        wait_for(Duration::from_secs(15), || {
+            (agent.metric("gitlab_haproxy_agent_state_file_behind") == want).then_some(())
+        })
+        .is_some()
+    };
+    assert!(behind(0.0), "{}", agent.log());
+    // The next change's write fails (the folder's path taken again), and
+    // is retried once the folder is back, with no change after it.
+    block();
+    consul.put("web/s2", "maint");
+    agent.wait_answer("web/s2", "maint 100%\n");
+    assert!(behind(1.0), "{}", agent.log());
+    assert!(status(&agent)["state_file"]["write_error"].is_string());
+    unblock();
+    assert!(behind(0.0), "{}", agent.log());
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    assert_eq!(saved["keys"]["web/s1"]["value"], "maint", "{saved}");
+    assert_eq!(saved["keys"]["web/s2"]["value"], "maint", "{saved}");
     assert!(status(&agent)["state_file"]["write_error"].is_null());
 }
 

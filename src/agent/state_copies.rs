@@ -1,7 +1,11 @@
 //! Keeping the copies of the served state ([`crate::agent::state_file`])
 //! without ever holding a change back.
 //!
-//! Each new state gets the next serial. The runtime copy (`--runtime-dir`,
+//! Each new state gets the next serial ([`Copies::before_serving`]): the
+//! higher of the last one plus 1 and the wall clock in microseconds since
+//! the Unix epoch, so that serials grow across agent lifetimes, not only
+//! within one (see [`clock_micros`] for what the clock is trusted for).
+//! The runtime copy (`--runtime-dir`,
 //! a tmpfs) is written before the state is served, bounded by
 //! [`RUNTIME_COPY_TIMEOUT`]; then the state is served; then it is handed to
 //! the state file's writer, which writes the newest state it was handed
@@ -46,6 +50,25 @@ pub const RUNTIME_COPY_TIMEOUT: Duration = Duration::from_secs(1);
 /// change, until it succeeds: 5 s.
 pub const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
 
+/// The wall clock in microseconds since the Unix epoch (0 before 1970):
+/// the floor of every serial handed out.
+///
+/// Trusted only to have moved forward between two agent lifetimes on one
+/// node, so that an agent that could not read its state folder at start (a
+/// file at its path, an I/O error) still numbers its states above any state
+/// file a previous agent left there, and writes over it once the folder is
+/// back (the file's serial is otherwise taken for newer:
+/// [`Saved::AlreadyNewer`]). Within one agent the serials grow by at least
+/// 1 whatever the clock does; a clock stepped back between two lifetimes is
+/// still bounded by the serials read at start ([`Copies::start`]) when the
+/// copies are readable. About 1.8e15 today: exact in JSON readers that use
+/// doubles (up to 2^53, the year 2255).
+pub fn clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// A state serialised for its copies: its serial and the file's text.
 #[derive(Clone)]
 pub struct Job {
@@ -74,9 +97,9 @@ struct Disk {
 
 impl Copies {
     /// The copies of `prefix`'s state: in `runtime` and in `disk` (either
-    /// may be absent), serials following `serial` (the higher of the two
-    /// read at start), the state file holding `disk_serial`. The state
-    /// file's writer runs as a task from here on.
+    /// may be absent), serials above `serial` (the higher of the two read
+    /// at start) and above [`clock_micros`] now, the state file holding
+    /// `disk_serial`. The state file's writer runs as a task from here on.
     pub fn start(
         prefix: &str,
         runtime: Option<StateFile>,
@@ -86,7 +109,7 @@ impl Copies {
     ) -> Arc<Copies> {
         let copies = Arc::new(Copies {
             prefix: prefix.to_string(),
-            serial: AtomicU64::new(serial),
+            serial: AtomicU64::new(serial.max(clock_micros())),
             runtime: runtime.map(|f| (f, Arc::new(Mutex::new(())))),
             disk: disk.map(|file| Disk {
                 file,
@@ -101,12 +124,13 @@ impl Copies {
         copies
     }
 
-    /// Writes the runtime copy of `state` under a new serial (bounded by
+    /// Writes the runtime copy of `state` under a new serial (the higher of
+    /// the last one plus 1 and [`clock_micros`]; bounded by
     /// [`RUNTIME_COPY_TIMEOUT`]; a failure is counted and logged, and the
     /// state is served all the same), and returns the job for
     /// [`Copies::to_disk`], to be handed over once the state is served.
     pub async fn before_serving(&self, shared: &Shared, state: &ServedState) -> Job {
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        let serial = self.next_serial();
         let job = Job {
             serial,
             text: Arc::new(file_text(&self.prefix, state, serial)),
@@ -135,6 +159,20 @@ impl Copies {
             }
         }
         job
+    }
+
+    /// A new serial: the higher of the last one plus 1 and
+    /// [`clock_micros`].
+    fn next_serial(&self) -> u64 {
+        let now = clock_micros();
+        let next = |last: u64| last.saturating_add(1).max(now);
+        let last = self
+            .serial
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                Some(next(last))
+            })
+            .unwrap_or_else(|last| last);
+        next(last)
     }
 
     /// Hands `job` to the state file's writer, which writes it unless a
@@ -341,5 +379,30 @@ pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
         {
             return std::process::ExitCode::FAILURE;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serials_grow_and_start_above_the_clock_and_the_serials_read() {
+        let shared = Shared::new("http://127.0.0.1:8500", "p/");
+        let before = clock_micros();
+        // Serials read at start that count from 1 (an earlier agent, or a
+        // file from before the clock): the clock is above them.
+        let copies = Copies::start("p/", None, None, (7, 7), &shared);
+        let first = copies.next_serial();
+        assert!(first > before, "{first} <= {before}");
+        let second = copies.next_serial();
+        assert!(second > first);
+        assert!(copies.next_serial() > second);
+        // A serial read at start above the clock (an agent whose clock ran
+        // ahead): the next ones follow it, whatever the clock says.
+        let ahead = clock_micros() + 3_600_000_000;
+        let copies = Copies::start("p/", None, None, (ahead, 0), &shared);
+        assert_eq!(copies.next_serial(), ahead + 1);
+        assert_eq!(copies.next_serial(), ahead + 2);
     }
 }

@@ -8,9 +8,15 @@
 //! Each copy is written atomically (a temporary file in the same folder,
 //! fsync, rename over the old one, fsync of the folder) under an exclusive
 //! `flock` of the folder, and carries a serial that only grows, across
-//! restarts too: a write never puts an older state over a newer one, even
-//! from a process that was stuck on a frozen disk and resumes after a newer
-//! agent wrote; at start the copy with the higher serial is served.
+//! restarts too (each new state takes the higher of the last serial plus 1
+//! and the wall clock in microseconds,
+//! [`crate::agent::state_copies::clock_micros`], so a later agent numbers
+//! its states above an earlier one's even when it could not read their
+//! copies at start): a write never puts an older state over a newer one,
+//! even from a process that was stuck on a frozen disk and resumes after a
+//! newer agent wrote; at start the copy with the higher serial is served.
+//! Files from before serials (none: 0) and with serials counted from 1 load
+//! as they are.
 
 use std::fs::{self, File};
 use std::io::{Read as _, Write as _};
@@ -66,7 +72,9 @@ pub enum Saved {
     /// The file holds the text given.
     Written,
     /// The file already held this serial or a higher one, written by this
-    /// agent or by a newer one: left as it was.
+    /// agent or by a newer one: left as it was. (The same serial: this
+    /// state, written by this agent's writer before; a higher one: a newer
+    /// state, or one from an earlier agent whose clock ran ahead.)
     AlreadyNewer(u64),
 }
 

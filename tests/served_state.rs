@@ -739,6 +739,26 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
 /// agent answers maint for s1 from the file.
 #[test]
 fn a_state_file_left_by_a_previous_agent_is_written_over_after_an_unreadable_start() {
+    previous_agents_file_written_over(None);
+}
+
+/// As above, the previous agent's clock an hour ahead of this one's (or
+/// stepped back since): its file's serial is above this agent's serials
+/// from the clock. The agent finds the higher serial when it writes, and
+/// writes the state served again above it.
+#[test]
+fn a_state_file_from_an_agent_whose_clock_ran_ahead_is_written_over_too() {
+    let hour_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 3_600_000_000;
+    previous_agents_file_written_over(Some(u64::try_from(hour_ahead).unwrap()));
+}
+
+/// The two tests above: `serial`, when given, replaces the previous
+/// agent's serial in its file.
+fn previous_agents_file_written_over(serial: Option<u64>) {
     let mut consul = Consul::start();
     write_store_marker(&consul);
     consul.put("web/s1", "ready");
@@ -759,8 +779,15 @@ fn a_state_file_left_by_a_previous_agent_is_written_over_after_an_unreadable_sta
     }
     assert!(agent.terminate().is_some_and(|s| s.success()));
     drop(agent);
-    let old = saved_state(&file);
+    let mut old = saved_state(&file);
     assert_eq!(old["keys"]["web/s1"]["value"], "ready", "{old}");
+    if let Some(serial) = serial {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (head, rest) = text.split_once(',').unwrap();
+        assert!(head.starts_with("{\"serial\":"), "{text}");
+        std::fs::write(&file, format!("{{\"serial\":{serial},{rest}")).unwrap();
+        old = saved_state(&file);
+    }
     let old_serial = old["serial"].as_u64().expect("a serial");
 
     // The next agent starts with the folder unreadable.

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::agent::shared::Shared;
-use crate::agent::state_file::{file_text, Saved, StateFile};
+use crate::agent::state_file::{file_text, renumbered, Saved, StateFile};
 use crate::decision::served::ServedState;
 
 /// `argv[0]` of the state file's writer process.
@@ -81,6 +81,9 @@ pub struct Copies {
     prefix: String,
     /// The last serial handed out.
     serial: AtomicU64,
+    /// The serial before the first one this agent gave: a job at or below
+    /// it is a state read at start ([`Copies::catch_up`]).
+    first_below: u64,
     runtime: Option<(StateFile, Arc<Mutex<()>>)>,
     disk: Option<Disk>,
 }
@@ -107,9 +110,11 @@ impl Copies {
         (serial, disk_serial): (u64, u64),
         shared: &Arc<Shared>,
     ) -> Arc<Copies> {
+        let base = serial.max(clock_micros());
         let copies = Arc::new(Copies {
             prefix: prefix.to_string(),
-            serial: AtomicU64::new(serial.max(clock_micros())),
+            serial: AtomicU64::new(base),
+            first_below: base,
             runtime: runtime.map(|f| (f, Arc::new(Mutex::new(())))),
             disk: disk.map(|file| Disk {
                 file,
@@ -175,6 +180,33 @@ impl Copies {
         next(last)
     }
 
+    /// After the state file was found holding `on_disk`, a serial above
+    /// any this agent gave (an earlier agent's, whose clock ran ahead):
+    /// serials from now on are above it, and the newest state handed to
+    /// the writer is renumbered so, unless a newer one came meanwhile
+    /// (numbered above it already).
+    fn renumber_above(&self, on_disk: u64) {
+        let Some(disk) = &self.disk else { return };
+        self.serial.fetch_max(on_disk, Ordering::Relaxed);
+        let Some(old) = disk.pending.borrow().as_ref().map(|j| j.serial) else {
+            return;
+        };
+        if old > on_disk {
+            return;
+        }
+        let serial = self.next_serial();
+        disk.pending.send_if_modified(|pending| match pending {
+            Some(job) if job.serial == old => {
+                *job = Job {
+                    serial,
+                    text: Arc::new(renumbered(&job.text, serial)),
+                };
+                true
+            }
+            _ => false,
+        });
+    }
+
     /// Hands `job` to the state file's writer, which writes it unless a
     /// newer one comes first. Never waits.
     pub fn to_disk(&self, job: Job) {
@@ -231,6 +263,7 @@ impl Copies {
         let mut pending = disk.pending.subscribe();
         let mut child: Option<WriterChild> = None;
         let mut failing = false;
+        let mut newer_in_a_row = 0u32;
         loop {
             let job = loop {
                 let newest = pending.borrow_and_update().clone();
@@ -249,8 +282,29 @@ impl Copies {
                 },
             };
             let metrics = &shared.metrics;
+            // A state read at start, found older than the file (the
+            // previous agent's writer finished a newer one since): the file
+            // holds a newer state than this job, as it should.
+            let result = match result {
+                Ok(Reply::Newer(_)) if job.serial <= self.first_below => Ok(Reply::Written),
+                other => other,
+            };
+            if !matches!(result, Ok(Reply::Newer(_))) {
+                newer_in_a_row = 0;
+            }
             match result {
-                Ok(()) => {
+                Ok(Reply::Newer(on_disk)) => {
+                    warn!(path = %disk.file.path().display(), serial = job.serial, state_file_serial = on_disk, "the state file holds a higher serial than this agent ever gave: written by an earlier agent whose clock ran ahead of this one's; writing the state served again above it");
+                    self.renumber_above(on_disk);
+                    newer_in_a_row += 1;
+                    if newer_in_a_row > 1 {
+                        tokio::select! {
+                            _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
+                            _ = pending.changed() => {}
+                        }
+                    }
+                }
+                Ok(Reply::Written) => {
                     metrics.state_file_writes.with_label_values(&["ok"]).inc();
                     disk.written.send_replace(job.serial);
                     let newest = disk.pending.borrow().as_ref().map_or(0, |j| j.serial);
@@ -286,6 +340,18 @@ impl Copies {
     }
 }
 
+/// What the writer process did with a job.
+enum Reply {
+    /// The file holds the job's state (written now, or before under the
+    /// same serial by a writer whose reply was lost).
+    Written,
+    /// The file holds a higher serial than the job's, left as it was. For
+    /// a job numbered by this agent, not a serial of this agent's (its
+    /// writers only ever hold serials up to the newest job's) but one from
+    /// an earlier agent whose clock ran ahead.
+    Newer(u64),
+}
+
 /// The state file's writer process and its pipes.
 struct WriterChild {
     _child: Child,
@@ -318,7 +384,7 @@ impl WriterChild {
     }
 
     /// Sends `job` and waits, however long the disk takes, for the reply.
-    async fn write(&mut self, job: &Job) -> Result<(), String> {
+    async fn write(&mut self, job: &Job) -> Result<Reply, String> {
         let result = async {
             let head = format!("{} {}\n", job.serial, job.text.len());
             self.stdin.write_all(head.as_bytes()).await?;
@@ -332,7 +398,15 @@ impl WriterChild {
         }
         .await;
         match result {
-            Ok(reply) if reply.trim_end() == "ok" => Ok(()),
+            Ok(reply) if reply.trim_end() == "ok" => Ok(Reply::Written),
+            Ok(reply) if reply.starts_with("newer ") => {
+                match reply["newer ".len()..].trim_end().parse() {
+                    Ok(on_disk) => Ok(Reply::Newer(on_disk)),
+                    Err(_) => Err(format!(
+                        "unexpected reply from the state file's writer: {reply:?}"
+                    )),
+                }
+            }
             Ok(reply) => Err(reply
                 .trim_end()
                 .strip_prefix("error ")
@@ -348,8 +422,9 @@ impl WriterChild {
 
 /// The state file's writer process ([`STATE_WRITER_ARG0`]): for each frame
 /// on standard input (`<serial> <length>\n` and the file's text) writes
-/// the file in `dir` ([`StateFile::save`]) and answers `ok` or
-/// `error <why>` on a line; exits 0 at the end of its input.
+/// the file in `dir` ([`StateFile::save`]) and answers on a line `ok` (the
+/// file holds this serial), `newer <serial>` (it holds a higher one, left
+/// as it was) or `error <why>`; exits 0 at the end of its input.
 pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
     let file = StateFile::in_dir(&dir);
     let mut input = std::io::stdin().lock();
@@ -370,7 +445,9 @@ pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
         let reply = match file.save(&text, serial) {
-            Ok(Saved::Written | Saved::AlreadyNewer(_)) => "ok".to_string(),
+            Ok(Saved::Written) => "ok".to_string(),
+            Ok(Saved::AlreadyNewer(on_disk)) if on_disk == serial => "ok".to_string(),
+            Ok(Saved::AlreadyNewer(on_disk)) => format!("newer {on_disk}"),
             Err(e) => format!("error {e}"),
         };
         if writeln!(output, "{reply}")

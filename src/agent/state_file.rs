@@ -91,6 +91,22 @@ pub fn file_text(prefix: &str, state: &ServedState, serial: u64) -> Vec<u8> {
     out
 }
 
+/// `text` ([`file_text`]) numbered `serial` instead: its leading
+/// `"serial"` member replaced (or added, in a text without one).
+pub fn renumbered(text: &[u8], serial: u64) -> Vec<u8> {
+    let rest = text
+        .strip_prefix(b"{\"serial\":")
+        .map(|r| {
+            let digits = r.iter().take_while(|b| b.is_ascii_digit()).count();
+            r[digits..].strip_prefix(b",").unwrap_or(&r[digits..])
+        })
+        .or_else(|| text.strip_prefix(b"{"))
+        .unwrap_or(text);
+    let mut out = format!("{{\"serial\":{serial},").into_bytes();
+    out.extend_from_slice(rest);
+    out
+}
+
 /// The serial at the start of a file's text; 0 when it has none (a file
 /// from before serials, or not one of ours).
 pub fn serial_of(text: &[u8]) -> u64 {
@@ -272,6 +288,13 @@ mod tests {
         );
         assert!(matches!(file.load("p/"), Loaded::State(_, 5)));
         assert_eq!(serial_of(b"{\"version\":1}"), 0);
+        // Renumbered, the same state under the new serial.
+        let text = renumbered(&file_text("p/", &state, 5), 1_764_900_000_000_001);
+        assert_eq!(text, file_text("p/", &state, 1_764_900_000_000_001));
+        assert_eq!(
+            renumbered(&state.to_file("p/").into_bytes(), 6),
+            file_text("p/", &state, 6)
+        );
     }
 
     #[test]

@@ -626,6 +626,25 @@ fn the_watchdog_keeps_beating_while_confirming_reads_are_slow() {
     agent.wait_answer("web/s1 canary", "ready 100%\n");
 }
 
+/// Moves the state folder `state` to `aside` and puts a file at its path,
+/// which stops writes (no temporary file can be made in it, root too) and
+/// reads (`ENOTDIR`).
+fn block_folder(state: &Path, aside: &Path) {
+    std::fs::rename(state, aside).unwrap();
+    std::fs::write(state, "not a folder").unwrap();
+}
+
+/// Undoes [`block_folder`]: the folder back at its path, as it was.
+fn unblock_folder(state: &Path, aside: &Path) {
+    std::fs::remove_file(state).unwrap();
+    std::fs::rename(aside, state).unwrap();
+}
+
+/// The state file's JSON.
+fn saved_state(file: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
 /// A state-file write fails (the disk full, the folder unwritable: here the
 /// state folder is moved aside and a file put at its path, which stops root
 /// too) while `web/s1` goes ready -> maint. The agent is killed and starts
@@ -656,14 +675,8 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     // The folder's path taken by a file: no temporary file can be made in
     // it. `block` and `unblock` swap the folder and the file.
     let aside = root.path().join("aside");
-    let block = || {
-        std::fs::rename(&state, &aside).unwrap();
-        std::fs::write(&state, "not a folder").unwrap();
-    };
-    let unblock = || {
-        std::fs::remove_file(&state).unwrap();
-        std::fs::rename(&aside, &state).unwrap();
-    };
+    let block = || block_folder(&state, &aside);
+    let unblock = || unblock_folder(&state, &aside);
     block();
     consul.put("web/s1", "maint");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
@@ -711,11 +724,106 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     assert!(status(&agent)["state_file"]["write_error"].is_string());
     unblock();
     assert!(behind(0.0), "{}", agent.log());
-    let saved: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let saved = saved_state(&file);
     assert_eq!(saved["keys"]["web/s1"]["value"], "maint", "{saved}");
     assert_eq!(saved["keys"]["web/s2"]["value"], "maint", "{saved}");
     assert!(status(&agent)["state_file"]["write_error"].is_null());
+}
+
+/// A previous agent leaves a state file with `web/s1` = ready; the next one
+/// starts while its state folder cannot be read (a file at its path), so
+/// it knows no serial of it; s1 goes to maint; the folder comes back with
+/// the old file. The agent must write maint over it (its serials come from
+/// the clock, above the old file's), and the gauge `state_file_behind` may
+/// read 0 only once the file holds maint. Restarted with Consul stopped, the
+/// agent answers maint for s1 from the file.
+#[test]
+fn a_state_file_left_by_a_previous_agent_is_written_over_after_an_unreadable_start() {
+    previous_agents_file_written_over(None);
+}
+
+/// As above, the previous agent's clock an hour ahead of this one's (or
+/// stepped back since): its file's serial is above this agent's serials
+/// from the clock. The agent finds the higher serial when it writes, and
+/// writes the state served again above it.
+#[test]
+fn a_state_file_from_an_agent_whose_clock_ran_ahead_is_written_over_too() {
+    let hour_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 3_600_000_000;
+    previous_agents_file_written_over(Some(u64::try_from(hour_ahead).unwrap()));
+}
+
+/// The two tests above: `serial`, when given, replaces the previous
+/// agent's serial in its file.
+fn previous_agents_file_written_over(serial: Option<u64>) {
+    let mut consul = Consul::start();
+    write_store_marker(&consul);
+    consul.put("web/s1", "ready");
+    let root = TempDir::new("served-state");
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let file = state.join("served-state.json");
+    let dir_args = state_dir_args(&state);
+    let (port, http_port) = (free_port(), free_port());
+
+    // The previous agent: a few changes, so that its serial counted from 1
+    // is above the next agent's first ones.
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    for weight in ["10%", "20%", "30%", "40%", "50%", "60%"] {
+        consul.put("web/s2", weight);
+        agent.wait_answer("web/s2", &format!("ready {weight}\n"));
+    }
+    assert!(agent.terminate().is_some_and(|s| s.success()));
+    drop(agent);
+    let mut old = saved_state(&file);
+    assert_eq!(old["keys"]["web/s1"]["value"], "ready", "{old}");
+    if let Some(serial) = serial {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (head, rest) = text.split_once(',').unwrap();
+        assert!(head.starts_with("{\"serial\":"), "{text}");
+        std::fs::write(&file, format!("{{\"serial\":{serial},{rest}")).unwrap();
+        old = saved_state(&file);
+    }
+    let old_serial = old["serial"].as_u64().expect("a serial");
+
+    // The next agent starts with the folder unreadable.
+    let aside = root.path().join("aside");
+    block_folder(&state, &aside);
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    consul.put("web/s1", "maint");
+    agent.wait_answer("web/s1", "maint 100%\n");
+    let behind = || agent.metric("gitlab_haproxy_agent_state_file_behind");
+    assert_eq!(behind(), 1.0, "{}", agent.log());
+
+    // The folder back, with the previous agent's file: the retry (every
+    // 5 s) writes maint over it; only then is the file not behind.
+    unblock_folder(&state, &aside);
+    let caught_up = wait_for(Duration::from_secs(20), || (behind() == 0.0).then_some(()));
+    assert!(caught_up.is_some(), "{}", agent.log());
+    let saved = saved_state(&file);
+    assert_eq!(
+        saved["keys"]["web/s1"]["value"], "maint",
+        "state_file_behind is 0 while the file holds the previous agent's state (serial {old_serial}): {saved}\n{}",
+        agent.log()
+    );
+    assert!(saved["serial"].as_u64().unwrap() > old_serial, "{saved}");
+
+    // Restarted while Consul is down: maint, from the file.
+    let mut agent = agent;
+    assert!(agent.terminate().is_some_and(|s| s.success()));
+    drop(agent);
+    consul.stop();
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    let answering = wait_for(Duration::from_secs(10), || {
+        (agent.http_get("/-/answering").map(|r| r.0) == Some(200)).then_some(())
+    });
+    assert!(answering.is_some(), "{}", agent.log());
+    keeps_answering(&agent, "web/s1", "maint 100%\n", Duration::from_secs(1));
 }
 
 /// Creates a client token with the one policy `policy`; returns its secret.

@@ -8,9 +8,15 @@
 //! Each copy is written atomically (a temporary file in the same folder,
 //! fsync, rename over the old one, fsync of the folder) under an exclusive
 //! `flock` of the folder, and carries a serial that only grows, across
-//! restarts too: a write never puts an older state over a newer one, even
-//! from a process that was stuck on a frozen disk and resumes after a newer
-//! agent wrote; at start the copy with the higher serial is served.
+//! restarts too (each new state takes the higher of the last serial plus 1
+//! and the wall clock in microseconds,
+//! [`crate::agent::state_copies::clock_micros`], so a later agent numbers
+//! its states above an earlier one's even when it could not read their
+//! copies at start): a write never puts an older state over a newer one,
+//! even from a process that was stuck on a frozen disk and resumes after a
+//! newer agent wrote; at start the copy with the higher serial is served.
+//! Files from before serials (none: 0) and with serials counted from 1 load
+//! as they are.
 
 use std::fs::{self, File};
 use std::io::{Read as _, Write as _};
@@ -66,7 +72,9 @@ pub enum Saved {
     /// The file holds the text given.
     Written,
     /// The file already held this serial or a higher one, written by this
-    /// agent or by a newer one: left as it was.
+    /// agent or by a newer one: left as it was. (The same serial: this
+    /// state, written by this agent's writer before; a higher one: a newer
+    /// state, or one from an earlier agent whose clock ran ahead.)
     AlreadyNewer(u64),
 }
 
@@ -80,6 +88,22 @@ pub fn file_text(prefix: &str, state: &ServedState, serial: u64) -> Vec<u8> {
     let _ = state.write_file(prefix, &mut json);
     let mut out = format!("{{\"serial\":{serial},").into_bytes();
     out.extend_from_slice(json.strip_prefix(b"{").unwrap_or(&json));
+    out
+}
+
+/// `text` ([`file_text`]) numbered `serial` instead: its leading
+/// `"serial"` member replaced (or added, in a text without one).
+pub fn renumbered(text: &[u8], serial: u64) -> Vec<u8> {
+    let rest = text
+        .strip_prefix(b"{\"serial\":")
+        .map(|r| {
+            let digits = r.iter().take_while(|b| b.is_ascii_digit()).count();
+            r[digits..].strip_prefix(b",").unwrap_or(&r[digits..])
+        })
+        .or_else(|| text.strip_prefix(b"{"))
+        .unwrap_or(text);
+    let mut out = format!("{{\"serial\":{serial},").into_bytes();
+    out.extend_from_slice(rest);
     out
 }
 
@@ -264,6 +288,13 @@ mod tests {
         );
         assert!(matches!(file.load("p/"), Loaded::State(_, 5)));
         assert_eq!(serial_of(b"{\"version\":1}"), 0);
+        // Renumbered, the same state under the new serial.
+        let text = renumbered(&file_text("p/", &state, 5), 1_764_900_000_000_001);
+        assert_eq!(text, file_text("p/", &state, 1_764_900_000_000_001));
+        assert_eq!(
+            renumbered(&state.to_file("p/").into_bytes(), 6),
+            file_text("p/", &state, 6)
+        );
     }
 
     #[test]

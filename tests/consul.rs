@@ -318,7 +318,7 @@ fn version_and_bad_options() {
         &["--listen", "nowhere"],
         &["--prefix", "/bad prefix"],
         &["--wait", "60"],
-        &["--consul-addr", "https://consul:8501"],
+        &["--consul-addr", "ftp://consul:8501"],
     ] {
         let out = Command::new(support::AGENT_BIN)
             .env_clear()

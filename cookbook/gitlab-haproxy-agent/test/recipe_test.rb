@@ -227,7 +227,8 @@ class RecipeTest < Minitest::Test
       recorder('settings' => { 'consul_adr' => 'http://127.0.0.1:8500' }).run('agent')
     end
     assert_refused("#{ATTR}.settings.consul_fallback_addrs", /plain http/) do
-      recorder('settings' => { 'consul_fallback_addrs' => ['https://10.0.0.11:8501'] }).run('agent')
+      recorder('settings' => { 'consul_addr' => 'https://127.0.0.1:8501',
+                               'consul_fallback_addrs' => ['http://10.0.0.11:8500'] }).run('agent')
     end
   end
 

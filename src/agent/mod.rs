@@ -13,6 +13,7 @@ pub mod log_summary;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod records;
 pub mod responder;
 pub mod route;
 pub mod seen;
@@ -103,6 +104,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
             .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    shared.records.set_client(clients[0].clone());
     tracker.spawn(logging::report_dropped(
         shared.metrics.log_lines_dropped.clone(),
         shutdown.clone(),

@@ -719,7 +719,9 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
     metrics
         .store_id_present
         .set(i64::from(served.store_id.is_some()));
-    metrics.observe_out_keys(served);
+    // With the records already read (a scrape reads newer ones).
+    let filled = shared.records.fill(served);
+    metrics.observe_out_keys(filled.as_ref().unwrap_or(served));
     *shared.served.lock().unwrap() = Some(Arc::clone(served));
     let mut snapshot = served.snapshot();
     snapshot.provisional = provisional;

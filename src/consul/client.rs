@@ -493,10 +493,11 @@ pub(crate) fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
 /// answers 413 beyond it).
 pub const MAX_TXN_OPS: usize = 64;
 
-/// Keys per transaction when each key's record (`~meta/<key>`) and the
-/// write generation (`~generation`, one operation) go in the same
-/// transaction: half of [`MAX_TXN_OPS`] less that one, rounded down.
-pub const KEYS_PER_TXN: usize = (MAX_TXN_OPS - 1) / 2;
+/// Keys per transaction when each key's record, the delete of an earlier
+/// writer's record below the prefix, and the write generation
+/// (`~generation`, one operation) go in the same transaction: a third of
+/// [`MAX_TXN_OPS`] less that one, rounded down.
+pub const KEYS_PER_TXN: usize = (MAX_TXN_OPS - 1) / 3;
 
 /// Time allowed for one KV read or write made by the writer CLI (not a
 /// blocking query): a write goes through the Raft leader.

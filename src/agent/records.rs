@@ -1,0 +1,229 @@
+//! The writer's records (who wrote a key, why and until when) of the keys
+//! served, read from their sibling prefix
+//! ([`records_prefix`](crate::model::meta::records_prefix)) only when
+//! something asks (`/status`, a scrape of `/metrics`): one bounded read at a
+//! time, cached, never on the path from a write to HAProxy. Records an
+//! earlier writer left below the prefix come with the state, as before, and
+//! win over nothing: the served state's own record is kept when it
+//! describes the key.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::cli::Consistency;
+use crate::consul::ConsulClient;
+use crate::decision::served::{ConsulKey, ServedState};
+use crate::model::meta::{parse_meta, records_prefix, KeyMeta};
+use crate::model::snapshot::Entry;
+
+/// Longest a read of the records may take: 2 s. Past it the read is given
+/// up and the keys show as before (`/status` says why).
+pub const RECORDS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// After a failed read, how long before the next one: 30 s, so that
+/// scrapes of an agent whose token may not read the records do not each
+/// cost a request.
+pub const RECORDS_RETRY: Duration = Duration::from_secs(30);
+
+/// Longest records are kept without a key that needs a newer read: 10 min
+/// (a writer that wrote the value a key already held leaves its ModifyIndex
+/// alone and only its record changes).
+pub const RECORDS_MAX_AGE: Duration = Duration::from_secs(600);
+
+/// Most records kept from one read: 100,000 (a record is at most 8 KiB;
+/// past this the rest are left out and counted).
+pub const MAX_RECORDS: usize = 100_000;
+
+/// What the last read gave.
+#[derive(Debug, Default)]
+struct Cached {
+    /// `X-Consul-Index` of the last read: a record written with a key
+    /// (one transaction) is in every read at or past the key's
+    /// ModifyIndex.
+    index: u64,
+    /// When it was read.
+    at: Option<Instant>,
+    /// The usable records, by key, with their ModifyIndex.
+    by_key: BTreeMap<Box<str>, (KeyMeta, u64)>,
+    /// Records left out: unusable, or past [`MAX_RECORDS`].
+    invalid: usize,
+    /// Why the last read failed, and when.
+    error: Option<(String, Instant)>,
+}
+
+/// The agent's cache of the writer's records. See the module documentation.
+#[derive(Debug)]
+pub struct RecordCache {
+    /// The sibling prefix of the records.
+    prefix: String,
+    client: OnceLock<Arc<ConsulClient>>,
+    /// Held while a read is under way: reads at once share one.
+    reading: tokio::sync::Mutex<()>,
+    cached: Mutex<Arc<Cached>>,
+}
+
+impl RecordCache {
+    /// A cache for the records of the keys below `prefix` (the watched
+    /// prefix, ending in `/`), reading nothing until [`Self::set_client`].
+    pub fn new(prefix: &str) -> RecordCache {
+        RecordCache {
+            prefix: records_prefix(prefix),
+            client: OnceLock::new(),
+            reading: tokio::sync::Mutex::new(()),
+            cached: Mutex::new(Arc::default()),
+        }
+    }
+
+    /// The client records are read through (the primary Consul address).
+    pub fn set_client(&self, client: Arc<ConsulClient>) {
+        let _ = self.client.set(client);
+    }
+
+    fn cached(&self) -> Arc<Cached> {
+        self.cached.lock().unwrap().clone()
+    }
+
+    /// Whether `served` has a key Consul shows that no record describes
+    /// yet and that a read now could describe: one written after the last
+    /// read, or any when the last read is older than [`RECORDS_MAX_AGE`].
+    fn wants(&self, served: &ServedState, cached: &Cached, now: Instant) -> bool {
+        if cached
+            .error
+            .as_ref()
+            .is_some_and(|(_, at)| now < *at + RECORDS_RETRY)
+        {
+            return false;
+        }
+        let old = cached.at.is_none_or(|at| now >= at + RECORDS_MAX_AGE);
+        served.keys.iter().any(|(key, r)| {
+            let Some(c) = &r.consul else { return false };
+            if names(r.meta.as_deref(), c) || cached.describes(key, c) {
+                return old && r.meta.is_none();
+            }
+            matches!(c.entry, Entry::Valid(_)) && (old || c.modify_index > cached.index)
+        })
+    }
+
+    /// Reads the records when `served` has a key they may describe that
+    /// the cache does not ([`Self::wants`]), at most one read at a time
+    /// and for at most [`RECORDS_TIMEOUT`]; a failure is kept for
+    /// `/status` and tried again after [`RECORDS_RETRY`].
+    pub async fn refresh(&self, served: &ServedState) {
+        let Some(client) = self.client.get() else {
+            return;
+        };
+        if !self.wants(served, &self.cached(), Instant::now()) {
+            return;
+        }
+        let _reading = self.reading.lock().await;
+        // Another request may have read them meanwhile.
+        let before = self.cached();
+        if !self.wants(served, &before, Instant::now()) {
+            return;
+        }
+        let read = client.read_prefix(&self.prefix, 0, Duration::ZERO, Consistency::Default);
+        let next = match tokio::time::timeout(RECORDS_TIMEOUT, read).await {
+            Ok(Ok((answer, _))) => {
+                let mut next = Cached {
+                    index: answer.index,
+                    at: Some(Instant::now()),
+                    ..Cached::default()
+                };
+                for p in &answer.pairs {
+                    let key = &p.key[self.prefix.len().min(p.key.len())..];
+                    match parse_meta(&p.value) {
+                        Ok(m) if next.by_key.len() < MAX_RECORDS && !key.is_empty() => {
+                            next.by_key.insert(key.into(), (m, p.modify_index));
+                        }
+                        _ => next.invalid += 1,
+                    }
+                }
+                next
+            }
+            Ok(Err(e)) => failed(&before, e.to_string()),
+            Err(_) => failed(
+                &before,
+                format!(
+                    "no answer in {}",
+                    humantime::format_duration(RECORDS_TIMEOUT)
+                ),
+            ),
+        };
+        *self.cached.lock().unwrap() = Arc::new(next);
+    }
+
+    /// `served` with the cached records of keys whose own record (from
+    /// the state, written by an earlier writer) does not describe them;
+    /// `None` when the cache adds nothing.
+    pub fn fill(&self, served: &ServedState) -> Option<ServedState> {
+        let cached = self.cached();
+        let adds = |key: &str, r: &crate::decision::served::KeyRecord| {
+            let c = r.consul.as_ref()?;
+            if names(r.meta.as_deref(), c) || !cached.describes(key, c) {
+                return None;
+            }
+            cached.by_key.get(key).map(|(m, _)| m)
+        };
+        if !served.keys.iter().any(|(k, r)| adds(k, r).is_some()) {
+            return None;
+        }
+        let mut out = served.clone();
+        for (key, r) in out.keys.iter_mut() {
+            if let Some(m) = adds(key, r) {
+                r.meta = Some(Box::new(m.clone()));
+            }
+        }
+        Some(out)
+    }
+
+    /// The `records` object of `/status`: where they are read, at which
+    /// index, how many, and the last error.
+    pub fn status_json(&self) -> Value {
+        let c = self.cached();
+        json!({
+            "prefix": self.prefix,
+            "read_index": (c.index > 0).then_some(c.index),
+            "read_seconds_ago": c.at.map(|at| at.elapsed().as_secs()),
+            "records": c.by_key.len(),
+            "unusable": c.invalid,
+            "error": c.error.as_ref().map(|(e, _)| e),
+        })
+    }
+}
+
+impl Cached {
+    /// Whether the cached record of `key` describes the write `c` shows
+    /// ([`KeyMeta::describes`]: the same state, written with the key or
+    /// after it).
+    fn describes(&self, key: &str, c: &ConsulKey) -> bool {
+        match (self.by_key.get(key), &c.entry) {
+            (Some((m, index)), Entry::Valid(s)) => m.describes(*index, *s, c.modify_index),
+            _ => false,
+        }
+    }
+}
+
+/// Whether the served state's own record (kept by the decision core from
+/// an earlier writer's record below the prefix, already judged against
+/// the key's index) names the state `c` shows.
+fn names(meta: Option<&KeyMeta>, c: &ConsulKey) -> bool {
+    match (meta, &c.entry) {
+        (Some(m), Entry::Valid(s)) => {
+            crate::model::value::parse_value(m.value.as_bytes()).ok() == Some(*s)
+        }
+        _ => false,
+    }
+}
+
+fn failed(before: &Cached, error: String) -> Cached {
+    Cached {
+        index: before.index,
+        at: before.at,
+        by_key: before.by_key.clone(),
+        invalid: before.invalid,
+        error: Some((error, Instant::now())),
+    }
+}

@@ -14,8 +14,11 @@ use std::path::{Path, PathBuf};
 /// errors; plus `writer/held.rs` and the lines of `get`, `list`, `explain`
 /// and the reports that name a key's Consul session, 253: a write releases
 /// the session holding its key, so that the session ending cannot delete
-/// the write).
-const WRITER_LINE_BUDGET: usize = 5_147;
+/// the write; plus 78 for the records beside the prefix: `get`, `list` and
+/// `status` read both places, a token refused the sibling prefix gets them
+/// below the prefix with a warning, and `state migrate-records`; their
+/// Consul side is in `consul/records.rs`).
+const WRITER_LINE_BUDGET: usize = 5_225;
 
 /// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
 const FILE_LINE_BUDGET: usize = 800;

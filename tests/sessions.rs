@@ -116,7 +116,8 @@ fn maint_written_over_a_session_held_drain_outlives_the_session() {
     run.warns("name \"deploy-automation\"");
     run.warns("behavior delete");
     // The write's record says so too.
-    let (_, _, record) = consul.request("GET", &format!("/v1/kv/{PREFIX}~meta/web/s1?raw"), b"");
+    let records = "gitlab-haproxy-agent/state~meta/";
+    let (_, _, record) = consul.request("GET", &format!("/v1/kv/{records}web/s1?raw"), b"");
     let record: Value = serde_json::from_slice(&record).unwrap();
     assert_eq!(record["value"], "maint", "{record}");
     assert_eq!(record["released_session"]["id"], id.as_str(), "{record}");

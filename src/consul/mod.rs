@@ -8,6 +8,7 @@
 pub mod client;
 pub mod config;
 pub mod generation;
+pub mod records;
 pub mod session;
 pub mod token;
 pub mod types;

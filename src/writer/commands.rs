@@ -24,7 +24,7 @@ use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
-use crate::model::meta::{legacy_record_key, record_key, Records};
+use crate::model::meta::Records;
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
 use crate::model::value::parse_value;
 
@@ -253,17 +253,10 @@ impl Writer {
             Some(id) => Some(self.client.holder(&id).await),
             None => None,
         };
-        let mut record: Vec<KvPair> = Vec::new();
-        for place in [
-            record_key(&self.prefix, key),
-            legacy_record_key(&self.prefix, key),
-        ] {
-            match self.client.get_key(&place).await {
-                Ok(found) => record.extend(found),
-                // An agent's token may read the state only: say so, and go on.
-                Err(e) => err_line(&format!("warning: cannot read the record {place}: {e}")),
-            }
-        }
+        let (record, errors) = self.client.key_records(&self.prefix, key).await;
+        errors
+            .iter()
+            .for_each(|e| err_line(&format!("warning: {e}")));
         let records = Records::read(&self.prefix, &record, self.author.at);
         let view = KeyView::new(key, (pair.as_ref(), holder.as_ref()), None, &records);
         let invalid = view.invalid();

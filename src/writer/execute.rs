@@ -23,9 +23,10 @@ use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
 use super::session::Writer;
 
+use crate::consul::records::record_ops;
 use crate::consul::AdvanceError;
 use crate::consul::{TxnOp, TxnOutcome};
-use crate::model::meta::{legacy_record_key, record_key, records_prefix};
+use crate::model::meta::records_prefix;
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
@@ -485,25 +486,17 @@ impl Writer {
             }
         }
         let meta = change.state().map(|s| self.author.record(s));
-        let records = |beside: bool| {
-            let mut out = Vec::new();
-            for k in chunk {
-                let record = meta.as_ref().map(|meta| Record {
-                    meta,
-                    released_session: run.held.get(k).filter(|_| releases(&run.held, k, change)),
-                });
-                let legacy = legacy_record_key(&self.prefix, k);
-                if beside {
-                    out.push(TxnOp::record(legacy, record.as_ref()));
-                } else {
-                    // The record moves off the agents' path: an earlier
-                    // writer's copy below the prefix goes in the same
-                    // transaction.
-                    out.push(TxnOp::record(record_key(&self.prefix, k), record.as_ref()));
-                    out.push(TxnOp::Delete { key: legacy });
-                }
-            }
-            out
+        let held = &run.held;
+        let records = |beside: bool| -> Vec<TxnOp> {
+            (chunk.iter())
+                .flat_map(|k| {
+                    let record = meta.as_ref().map(|meta| Record {
+                        meta,
+                        released_session: held.get(k).filter(|_| releases(held, k, change)),
+                    });
+                    record_ops(&self.prefix, k, record.as_ref(), beside)
+                })
+                .collect()
         };
         let keys_only = ops.len();
         ops.extend(records(false));
@@ -514,16 +507,13 @@ impl Writer {
             Err(AdvanceError::Denied(why)) => {
                 ops.truncate(keys_only);
                 ops.extend(records(true));
-                let outcome = self.client.txn_advancing(&self.prefix, &ops).await;
-                if outcome.is_ok() {
-                    err_line(&format!(
-                        "warning: the token may not write {} ({why}): the records of who \
-                         wrote, why and until when were written below the prefix, where every \
-                         agent downloads them with each write; give the token write on it",
-                        records_prefix(&self.prefix)
-                    ));
-                }
-                outcome?
+                let outcome = self.client.txn_advancing(&self.prefix, &ops).await?;
+                let sibling = records_prefix(&self.prefix);
+                err_line(&format!(
+                    "warning: records written below the prefix, where every agent downloads \
+                     them: the token may not write {sibling} ({why})"
+                ));
+                outcome
             }
             outcome => outcome?,
         };

@@ -10,7 +10,7 @@ use crate::consul::{TxnOp, TxnOutcome};
 use crate::decision::HoldCause;
 use crate::fleet::held::{agents_text, Holds};
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
-use crate::model::meta::{records_prefix, META_PREFIX};
+use crate::model::meta::records_prefix;
 
 impl Writer {
     /// Writes `<prefix>`[`RELEASE_ROLLBACK_KEY`] with the time of the
@@ -95,71 +95,24 @@ impl Writer {
         Ok(())
     }
 
-    /// Moves every record below `<prefix>~meta/` to [`records_prefix`]:
-    /// per transaction up to 31 records, each put there and deleted here
-    /// with compare-and-set on the ModifyIndex read, advancing the write
-    /// generation (deletes below the prefix always do). A record that
-    /// changed meanwhile is left for the next run, which is counted and
-    /// said.
+    /// `state migrate-records` ([`crate::consul::ConsulClient::migrate_records`]).
     pub(super) async fn migrate_records(&self, dry_run: bool) -> Result<(), Failure> {
-        let answer = self.client.list_prefix(&self.prefix).await?;
-        let below = format!("{}{META_PREFIX}", self.prefix);
-        let sibling = records_prefix(&self.prefix);
-        let old: Vec<_> = (answer.pairs.iter())
-            .filter(|p| p.key.starts_with(&below) && p.key.len() > below.len())
-            .collect();
-        let (mut moved, mut raced) = (0usize, 0usize);
-        if !dry_run && !old.is_empty() {
+        if !dry_run {
             self.ensure_store_id().await?;
-            for chunk in old.chunks((crate::consul::MAX_TXN_OPS - 1) / 2) {
-                let mut ops = Vec::new();
-                for p in chunk {
-                    let to = format!("{sibling}{}", &p.key[below.len()..]);
-                    ops.push(TxnOp::Set {
-                        key: to,
-                        value: p.value.clone(),
-                    });
-                    ops.push(TxnOp::DeleteCas {
-                        key: p.key.clone(),
-                        index: p.modify_index,
-                    });
-                }
-                match self.client.txn_advancing(&self.prefix, &ops).await? {
-                    TxnOutcome::Committed(_) => moved += chunk.len(),
-                    TxnOutcome::RolledBack(_) => raced += chunk.len(),
-                }
-            }
         }
-        if self.json {
-            self.print_json(json!({
-                "ok": raced == 0,
-                "records": old.len(),
-                "moved": moved,
-                "changed_meanwhile": raced,
-                "to": sibling,
-                "dry_run": dry_run,
-            }));
-        } else if dry_run {
-            println!(
-                "dry run: {} record{} below {below} would move to {sibling}",
-                old.len(),
-                if old.len() == 1 { "" } else { "s" }
-            );
-        } else {
-            println!(
-                "{moved} record{} moved from {below} to {sibling}{}",
-                if moved == 1 { "" } else { "s" },
-                match raced {
-                    0 => String::new(),
-                    n => format!("; {n} left (a writer changed some meanwhile): run again"),
-                }
-            );
+        let m = self.client.migrate_records(&self.prefix, dry_run).await?;
+        let to = records_prefix(&self.prefix);
+        match self.json {
+            true => self.print_json(json!({"ok": m.raced == 0, "records": m.found,
+                "moved": m.moved, "changed_meanwhile": m.raced, "to": to, "dry_run": dry_run})),
+            false if dry_run => println!("dry run: {} records would move to {to}", m.found),
+            false => println!("{} of {} records moved to {to}", m.moved, m.found),
         }
-        if raced > 0 {
-            return Err(Failure::conflict(format!(
-                "{raced} records changed while being moved; run again"
-            )));
+        match m.raced {
+            0 => Ok(()),
+            n => Err(Failure::conflict(format!(
+                "{n} records changed meanwhile; run again"
+            ))),
         }
-        Ok(())
     }
 }

@@ -7,10 +7,9 @@ use serde_json::Value;
 use super::error::Failure;
 use super::output::{err_line, out_line, Render};
 use crate::cli::ConfirmArgs;
-use crate::cli::Consistency;
 use crate::consul::ConsulClient;
 use crate::decision::STORE_ID_KEY;
-use crate::model::meta::{records_prefix, Author};
+use crate::model::meta::Author;
 use crate::model::snapshot::KvPair;
 
 /// One `state` command's connection: the Consul client, the prefix (ending
@@ -44,28 +43,15 @@ impl Writer {
         Ok(())
     }
 
-    /// Every record below [`records_prefix`] (full keys), to read with the
-    /// prefix's pairs ([`crate::model::meta::Records::read`]): none, with a
-    /// warning on stderr, when they cannot be read (the keys then show as
-    /// written outside the writer, unless an earlier writer's record below
-    /// the prefix describes them).
+    /// The records under the sibling prefix, or none with a warning.
     pub(super) async fn records(&self) -> Vec<KvPair> {
-        let sibling = records_prefix(&self.prefix);
-        let read = self
-            .client
-            .read_prefix(&sibling, 0, std::time::Duration::ZERO, Consistency::Default)
-            .await;
-        match read {
-            Ok((answer, _)) => answer.pairs,
-            Err(e) => {
-                err_line(&format!(
-                    "warning: cannot read the writer's records under {sibling} ({e}): who \
-                     wrote the keys, why and until when is not shown (give the token read \
-                     on {sibling})"
-                ));
+        self.client
+            .read_records(&self.prefix)
+            .await
+            .unwrap_or_else(|e| {
+                err_line(&format!("warning: who wrote the keys is not shown: {e}"));
                 Vec::new()
-            }
-        }
+            })
     }
 
     /// Prints `report` as JSON with `--json`, else as text.

@@ -293,4 +293,9 @@ fn a_token_with_key_write_only_releases_and_names_the_session_by_id() {
     run.warns(&format!(
         "released web/s1 from Consul session {id} (gone, or not readable with this token)"
     ));
+    // A token that may not write the records beside the prefix (granted
+    // before they moved there) still writes, its records below the prefix.
+    run.warns("warning: records written below the prefix");
+    let (status, _, _) = consul.request("GET", &format!("/v1/kv/{PREFIX}~meta/web/s1"), b"");
+    assert_eq!(status, 200, "the record below the prefix");
 }

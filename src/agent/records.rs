@@ -40,9 +40,11 @@ pub const MAX_RECORDS: usize = 100_000;
 /// What the last read gave.
 #[derive(Debug, Default)]
 struct Cached {
-    /// `X-Consul-Index` of the last read: a record written with a key
-    /// (one transaction) is in every read at or past the key's
-    /// ModifyIndex.
+    /// What the last read has seen: its `X-Consul-Index` or the index of
+    /// the state served when it was made, the larger. A record written
+    /// with a key (one transaction) is in every default-consistency read
+    /// made after the key's write was served; a key written by hand has
+    /// none to wait for (the prefix's index would not move for it).
     index: u64,
     /// When it was read.
     at: Option<Instant>,
@@ -128,7 +130,7 @@ impl RecordCache {
         let next = match tokio::time::timeout(RECORDS_TIMEOUT, read).await {
             Ok(Ok((answer, _))) => {
                 let mut next = Cached {
-                    index: answer.index,
+                    index: answer.index.max(served.index),
                     at: Some(Instant::now()),
                     ..Cached::default()
                 };
@@ -225,5 +227,108 @@ fn failed(before: &Cached, error: String) -> Cached {
         by_key: before.by_key.clone(),
         invalid: before.invalid,
         error: Some((error, Instant::now())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::served::KeyRecord;
+    use crate::model::value::AdminState;
+
+    fn record(value: &str) -> KeyMeta {
+        KeyMeta {
+            by: "alice".into(),
+            reason: "kernel upgrade".into(),
+            at: 1_700_000_000,
+            until: Some(1_700_007_200),
+            value: value.into(),
+        }
+    }
+
+    /// A state serving `canary` at `state`, last written at `index`, with
+    /// the record the state itself carries (an earlier writer's).
+    fn served(state: AdminState, index: u64, meta: Option<KeyMeta>) -> ServedState {
+        let mut s = ServedState::default();
+        s.keys.insert(
+            "canary".into(),
+            KeyRecord {
+                consul: Some(ConsulKey {
+                    value: None,
+                    entry: Entry::Valid(state),
+                    modify_index: index,
+                }),
+                served: Some(state),
+                hold: None,
+                cap: None,
+                meta: meta.map(Box::new),
+                since: 5,
+            },
+        );
+        s
+    }
+
+    fn cache(read_index: u64, records: &[(&str, KeyMeta, u64)]) -> (RecordCache, Instant) {
+        let c = RecordCache::new("gitlab-haproxy-agent/state/");
+        let at = Instant::now();
+        *c.cached.lock().unwrap() = Arc::new(Cached {
+            index: read_index,
+            at: Some(at),
+            by_key: (records.iter())
+                .map(|(k, m, i)| (Box::from(*k), (m.clone(), *i)))
+                .collect(),
+            ..Cached::default()
+        });
+        (c, at)
+    }
+
+    #[test]
+    fn a_record_read_beside_the_prefix_fills_the_key_it_describes() {
+        let (c, now) = cache(12, &[("canary", record("drain"), 10)]);
+        let s = served(AdminState::Drain, 10, None);
+        let filled = c.fill(&s).expect("the record describes the key");
+        assert_eq!(
+            filled.keys["canary"].meta.as_deref(),
+            Some(&record("drain"))
+        );
+        assert_eq!(filled.out_keys()[0].until, Some(1_700_007_200));
+        assert!(
+            !c.wants(&s, &c.cached(), now),
+            "nothing newer than the read"
+        );
+        // Written by hand since (same value, later index): not described,
+        // and a read at 12 has seen the key's write: no read either.
+        let s = served(AdminState::Drain, 11, None);
+        assert!(c.fill(&s).is_none());
+        assert!(!c.wants(&s, &c.cached(), now));
+        // A key written after the read: read again.
+        let s = served(AdminState::Maint, 15, None);
+        assert!(c.fill(&s).is_none());
+        assert!(c.wants(&s, &c.cached(), now));
+        // Ten minutes on, even a described key is read again.
+        let s = served(AdminState::Drain, 10, None);
+        assert!(c.wants(&s, &c.cached(), now + RECORDS_MAX_AGE));
+    }
+
+    #[test]
+    fn the_states_own_record_wins_and_a_failure_waits_before_the_next_read() {
+        let (c, now) = cache(12, &[("canary", record("drain"), 10)]);
+        let own = KeyMeta {
+            by: "bob".into(),
+            ..record("maint")
+        };
+        let s = served(AdminState::Maint, 15, Some(own));
+        assert!(
+            c.fill(&s).is_none(),
+            "an earlier writer's record, from the answer"
+        );
+        assert!(!c.wants(&s, &c.cached(), now));
+        assert!(!c.wants(&s, &c.cached(), now + RECORDS_MAX_AGE));
+        let s = served(AdminState::Maint, 15, None);
+        let failed = failed(&c.cached(), "403".into());
+        let at = failed.error.as_ref().unwrap().1;
+        assert!(!c.wants(&s, &failed, at));
+        assert!(c.wants(&s, &failed, at + RECORDS_RETRY));
+        assert_eq!(failed.by_key.len(), 1, "what was read is kept");
     }
 }

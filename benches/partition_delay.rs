@@ -28,7 +28,9 @@
 //! (the BENCHMARKS.md section it is recorded in, e.g. `before`),
 //! `--rpc-hold-timeout DUR` (Consul's, on every node), `--fallback` (every
 //! agent also gets the servers it does not read through as
-//! `--consul-fallback-addr`), `--keep-logs DIR`, `--no-record`.
+//! `--consul-fallback-addr`; by default they find them from Consul, as an
+//! agent installed with default settings does), `--no-fallback`
+//! (`--consul-fallback-addr none`), `--keep-logs DIR`, `--no-record`.
 #![allow(dead_code)]
 
 #[path = "../tests/support/mod.rs"]
@@ -67,8 +69,12 @@ struct Args {
     rpc_hold_timeout: Option<String>,
     /// Give every agent the three servers (but the one it reads through) as
     /// `--consul-fallback-addr`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "no_fallback")]
     fallback: bool,
+    /// Give every agent `--consul-fallback-addr none`: no fallbacks, found
+    /// or listed.
+    #[arg(long)]
+    no_fallback: bool,
     /// Keep each load balancer's agent log per scenario in this folder,
     /// and each write's times from the cut (`<scenario>-writes`).
     #[arg(long)]
@@ -143,6 +149,9 @@ fn main() {
     let lb3_server = cluster.servers[first_leader].name.clone();
     // With --fallback: the servers but `not`, as --consul-fallback-addr.
     let fallback = |not: &str| -> Vec<String> {
+        if args.no_fallback {
+            return vec!["--consul-fallback-addr".into(), "none".into()];
+        }
         if !args.fallback {
             return Vec::new();
         }
@@ -160,8 +169,10 @@ fn main() {
     };
     let via = if args.fallback {
         ", servers as fallback"
+    } else if args.no_fallback {
+        ", no fallback"
     } else {
-        ""
+        ", fallbacks found"
     };
     let lb_args = [
         with(fallback(""), &[]),
@@ -218,12 +229,12 @@ fn main() {
         };
         let leader = cluster.wait_leader(Duration::from_secs(60));
         let leader = cluster.servers[leader].name.clone();
-        // With --fallback, every agent reads through its own Consul again
+        // With fallbacks, every agent reads through its own Consul again
         // before the cut (a client agent restarted above moves reads to a
         // fallback; an index check through the primary every 30 s takes
         // them back), so the cut shows the move, not a fallback already in
         // use.
-        let on_fallback: Vec<&str> = if args.fallback {
+        let on_fallback: Vec<&str> = if !args.no_fallback {
             lbs.iter()
                 .filter(|lb| !back_on_primary(lb))
                 .map(|lb| lb.name.as_str())

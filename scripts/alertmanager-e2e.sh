@@ -222,7 +222,7 @@ check=$(
   cat <<'PY'
 import json, sys, urllib.parse, urllib.request
 want_runbook = ("https://gitlab.com/gitlab-com/gl-infra/gitlab-haproxy-agent/-/blob/main/"
-                "runbook/README.md#consul-sync-stale")
+                "runbook/consul.md#consul-sync-stale")
 key, final = sys.argv[2], sys.argv[3] == "final"
 events = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 pd = [e["body"] for e in events if e["path"] == "/pagerduty"]

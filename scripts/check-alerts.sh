@@ -2,8 +2,8 @@
 # Checks the observability files: Prometheus rules (promtool check rules),
 # their unit tests (promtool test rules), the Grafana dashboard (valid JSON,
 # fixed uid, template variables, every panel query parses), and that every
-# runbook annotation points at a section of runbook/README.md and every metric
-# used is one docs/interfaces.md lists; that the example Alertmanager
+# runbook annotation points at a section of a runbook page and every metric
+# used is one docs/metrics.md lists; that the example Alertmanager
 # configuration routes every alert by its labels (amtool), and that a real
 # Prometheus and Alertmanager deliver a page (scripts/alertmanager-e2e.sh).
 # Exits non-zero on any failure. Needs promtool, amtool, alertmanager,
@@ -53,17 +53,20 @@ for f in "${rule_files[@]}"; do
   done < <(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\).*/\1/p' "$f")
 done
 
-# Every runbook annotation must name a heading of runbook/README.md (GitLab
-# and GitHub anchors: lower case, punctuation dropped, spaces to hyphens).
-anchors=$(sed -n 's/^#\{1,6\} \{1,\}//p' runbook/README.md 2>/dev/null |
-  tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9 _-]//g' -e 's/ /-/g')
+# Every runbook annotation must name a heading of a runbook page,
+# runbook/PAGE.md#anchor (GitLab and GitHub anchors: lower case, punctuation
+# dropped, spaces to hyphens).
 for f in "${rule_files[@]}"; do
   while read -r link; do
-    case "$link" in
-      runbook/README.md#*) ;;
-      *) fail "$f: runbook annotation $link does not point into runbook/README.md"; continue ;;
+    page=${link%%#*}
+    case "$page" in
+      runbook/*.md) ;;
+      *) fail "$f: runbook annotation $link does not point into runbook/"; continue ;;
     esac
-    grep -qxF "${link#*#}" <<<"$anchors" || fail "$f: runbook anchor #${link#*#} has no section in runbook/README.md"
+    [ -f "$page" ] || { fail "$f: runbook annotation $link: no page $page"; continue; }
+    anchors=$(sed -n 's/^#\{1,6\} \{1,\}//p' "$page" |
+      tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9 _-]//g' -e 's/ /-/g')
+    grep -qxF "${link#*#}" <<<"$anchors" || fail "$f: runbook anchor #${link#*#} has no section in $page"
   done < <(sed -n 's/^ *runbook: *//p' "$f")
 done
 
@@ -119,13 +122,13 @@ PY
 done
 
 # Metric names used by rules and dashboards must be ones the agent exports.
-if [ -f docs/interfaces.md ]; then
+if [ -f docs/metrics.md ]; then
   while read -r metric; do
     base=$metric
     for suffix in _bucket _count _sum; do
       base=${base%"$suffix"}
     done
-    grep -qF "\`$base\`" docs/interfaces.md || fail "metric $metric is not listed in docs/interfaces.md"
+    grep -qF "\`$base\`" docs/metrics.md || fail "metric $metric is not listed in docs/metrics.md"
   done < <(cat "${rule_files[@]}" "${dashboards[@]}" |
     grep -oE '(^|[^:a-z_])(gitlab_haproxy_agent_[a-z_]+|process_[a-z_]+)' |
     sed -E 's/^[^a-z]//' | sort -u)

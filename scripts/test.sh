@@ -147,13 +147,14 @@ if ! $quick; then
     record "$bg_name" 1 "$SECONDS"
   fi
 fi
-suite "cargo fmt" cargo fmt --check
-suite "cargo clippy" cargo clippy --all-targets --locked -- -D warnings
+suite "cargo fmt" cargo fmt --all --check
+suite "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 if $quick; then
-  # The library's unit and table tests (the decision core's among them),
-  # tests/layout.rs (no import cycle in src/, the writer under its line
-  # budget) and the simulation: nothing started, nothing installed.
-  suite "unit, table and simulation tests" rust_tests --lib --bins --test layout --test simulation
+  # The libraries' unit and table tests (the core crate's decision tables
+  # among them), tests/layout.rs (no import cycle in src/ or core/src/, the
+  # writer under its line budget, the core free of a runtime) and the
+  # simulation: nothing started, nothing installed.
+  suite "unit, table and simulation tests" rust_tests --workspace --lib --bins --test layout --test simulation
   summary
   exit
 fi
@@ -176,8 +177,9 @@ build_old_agent() {
     export GITLAB_HAPROXY_AGENT_OLD_BIN="$PWD/$old_dir/target/debug/gitlab-haproxy-agent"
 }
 suite "build the agent of $old_rev (upgrade test)" build_old_agent
-# Every test (the benches, harness = false, are built by clippy above).
-suite "cargo nextest" rust_tests --lib --bins --tests
+# Every test of the workspace, the core crate's too (the benches,
+# harness = false, are built by clippy above).
+suite "cargo nextest" rust_tests --workspace --lib --bins --tests
 # The HAProxy-facing tests again on HAProxy 3.0 and 3.2 (the fleet's 2.8 lies
 # between bookworm's 2.6 and these), run from scripts/haproxy-chroots.sh; the
 # fault schedule with two of its CI seeds cut to their first 20 steps (both

@@ -10,6 +10,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+/// Default of `--haproxy-pid-file`: `/run/haproxy.pid`, the `-p` of the
+/// haproxy.service that Debian, Ubuntu and Red Hat ship. In master-worker
+/// mode (`-W`, `-Ws`) it holds the master's PID (HAProxy
+/// doc/management.txt, "-p").
+pub const DEFAULT_HAPROXY_PID_FILE: &str = "/run/haproxy.pid";
+
+pub mod defaults;
 pub mod help;
 pub mod state;
 mod values;
@@ -105,8 +112,9 @@ pub struct CheckReadyArgs {
 /// are also accepted after `state ...`).
 #[derive(Debug, Args, Clone)]
 pub struct ConsulArgs {
-    /// Local Consul agent HTTP address [default: $CONSUL_HTTP_ADDR, else
-    /// http://127.0.0.1:8500].
+    /// Local Consul agent HTTP address, http:// or https:// [default:
+    /// $CONSUL_HTTP_ADDR, else http://127.0.0.1:8500; without a scheme
+    /// https:// when $CONSUL_HTTP_SSL is true].
     #[arg(
         long,
         global = true,
@@ -127,6 +135,65 @@ pub struct ConsulArgs {
         help_heading = GLOBAL_OPTIONS
     )]
     pub consul_token_file: Option<PathBuf>,
+
+    /// PEM file of the CA certificates that sign Consul's HTTPS
+    /// certificate, for https:// addresses; replaces the system's roots
+    /// [default: $CONSUL_CACERT, else the system's roots].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CA_FILE",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_ca_file: Option<PathBuf>,
+
+    /// PEM client certificate, for a Consul that verifies clients
+    /// (verify_incoming); needs --consul-client-key [default:
+    /// $CONSUL_CLIENT_CERT, else none].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_CERT",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_client_cert: Option<PathBuf>,
+
+    /// PEM private key of --consul-client-cert [default: $CONSUL_CLIENT_KEY,
+    /// else none].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_KEY",
+        value_name = "PATH",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_client_key: Option<PathBuf>,
+
+    /// Name Consul's HTTPS certificate is checked against instead of each
+    /// address's host, e.g. server.dc1.consul [default:
+    /// $CONSUL_TLS_SERVER_NAME, else the host].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_TLS_SERVER_NAME",
+        value_name = "NAME",
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_tls_server_name: Option<String>,
+
+    /// Verify Consul's HTTPS certificate; false takes any certificate
+    /// [default: $CONSUL_HTTP_SSL_VERIFY, else true].
+    #[arg(
+        long,
+        global = true,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_HTTP_SSL_VERIFY",
+        value_name = "BOOL",
+        value_parser = clap::builder::BoolishValueParser::new(),
+        help_heading = GLOBAL_OPTIONS
+    )]
+    pub consul_http_ssl_verify: Option<bool>,
 
     /// KV prefix holding desired state (always treated as ending in `/`).
     #[arg(
@@ -202,7 +269,7 @@ pub struct AgentArgs {
     /// HTTP listener for /metrics, /-/healthy, /-/ready and /-/answering:
     /// every IPv4 address by default, so the fleet's Prometheus can scrape
     /// it (`[::]:9778` adds IPv6). /status and /debug/pprof/ are served on
-    /// it to loopback clients only (see --http-remote-debug).
+    /// it to clients at 127.0.0.1 and ::1 only (see --http-remote-debug).
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_HTTP_LISTEN",
@@ -210,9 +277,10 @@ pub struct AgentArgs {
     )]
     pub http_listen: SocketAddr,
 
-    /// Serve /status and /debug/pprof/ to clients beyond loopback too
-    /// (`true`/`false` in the environment). Without it they answer 403 to
-    /// every address but 127.0.0.0/8 and ::1: /status lists every key and
+    /// Serve /status and /debug/pprof/ to every client (`true`/`false` in
+    /// the environment). Without it they answer 403 to every address but
+    /// 127.0.0.1 and ::1, the rest of 127.0.0.0/8 included (Istio's sidecar
+    /// hands connections on from 127.0.0.6): /status lists every key and
     /// the servers HAProxy asks about, and a profile costs CPU.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG")]
     pub http_remote_debug: bool,
@@ -283,7 +351,11 @@ pub struct AgentArgs {
     /// order: reads move to one while an index check through --consul-addr
     /// cannot confirm the state served (its server cut off from the
     /// quorum, no leader) or a request through it fails, and go back once
-    /// it answers fresh again. Default: none. Same token, plain http://.
+    /// it answers fresh again. Default: found from Consul (the servers of
+    /// /v1/status/peers on --consul-fallback-port, read again every
+    /// --consul-fallback-refresh); a list given here replaces them, `none`
+    /// turns fallbacks off. Same token and TLS options; without a scheme,
+    /// --consul-addr's (no http:// when it is https://).
     #[arg(
         long,
         env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS",
@@ -291,6 +363,23 @@ pub struct AgentArgs {
         value_delimiter = ','
     )]
     pub consul_fallback_addr: Vec<String>,
+
+    /// The HTTP port of the Consul servers found as fallbacks (Consul does
+    /// not publish it). Default: the port of --consul-addr. Not used with a
+    /// --consul-fallback-addr list.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT",
+        value_name = "PORT",
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub consul_fallback_port: Option<u16>,
+
+    /// How often the Consul servers found as fallbacks are read again
+    /// (/v1/status/peers), 1s..10m; after a read that failed, 5 s. Not used
+    /// with a --consul-fallback-addr list.
+    #[arg(long, env = "GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH", default_value = "30s", value_parser = parse_duration)]
+    pub consul_fallback_refresh: Duration,
 
     /// The Consul datacenter the agent reads (`Config.Datacenter` of
     /// --consul-addr's /v1/agent/self), against which every
@@ -320,6 +409,20 @@ pub struct AgentArgs {
     /// either there is no runtime copy.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_RUNTIME_DIR", value_name = "DIR")]
     pub runtime_dir: Option<std::path::PathBuf>,
+
+    /// HAProxy's PID file (its `-p`; in master-worker mode the master's
+    /// PID): the agent counts the master's old workers, left by a reload
+    /// with the sessions they hold, every second from /proc and exports
+    /// gitlab_haproxy_agent_haproxy_old_workers (-1 when it cannot tell:
+    /// no such file or master, or /proc hidden from the agent), which
+    /// `state drain --until-idle` waits on. Needs no HAProxy socket.
+    #[arg(
+        long,
+        env = "GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE",
+        value_name = "FILE",
+        default_value = DEFAULT_HAPROXY_PID_FILE
+    )]
+    pub haproxy_pid_file: std::path::PathBuf,
 
     /// Log format.
     #[arg(long, env = "GITLAB_HAPROXY_AGENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]

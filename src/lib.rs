@@ -9,17 +9,22 @@
 //!      |           |  \      neither imports the other
 //!      |           |  fleet/ the fleet through the Prometheus that scrapes
 //!      |           |  /      the agents (the writer's; phrases of decision/)
-//!   decision/      |         what the agent serves: every rule, no I/O, no
-//!      |           |         clock (the daemon performs what it asks for)
 //!      +-----+-----+
 //!            |
 //!         consul/            HTTP client, KV and txn types, token, config
 //!            |
 //!         cli.rs             every option (clap structs)
-//!            |
+//!   - - - - -|- - - - - - -  the crate gitlab-haproxy-agent-core (core/):
+//!   decision/   route        what the agent serves (every rule) and which
+//!      |          |          Consul address it reads through: no I/O, no
+//!      +----+-----+          clock (the daemon performs what they ask for)
+//!           |
 //!         model/             value and agent-send grammar, snapshot, drain
-//!                            marks: no I/O
+//!                            marks, one read's answer: no I/O
 //! ```
+//!
+//! The core's modules are re-exported here under the paths they had in this
+//! crate ([`model`], [`decision`], `agent::route`).
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -27,9 +32,9 @@ pub mod agent;
 pub mod check_ready;
 pub mod cli;
 pub mod consul;
-pub mod decision;
 pub mod fleet;
-pub mod model;
 pub mod writer;
+
+pub use gitlab_haproxy_agent_core::{decision, model};
 
 pub use agent::run;

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
-use clap::Parser;
+use clap::{CommandFactory as _, FromArgMatches as _};
 use gitlab_haproxy_agent::agent::config::AgentConfig;
 use gitlab_haproxy_agent::agent::state_copies;
 use gitlab_haproxy_agent::cli::{Cli, Command, EX_USAGE};
@@ -36,6 +36,12 @@ fn fallbacks() -> Fallbacks {
         consul_http_token: std::env::var("CONSUL_HTTP_TOKEN")
             .ok()
             .filter(|s| !s.is_empty()),
+        consul_http_ssl: std::env::var("CONSUL_HTTP_SSL").ok(),
+        consul_cacert: std::env::var_os("CONSUL_CACERT").map(PathBuf::from),
+        consul_client_cert: std::env::var_os("CONSUL_CLIENT_CERT").map(PathBuf::from),
+        consul_client_key: std::env::var_os("CONSUL_CLIENT_KEY").map(PathBuf::from),
+        consul_tls_server_name: std::env::var("CONSUL_TLS_SERVER_NAME").ok(),
+        consul_http_ssl_verify: std::env::var("CONSUL_HTTP_SSL_VERIFY").ok(),
     }
 }
 
@@ -66,23 +72,29 @@ fn usage_error(message: &str) -> ExitCode {
 /// For `state`: the Prometheus settings of the defaults file
 /// (`/etc/default/gitlab-haproxy-agent`, or
 /// `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE`) that the environment does not
-/// set, put in the environment before the options are parsed, so that
-/// flag > environment > file > none.
-fn writer_defaults() {
+/// set, as the options' defaults, so that flag > environment > file > none.
+/// The environment is read, never changed.
+fn writer_defaults() -> Vec<(String, String)> {
     if !std::env::args_os().skip(1).any(|a| a == "state") {
-        return;
+        return Vec::new();
     }
     let path = std::env::var_os("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE").map_or_else(
-        || PathBuf::from(writer::settings::DEFAULTS_FILE),
+        || PathBuf::from(gitlab_haproxy_agent::cli::defaults::DEFAULTS_FILE),
         PathBuf::from,
     );
     let Ok(text) = std::fs::read_to_string(&path) else {
-        return;
+        return Vec::new();
     };
-    for (name, value) in writer::settings::from_defaults(&text, |n| std::env::var_os(n).is_some()) {
-        // Still one thread: nothing else reads the environment yet.
-        std::env::set_var(name, value);
-    }
+    gitlab_haproxy_agent::cli::defaults::from_defaults(&text, |n| std::env::var_os(n).is_some())
+}
+
+/// The options: the command line, the environment, then the defaults
+/// file's values ([`writer_defaults`]).
+fn parse() -> Result<Cli, clap::Error> {
+    let mut cmd =
+        gitlab_haproxy_agent::cli::defaults::with_file_defaults(Cli::command(), &writer_defaults());
+    let mut matches = cmd.try_get_matches_from_mut(std::env::args_os())?;
+    Cli::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))
 }
 
 fn main() -> ExitCode {
@@ -97,8 +109,7 @@ fn main() -> ExitCode {
             None => ExitCode::from(EX_USAGE as u8),
         };
     }
-    writer_defaults();
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             // --help and --version.
@@ -115,14 +126,14 @@ fn main() -> ExitCode {
             // `state ... --json`: a JSON object on stdout, as for every
             // other writer failure.
             if std::env::args_os().any(|a| a == "--json") {
-                return gitlab_haproxy_agent::writer::usage_error(true, &message);
+                return writer::usage_error(true, &message);
             }
             return usage_error(&message);
         }
     };
     match &cli.command {
         Some(Command::State(state)) => {
-            return gitlab_haproxy_agent::writer::main(&cli.consul, state, &fallbacks());
+            return writer::main(&cli.consul, state, &fallbacks());
         }
         Some(Command::CheckReady(args)) => {
             return gitlab_haproxy_agent::check_ready::main(&cli.agent, args);

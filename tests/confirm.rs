@@ -379,12 +379,12 @@ fn writes_are_confirmed_by_every_agent_and_a_stopped_agent_is_named() {
 fn the_runbook_confirmation_commands_parse() {
     use clap::Parser as _;
     use gitlab_haproxy_agent::cli::Cli;
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md");
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/procedures.md");
     let runbook = std::fs::read_to_string(path).unwrap();
     let section = runbook
-        .split("### Confirming a drain")
+        .split("## Confirming a drain")
         .nth(1)
-        .and_then(|s| s.split("\n### ").next())
+        .and_then(|s| s.split("\n## ").next())
         .expect("the runbook has a section Confirming a drain");
     let commands: Vec<&str> = section
         .lines()

@@ -17,9 +17,13 @@
 //! - a `--consul-addr` that accepts and never answers at start-up, with
 //!   `--consul-datacenter`: the agent is ready from the fallback within
 //!   `--startup-timeout` (5 s); without it nothing can be proven and the
-//!   agent exits naming why.
+//!   agent exits naming why;
+//! - no list given: the servers are found through the client agent
+//!   (`/v1/status/peers`), a server that joins and one that leaves are
+//!   followed without a restart, and a drain is served through one found
+//!   while the client agent hangs; `none` finds nothing.
 //!
-//! About 60 s.
+//! About 90 s.
 
 mod support;
 
@@ -362,4 +366,93 @@ fn an_unrelated_consul_of_the_same_name_without_a_store_id_is_never_read_through
     assert_eq!(s["consul_fallbacks"][0]["state"], "unproven", "{s:#}");
     assert!(s["consul_fallback_in_use"].is_null(), "{s:#}");
     assert_eq!(agent.metric("gitlab_haproxy_agent_consul_route"), 0.0);
+}
+
+/// The addresses `/status` lists as fallbacks, sorted.
+fn fallback_addrs(agent: &Agent) -> Vec<String> {
+    let mut addrs: Vec<String> = status(agent)["consul_fallbacks"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f["addr"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    addrs.sort();
+    addrs
+}
+
+/// With no `--consul-fallback-addr`, an agent reading through a client
+/// agent finds the cluster's servers (`/v1/status/peers`, on the client
+/// agent's port), follows a server that joins and one that leaves without
+/// a restart, and reads through one it found while the client agent hangs;
+/// `none` finds nothing.
+#[test]
+fn servers_are_found_without_a_list_as_they_join_and_leave_and_read_through() {
+    let mut cluster = Cluster::start(1);
+    writer(&cluster.servers[0].url(), None, &["set", "web/s1", "ready"]);
+    let c1 = cluster.client(0).url();
+    let agent = Agent::start(&c1, &["--consul-fallback-refresh", "1s"]);
+    let off = Agent::start(&c1, &["--consul-fallback-addr", "none"]);
+    let urls = |cluster: &Cluster| -> Vec<String> {
+        let mut u: Vec<String> = cluster
+            .servers
+            .iter()
+            .filter(|s| s.is_running())
+            .map(|s| s.url())
+            .collect();
+        u.sort();
+        u
+    };
+    let within = Duration::from_secs(15);
+    let follows = |cluster: &Cluster, what: &str| {
+        let want = urls(cluster);
+        let seen = wait_for(within, || (fallback_addrs(&agent) == want).then_some(()));
+        assert!(
+            seen.is_some(),
+            "{what}: fallbacks {:?}, servers {want:?}\n{:#}\n{}",
+            fallback_addrs(&agent),
+            status(&agent),
+            agent.log()
+        );
+        assert_eq!(
+            agent.metric("gitlab_haproxy_agent_consul_fallbacks_found"),
+            want.len() as f64
+        );
+    };
+    follows(&cluster, "at start-up");
+    let s = status(&agent);
+    assert_eq!(s["consul_fallbacks_from"], "found", "{s:#}");
+    assert_eq!(
+        s["consul_fallback_discovery"]["found_through"],
+        c1.as_str(),
+        "{s:#}"
+    );
+    let s = status(&off);
+    assert_eq!(s["consul_fallbacks_from"], "none", "{s:#}");
+    assert_eq!(s["consul_fallbacks"], serde_json::json!([]), "{s:#}");
+    assert!(s["consul_fallback_discovery"].is_null(), "{s:#}");
+
+    let s4 = cluster.add_server();
+    follows(&cluster, "a server joined");
+    cluster.leave(0);
+    follows(&cluster, "a server left");
+    assert!(!fallback_addrs(&agent).contains(&cluster.servers[0].url()));
+
+    // The client agent hangs: a drain is served through a server found.
+    cluster.client(0).pause();
+    writer(
+        &cluster.servers[s4].url(),
+        None,
+        &["set", "web/s1", "drain"],
+    );
+    agent.wait_answer("web/s1", "drain 100%\n");
+    let in_use = status(&agent)["consul_fallback_in_use"].clone();
+    cluster.client(0).resume();
+    assert!(
+        in_use
+            .as_str()
+            .is_some_and(|a| urls(&cluster).iter().any(|u| u == a)),
+        "{in_use}"
+    );
 }

@@ -9,7 +9,8 @@
 //! directory) or find it corrupt, HAProxy reloads, Consul restarts, and
 //! changes to the policy of the agent's token (narrowed, then restored). A
 //! thread reads `show servers state` every ~100 ms. Afterwards every reading
-//! is judged against what the README's KV contract and safety rules promise:
+//! is judged against what the KV contract and its safety rules promise
+//! (docs/kv-contract.md):
 //!
 //! - a server is never READY while the value that decides it has been
 //!   `drain` or `maint` for longer than [`GRACE`] of time the agent could see
@@ -68,8 +69,8 @@ const INTER_MS: u64 = 500;
 const GRACE: f64 = 1.5;
 
 /// After a HAProxy reload every server is READY until its first agent
-/// answer, up to one `agent-inter` after the new worker starts (README,
-/// "Safety rules"); this much more is allowed for the check itself.
+/// answer, up to one `agent-inter` after the new worker starts
+/// (docs/kv-contract.md, "HAProxy reloads"); this much more is allowed for the check itself.
 const RELOAD_SLACK: f64 = 1.0;
 
 /// A value current for this long while the agent could read Consul is in
@@ -120,7 +121,7 @@ const VALID: &[&str] = &[
     "drain", "drain", "maint", "maint", "ready", "0%", "50%", "150%", "256%", "100%", " Drain ",
     "MAINT\n",
 ];
-/// Values the contract refuses (README, "Safety rules").
+/// Values the contract refuses (docs/kv-contract.md, "Safety rules").
 const INVALID: &[&str] = &[
     "mantenance",
     "drian",
@@ -133,7 +134,7 @@ const INVALID: &[&str] = &[
     "50.5%",
 ];
 
-/// What a server should show: the README's value table.
+/// What a server should show: the value table of docs/kv-contract.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Desired {
     /// READY at this percentage of the configured weight (100).
@@ -156,7 +157,7 @@ impl Desired {
     }
 }
 
-/// The contract's grammar, written from the README table (not the agent's
+/// The contract's grammar, written from the docs/kv-contract.md table (not the agent's
 /// parser): case-insensitive, surrounding whitespace ignored.
 fn parse(raw: &str) -> Option<Desired> {
     let v = raw.trim().to_ascii_lowercase();
@@ -178,7 +179,7 @@ fn parse(raw: &str) -> Option<Desired> {
 /// A policy the schedule gives the agent's token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Policy {
-    /// Read on the whole prefix, as the README asks.
+    /// Read on the whole prefix, as docs/kv-contract.md asks.
     Full,
     /// Read on `state/web/` only: Consul answers the recursive read with
     /// that folder, a filtered view of the prefix.

@@ -1,12 +1,13 @@
 //! The operator HTTP port: CPU profiles on `/debug/pprof/` (read back with
 //! Go's `go tool pprof`), a port that idle connections cannot lock
-//! out of `/-/ready` and `/metrics`, and a default listen address the
-//! fleet's Prometheus can scrape.
+//! out of `/-/ready` and `/metrics`, a default listen address the
+//! fleet's Prometheus can scrape, and `/status` and `/debug/pprof/` kept
+//! from a mesh sidecar's connections (127.0.0.6).
 
 mod support;
 
 use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use support::prometheus::{Prometheus, JOB};
 use support::{check_load, free_port, netns, Agent, Consul, Proc, TempDir, AGENT_BIN};
 
+use support::get_from;
 use support::get_within as get;
 
 fn go_tool_pprof_top(profile: &std::path::Path) -> String {
@@ -268,4 +270,54 @@ fn the_default_http_address_is_scraped_by_a_prometheus_beyond_127_0_0_1() {
     let (code, head, body) = status.expect("/status answers on 127.0.0.1:9778");
     assert_eq!(code, 200, "{head}");
     assert!(String::from_utf8_lossy(&body).contains("canary"), "{head}");
+}
+
+/// Istio's sidecar hands every inbound connection to the application from
+/// 127.0.0.6, and a node-local proxy from whatever 127.x address it binds:
+/// neither is the node's operator. From 127.0.0.6 and 127.0.0.2 the real
+/// agent refuses `/status` and `/debug/pprof/` with 403 and a one-line
+/// reason, counted in `gitlab_haproxy_agent_http_forbidden_total`, while
+/// `/metrics` and the probes answer; from 127.0.0.1 `/status` answers.
+/// Fails while every address of 127.0.0.0/8 counts as local (200).
+#[test]
+fn a_mesh_sidecars_address_gets_metrics_and_probes_but_not_status_or_profiles() {
+    let consul = Consul::start();
+    consul.put("canary", "drain");
+    let agent = Agent::start(&consul.url(), &[]);
+    let bound = Duration::from_secs(5);
+    let mut refused = 0;
+    for source in [Ipv4Addr::new(127, 0, 0, 6), Ipv4Addr::new(127, 0, 0, 2)] {
+        let source = IpAddr::V4(source);
+        for (path, want) in [
+            ("/metrics", 200),
+            ("/-/healthy", 200),
+            ("/-/ready", 200),
+            ("/-/answering", 200),
+            ("/status", 403),
+            ("/debug/pprof/profile?seconds=1", 403),
+            ("/debug/pprof/flamegraph?seconds=1", 403),
+        ] {
+            let (status, head, body) = get_from(source, agent.http, path, bound)
+                .unwrap_or_else(|| panic!("no answer to {path} from {source}"));
+            let body = String::from_utf8_lossy(&body);
+            assert_eq!(status, want, "{path} from {source}: {head}\n{body}");
+            if want == 403 {
+                refused += 1;
+                assert_eq!(body.lines().count(), 1, "{body}");
+                assert!(
+                    body.contains("127.0.0.1 and ::1") && body.contains(&source.to_string()),
+                    "{body}"
+                );
+                assert!(!body.contains("canary"), "{body}");
+            }
+        }
+    }
+    let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let (status, head, body) = get_from(local, agent.http, "/status", bound).expect("/status");
+    assert_eq!(status, 200, "{head}");
+    assert!(String::from_utf8_lossy(&body).contains("canary"), "{head}");
+    assert_eq!(
+        agent.metric("gitlab_haproxy_agent_http_forbidden_total"),
+        f64::from(refused)
+    );
 }

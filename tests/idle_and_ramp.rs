@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::Value;
 use support::prometheus::Prometheus;
-use support::{free_port, kill, wait_for, Agent, Consul, Haproxy, AGENT_BIN, PREFIX};
+use support::{free_port, kill, wait_for, Agent, Consul, Haproxy, TempDir, AGENT_BIN, PREFIX};
 
 /// HAProxy's agent-inter here; the writer's wait floor follows it
 /// (2 x 200 ms + 100 ms read delay = 500 ms).
@@ -82,8 +82,13 @@ fn loopback() -> SocketAddr {
 /// `n` load balancers (HAProxys) in front of one server, one agent and one
 /// Consul; Prometheus scrapes their exporters every `every`.
 fn lb_with(n: usize, every: &str) -> Lb {
+    lb_with_agent(n, every, &[])
+}
+
+/// [`lb_with`], the agent started with `agent_args`.
+fn lb_with_agent(n: usize, every: &str, agent_args: &[&str]) -> Lb {
     let consul = Consul::start();
-    let agent = Agent::start(&consul.url(), &[]);
+    let agent = Agent::start(&consul.url(), agent_args);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let backend = listener.local_addr().unwrap();
     listener.set_nonblocking(true).unwrap();
@@ -580,4 +585,79 @@ fn until_idle_does_not_trust_a_sample_from_before_the_drain() {
     assert_eq!(named.len(), 1, "{report}");
     assert_eq!(named[0].0, lb.metrics.to_string(), "{report}");
     drop(client);
+}
+
+/// A reload 4 s before the drain (as every guarded deploy makes one): the
+/// session stays on the old worker and the new worker's exporter says 0
+/// before the drain. The agent counts the old worker from its master's
+/// PID file: the drain names the load balancer and why at its longest
+/// wait, and a second drain waits until the session closes (the old
+/// worker exits), then writes maint. Fails while only a reload after the
+/// drain counts (exit 0 at the first poll, idle).
+#[test]
+fn until_idle_waits_for_an_old_worker_left_by_a_reload_before_the_drain() {
+    let dir = TempDir::new("haproxy-pid");
+    let pid_file = dir.path().join("haproxy.pid");
+    let mut lb = lb_with_agent(1, "1s", &["--haproxy-pid-file", pid_file.to_str().unwrap()]);
+    std::fs::write(&pid_file, format!("{}\n", lb.haproxy.proc().pid())).unwrap();
+    let old_workers = |n: f64| {
+        let expr = "gitlab_haproxy_agent_haproxy_old_workers";
+        assert!(
+            lb.prometheus
+                .wait_until(Duration::from_secs(20), expr, 1, |v| v == n),
+            "Prometheus does not see {n} old worker(s): {:?}",
+            lb.prometheus.values(expr)
+        );
+    };
+    old_workers(0.0);
+    let client = lb.session();
+    let old = lb.haproxy.worker_pid().unwrap();
+    lb.haproxy.reload();
+    let reloaded = Instant::now();
+    lb.wait_sessions(0.0);
+    old_workers(1.0);
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(reloaded.elapsed()));
+
+    // The longest wait: maint written, the load balancer named with why.
+    let (code, report, stderr) = finish(drain_until_idle(&lb, "5s").wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], false, "{report}");
+    assert_eq!(
+        still_in_session(&report),
+        [(lb.metrics.to_string(), "old_workers_running".to_string())],
+        "{report}"
+    );
+    assert!(std::path::Path::new(&format!("/proc/{old}")).exists());
+    let (code, report, stderr) = lb.run(&[
+        "undrain",
+        "--backend",
+        "web",
+        "--server",
+        "web-01",
+        "--maint-wait",
+        "1s",
+    ]);
+    assert_eq!(code, 0, "{report}\n{stderr}");
+
+    // The session closes during the wait: the old worker exits, the agent
+    // says so, and maint follows.
+    let child = drain_until_idle(&lb, "60s");
+    lb.wait_kv("web/web-01", Some("drain"), Duration::from_secs(20));
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        lb.kv("web/web-01").as_deref(),
+        Some("drain"),
+        "maint written while the old worker holds the session"
+    );
+    let closed = Instant::now();
+    drop(client);
+    let maint = lb.wait_kv("web/web-01", Some("maint"), Duration::from_secs(30));
+    let (code, report, stderr) = finish(child.wait_with_output().unwrap());
+    assert_eq!(code, 0, "{report}\n{stderr}");
+    assert_eq!(report["until_idle"]["idle"], true, "{report}");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{old}")).exists(),
+        "the old worker {old} is still there"
+    );
+    eprintln!("maint {:?} after the session closed", maint - closed);
 }

@@ -1,22 +1,24 @@
 //! A Consul partition under real load balancers: three Consul servers and
-//! two client agents in a private network namespace, four HAProxies each
-//! asking its own agent (lb1 default consistency through client agent c1,
-//! lb2 stale through c2, lb3 stale straight to the leader, lb4 default
-//! through c1 with the three servers as `--consul-fallback-addr`), and a
-//! writer that `state set`s a new weight every second through a server of
-//! the quorum.
+//! two client agents in a private network namespace, five HAProxies each
+//! asking its own agent, and a writer that `state set`s a new weight every
+//! second through a server of the quorum. Three agents run with the
+//! default settings, so they find the servers as fallbacks from Consul
+//! (lb1 default consistency through client agent c1, lb2 stale through c2,
+//! lb3 stale straight to the leader); two are told
+//! `--consul-fallback-addr none` (lb4 default through c1, lb5 stale
+//! straight to the leader).
 //!
 //! First the leader is cut from the other two servers (nftables, see
-//! `support::cluster`) for 15 s: lb1, lb2 and lb4, whose client agents still
-//! reach the quorum, serve every acknowledged write within a bound (lb4
-//! within 7 s even when c1 sends its RPCs to the cut leader), and lb3,
-//! whose server is cut off, says within 10 s that it cannot confirm it
-//! serves Consul's latest index (`/status` `consul_current` false,
-//! `gitlab_haproxy_agent_consul_unconfirmed_seconds` above 0). lb4's reads
-//! are back on c1 before the next cut. Then client agent c1 is cut from
-//! every server for 12 s: lb2 and lb3 serve every write within 5 s, lb4
-//! (through a server) within 7 s, and lb1 says within 10 s that it cannot
-//! confirm.
+//! `support::cluster`) for 15 s: lb1, lb2 and lb3 serve every acknowledged
+//! write within 7 s, even when c1 or c2 sends its RPCs to the cut leader
+//! and for lb3, which reads through it; lb4 within a bound (longer when c1
+//! sends to the cut leader); lb5, whose server is cut off, says within
+//! 10 s that it cannot confirm it serves Consul's latest index (`/status`
+//! `consul_current` false, `gitlab_haproxy_agent_consul_unconfirmed_seconds`
+//! above 0). lb1's reads are back on c1 before the next cut. Then client
+//! agent c1 is cut from every server for 12 s: lb1 (through a server it
+//! found) within 7 s, the others but lb4 within 5 s, and lb4 says within
+//! 10 s that it cannot confirm.
 //! After each heal, every load balancer serves the last write and says it
 //! is current again.
 //!
@@ -45,11 +47,12 @@ const SERVED_WITHIN: Duration = Duration::from_secs(5);
 /// error moves the client agent to another server.
 const SERVED_WITHIN_PINNED: Duration = Duration::from_secs(5 + 7);
 
-/// The same for lb4, whatever its client agent does: an index check (2 s)
-/// that times out (2 s) or finds no leader, the servers checked at once,
-/// the read sent again through one, HAProxy asking again. 4.5 s at worst
-/// in the partition bench; the room above that is for a loaded machine.
-/// Without the fallback lb4 is frozen for the whole second cut (12 s).
+/// The same for an agent with the default settings (fallbacks found from
+/// Consul), whatever its client agent does: an index check (2 s) that
+/// times out (2 s) or finds no leader, the servers checked at once, the
+/// read sent again through one, HAProxy asking again. 4.5 s at worst in the
+/// partition bench; the room above that is for a loaded machine. Without
+/// fallbacks lb1 is frozen for the whole second cut (12 s).
 const SERVED_WITHIN_FALLBACK: Duration = Duration::from_secs(7);
 
 /// From the cut to an agent that cannot reach the quorum saying so.
@@ -58,7 +61,7 @@ const SAYS_WITHIN: Duration = Duration::from_secs(10);
 /// From a heal to every load balancer serving the last write, current.
 const HEALED_WITHIN: Duration = Duration::from_secs(20);
 
-/// From the first heal to lb4's reads going through c1 again: an index
+/// From the first heal to lb1's reads going through c1 again: an index
 /// check through `--consul-addr` every 15 checks (30 s) while reads go
 /// through a fallback, with room for a loaded machine.
 const BACK_ON_PRIMARY_WITHIN: Duration = Duration::from_secs(45);
@@ -157,7 +160,6 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         .map(|s| cluster.servers[s].url())
         .collect();
     let writer_url = &quorum[0];
-    let servers: Vec<String> = cluster.servers.iter().map(|s| s.url()).collect();
     let every = Duration::from_secs(1);
     let write_timeout = Duration::from_secs(3);
 
@@ -168,27 +170,54 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         "first write refused:\n{}",
         cluster.logs()
     );
+    let none = ["--consul-fallback-addr", "none"];
     let lbs = vec![
-        Lb::start(&bin, "lb1 default via c1", &cluster.client(0).url(), &[]),
         Lb::start(
             &bin,
-            "lb2 stale via c2",
+            "lb1 default via c1, fallbacks found",
+            &cluster.client(0).url(),
+            &[],
+        ),
+        Lb::start(
+            &bin,
+            "lb2 stale via c2, fallbacks found",
             &cluster.client(1).url(),
             &["--consistency", "stale"],
         ),
         Lb::start(
             &bin,
-            &format!("lb3 stale via {leader_name}"),
+            &format!("lb3 stale via {leader_name}, fallbacks found"),
             &cluster.servers[leader].url(),
             &["--consistency", "stale"],
         ),
         Lb::start(
             &bin,
-            "lb4 default via c1, servers as fallback",
+            "lb4 default via c1, none",
             &cluster.client(0).url(),
-            &["--consul-fallback-addr", &servers.join(",")],
+            &none,
+        ),
+        Lb::start(
+            &bin,
+            &format!("lb5 stale via {leader_name}, none"),
+            &cluster.servers[leader].url(),
+            &["--consistency", "stale", none[0], none[1]],
         ),
     ];
+    // The default-settings agents have found the servers.
+    for lb in &lbs[..3] {
+        let found = wait_every(Duration::from_secs(10), Duration::from_millis(250), || {
+            (lb.agent
+                .metric("gitlab_haproxy_agent_consul_fallbacks_found")
+                >= 2.0)
+                .then_some(())
+        });
+        assert!(
+            found.is_some(),
+            "{} found no servers:\n{}",
+            lb.name,
+            lb.agent.log()
+        );
+    }
     assert!(
         wait_all_show(&lbs, 1, Duration::from_secs(15)),
         "the load balancers did not all serve the first write"
@@ -237,24 +266,25 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         (cut_at, healed1_at),
         writes1,
         [
-            bound(pinned[0]),
-            bound(pinned[1]),
-            None,
             Some(SERVED_WITHIN_FALLBACK),
+            Some(SERVED_WITHIN_FALLBACK),
+            Some(SERVED_WITHIN_FALLBACK),
+            bound(pinned[0]),
+            None,
         ],
     );
 
-    // Phase 2: client agent c1 cut from every server, once lb4 reads
+    // Phase 2: client agent c1 cut from every server, once lb1 reads
     // through c1 again.
     cluster.wait_leader(HEALED_WITHIN);
-    let lb4_back = wait_every(BACK_ON_PRIMARY_WITHIN, Duration::from_millis(250), || {
-        (fallback_in_use(&lbs[3]) == Some(None)).then_some(())
+    let lb1_back = wait_every(BACK_ON_PRIMARY_WITHIN, Duration::from_millis(250), || {
+        (fallback_in_use(&lbs[0]) == Some(None)).then_some(())
     });
-    if lb4_back.is_none() {
+    if lb1_back.is_none() {
         failures.push(format!(
-            "lb4 did not read through c1 again within {BACK_ON_PRIMARY_WITHIN:?} of the heal: \
+            "lb1 did not read through c1 again within {BACK_ON_PRIMARY_WITHIN:?} of the heal: \
              consul_fallback_in_use {:?}",
-            fallback_in_use(&lbs[3])
+            fallback_in_use(&lbs[0])
         ));
     }
     let next = cut1.1.last().map_or(2, |w| w.weight + 1);
@@ -282,7 +312,7 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         &cut1.1,
         &samples,
         &cut1.2,
-        &[2],
+        &[4],
         cut1.0,
     );
     failures.extend(f);
@@ -293,12 +323,13 @@ fn a_cut_server_or_client_agent_is_served_around_and_said() {
         &writes2,
         &samples,
         &[
+            Some(SERVED_WITHIN_FALLBACK),
+            Some(SERVED_WITHIN),
+            Some(SERVED_WITHIN),
             None,
             Some(SERVED_WITHIN),
-            Some(SERVED_WITHIN),
-            Some(SERVED_WITHIN_FALLBACK),
         ],
-        &[0],
+        &[3],
         (cut2_at, healed2_at),
     );
     failures.extend(f);

@@ -1,20 +1,23 @@
-//! Runs every command of the runbook's ```shell blocks, in order, against a
-//! real Consul, a real HAProxy and the agent, and checks what each procedure
-//! did to HAProxy's servers, so the runbook cannot rot.
+//! Runs every command of the runbook's ```shell blocks (runbook/README.md,
+//! then each page in the order of [`PAGES`]), in order, against a real
+//! Consul, a real HAProxy and the agent, and checks what each procedure did
+//! to HAProxy's servers, so the runbook cannot rot.
 //!
-//! They run as from a console node: only Consul, the agent's HTTP port and
-//! the Prometheus that scrapes the agent are reachable, from an empty
-//! directory, with no HAProxy configuration
-//! (`GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` names a file that does not exist)
-//! and no stats socket; no ```shell command may name either. Prometheus is
-//! set as the cookbook sets it, in the defaults file
-//! (`GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` points at the test's copy), so
-//! every write checks its group and is confirmed by the fleet. Only the
-//! agent's HTTP address and waits are rewritten: `127.0.0.1:9778` to the test
-//! agent's, waits of 60 s and 5 s to 1 s. Every write (a `state` command
-//! that is not a dry run) runs with a HAProxy reload in the middle, made as
-//! the cookbook's drop-in makes it (check-ready first): the confirmations
-//! and what each procedure did must hold through it.
+//! They run as written on a console node set up as the runbook's "Console
+//! node" section says: each command runs in a shell that first runs that
+//! section's ```shell block, with nothing else in its environment but
+//! `PATH` and `HOME` (and no `/etc/default/gitlab-haproxy-agent`:
+//! `GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` names a file that does not exist).
+//! Only Consul, the agent's HTTP port and the Prometheus that scrapes the
+//! agent are reachable, from an empty directory, with no HAProxy
+//! configuration and no stats socket; no ```shell command may name either.
+//! Only addresses are rewritten, to the test's: `127.0.0.1:9778` (the
+//! agent's HTTP port), `127.0.0.1:8500` (Consul) and
+//! `http://prometheus:9090`. Waits run as written (`--drain-wait 60s`,
+//! `sleep 60`): the test takes about ten minutes. Every write (a `state`
+//! command that is not a dry run) runs with a HAProxy reload in the middle,
+//! made as the cookbook's drop-in makes it (check-ready first): the
+//! confirmations and what each procedure did must hold through it.
 
 mod support;
 
@@ -26,6 +29,18 @@ use support::prometheus::Prometheus;
 use support::{haproxy_config, Agent, Consul, Haproxy, ServerState, TempDir};
 
 const INTER_MS: u64 = 200;
+
+/// The runbook's pages in the order their commands run: the index, then a
+/// page per area, the procedures last (they rely on the 50% the "Invalid
+/// values" section of keys.md writes).
+const PAGES: &[&str] = &[
+    "README.md",
+    "agent.md",
+    "consul.md",
+    "keys.md",
+    "haproxy.md",
+    "procedures.md",
+];
 const CONVERGE: Duration = Duration::from_secs(10);
 
 /// The ```shell blocks of a Markdown text, each with the heading above it.
@@ -104,7 +119,6 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
     );
     let haproxy = Haproxy::start(&haproxy_config(&backend));
     let console = TempDir::new("runbook-console");
-    let no_config = console.path().join("no-haproxy.cfg");
     // The Prometheus every console node is configured with, scraping the
     // fleet (this one agent) once it names its groups.
     let prometheus = Prometheus::start(&[agent.http]);
@@ -118,15 +132,8 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         "Prometheus did not see the agent's groups:\n{}",
         prometheus.log()
     );
-    let defaults = console.path().join("default-gitlab-haproxy-agent");
-    std::fs::write(
-        &defaults,
-        format!(
-            "# as rendered by the cookbook\nGITLAB_HAPROXY_AGENT_CONSUL_ADDR=http://127.0.0.1:1\nGITLAB_HAPROXY_AGENT_PROMETHEUS_URL={}\n",
-            prometheus.url()
-        ),
-    )
-    .unwrap();
+    // No package on this console node: the shell set-up is the runbook's.
+    let defaults = console.path().join("no-default-gitlab-haproxy-agent");
 
     let bin = TempDir::new("runbook-bin");
     std::os::unix::fs::symlink(support::AGENT_BIN, bin.path().join("gitlab-haproxy-agent"))
@@ -137,10 +144,37 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
         std::env::var("PATH").unwrap_or_default()
     );
 
-    let runbook =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook/README.md"))
-            .unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("runbook");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = PAGES.iter().map(|p| p.to_string()).collect();
+    listed.sort();
+    assert_eq!(on_disk, listed, "every runbook page is in PAGES");
+    let runbook: String = PAGES
+        .iter()
+        .map(|p| std::fs::read_to_string(dir.join(p)).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
     let blocks = shell_blocks(&runbook);
+    // Addresses are the only thing rewritten.
+    let addresses = |text: &str| {
+        text.replace("127.0.0.1:9778", &agent.http.to_string())
+            .replace("127.0.0.1:8500", &consul.addr().to_string())
+            .replace("http://prometheus:9090", &prometheus.url())
+    };
+    let setup = blocks
+        .iter()
+        .find(|(heading, _)| heading == "Console node")
+        .map(|(_, lines)| addresses(&lines.join("\n")))
+        .expect("the runbook has a Console node section with a shell block");
+    assert!(
+        setup.contains("export GITLAB_HAPROXY_AGENT_PROMETHEUS_URL="),
+        "{setup}"
+    );
     let state = |s: &str| haproxy.server("web", s);
     let wait = |s: &str, cond: fn(&ServerState) -> bool| {
         haproxy.wait_server("web", s, CONVERGE, cond);
@@ -180,23 +214,15 @@ fn every_runbook_command_runs_and_procedures_do_what_they_say() {
                 !command.contains("/etc/haproxy") && !command.contains("/run/haproxy"),
                 "[{heading}] {command}: a console node has no HAProxy (put it in a text block)"
             );
-            let rewritten = command
-                .replace("127.0.0.1:9778", &agent.http.to_string())
-                .replace("--drain-wait 60s", "--drain-wait 1s")
-                .replace("sleep 60", "sleep 1")
-                .replace("sleep 5", "sleep 1");
+            let rewritten = format!("set -e\n{setup}\nset +e\n{}", addresses(command));
             let child = Command::new("bash")
                 .arg("-c")
                 .arg(&rewritten)
                 .current_dir(console.path())
+                .env_clear()
                 .env("PATH", &path)
-                .env("CONSUL_HTTP_ADDR", consul.addr().to_string())
-                .env("GITLAB_HAPROXY_AGENT_CONSUL_ADDR", consul.url())
-                .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &no_config)
+                .env("HOME", console.path())
                 .env("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE", &defaults)
-                // This fleet checks every INTER_MS: the wait floor follows.
-                .env("GITLAB_HAPROXY_AGENT_AGENT_INTER", format!("{INTER_MS}ms"))
-                .env("GITLAB_HAPROXY_AGENT_READ_DELAY", "100ms")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

@@ -1,6 +1,6 @@
 //! HAProxy's runtime commands on an enrolled server, on a real HAProxy (2.6,
 //! or 3.0 and 3.2 through `GITLAB_HAPROXY_AGENT_TEST_HAPROXY`), with the
-//! agent answering from a real Consul, as README's contract and the runbook
+//! agent answering from a real Consul, as docs/kv-contract.md and the runbook
 //! say:
 //! - `set server B/S state maint|drain` by hand is undone by the next reply;
 //! - `set server B/S agent down` is never undone by a reply (`ready` or

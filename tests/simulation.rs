@@ -81,7 +81,7 @@ use gitlab_haproxy_agent::consul::{KvPair, PrefixAnswer, ReadMeta};
 use gitlab_haproxy_agent::decision::served::HoldCause;
 use gitlab_haproxy_agent::decision::served::ServedState;
 use gitlab_haproxy_agent::decision::{
-    BehindStep, Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rules,
+    BehindStep, Core, CoreConfig, IndexCheck, KeyRead, Next, Note, Request, Response, Rule, Rules,
     REPLACE_UNANSWERED_AFTER,
 };
 use gitlab_haproxy_agent::model::generation::{Generation, Lineage, GENERATION_KEY};
@@ -1662,10 +1662,7 @@ fn without_the_state_file_a_restart_undrains() {
 #[test]
 fn without_direct_reads_a_denied_key_reads_as_deleted() {
     let setup = Setup {
-        rules: Rules {
-            probe_missing: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::ProbeMissing),
         ..Setup::all()
     };
     finds_a_violation(setup, "direct reads of lacking keys");
@@ -1676,11 +1673,9 @@ fn without_the_store_id_and_the_generation_a_store_rebuilt_ahead_undrains() {
     // Either tells a rebuilt store (the writer writes both); the store id
     // alone covers stores written by a writer from before the generation.
     let setup = Setup {
-        rules: Rules {
-            store_id: false,
-            generation: false,
-            ..Rules::default()
-        },
+        rules: Rules::default()
+            .without(Rule::StoreId)
+            .without(Rule::Generation),
         ..Setup::all()
     };
     finds_a_violation(setup, "the store id and the generation");
@@ -1689,10 +1684,7 @@ fn without_the_store_id_and_the_generation_a_store_rebuilt_ahead_undrains() {
 #[test]
 fn without_the_generation_a_restore_then_a_write_undrains() {
     let setup = Setup {
-        rules: Rules {
-            generation: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::Generation),
         ..Setup::all()
     };
     finds_a_violation(setup, "the write generation");
@@ -1701,10 +1693,7 @@ fn without_the_generation_a_restore_then_a_write_undrains() {
 #[test]
 fn without_telling_a_reap_a_reaped_tombstone_is_held_as_lost_data() {
     let setup = Setup {
-        rules: Rules {
-            reap: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::Reap),
         ..Setup::all()
     };
     finds_a_violation(setup, "telling a reaped tombstone from a loss");
@@ -1713,10 +1702,7 @@ fn without_telling_a_reap_a_reaped_tombstone_is_held_as_lost_data() {
 #[test]
 fn without_the_index_check_a_query_parked_on_a_cut_off_server_stays_parked() {
     let setup = Setup {
-        rules: Rules {
-            index_check: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::IndexCheck),
         ..Setup::all()
     };
     finds_a_violation(setup, "re-issuing a query an index check shows behind");
@@ -1725,10 +1711,7 @@ fn without_the_index_check_a_query_parked_on_a_cut_off_server_stays_parked() {
 #[test]
 fn without_reissuing_a_read_behind_once_a_slow_read_is_reissued_again_and_again() {
     let setup = Setup {
-        rules: Rules {
-            reissue_behind_once: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::ReissueBehindOnce),
         ..Setup::all()
     };
     finds_a_violation(setup, "re-issuing a read behind only once");
@@ -1737,10 +1720,7 @@ fn without_reissuing_a_read_behind_once_a_slow_read_is_reissued_again_and_again(
 #[test]
 fn without_the_order_of_traffic_a_weight_lost_with_consul_data_goes_back_to_full() {
     let setup = Setup {
-        rules: Rules {
-            traffic_order: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::TrafficOrder),
         ..Setup::all()
     };
     finds_a_violation(setup, "the order of traffic (holds that compare weights)");
@@ -1781,10 +1761,7 @@ fn without_caps_a_held_key_outranks_a_group_maint() {
 #[test]
 fn without_asking_about_acls_after_a_failure_a_restart_with_acls_on_undrains() {
     let setup = Setup {
-        rules: Rules {
-            acl_reprobe: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::AclReprobe),
         ..Setup::all()
     };
     finds_a_violation(setup, "the ACL probe after a failure");
@@ -1851,10 +1828,7 @@ fn seeds_found_beyond_ci_stay_clean() {
 #[test]
 fn without_the_reset_rule_a_restore_under_a_parked_read_stays_parked() {
     let setup = Setup {
-        rules: Rules {
-            reset_below: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::ResetBelow),
         ..Setup::all()
     };
     finds_a_violation(
@@ -1866,10 +1840,7 @@ fn without_the_reset_rule_a_restore_under_a_parked_read_stays_parked() {
 #[test]
 fn without_replacing_an_unanswered_read_a_withheld_read_holds_changes_back() {
     let setup = Setup {
-        rules: Rules {
-            replace_unanswered: false,
-            ..Rules::default()
-        },
+        rules: Rules::default().without(Rule::ReplaceUnanswered),
         ..Setup::all()
     };
     finds_a_violation(setup, "replacing a re-issued read left unanswered");

@@ -394,6 +394,50 @@ fn exit_codes_for_usage_and_unreachable_consul() {
     }
 }
 
+/// Debian's `haproxy` package installs a sample /etc/haproxy/haproxy.cfg
+/// that lists no server. On a console node with that package, the writer
+/// does not read it (runbook: Console node): a server named exactly is
+/// written as named, and a whole backend asks for a configuration and says
+/// why the sample is not one. The same file given by `--haproxy-config` is
+/// read.
+#[test]
+fn a_default_configuration_that_lists_no_server_is_not_read() {
+    let consul = Consul::start();
+    let dir = TempDir::new("sample-cfg");
+    let sample = dir.path().join("haproxy.cfg");
+    std::fs::write(
+        &sample,
+        "global\n\tlog /dev/log local0\n\tdaemon\n\ndefaults\n\tmode http\n\
+         \ttimeout connect 5000\n\ttimeout client 50000\n\ttimeout server 50000\n",
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let out = command(&consul.url(), args)
+            .env("GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG", &sample)
+            .output()
+            .expect("run the CLI");
+        Run::from(out)
+    };
+    let group = run(&["drain", "--zone", "b", "--dry-run"]);
+    assert_eq!(group.code, 0, "{group:?}");
+    assert!(!group.stdout.contains("Servers read from"), "{group:?}");
+    assert!(!group.stdout.contains("No server in"), "{group:?}");
+    let backend = run(&["drain", "--backend", "web", "--dry-run"]);
+    assert_eq!(backend.code, 64, "{backend:?}");
+    assert!(backend.stderr.contains("lists no server"), "{backend:?}");
+    let sample = sample.to_str().unwrap();
+    let given = run(&[
+        "drain",
+        "--zone",
+        "b",
+        "--dry-run",
+        "--haproxy-config",
+        sample,
+    ]);
+    assert_eq!(given.code, 0, "{given:?}");
+    assert!(given.stdout.contains("Servers read from"), "{given:?}");
+}
+
 #[test]
 fn permission_denied_is_77_and_writes_nothing() {
     const MASTER: &str = "3c5d2a41-9b7e-4f0a-8e21-5a6c7d8e9f01";
@@ -1921,9 +1965,20 @@ fn runbook_commands_parse_with_this_cli() {
     use clap::Parser as _;
     use gitlab_haproxy_agent::cli::{Cli, Command as Sub};
     let mut checked = 0;
-    for doc in ["runbook/README.md", "README.md", "docs/interfaces.md"] {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(doc);
-        let text = std::fs::read_to_string(&path).unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut docs = vec![root.join("README.md")];
+    for dir in ["docs", "runbook"] {
+        let mut pages: Vec<_> = std::fs::read_dir(root.join(dir))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "md"))
+            .collect();
+        pages.sort();
+        docs.extend(pages);
+    }
+    for path in &docs {
+        let doc = path.strip_prefix(root).unwrap().display();
+        let text = std::fs::read_to_string(path).unwrap();
         // Commands in ```shell blocks, as on-call copies them, and in
         // ```text blocks (those run on a load balancer).
         let mut in_shell = false;
@@ -2421,4 +2476,42 @@ fn a_token_that_may_not_write_the_generation_writes_nothing() {
     assert_eq!(run.code, 77, "{run:?}");
     run.warns(&format!("may not write {PREFIX}~generation"));
     assert_eq!(kv(&consul, "canary"), None);
+}
+
+/// The Prometheus URL of `/etc/default/gitlab-haproxy-agent` (here the file
+/// `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` names) is used when neither a flag
+/// nor the environment gives one: flag > environment > file > none, an
+/// empty variable meaning none. Each URL is a closed port, so the zone
+/// drain's group check names the one it asked.
+#[test]
+fn the_defaults_file_gives_prometheus_below_the_environment_and_the_flag() {
+    let consul = Consul::start();
+    let dir = TempDir::new("defaults-file");
+    let [file, env, flag] = [(); 3].map(|()| format!("http://127.0.0.1:{}", free_port()));
+    let defaults = dir.path().join("gitlab-haproxy-agent");
+    std::fs::write(
+        &defaults,
+        format!("# settings\nGITLAB_HAPROXY_AGENT_PROMETHEUS_URL={file}\n"),
+    )
+    .unwrap();
+    let drain = ["drain", "--zone", "b", "--dry-run"];
+    let asked = |env_value: Option<&str>, extra: &[&str]| {
+        let mut cmd = command(&consul.url(), &[&drain[..], extra].concat());
+        cmd.env("GITLAB_HAPROXY_AGENT_DEFAULTS_FILE", &defaults);
+        if let Some(v) = env_value {
+            cmd.env("GITLAB_HAPROXY_AGENT_PROMETHEUS_URL", v);
+        }
+        let run = Run::from(cmd.output().expect("run the CLI"));
+        assert_eq!(run.code, 0, "{run:?}");
+        run.stderr
+    };
+    let did_not_answer = |url: &str| format!("Prometheus at {url} did not answer");
+    let stderr = asked(None, &[]);
+    assert!(stderr.contains(&did_not_answer(&file)), "{stderr}");
+    let stderr = asked(Some(&env), &[]);
+    assert!(stderr.contains(&did_not_answer(&env)), "{stderr}");
+    let stderr = asked(Some(&env), &["--prometheus", &flag]);
+    assert!(stderr.contains(&did_not_answer(&flag)), "{stderr}");
+    let stderr = asked(Some(""), &[]);
+    assert!(stderr.contains("no Prometheus is set"), "{stderr}");
 }

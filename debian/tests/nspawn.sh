@@ -51,7 +51,11 @@ pkg=gitlab-haproxy-agent
 unit=$pkg.service
 prefix=gitlab-haproxy-agent/state/
 cache_dir=${CACHE_DIR:-/var/cache/gitlab-haproxy-agent-test}
-cache_tar=$cache_dir/bookworm-minbase.tar
+# man-db and bash-completion: the package test reads the manual page and
+# completes a command as an operator would. The tarball's name changes with
+# the list of packages, so that a cache from another list is not used.
+include=systemd,systemd-sysv,dbus,man-db,bash-completion
+cache_tar=$cache_dir/bookworm-minbase-$(printf '%s' "$include" | sha256sum | cut -c1-8).tar
 
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$here/lib.sh"
@@ -152,7 +156,7 @@ mkdir -p "$cache_dir"
 	tmp=$(mktemp -d "$cache_dir/tree.XXXXXX")
 	chmod 755 "$tmp" # the tree's / (mktemp makes it 0700)
 	# shellcheck disable=SC2086 # the mirror is an optional extra argument
-	if timeout 600 debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus \
+	if timeout 600 debootstrap --variant=minbase --include="$include" \
 		bookworm "$tmp" ${DEBOOTSTRAP_MIRROR:-} >"$work/debootstrap.log" 2>&1 &&
 		tar -C "$tmp" -cf "$cache_tar.new" . && mv "$cache_tar.new" "$cache_tar"; then
 		rm -rf "$tmp"
@@ -708,6 +712,21 @@ preset_sha=$(sha /etc/default/$pkg)
 check "install after purge, settings written first: apt-get install $pkg from the mirror" \
 	apt_get install "$pkg"
 check "install after purge: version $version installed" installed_is "$version"
+# The manual page and the bash completion where man and bash-completion
+# look for them (bash-completion loads a command's file on first use).
+man_path=$(in_ct man -w "$pkg" 2>/dev/null)
+check "man -w $pkg finds its page (${man_path:-none})" \
+	test "$man_path" = "/usr/share/man/man1/$pkg.1.gz"
+drain_page_renders() { in_ct man -P cat "$pkg-state-drain" 2>/dev/null | grep -q -- --until-idle; }
+check "man $pkg-state-drain renders the drain command's page" drain_page_renders
+completion=$(in_ct bash -c '
+	source /usr/share/bash-completion/bash_completion
+	_completion_loader gitlab-haproxy-agent
+	COMP_WORDS=(gitlab-haproxy-agent state dr); COMP_CWORD=2
+	fn=$(complete -p gitlab-haproxy-agent | sed -n "s/.* -F \([^ ]*\) .*/\1/p")
+	"$fn" gitlab-haproxy-agent dr state
+	echo "${COMPREPLY[*]}"' 2>&1)
+check "bash completes '$pkg state dr' to 'drain' (${completion:-nothing})" test "$completion" = drain
 check "install after purge: user reused (uid $uid)" test "$(in_ct id -u "$pkg")" = "$uid"
 check "install after purge: the settings written first are kept" \
 	test "$(sha /etc/default/$pkg)" = "$preset_sha"

@@ -6,11 +6,12 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::agent::discovery::{Discovery, REFRESH_RANGE};
 use crate::agent::http::DebugAccess;
 use crate::agent::responder::ResponderConfig;
 use crate::agent::watcher::{Backoff, WatcherConfig};
-use crate::cli::{bad, Cli, ConfigError, LogFormat, OnStartupTimeout};
-use crate::consul::config::{normalize_consul_addr, ConsulConfig, Fallbacks};
+use crate::cli::{bad, AgentArgs, Cli, ConfigError, LogFormat, OnStartupTimeout};
+use crate::consul::config::{normalize_consul_addr_as, ConsulConfig, Fallbacks};
 use crate::consul::MAX_WAIT;
 use crate::decision::stale::MAX_STALE_RANGE;
 
@@ -58,6 +59,8 @@ pub struct AgentConfig {
     pub log_buffer_lines: usize,
     /// `--consul-fallback-addr`, validated, in order; empty by default.
     pub consul_fallbacks: Vec<String>,
+    /// `--haproxy-pid-file`: whose master's old workers are counted.
+    pub haproxy_pid_file: std::path::PathBuf,
 }
 
 impl AgentConfig {
@@ -65,9 +68,10 @@ impl AgentConfig {
     ///
     /// # Errors
     ///
-    /// [`ConfigError`] naming the first bad option.
+    /// [`ConfigError`] naming the first bad option; a TLS option whose file
+    /// cannot be read or used is one (the TLS files are read here).
     pub fn from_cli(cli: &Cli, fallbacks: &Fallbacks) -> Result<Self, ConfigError> {
-        let consul = cli.consul.resolve(fallbacks)?;
+        let consul = cli.consul.resolve(fallbacks)?.load_tls()?;
         let a = &cli.agent;
         let human = |d: Duration| humantime::format_duration(d).to_string();
         if a.wait < Duration::from_secs(1) || a.wait > MAX_WAIT {
@@ -116,13 +120,39 @@ impl AgentConfig {
             ));
         }
         let mut consul_fallbacks = Vec::new();
-        for raw in a
+        let listed: Vec<&String> = a
             .consul_fallback_addr
             .iter()
             .filter(|r| !r.trim().is_empty())
-        {
-            let addr = normalize_consul_addr(raw)
+            .collect();
+        let off = listed.iter().any(|r| r.trim().eq_ignore_ascii_case("none"));
+        if off && listed.len() > 1 {
+            return Err(bad(
+                "--consul-fallback-addr",
+                listed
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                "`none` turns fallbacks off: give it alone",
+            ));
+        }
+        let discovery = if off || !listed.is_empty() {
+            None
+        } else {
+            Some(discovery(&consul.addr, a)?)
+        };
+        let https = consul.addr.starts_with("https://");
+        for raw in listed.into_iter().filter(|_| !off) {
+            let addr = normalize_consul_addr_as(raw, if https { "https" } else { "http" })
                 .map_err(|reason| bad("--consul-fallback-addr", raw, reason))?;
+            if https && !addr.starts_with("https://") {
+                return Err(bad(
+                    "--consul-fallback-addr",
+                    raw,
+                    "plain http:// while --consul-addr is https://: reads would leave TLS",
+                ));
+            }
             if addr == consul.addr || consul_fallbacks.contains(&addr) {
                 return Err(bad(
                     "--consul-fallback-addr",
@@ -149,6 +179,7 @@ impl AgentConfig {
                 max_stale: a.max_stale,
                 index_check: a.index_check,
                 datacenter: consul_datacenter(a.consul_datacenter.as_deref())?,
+                discovery,
             },
             consul,
             listen: a.listen,
@@ -169,8 +200,34 @@ impl AgentConfig {
             runtime_dir: runtime_dir(a.runtime_dir.as_deref(), fallbacks)?,
             log_buffer_lines: usize::try_from(a.log_buffer_lines).unwrap_or(usize::MAX),
             consul_fallbacks,
+            haproxy_pid_file: a.haproxy_pid_file.clone(),
         })
     }
+}
+
+/// How fallbacks are found when no `--consul-fallback-addr` list is
+/// given: on the scheme of `--consul-addr` (`primary`, normalized) and on
+/// `--consul-fallback-port`, else its port, read again every
+/// `--consul-fallback-refresh`.
+fn discovery(primary: &str, a: &AgentArgs) -> Result<Discovery, ConfigError> {
+    let refresh = a.consul_fallback_refresh;
+    if refresh < REFRESH_RANGE.0 || refresh > REFRESH_RANGE.1 {
+        return Err(bad(
+            "--consul-fallback-refresh",
+            humantime::format_duration(refresh),
+            "must be between 1s and 10m",
+        ));
+    }
+    let url = reqwest::Url::parse(primary).map_err(|e| bad("--consul-addr", primary, e))?;
+    let port = a
+        .consul_fallback_port
+        .or_else(|| url.port_or_known_default())
+        .ok_or_else(|| bad("--consul-addr", primary, "no port"))?;
+    Ok(Discovery {
+        scheme: url.scheme().to_string(),
+        port,
+        refresh,
+    })
 }
 
 /// `--consul-datacenter`, lower-cased as Consul keeps it: a name of letters,
@@ -258,9 +315,69 @@ mod tests {
     }
 
     #[test]
-    fn consul_fallbacks_are_validated_in_order_and_none_by_default() {
-        let none = config(&[], &Fallbacks::default()).unwrap();
-        assert!(none.consul_fallbacks.is_empty());
+    fn consul_fallbacks_are_found_by_default_listed_or_none() {
+        let found = config(&[], &Fallbacks::default()).unwrap();
+        assert!(found.consul_fallbacks.is_empty());
+        assert_eq!(
+            found.watcher.discovery,
+            Some(Discovery {
+                scheme: "http".into(),
+                port: 8500,
+                refresh: crate::agent::discovery::DEFAULT_REFRESH,
+            })
+        );
+        let port = config(
+            &[
+                "--consul-addr",
+                "10.0.0.5",
+                "--consul-fallback-refresh",
+                "5s",
+            ],
+            &Fallbacks::default(),
+        )
+        .unwrap();
+        let d = port.watcher.discovery.unwrap();
+        assert_eq!((d.port, d.refresh), (80, Duration::from_secs(5)));
+        let pinned = config(&["--consul-fallback-port", "8501"], &Fallbacks::default()).unwrap();
+        assert_eq!(pinned.watcher.discovery.unwrap().port, 8501);
+        for off in [
+            &["--consul-fallback-addr", "none"][..],
+            &["--consul-fallback-addr", "NONE"],
+        ] {
+            let c = config(off, &Fallbacks::default()).unwrap();
+            assert!(c.consul_fallbacks.is_empty() && c.watcher.discovery.is_none());
+        }
+        let listed = config(
+            &["--consul-fallback-addr", "10.0.0.2:8500"],
+            &Fallbacks::default(),
+        );
+        assert_eq!(
+            listed.unwrap().watcher.discovery,
+            None,
+            "a list replaces them"
+        );
+        for (args, option) in [
+            (
+                &["--consul-fallback-addr", "none,10.0.0.2:8500"][..],
+                "--consul-fallback-addr",
+            ),
+            (
+                &["--consul-fallback-refresh", "500ms"],
+                "--consul-fallback-refresh",
+            ),
+            (
+                &["--consul-fallback-refresh", "11m"],
+                "--consul-fallback-refresh",
+            ),
+        ] {
+            let e = config(args, &Fallbacks::default()).unwrap_err();
+            assert_eq!(e.option, option, "{args:?}");
+        }
+        assert!(parse(&["--consul-fallback-port", "0"]).is_err());
+    }
+
+    #[test]
+    fn consul_fallbacks_are_validated_in_order() {
         let c = config(
             &[
                 "--consul-fallback-addr",
@@ -281,8 +398,8 @@ mod tests {
         );
         for (args, reason) in [
             (
-                vec!["--consul-fallback-addr", "https://10.0.0.2:8501"],
-                "only http://",
+                vec!["--consul-fallback-addr", "ftp://10.0.0.2:8501"],
+                "only http:// and https://",
             ),
             (
                 vec!["--consul-fallback-addr", "127.0.0.1:8500"],
@@ -320,6 +437,7 @@ mod tests {
         assert_eq!(c.on_startup_timeout, OnStartupTimeout::Exit);
         assert_eq!(c.watcher.consistency, Consistency::Default);
         assert_eq!(c.watcher.max_stale, Duration::from_secs(5));
+        assert_eq!(c.haproxy_pid_file.to_str(), Some("/run/haproxy.pid"));
         let c = config(
             &["--consistency", "stale", "--max-stale", "2s"],
             &Fallbacks::default(),
@@ -365,6 +483,101 @@ mod tests {
     }
 
     #[test]
+    fn https_addresses_take_the_consul_cli_tls_variables_under_the_options() {
+        use crate::consul::tls::{TlsFile, TlsSettings};
+        // CONSUL_HTTP_SSL: an address without a scheme is https://, the
+        // default one too; a scheme given wins.
+        let ssl = Fallbacks {
+            consul_http_ssl: Some("true".into()),
+            ..Fallbacks::default()
+        };
+        assert_eq!(
+            config(&[], &ssl).unwrap().consul.addr,
+            "https://127.0.0.1:8500"
+        );
+        let c = config(&["--consul-addr", "http://c:8500"], &ssl).unwrap();
+        assert_eq!(c.consul.addr, "http://c:8500");
+        let bad_bool = Fallbacks {
+            consul_http_ssl: Some("yes".into()),
+            ..Fallbacks::default()
+        };
+        assert_eq!(
+            config(&[], &bad_bool).unwrap_err().option,
+            "$CONSUL_HTTP_SSL"
+        );
+
+        let env = Fallbacks {
+            consul_cacert: Some("/env/ca.pem".into()),
+            consul_client_cert: Some("/env/cert.pem".into()),
+            consul_client_key: Some("/env/key.pem".into()),
+            consul_tls_server_name: Some("server.dc1.consul".into()),
+            consul_http_ssl_verify: Some("0".into()),
+            ..Fallbacks::default()
+        };
+        let file = |path: &str, from| {
+            Some(TlsFile {
+                path: path.into(),
+                from,
+            })
+        };
+        let tls = |args: &[&str]| parse(args).unwrap().consul.resolve(&env).unwrap().tls;
+        assert_eq!(
+            tls(&[]),
+            TlsSettings {
+                ca_file: file("/env/ca.pem", "$CONSUL_CACERT"),
+                client_cert: file("/env/cert.pem", "$CONSUL_CLIENT_CERT"),
+                client_key: file("/env/key.pem", "$CONSUL_CLIENT_KEY"),
+                server_name: Some("server.dc1.consul".into()),
+                verify: false,
+            }
+        );
+        let flags = tls(&[
+            "--consul-ca-file",
+            "/ca.pem",
+            "--consul-tls-server-name",
+            "consul.example",
+            "--consul-http-ssl-verify",
+            "true",
+        ]);
+        assert_eq!(flags.ca_file, file("/ca.pem", "--consul-ca-file"));
+        assert_eq!(flags.server_name.as_deref(), Some("consul.example"));
+        assert!(flags.verify);
+        let none = parse(&[]).unwrap().consul.resolve(&Fallbacks::default());
+        assert_eq!(none.unwrap().tls, TlsSettings::default());
+    }
+
+    #[test]
+    fn fallbacks_take_the_scheme_of_consul_addr_and_never_leave_tls() {
+        let fb = Fallbacks::default();
+        let c = config(
+            &[
+                "--consul-addr",
+                "https://c:8501",
+                "--consul-fallback-addr",
+                "s1:8501",
+            ],
+            &fb,
+        )
+        .unwrap();
+        assert_eq!(c.consul_fallbacks, ["https://s1:8501"]);
+        let err = config(
+            &[
+                "--consul-addr",
+                "https://c:8501",
+                "--consul-fallback-addr",
+                "http://s1:8500",
+            ],
+            &fb,
+        )
+        .unwrap_err();
+        assert_eq!(err.option, "--consul-fallback-addr");
+        assert!(err.reason.contains("leave TLS"), "{err}");
+        // The servers' HTTPS API behind a local agent over plain HTTP.
+        let c = config(&["--consul-fallback-addr", "https://s1:8501,s2:8500"], &fb).unwrap();
+        assert_eq!(c.consul_fallbacks, ["https://s1:8501", "http://s2:8500"]);
+    }
+
+    #[test]
     fn prefix_always_ends_in_slash() {
         let c = config(&["--prefix", "a/b"], &Fallbacks::default()).unwrap();
         assert_eq!(c.consul.prefix, "a/b/");
@@ -377,10 +590,7 @@ mod tests {
             (vec!["--prefix", ""], "--prefix"),
             (vec!["--prefix", "/abs"], "--prefix"),
             (vec!["--prefix", "a b"], "--prefix"),
-            (
-                vec!["--consul-addr", "https://consul:8501"],
-                "--consul-addr",
-            ),
+            (vec!["--consul-addr", "ftp://consul:8501"], "--consul-addr"),
             (
                 vec!["--consul-addr", "http://consul:8500/v1"],
                 "--consul-addr",

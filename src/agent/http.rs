@@ -1,5 +1,5 @@
 //! The operator HTTP port: `/metrics` (Prometheus text format),
-//! `/-/healthy`, `/-/ready`, and, for loopback clients unless
+//! `/-/healthy`, `/-/ready`, and, for clients at 127.0.0.1 and ::1 unless
 //! [`DebugAccess::Anyone`], `/status` (JSON for humans and tools) and
 //! on-demand CPU profiles under `/debug/pprof/` (`profile`). hyper reads
 //! and writes HTTP/1.1; this module bounds what each connection may hold
@@ -13,7 +13,7 @@ mod status;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -82,8 +82,16 @@ const SHUTDOWN_WRITE_GRACE: Duration = Duration::from_secs(2);
 /// costs CPU for up to a minute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DebugAccess {
-    /// Loopback clients only (127.0.0.0/8, ::1, and 127.0.0.0/8 mapped to
-    /// IPv6 on a `[::]` listener); others are answered 403.
+    /// Clients at 127.0.0.1 or ::1 only (also 127.0.0.1 mapped to IPv6 on
+    /// a `[::]` listener); others, the rest of 127.0.0.0/8 included, are
+    /// answered 403 and counted in
+    /// `gitlab_haproxy_agent_http_forbidden_total`. A loopback peer is no
+    /// proof of a local operator: Istio's sidecar hands every inbound
+    /// connection to the application from 127.0.0.6 (its passthrough bind
+    /// address, `InboundPassthroughClusterIpv4` in istio/istio), so any pod
+    /// of the mesh would reach a port open to 127.0.0.0/8. `curl
+    /// 127.0.0.1:9778`, `kubectl exec` and `kubectl port-forward` connect
+    /// from 127.0.0.1.
     #[default]
     Loopback,
     /// Every client.
@@ -93,8 +101,22 @@ pub enum DebugAccess {
 impl DebugAccess {
     /// Whether a client at `peer` may be answered `path`.
     pub fn allows(self, path: &str, peer: IpAddr) -> bool {
-        let local_only = path == "/status" || path.starts_with("/debug/pprof/");
-        !local_only || self == DebugAccess::Anyone || peer.to_canonical().is_loopback()
+        !is_debug(path) || self == DebugAccess::Anyone || is_node_operator(peer)
+    }
+}
+
+/// Paths served only as [`DebugAccess`] allows.
+fn is_debug(path: &str) -> bool {
+    path == "/status" || path.starts_with("/debug/pprof/")
+}
+
+/// 127.0.0.1 or ::1 (or 127.0.0.1 mapped to IPv6): the address a command
+/// run on the node connects from, and not one a proxy or mesh sidecar on
+/// the node uses for the connections it hands on.
+fn is_node_operator(peer: IpAddr) -> bool {
+    match peer.to_canonical() {
+        IpAddr::V4(v4) => v4 == Ipv4Addr::LOCALHOST,
+        IpAddr::V6(v6) => v6 == Ipv6Addr::LOCALHOST,
     }
 }
 
@@ -183,7 +205,8 @@ struct Exchange {
 /// `gitlab_haproxy_agent_http_idle_closed_total`, refused requests (hyper's
 /// 400 and 431, and 413 for a body) in
 /// `gitlab_haproxy_agent_http_bad_requests_total`. `/status` and
-/// `/debug/pprof/` answer as `debug` allows.
+/// `/debug/pprof/` answer as `debug` allows (403 counted in
+/// `gitlab_haproxy_agent_http_forbidden_total`).
 pub async fn serve(
     listener: TcpListener,
     debug: DebugAccess,
@@ -326,10 +349,15 @@ async fn handle(
     } else {
         let request = Request::of(&request);
         if !port.debug.allows(&request.path, exchange.peer) {
+            port.shared.metrics.http.forbidden.inc();
             let answer = Answer::plain(
                 403,
-                "/status and /debug/pprof/ are served to loopback clients only \
-                 (--http-remote-debug serves them to every client)\n",
+                format!(
+                    "/status and /debug/pprof/ answer only clients at 127.0.0.1 and ::1, not {} \
+                     (a mesh sidecar or node-local proxy connects from another address; \
+                     --http-remote-debug serves every client)\n",
+                    exchange.peer.to_canonical()
+                ),
             );
             exchange.answered.cancel();
             return answer.into_response();
@@ -547,10 +575,23 @@ mod tests {
     }
 
     #[test]
-    fn status_and_profiles_are_for_loopback_clients_unless_allowed() {
+    fn status_and_profiles_are_for_127_0_0_1_and_ipv6_loopback_unless_allowed() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
-        let local = ["127.0.0.1", "127.0.0.2", "::1", "::ffff:127.0.0.1"];
-        let remote = ["10.0.0.1", "192.0.2.7", "::ffff:10.0.0.1", "2001:db8::1"];
+        let local = ["127.0.0.1", "::1", "::ffff:127.0.0.1"];
+        // 127.0.0.6: Istio's sidecar; the rest of 127.0.0.0/8 is a proxy's
+        // too, never the address a command on the node connects from.
+        let remote = [
+            "127.0.0.6",
+            "127.0.0.2",
+            "127.1.2.3",
+            "::ffff:127.0.0.6",
+            "10.0.0.1",
+            "192.0.2.7",
+            "::ffff:10.0.0.1",
+            "2001:db8::1",
+            "::",
+            "0.0.0.0",
+        ];
         let debug = ["/status", "/debug/pprof/profile", "/debug/pprof/flamegraph"];
         let public = [
             "/metrics",
@@ -604,19 +645,21 @@ mod tests {
     #[tokio::test]
     async fn a_client_beyond_loopback_gets_metrics_but_not_status_or_profiles() {
         let get = |path: &str| format!("GET {path} HTTP/1.1\r\nHost: 10.0.0.5:9778\r\n\r\n");
-        for (path, want) in [
-            ("/metrics", 200),
-            ("/-/healthy", 200),
-            ("/-/ready", 503),
-            ("/status", 403),
-            ("/debug/pprof/profile?seconds=1", 403),
-            ("/debug/pprof/flamegraph?seconds=1", 403),
-        ] {
-            assert_eq!(
-                from_peer("10.0.0.1", DebugAccess::Loopback, &get(path)).await,
-                want,
-                "{path}"
-            );
+        for peer in ["10.0.0.1", "127.0.0.6"] {
+            for (path, want) in [
+                ("/metrics", 200),
+                ("/-/healthy", 200),
+                ("/-/ready", 503),
+                ("/status", 403),
+                ("/debug/pprof/profile?seconds=1", 403),
+                ("/debug/pprof/flamegraph?seconds=1", 403),
+            ] {
+                assert_eq!(
+                    from_peer(peer, DebugAccess::Loopback, &get(path)).await,
+                    want,
+                    "{peer} {path}"
+                );
+            }
         }
         for peer in ["127.0.0.1", "::ffff:127.0.0.1"] {
             assert_eq!(

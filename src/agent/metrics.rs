@@ -3,7 +3,7 @@
 //! families ([`families::Families`]): the responder's in
 //! [`crate::agent::responder::metrics`], the rows seen's in
 //! [`crate::agent::seen`], the HTTP port's in [`crate::agent::http::metrics`], the watcher's and the served
-//! state's here. Names and units are listed in README.md ("Metrics").
+//! state's here. Names and units are listed in docs/metrics.md.
 
 pub mod families;
 
@@ -36,7 +36,8 @@ pub enum ConsulOutcome {
     Http4xx,
     /// A 5xx status (500 `No cluster leader` during elections).
     Http5xx,
-    /// The TCP connection failed or was reset.
+    /// The TCP connection failed or was reset, or the TLS handshake failed
+    /// (a certificate that did not verify, ours refused).
     ConnectError,
     /// No answer within the wait plus Consul's jitter plus a margin.
     Timeout,
@@ -51,7 +52,9 @@ impl From<&ConsulError> for ConsulOutcome {
     /// `decode_error`.
     fn from(e: &ConsulError) -> ConsulOutcome {
         match e {
-            ConsulError::Connect { .. } | ConsulError::Token { .. } => ConsulOutcome::ConnectError,
+            ConsulError::Connect { .. } | ConsulError::Tls { .. } | ConsulError::Token { .. } => {
+                ConsulOutcome::ConnectError
+            }
             ConsulError::Timeout { .. } => ConsulOutcome::Timeout,
             ConsulError::Status { status, .. } if status.is_server_error() => {
                 ConsulOutcome::Http5xx
@@ -147,6 +150,15 @@ pub struct Metrics {
     /// `other_datacenter`, `other_store`, `denied`
     /// ([`crate::agent::route::judge`]).
     pub consul_fallback_refused: IntGaugeVec,
+    /// `gitlab_haproxy_agent_consul_fallbacks_found`: the fallback
+    /// addresses found from Consul's raft peers in the list now
+    /// ([`crate::agent::discovery`]); 0 with a `--consul-fallback-addr`
+    /// list or `none`.
+    pub consul_fallbacks_found: IntGauge,
+    /// `gitlab_haproxy_agent_consul_fallback_discovery_failures_total{reason}`:
+    /// reads of the servers that gave nothing (`request`: no answer or an
+    /// error), and peer entries that are not `ip:port` (`bad_peer`, each).
+    pub consul_fallback_discovery_failures: IntCounterVec,
     /// `gitlab_haproxy_agent_index_checks_total{result}`: index checks made
     /// while a blocking read was parked, by result: `current`, `behind`
     /// (the read was re-issued), `failed`, `no_leader`, `too_old`.
@@ -212,6 +224,11 @@ pub struct Metrics {
     /// because the log sink (stderr, the journal) was not reading and the
     /// queue (`--log-buffer-lines`) was full.
     pub log_lines_dropped: IntCounter,
+    /// `gitlab_haproxy_agent_haproxy_old_workers`: HAProxy workers left by
+    /// a reload and still running (they keep their sessions until those
+    /// close or `hard-stop-after`), counted from /proc under the master of
+    /// `--haproxy-pid-file`; -1 when that cannot be told.
+    pub haproxy_old_workers: IntGauge,
     /// The agent-check responder's families.
     pub checks: CheckMetrics,
     /// The families of the rows seen, set at scrape time.
@@ -319,6 +336,16 @@ impl Metrics {
                 .with_label_values(&[reason.as_str()])
                 .set(0);
         }
+        let consul_fallbacks_found = f.int_gauge(
+            "consul_fallbacks_found",
+            "Fallback addresses found from Consul's raft peers (/v1/status/peers) in the list now; 0 with a --consul-fallback-addr list or none.",
+        );
+        let consul_fallback_discovery_failures = f.int_counter_vec(
+            "consul_fallback_discovery_failures_total",
+            "Reads of the Consul servers for fallbacks that gave nothing (request), and peer entries that are not ip:port (bad_peer).",
+            &["reason"],
+            &["request", "bad_peer"],
+        );
         let index_checks = f.int_counter_vec(
             "index_checks_total",
             "Index checks made while a blocking read was parked, by result (current, behind, below, failed, no_leader, too_old).",
@@ -399,6 +426,12 @@ impl Metrics {
             "Log lines dropped because the log sink (stderr, the journal) was not reading and \
              --log-buffer-lines were queued.",
         );
+        let haproxy_old_workers = f.int_gauge(
+            "haproxy_old_workers",
+            "HAProxy workers left by a reload and still running (holding sessions the exporter \
+             does not count), under the master of --haproxy-pid-file; -1 when unknown.",
+        );
+        haproxy_old_workers.set(-1);
         let held_keys_family = held_keys;
         for c in crate::decision::HoldCause::ALL {
             held_keys_family.with_label_values(&[c.as_str()]);
@@ -427,6 +460,8 @@ impl Metrics {
             consul_route,
             consul_route_switches,
             consul_fallback_refused,
+            consul_fallbacks_found,
+            consul_fallback_discovery_failures,
             index_checks,
             generation_lost,
             tombstones_reaped,
@@ -446,6 +481,7 @@ impl Metrics {
             state_file_behind_seconds,
             runtime_copy_writes,
             log_lines_dropped,
+            haproxy_old_workers,
         }
     }
 

@@ -8,14 +8,16 @@
 //! [`run`] wires them together with one shutdown path.
 
 pub mod config;
+pub mod finder;
 pub mod http;
 pub mod log_summary;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod old_workers;
 pub mod records;
 pub mod responder;
-pub mod route;
+pub use gitlab_haproxy_agent_core::{discovery, route};
 pub mod seen;
 pub mod shared;
 pub mod state_copies;
@@ -68,7 +70,11 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         listen = %agent_listener.local_addr()?,
         http_listen = %http_listener.local_addr()?,
         consul_addr = %config.consul.addr,
-        consul_fallback_addrs = %config.consul_fallbacks.join(","),
+        consul_fallback_addrs = %match (&config.watcher.discovery, config.consul_fallbacks.is_empty()) {
+            (Some(_), _) => "found from Consul".to_string(),
+            (None, true) => "none".to_string(),
+            (None, false) => config.consul_fallbacks.join(","),
+        },
         prefix = %config.consul.prefix,
         version = env!("CARGO_PKG_VERSION"),
         "starting; no answers until the state file or the first Consul answer"
@@ -92,19 +98,31 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
     ));
     shared.readiness.set(ReadyStep::HttpBound);
 
+    // Every Consul address, listed or found, gets the same settings.
+    let token_file = config.consul.token_file.clone();
+    let tls = config.consul.loaded_tls.clone();
+    let make: finder::ClientFactory = Arc::new(move |addr: &str| {
+        ConsulClient::new(
+            addr,
+            TokenSource::new(token_file.clone()),
+            Duration::from_secs(2),
+            &tls,
+        )
+    });
     let clients = std::iter::once(&config.consul.addr)
         .chain(&config.consul_fallbacks)
         .map(|addr| {
-            ConsulClient::new(
-                addr,
-                TokenSource::new(config.consul.token_file.clone()),
-                Duration::from_secs(2),
-            )
-            .map(Arc::new)
-            .context("cannot build the Consul client")
+            make(addr)
+                .map(Arc::new)
+                .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     shared.records.set_client(clients[0].clone());
+    tracker.spawn(old_workers::watch(
+        config.haproxy_pid_file.clone(),
+        shared.metrics.haproxy_old_workers.clone(),
+        shutdown.clone(),
+    ));
     tracker.spawn(logging::report_dropped(
         shared.metrics.log_lines_dropped.clone(),
         shutdown.clone(),
@@ -128,6 +146,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
         shared.clone(),
         copies.clone(),
         opened.restored,
+        make,
     );
     let serving = shared.snapshot.load().is_some();
     if serving {

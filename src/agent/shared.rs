@@ -106,6 +106,25 @@ pub struct SyncStatus {
     pub datacenter: Option<String>,
     /// Each `--consul-fallback-addr`, in order, with its proof.
     pub fallbacks: Vec<FallbackStatus>,
+    /// Where the fallbacks come from: `found` (from Consul), `listed`
+    /// (`--consul-fallback-addr`) or `none`.
+    pub fallbacks_from: &'static str,
+    /// The last read of the servers for fallbacks, while they are found.
+    pub discovery: Option<DiscoveryStatus>,
+}
+
+/// What `/status` says of the last read of the servers for fallbacks
+/// ([`crate::agent::discovery`]).
+#[derive(Debug, Clone, Default)]
+pub struct DiscoveryStatus {
+    /// The address that answered the last list.
+    pub through: Option<String>,
+    /// When it answered.
+    pub at: Option<std::time::SystemTime>,
+    /// The raft peers it named, as given.
+    pub peers: Vec<String>,
+    /// The last read's error, if it failed (the list in use is kept).
+    pub error: Option<String>,
 }
 
 /// What `/status` says of one `--consul-fallback-addr`.

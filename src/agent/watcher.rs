@@ -14,6 +14,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::agent::discovery::Discovery;
+use crate::agent::finder::{ClientFactory, Finder};
 use crate::agent::log_summary::ForbiddenReads;
 use crate::agent::metrics::ConsulOutcome;
 use crate::agent::route::{Routes, Step};
@@ -26,6 +28,7 @@ use crate::decision::served::ServedState;
 use crate::decision::stale::hold_reason;
 use crate::decision::{Core, CoreConfig, Delay, IndexCheck, Next, Note, Request, Response, Rules};
 
+mod found;
 mod notes;
 mod prove;
 
@@ -57,6 +60,10 @@ pub struct WatcherConfig {
     /// `--consul-fallback-addr` is proven; `None` (the default): the one
     /// `--consul-addr` answers on `/v1/agent/self`.
     pub datacenter: Option<String>,
+    /// How fallbacks are found from Consul when no `--consul-fallback-addr`
+    /// list is given ([`crate::agent::discovery`]); `None`: a list was
+    /// given, or `none`.
+    pub discovery: Option<Discovery>,
 }
 
 /// Jittered exponential backoff: the n-th consecutive failure waits a random
@@ -121,19 +128,24 @@ pub struct Watcher {
     details: Vec<Option<String>>,
     /// The served state's store id the fallbacks were last proven against.
     store_seen: Option<Option<Box<str>>>,
+    /// The reads of the servers, while fallbacks are found from Consul.
+    finder: Option<Finder>,
 }
 
 impl Watcher {
     /// A watcher that reads through `clients` (the primary first, then
     /// the fallbacks; at least one) and publishes into `shared`, starting
     /// from `restored` (the state read from the state file or its runtime
-    /// copy, served at once) and keeping every change in `copies`.
+    /// copy, served at once) and keeping every change in `copies`. With
+    /// [`WatcherConfig::discovery`], the fallbacks are found from Consul
+    /// and `make` builds the client of each address found.
     pub fn new(
         clients: Vec<Arc<ConsulClient>>,
         config: WatcherConfig,
         shared: Arc<Shared>,
         copies: Option<Arc<Copies>>,
         restored: Option<ServedState>,
+        make: ClientFactory,
     ) -> Self {
         let mut core = Core::new(
             CoreConfig {
@@ -155,6 +167,12 @@ impl Watcher {
         let next = core.start();
         assert!(!clients.is_empty(), "a watcher needs a Consul address");
         let store_seen = core.served().map(|s| s.store_id.clone());
+        let finder = config.discovery.clone().map(|d| Finder::new(d, make));
+        let fallbacks_from = match (&finder, clients.len()) {
+            (Some(_), _) => "found",
+            (None, 1) => "none",
+            (None, _) => "listed",
+        };
         let watcher = Watcher {
             routes: Routes::new(clients.len()),
             details: vec![None; clients.len()],
@@ -168,8 +186,13 @@ impl Watcher {
             last_prefix_start: None,
             forbidden: ForbiddenReads::default(),
             store_seen,
+            finder,
         };
-        watcher.shared.sync.lock().unwrap().datacenter = watcher.datacenter.clone();
+        {
+            let mut sync = watcher.shared.sync.lock().unwrap();
+            sync.datacenter = watcher.datacenter.clone();
+            sync.fallbacks_from = fallbacks_from;
+        }
         watcher.publish_proofs();
         watcher
     }
@@ -183,6 +206,7 @@ impl Watcher {
     /// Consul address.
     pub async fn first_sync(&mut self, timeout: Duration) -> Result<(), ConsulError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let _ = tokio::time::timeout_at(deadline, self.find_at_start()).await;
         let _ = tokio::time::timeout_at(deadline, self.prove_at_start()).await;
         let mut last_error = None;
         while !self.core.synced() {
@@ -278,7 +302,18 @@ impl Watcher {
                     self.beat();
                     return Some(r);
                 }
-                _ = beat.tick() => self.beat(),
+                _ = beat.tick() => {
+                    self.beat();
+                    self.find_due();
+                }
+                answer = self.found(), if check.is_none() && self.finding() => {
+                    if self.apply_found(answer) {
+                        // The read in flight went through an address that
+                        // left the list or moved in it: sent again.
+                        self.next = same;
+                        return None;
+                    }
+                }
                 _ = due.tick(), if check.is_none() => {
                     let route = self.routes.next_check();
                     let client = Arc::clone(&self.clients[route]);
@@ -423,6 +458,10 @@ impl Watcher {
     /// Waits as the core said, performs its request, and hands the answer
     /// back. The error is the failed request's.
     async fn step(&mut self) -> Result<(), ConsulError> {
+        // The fallbacks found change only here and between index checks,
+        // where no request holds an address's index.
+        self.apply_found_if_done().await;
+        self.find_due();
         let Next { request, delay } = self.next.clone();
         let wait = match delay {
             Delay::None => Duration::ZERO,

@@ -346,8 +346,10 @@ pub struct IdleArgs {
     /// the drain count, a load balancer that reported the server before
     /// and does not since counts as in session, and so does one whose
     /// HAProxy reloaded after the drain (its old workers' sessions are not
-    /// in the exporter) until MAX. Maint does not close sessions still
-    /// open. Not with --drain-wait.
+    /// in the exporter) until MAX, or whose agent counts old HAProxy
+    /// workers (gitlab_haproxy_agent_haproxy_old_workers, agents from
+    /// --confirm-selector, matched by host) left by a reload before it.
+    /// Maint does not close sessions still open. Not with --drain-wait.
     #[arg(
         long,
         value_name = "MAX",

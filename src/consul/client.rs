@@ -9,10 +9,11 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 
+use super::tls::{tls_failure, Tls};
 use super::token::TokenSource;
 use super::types::{
-    decode_bool, decode_held_pairs, decode_pairs, decode_txn, ConsulError, Holders, KvPair,
-    PrefixAnswer, ReadMeta, TxnOp, TxnOutcome,
+    decode_bool, decode_held_pairs, decode_pairs, decode_txn, read_meta, ConsulError, Holders,
+    KvPair, PrefixAnswer, ReadMeta, TxnOp, TxnOutcome,
 };
 use crate::cli::Consistency;
 use crate::decision::KeyRead;
@@ -67,19 +68,24 @@ fn wait_param(wait: Duration) -> String {
 }
 
 impl ConsulClient {
-    /// A client for the agent at `addr` (`http://127.0.0.1:8500`), with the
-    /// token from `token`. Each connection attempt gives up after
-    /// `connect_timeout`.
+    /// A client for the agent at `addr` (`http://127.0.0.1:8500`, or
+    /// `https://...` with `tls`), with the token from `token`. Each
+    /// connection attempt gives up after `connect_timeout`.
     ///
     /// # Errors
     ///
-    /// When the HTTP client cannot be built (no usable TLS-free backend).
-    pub fn new(addr: &str, token: TokenSource, connect_timeout: Duration) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
+    /// When the HTTP client cannot be built (no usable TLS backend).
+    pub fn new(
+        addr: &str,
+        token: TokenSource,
+        connect_timeout: Duration,
+        tls: &Tls,
+    ) -> anyhow::Result<Self> {
+        let builder = reqwest::Client::builder()
             .connect_timeout(connect_timeout)
             .pool_max_idle_per_host(2)
-            .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")))
-            .build()?;
+            .user_agent(concat!("gitlab-haproxy-agent/", env!("CARGO_PKG_VERSION")));
+        let http = tls.apply(addr, builder).build()?;
         Ok(ConsulClient {
             http,
             addr: addr.trim_end_matches('/').to_string(),
@@ -110,6 +116,11 @@ impl ConsulClient {
             ConsulError::Timeout {
                 addr: self.addr.clone(),
                 after,
+            }
+        } else if let Some(detail) = tls_failure(&e) {
+            ConsulError::Tls {
+                addr: self.addr.clone(),
+                detail,
             }
         } else {
             let mut detail = e.to_string();
@@ -225,7 +236,7 @@ impl ConsulClient {
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
         let header_index = consul_index(response.headers());
-        let meta = ReadMeta::from_headers(response.headers());
+        let meta = read_meta(response.headers());
         let gzipped = response
             .headers()
             .get(reqwest::header::CONTENT_ENCODING)
@@ -294,7 +305,7 @@ impl ConsulClient {
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
-        let meta = ReadMeta::from_headers(response.headers());
+        let meta = read_meta(response.headers());
         let index = consul_index(response.headers());
         if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
             let body = response.bytes().await.unwrap_or_default();

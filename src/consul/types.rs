@@ -12,6 +12,7 @@ use reqwest::header::HeaderMap;
 use reqwest::StatusCode;
 use serde::Deserialize;
 
+pub use crate::model::answer::{PrefixAnswer, ReadMeta};
 pub use crate::model::snapshot::KvPair;
 
 /// The keys of one answer that a Consul session holds (`?acquire=ID`):
@@ -27,6 +28,16 @@ pub enum ConsulError {
         /// The Consul address used.
         addr: String,
         /// The transport error.
+        detail: String,
+    },
+    /// The TLS handshake failed: Consul's certificate did not verify, it
+    /// refused ours, or it does not speak TLS there. Never retried over
+    /// plain HTTP.
+    #[error("TLS to Consul at {addr} failed: {detail}")]
+    Tls {
+        /// The Consul address used.
+        addr: String,
+        /// The TLS error, with what to check.
         detail: String,
     },
     /// No complete answer in time.
@@ -66,55 +77,9 @@ impl ConsulError {
     }
 }
 
-/// The answer to a prefix read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PrefixAnswer {
-    /// `X-Consul-Index`, exactly as sent (0 is possible; callers clamp).
-    pub index: u64,
-    /// The keys; empty for a 404 (a prefix with no keys).
-    pub pairs: Vec<KvPair>,
-    /// The raw body size in bytes, for logs and benchmarks.
-    pub body_bytes: usize,
-}
-
-/// The freshness headers Consul sends with every read
-/// (api-docs/features/consistency): each `None` when missing or malformed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ReadMeta {
-    /// `X-Consul-LastContact`: time since the answering server last heard
-    /// from the leader (0 on the leader), sent in milliseconds.
-    pub last_contact: Option<Duration>,
-    /// `X-Consul-KnownLeader`: whether the answering server knows a leader.
-    pub known_leader: Option<bool>,
-    /// `X-Consul-Results-Filtered-By-ACLs`: whether the token's ACL dropped
-    /// entries from the answer. Sent by Consul 1.13 and later when it did;
-    /// 1.8.7 never sends it.
-    pub filtered_by_acls: Option<bool>,
-}
-
-impl ReadMeta {
-    /// Reads the two headers from an answer: `X-Consul-LastContact` as a
-    /// whole number of milliseconds, `X-Consul-KnownLeader` as `true` or
-    /// `false` exactly (Consul's spelling); anything else is `None`.
-    pub fn from_headers(headers: &HeaderMap) -> ReadMeta {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        ReadMeta {
-            last_contact: text("X-Consul-LastContact")
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_millis),
-            known_leader: text("X-Consul-KnownLeader").and_then(flag),
-            filtered_by_acls: text("X-Consul-Results-Filtered-By-ACLs").and_then(flag),
-        }
-    }
-}
-
-/// `true` or `false` exactly (Consul's spelling).
-fn flag(v: &str) -> Option<bool> {
-    match v.trim() {
-        "true" => Some(true),
-        "false" => Some(false),
-        _ => None,
-    }
+/// Reads the freshness headers from an answer ([`ReadMeta::from_header`]).
+pub fn read_meta(headers: &HeaderMap) -> ReadMeta {
+    ReadMeta::from_header(|name| headers.get(name).and_then(|v| v.to_str().ok()))
 }
 
 #[derive(Deserialize)]
@@ -423,7 +388,7 @@ mod tests {
             HeaderValue::from_static("true"),
         );
         assert_eq!(
-            ReadMeta::from_headers(&h),
+            read_meta(&h),
             ReadMeta {
                 last_contact: Some(Duration::from_millis(47)),
                 known_leader: Some(true),
@@ -433,7 +398,7 @@ mod tests {
         h.remove("X-Consul-Results-Filtered-By-ACLs");
         h.insert("X-Consul-LastContact", HeaderValue::from_static("-1"));
         h.insert("X-Consul-KnownLeader", HeaderValue::from_static("False"));
-        assert_eq!(ReadMeta::from_headers(&h), ReadMeta::default());
+        assert_eq!(read_meta(&h), ReadMeta::default());
     }
 
     #[test]

@@ -11,7 +11,17 @@
 //! load balancer whose HAProxy started after the drain was written
 //! (`haproxy_process_start_time_seconds`) reloaded: its old worker keeps
 //! the sessions it had, which the new worker's exporter does not count, so
-//! it counts as in session until the longest wait.
+//! it counts as in session until the longest wait, unless its agent
+//! reports, from a scrape after that start, no old worker left.
+//!
+//! Old workers from a reload made before the drain are not in the exporter
+//! either: the agent on the node counts them
+//! (`gitlab_haproxy_agent_haproxy_old_workers`, see
+//! [`crate::agent::old_workers`]), and a load balancer whose agent reports
+//! one or more, or reported a count in the last hour and none since the
+//! wait began, is not idle. An agent and an exporter are on the same load
+//! balancer when their `instance` labels name the same host (the address
+//! without its port).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -33,6 +43,12 @@ const RELOAD_SLACK: f64 = 2.0;
 pub const NOT_REPORTED: &str = "not_reported_since_drain";
 /// ... or its HAProxy reloaded after the drain (old workers unseen).
 pub const RELOADED: &str = "reloaded_after_drain";
+/// ... or its agent counts old HAProxy workers, left by a reload, still
+/// running: they may hold sessions the exporter does not count.
+pub const OLD_WORKERS: &str = "old_workers_running";
+/// ... or its agent counted old workers before the wait and has not been
+/// scraped since it began.
+pub const OLD_WORKERS_NOT_REPORTED: &str = "old_workers_not_reported_since_drain";
 
 /// How an `--until-idle` wait ended.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -76,6 +92,10 @@ impl Idle {
                 let (sessions, why) = match s.why {
                     Some(NOT_REPORTED) => ("?", "not reported since the drain"),
                     Some(RELOADED) => ("?", "HAProxy reloaded: old workers not seen"),
+                    Some(OLD_WORKERS) => ("?", "old HAProxy workers from a reload still running"),
+                    Some(OLD_WORKERS_NOT_REPORTED) => {
+                        ("?", "old HAProxy workers not reported since the drain")
+                    }
                     _ if s.instance.is_none() => ("?", "no load balancer reports it"),
                     _ => ("", "open"),
                 };
@@ -137,6 +157,33 @@ struct Watch {
     reload_after: f64,
     /// `(server, instance)` reported in the last hour.
     before: BTreeSet<(String, String)>,
+    /// Hosts whose agent counted old workers in the last hour.
+    counted: BTreeSet<String>,
+}
+
+/// The host of an `instance` label: the address without its port
+/// (`10.0.0.1:9778` -> `10.0.0.1`, `[::1]:9778` -> `[::1]`, `lb-01` ->
+/// `lb-01`).
+pub fn host_of(instance: &str) -> &str {
+    match instance.rsplit_once(':') {
+        Some((host, port))
+            if !port.is_empty()
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && (!host.contains(':') || host.ends_with(']')) =>
+        {
+            host
+        }
+        _ => instance,
+    }
+}
+
+/// What one host's agent says of old workers at a poll.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct OldWorkers {
+    /// The largest count among the host's agents (-1: unknown).
+    count: f64,
+    /// When it was scraped (Prometheus's clock, seconds).
+    at: f64,
 }
 
 /// The servers' sessions on every load balancer `selector` matches.
@@ -149,6 +196,9 @@ pub struct IdleQuery<'a> {
     pub selector: &'a str,
     /// `<backend>/<server>`.
     pub servers: &'a [String],
+    /// `--confirm-selector`: the agents' series, whose
+    /// `gitlab_haproxy_agent_haproxy_old_workers` is read.
+    pub agents: &'a str,
 }
 
 impl IdleQuery<'_> {
@@ -162,11 +212,62 @@ impl IdleQuery<'_> {
         let query = sessions_query(self.selector, &self.backends());
         let seen = format!("max_over_time({query}[{LOOKBACK}])");
         let before = by_server(&instant_query(self.http, self.base, &seen).await?)?;
+        let old = self.old_workers_query();
+        let counted = format!("max_over_time({old}[{LOOKBACK}]) >= 0");
+        let counted = self.samples(&counted).await?;
         Ok(Watch {
             since,
             reload_after: since - drained_for.as_secs_f64() - RELOAD_SLACK,
             before: before.into_keys().collect(),
+            counted: (counted.iter())
+                .filter_map(|s| s.labels.get("instance"))
+                .map(|i| host_of(i).to_string())
+                .collect(),
         })
+    }
+
+    async fn samples(&self, query: &str) -> Result<Vec<super::Sample>, FetchError> {
+        let answer = instant_query(self.http, self.base, query).await?;
+        samples(&answer, query).map_err(|message| FetchError {
+            message,
+            lasting: false,
+        })
+    }
+
+    fn old_workers_query(&self) -> String {
+        format!(
+            "gitlab_haproxy_agent_haproxy_old_workers{{{}}}",
+            self.agents.trim()
+        )
+    }
+
+    /// Each host's agent's last count of old workers, with when it was
+    /// scraped.
+    async fn old_workers(&self) -> Result<BTreeMap<String, OldWorkers>, FetchError> {
+        let query = self.old_workers_query();
+        let at = self.samples(&format!("timestamp({query})")).await?;
+        let values = self.samples(&query).await?;
+        let mut by_host: BTreeMap<String, OldWorkers> = BTreeMap::new();
+        for s in &values {
+            let Some(instance) = s.labels.get("instance") else {
+                continue;
+            };
+            let when = (at.iter())
+                .find(|t| t.labels.get("instance") == Some(instance))
+                .map_or(0.0, |t| t.value);
+            let seen = OldWorkers {
+                count: s.value,
+                at: when,
+            };
+            by_host
+                .entry(host_of(instance).to_string())
+                .and_modify(|o| {
+                    o.count = o.count.max(seen.count);
+                    o.at = o.at.min(seen.at);
+                })
+                .or_insert(seen);
+        }
+        Ok(by_host)
     }
 
     /// The servers that may still be in session, by load balancer.
@@ -186,10 +287,23 @@ impl IdleQuery<'_> {
             message,
             lasting: false,
         })?;
-        let reloaded: BTreeSet<String> = (started.iter())
+        let reloaded: BTreeMap<String, f64> = (started.iter())
             .filter(|s| s.value > watch.reload_after)
-            .filter_map(|s| s.labels.get("instance").cloned())
+            .filter_map(|s| Some((s.labels.get("instance")?.clone(), s.value)))
             .collect();
+        let old = self.old_workers().await?;
+        // What the instance's agent says of old workers: a reason to count
+        // it as in session, or none (`Ok`: the agent saw none left since
+        // `after`, Prometheus's clock).
+        let old_workers = |instance: &str, after: f64| -> Result<(), &'static str> {
+            let host = host_of(instance);
+            match old.get(host) {
+                Some(o) if o.at > watch.since && o.count > 0.0 => Err(OLD_WORKERS),
+                Some(o) if o.at > after && o.count == 0.0 => Ok(()),
+                _ if watch.counted.contains(host) => Err(OLD_WORKERS_NOT_REPORTED),
+                _ => Err(RELOADED),
+            }
+        };
         let mut busy = Vec::new();
         for server in self.servers {
             let fresh: BTreeMap<&str, f64> = (values.iter())
@@ -222,8 +336,17 @@ impl IdleQuery<'_> {
             for instance in instances {
                 let (sessions, why) = match fresh.get(instance) {
                     Some(v) if *v > 0.0 => (as_index(*v), None),
-                    Some(_) if reloaded.contains(instance) => (0, Some(RELOADED)),
-                    Some(_) => continue,
+                    Some(_) => match reloaded.get(instance) {
+                        // Only a count scraped after the reload clears it.
+                        Some(start) => match old_workers(instance, *start) {
+                            Ok(()) => continue,
+                            Err(why) => (0, Some(why)),
+                        },
+                        None => match old_workers(instance, watch.since) {
+                            Err(why @ (OLD_WORKERS | OLD_WORKERS_NOT_REPORTED)) => (0, Some(why)),
+                            _ => continue,
+                        },
+                    },
                     None => (0, Some(NOT_REPORTED)),
                 };
                 busy.push(Sessions {
@@ -286,6 +409,22 @@ impl IdleQuery<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_and_an_exporter_are_matched_by_the_host_of_their_instance() {
+        for (instance, host) in [
+            ("10.0.0.1:9778", "10.0.0.1"),
+            ("lb-01.example.com:8405", "lb-01.example.com"),
+            ("lb-01", "lb-01"),
+            ("[::1]:9778", "[::1]"),
+            ("[2001:db8::1]", "[2001:db8::1]"),
+            ("2001:db8::1", "2001:db8::1"),
+            ("lb-01:", "lb-01:"),
+            ("lb-01:http", "lb-01:http"),
+        ] {
+            assert_eq!(host_of(instance), host, "{instance}");
+        }
+    }
 
     #[test]
     fn the_report_names_each_load_balancer_that_may_hold_a_session_and_why() {

@@ -35,7 +35,7 @@ pub fn of_write(write: &WriteOpts, reason_required: bool, now: u64) -> Result<Au
     let login = ["SUDO_USER", "USER", "LOGNAME"]
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|l| !l.is_empty()))
-        .or_else(crate::model::meta::process_author);
+        .or_else(process_author);
     Author::resolve(
         write.by.as_deref(),
         login.as_deref(),
@@ -59,5 +59,33 @@ pub fn takes_servers_out(command: &StateCommand) -> bool {
             Ok(AdminState::Drain | AdminState::Maint)
         ),
         _ => false,
+    }
+}
+
+/// Who wrote, when no login is known (`USER`, `LOGNAME` and `SUDO_USER`
+/// unset, as under cron or a CI runner): `uid N on host H`, from the
+/// process's own `/proc` entry and the kernel's host name, so the record
+/// still tells where to look.
+fn process_author() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").ok()?.uid();
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty());
+    Some(match host {
+        Some(h) => format!("uid {uid} on host {h}"),
+        None => format!("uid {uid}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_author_without_a_login_is_named_by_uid_and_host() {
+        let by = process_author().unwrap();
+        assert!(by.starts_with("uid "), "{by}");
     }
 }

@@ -22,7 +22,7 @@ use super::select::{config_path, Target, CANARY_KEY};
 use super::session::Writer;
 use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
-use crate::consul::{ConsulClient, ConsulError, KvPair, TokenSource};
+use crate::consul::{ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
 use crate::model::meta::Records;
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
@@ -56,7 +56,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
         Ok(t) => t,
         Err(e) => return report_failure(args.json, &Failure::from(e)),
     };
-    let client = match ConsulClient::new(&config.addr, token, Duration::from_secs(2)) {
+    let client = match config.client(token) {
         Ok(c) => c,
         Err(e) => {
             return report_failure(

@@ -340,12 +340,12 @@ impl Writer {
         cancel: &CancellationToken,
     ) -> Option<Idle> {
         let base = self.confirm.as_ref()?.confirm_prometheus.as_deref()?;
-        let http = http_client().unwrap_or_default();
         let query = IdleQuery {
-            http: &http,
+            http: &http_client().unwrap_or_default(),
             base,
             selector,
             servers,
+            agents: &self.confirm.as_ref()?.confirm_selector,
         };
         tokio::select! {
             idle = query.wait(at_least, max, drained_for) => Some(idle),

@@ -111,7 +111,7 @@ impl Failure {
 impl From<ConsulError> for Failure {
     fn from(e: ConsulError) -> Failure {
         let (code, kind) = match &e {
-            ConsulError::Connect { .. } | ConsulError::Timeout { .. } => {
+            ConsulError::Connect { .. } | ConsulError::Tls { .. } | ConsulError::Timeout { .. } => {
                 (exit::UNAVAILABLE, "unavailable")
             }
             ConsulError::Status { .. } if e.is_forbidden() => (exit::NOPERM, "permission_denied"),

@@ -17,8 +17,9 @@
 //! servers it decides); `progress` records how far it got; `report` prints
 //! the result as text or JSON. `commands` dispatches and holds the read-only
 //! commands (`get`, `list`, `explain`), which say with
-//! [`crate::fleet::held`] what the agents hold; `session` is the Consul connection they share; [`settings`]
-//! reads the Prometheus settings of the defaults file; [`error`] names each
+//! [`crate::fleet::held`] what the agents hold; `session` is the Consul connection they share
+//! ([`crate::cli::defaults`] reads the Prometheus settings of the defaults
+//! file); [`error`] names each
 //! failure and its exit status. The writer stands on the model and the
 //! Consul client and imports nothing from the daemon; no module of it
 //! imports one that imports it back (tests/layout.rs).
@@ -39,14 +40,13 @@ mod release;
 mod report;
 mod select;
 mod session;
-pub mod settings;
 pub mod waits;
 mod weights;
 
 use std::process::ExitCode;
 
 use crate::cli::{ConsulArgs, StateArgs};
-use crate::consul::config::Fallbacks;
+use crate::consul::config::{ConsulConfig, Fallbacks};
 use commands::run;
 use error::report_failure;
 pub use error::{exit, Failure};
@@ -56,7 +56,7 @@ pub use select::CANARY_KEY;
 /// Runs one `state` command and returns its exit status. Consul options are
 /// resolved as for the daemon (same flags, environment and token file).
 pub fn main(consul: &ConsulArgs, args: &StateArgs, fallbacks: &Fallbacks) -> ExitCode {
-    let code = match consul.resolve(fallbacks) {
+    let code = match consul.resolve(fallbacks).and_then(ConsulConfig::load_tls) {
         Err(e) => report_failure(args.json, &Failure::usage(e.to_string())),
         Ok(config) => match tokio::runtime::Builder::new_current_thread()
             .enable_all()

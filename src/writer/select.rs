@@ -17,7 +17,8 @@ pub const CANARY_KEY: &str = "canary";
 
 /// Where the HAProxy configuration is when `--haproxy-config` is not given:
 /// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, else this path; used only when
-/// it exists (a console node or CI job has none).
+/// it exists (a console node or CI job has none) and lists at least one
+/// server (Debian's `haproxy` package installs a sample that lists none).
 pub const DEFAULT_HAPROXY_CONFIG: &str = "/etc/haproxy/haproxy.cfg";
 
 /// What a report from `--haproxy-socket` says about its row keys.
@@ -62,12 +63,14 @@ pub(super) struct Target {
 
 /// The HAProxy configuration to read: `--haproxy-config` when given (it must
 /// be readable), else [`DEFAULT_HAPROXY_CONFIG`] or
-/// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` when that file exists, else none.
+/// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG` when that file exists and lists
+/// a server, else none.
 pub(super) fn config_path(given: Option<&Path>) -> Option<PathBuf> {
-    match given {
-        Some(path) => Some(path.to_path_buf()),
-        None => Some(default_config()).filter(|p| p.is_file()),
-    }
+    let listed =
+        |p: &PathBuf| p.is_file() && haproxy::servers_from_config(p).is_ok_and(|s| !s.is_empty());
+    given
+        .map(Path::to_path_buf)
+        .or_else(|| Some(default_config()).filter(listed))
 }
 
 /// `$GITLAB_HAPROXY_AGENT_HAPROXY_CONFIG`, else [`DEFAULT_HAPROXY_CONFIG`].
@@ -174,15 +177,19 @@ impl Target {
                     (None, Some(named)) => named,
                     _ => Err(Failure::usage(format!(
                         "{} needs the servers of HAProxy: give --haproxy-config PATH (a copy \
-                         of a load balancer's configuration) or --haproxy-socket PATH; {} does \
-                         not exist here. One server by exact name needs neither: --backend B \
-                         --server NAME; nothing written",
+                         of a load balancer's configuration) or --haproxy-socket PATH; {} {}. One \
+                         server by exact name needs neither: --backend B --server NAME; \
+                         nothing written",
                         if !select.server.is_empty() {
                             "a --server glob"
                         } else {
                             "a whole --backend"
                         },
                         default_config().display(),
+                        match default_config().is_file() {
+                            true => "lists no server (a package's sample), so it is not read",
+                            false => "does not exist here",
+                        },
                     ))),
                 };
             }

@@ -689,6 +689,74 @@ impl Cluster {
         ));
     }
 
+    /// Starts one more server on the next address of the /24 (`s4` on
+    /// `.4`, ...), joining the others, and waits (up to [`FORM_TIMEOUT`])
+    /// until the leader names it among its raft peers; its index in
+    /// [`Cluster::servers`]. Not in a partitionable cluster.
+    pub fn add_server(&mut self) -> usize {
+        let n = self.servers.len() as u8 + 1;
+        assert!(n < 11, "server addresses end below the client agents'");
+        let first = &self.servers[0];
+        assert!(first.uid.is_none(), "not in a partitionable cluster");
+        let name = format!("s{n}");
+        let mut node = Node {
+            data: self.dir.path().join(&name),
+            logs: self.dir.path().to_path_buf(),
+            ip: Ipv4Addr::new(self.net[0], self.net[1], self.net[2], n),
+            name,
+            server: true,
+            join: first.join.clone(),
+            raft_multiplier: first.raft_multiplier,
+            rpc_hold_timeout: first.rpc_hold_timeout.clone(),
+            uid: None,
+            starts: 0,
+            proc: None,
+        };
+        assert!(
+            TcpListener::bind(node.http()).is_ok(),
+            "{} is taken",
+            node.http()
+        );
+        node.start();
+        let rpc = node.rpc_addr();
+        self.servers.push(node);
+        let joined = wait_every(FORM_TIMEOUT, Duration::from_millis(200), || {
+            self.raft_peers().contains(&rpc).then_some(())
+        });
+        assert!(joined.is_some(), "{rpc} did not join:\n{}", self.logs());
+        self.servers.len() - 1
+    }
+
+    /// Server `i` leaves the cluster gracefully (`PUT /v1/agent/leave`:
+    /// out of the raft peers and the catalog), and its process exits (up to
+    /// 30 s, then SIGKILL).
+    pub fn leave(&mut self, i: usize) {
+        let node = &mut self.servers[i];
+        let left = node.request("PUT", "/v1/agent/leave", b"");
+        assert!(
+            left.as_ref().is_some_and(|(s, _, _)| *s == 200),
+            "{} refused to leave: {left:?}",
+            node.name
+        );
+        if let Some(mut p) = node.proc.take() {
+            if p.wait_exit(Duration::from_secs(30)).is_none() {
+                p.kill();
+            }
+        }
+    }
+
+    /// The raft peers (`ip:8300`) the first running server names, as
+    /// `/v1/status/peers` gives them.
+    pub fn raft_peers(&self) -> Vec<String> {
+        let Some(server) = self.servers.iter().find(|s| s.is_running()) else {
+            return Vec::new();
+        };
+        match server.request("GET", "/v1/status/peers", b"") {
+            Some((200, _, body)) => serde_json::from_slice(&body).unwrap_or_default(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The last lines of every node's logs.
     pub fn logs(&self) -> String {
         self.nodes().map(Node::log).collect()

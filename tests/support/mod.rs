@@ -340,7 +340,31 @@ pub fn get_within(
     path: &str,
     timeout: Duration,
 ) -> Option<(u16, String, Vec<u8>)> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    let s = TcpStream::connect_timeout(&addr, timeout).ok()?;
+    get_on(s, addr, path, timeout)
+}
+
+/// Like [`get_within`] from a client socket bound to `source` before it
+/// connects, as a mesh sidecar connects from 127.0.0.6.
+pub fn get_from(
+    source: std::net::IpAddr,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Option<(u16, String, Vec<u8>)> {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).ok()?;
+    socket.bind(&SocketAddr::new(source, 0).into()).ok()?;
+    socket.connect_timeout(&addr.into(), timeout).ok()?;
+    get_on(socket.into(), addr, path, timeout)
+}
+
+fn get_on(
+    mut s: TcpStream,
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> Option<(u16, String, Vec<u8>)> {
     s.set_read_timeout(Some(timeout)).ok()?;
     write!(
         s,

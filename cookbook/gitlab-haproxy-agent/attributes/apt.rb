@@ -2,7 +2,7 @@
 
 #
 # Package source: the internal apt mirror that scripts/apt-repo.sh builds
-# (README, "Publishing a release to the apt mirror"). Recipe agent adds it
+# (docs/releasing.md). Recipe agent adds it
 # and installs the package from it.
 #
 

@@ -38,25 +38,40 @@ default['gitlab-haproxy-agent']['agent']['weights'] = false
 # Package source and version pin: attributes/apt.rb.
 
 #
-# Agent settings written to /etc/default/gitlab-haproxy-agent (docs/interfaces.md).
+# Agent settings written to /etc/default/gitlab-haproxy-agent (docs/options.md).
 # nil leaves a setting out, so the agent's own default applies. listen and
 # prefix are not set here: they come from agent.addr, agent.port and agent.prefix.
 #
 default['gitlab-haproxy-agent']['settings']['consul_addr'] = 'http://127.0.0.1:8500'
 default['gitlab-haproxy-agent']['settings']['consul_token_file'] = nil
+# TLS to Consul for https:// addresses: PEM CA file (nil: the system's roots),
+# client certificate and key (for verify_incoming; both or neither), the name
+# Consul's certificate is checked against (nil: each address's host), and
+# false to take any certificate. nil leaves each out.
+default['gitlab-haproxy-agent']['settings']['consul_ca_file'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_cert'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_client_key'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_tls_server_name'] = nil
+default['gitlab-haproxy-agent']['settings']['consul_http_ssl_verify'] = nil
 # Other ways into the same Consul datacenter, tried when the local Consul
-# agent cannot serve reads (on a load balancer: the Consul servers' HTTP
-# addresses, e.g. ['http://10.0.0.11:8500', 'http://10.0.0.12:8500']). Same
-# token, plain http only. Empty: none, and the variable is left out.
+# agent cannot serve reads. Empty (the variable is left out): the agent finds
+# the Consul servers of its datacenter from Consul itself and keeps the list
+# current. A list replaces them (e.g. ['http://10.0.0.11:8500',
+# 'http://10.0.0.12:8500']); ['none'] turns fallbacks off. Same token and TLS
+# settings; https only when consul_addr is https.
 default['gitlab-haproxy-agent']['settings']['consul_fallback_addrs'] = []
+# The HTTP port of the Consul servers found. nil: the port of consul_addr.
+default['gitlab-haproxy-agent']['settings']['consul_fallback_port'] = nil
+# How often the servers found are read again. nil: the agent's 30s.
+default['gitlab-haproxy-agent']['settings']['consul_fallback_refresh'] = nil
 # The Consul datacenter every fallback must answer /v1/agent/self with before
 # the agent reads through it. nil: learned from consul_addr (left out); set it
 # so a fallback can be proven while the local Consul agent is down at start.
 default['gitlab-haproxy-agent']['settings']['consul_datacenter'] = nil
 # Every address, so the fleet's Prometheus scrapes /metrics; the agent serves
-# /status and /debug/pprof/ to loopback clients only.
+# /status and /debug/pprof/ to 127.0.0.1 and ::1 only.
 default['gitlab-haproxy-agent']['settings']['http_listen'] = '0.0.0.0:9778'
-# true: /status and /debug/pprof/ also to clients beyond loopback.
+# true: /status and /debug/pprof/ also to clients other than 127.0.0.1 and ::1.
 default['gitlab-haproxy-agent']['settings']['http_remote_debug'] = nil
 default['gitlab-haproxy-agent']['settings']['wait'] = nil
 default['gitlab-haproxy-agent']['settings']['startup_timeout'] = nil
@@ -69,6 +84,9 @@ default['gitlab-haproxy-agent']['settings']['log_buffer_lines'] = nil
 # The runtime copy of the state served (tmpfs, kept across restarts of the
 # agent): nil uses the unit's RuntimeDirectory=, /run/gitlab-haproxy-agent.
 default['gitlab-haproxy-agent']['settings']['runtime_dir'] = nil
+# HAProxy's PID file, whose master's old workers the agent counts for
+# `state drain --until-idle`: nil uses the agent's default, /run/haproxy.pid.
+default['gitlab-haproxy-agent']['settings']['haproxy_pid_file'] = nil
 # The Prometheus that scrapes every agent, for the writer on this node
 # (`gitlab-haproxy-agent state ...` reads it from /etc/default): group checks,
 # write confirmation, `state status`. nil: none.
@@ -112,7 +130,7 @@ default['gitlab-haproxy-agent']['haproxy']['defaults'] = {
 }
 # name => { name => line }: resolvers sections (nameserver, hold, timeout
 # resolve, ...) for servers with `resolvers <name>`. Enrolled servers that
-# resolve at run time get `resolve-opts ignore-weight` (see README).
+# resolve at run time get `resolve-opts ignore-weight` (see docs/enrolling.md).
 default['gitlab-haproxy-agent']['haproxy']['resolvers'] = {}
 # name => { 'bind' => [addresses], 'options' => { name => line } }
 default['gitlab-haproxy-agent']['haproxy']['frontends'] = {}

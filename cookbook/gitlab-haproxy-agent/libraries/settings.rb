@@ -13,8 +13,15 @@ module GitlabHaproxyAgent
     VARIABLES = {
       'consul_addr' => 'GITLAB_HAPROXY_AGENT_CONSUL_ADDR',
       'consul_fallback_addrs' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS',
+      'consul_fallback_port' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT',
+      'consul_fallback_refresh' => 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH',
       'consul_datacenter' => 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER',
       'consul_token_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_TOKEN_FILE',
+      'consul_ca_file' => 'GITLAB_HAPROXY_AGENT_CONSUL_CA_FILE',
+      'consul_client_cert' => 'GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_CERT',
+      'consul_client_key' => 'GITLAB_HAPROXY_AGENT_CONSUL_CLIENT_KEY',
+      'consul_tls_server_name' => 'GITLAB_HAPROXY_AGENT_CONSUL_TLS_SERVER_NAME',
+      'consul_http_ssl_verify' => 'GITLAB_HAPROXY_AGENT_CONSUL_HTTP_SSL_VERIFY',
       'http_listen' => 'GITLAB_HAPROXY_AGENT_HTTP_LISTEN',
       'http_remote_debug' => 'GITLAB_HAPROXY_AGENT_HTTP_REMOTE_DEBUG',
       'wait' => 'GITLAB_HAPROXY_AGENT_WAIT',
@@ -28,6 +35,7 @@ module GitlabHaproxyAgent
       'index_check' => 'GITLAB_HAPROXY_AGENT_INDEX_CHECK',
       'state_dir' => 'GITLAB_HAPROXY_AGENT_STATE_DIR',
       'runtime_dir' => 'GITLAB_HAPROXY_AGENT_RUNTIME_DIR',
+      'haproxy_pid_file' => 'GITLAB_HAPROXY_AGENT_HAPROXY_PID_FILE',
       'log_format' => 'GITLAB_HAPROXY_AGENT_LOG_FORMAT',
       'log_buffer_lines' => 'GITLAB_HAPROXY_AGENT_LOG_BUFFER_LINES',
       'prometheus_url' => 'GITLAB_HAPROXY_AGENT_PROMETHEUS_URL',
@@ -113,17 +121,25 @@ module GitlabHaproxyAgent
     end
 
     # settings.consul_fallback_addrs: a list of Consul addresses as the agent
-    # takes --consul-fallback-addr (http://host:port or host:port), written
-    # comma-joined; nil for an empty list (the variable is left out). The
-    # agent exits 64 at every start on another scheme, a path, an address
-    # given twice or the same as --consul-addr: refused here first.
+    # takes --consul-fallback-addr (http(s)://host:port or host:port), written
+    # comma-joined; nil for an empty list (the variable is left out, and the
+    # agent finds the Consul servers itself); ['none'] turns fallbacks off.
+    # The agent exits 64 at every start on another scheme (http with an https
+    # consul_addr), a path, an address given twice or the same as
+    # --consul-addr, or none beside an address: refused here first.
     def fallback_addrs!(value, consul_addr, attr)
       unless value.is_a?(Array)
         raise ConfigError, "#{attr} must be a list of Consul addresses such as ['http://10.0.0.11:8500'], " \
-                           "got #{value.inspect}"
+                           "or ['none'], got #{value.inspect}"
+      end
+      if value.map { |v| v.to_s.strip.downcase }.include?('none')
+        return 'none' if value.length == 1
+
+        raise ConfigError, "#{attr}: 'none' turns fallbacks off and must be alone, got #{value.inspect}"
       end
 
       primary = consul_addr.nil? ? 'http://127.0.0.1:8500' : consul_address(consul_addr.to_s)
+      scheme = primary&.start_with?('https://') ? 'https' : 'http'
       seen = []
       value.each_with_index do |item, i|
         text = value!(item, "#{attr}[#{i}]")
@@ -131,10 +147,14 @@ module GitlabHaproxyAgent
           raise ConfigError, "#{attr}[#{i}] #{text.inspect}: one address per list item (no commas)"
         end
 
-        addr = consul_address(text)
+        addr = consul_address(text, scheme)
         unless addr
-          raise ConfigError, "#{attr}[#{i}] #{text.inspect} is not http://HOST:PORT or HOST:PORT (plain http, " \
-                             'no path): the agent refuses it at every start'
+          raise ConfigError, "#{attr}[#{i}] #{text.inspect} is not http(s)://HOST:PORT or HOST:PORT (no path): " \
+                             'the agent refuses it at every start'
+        end
+        if scheme == 'https' && !addr.start_with?('https://')
+          raise ConfigError, "#{attr}[#{i}] #{text.inspect} is plain http while settings.consul_addr is https: " \
+                             'the agent refuses it at every start'
         end
         if addr == primary || seen.include?(addr)
           raise ConfigError, "#{attr}[#{i}] #{text.inspect} is given twice or is settings.consul_addr: the " \
@@ -146,12 +166,12 @@ module GitlabHaproxyAgent
       seen.empty? ? nil : value.map(&:to_s).join(',')
     end
 
-    # http://host[:port] with nothing after it, as the agent normalizes a
-    # Consul address (scheme added, trailing slash dropped); nil when it is
+    # http(s)://host[:port] with nothing after it, as the agent normalizes a
+    # Consul address (`scheme` added, trailing slash dropped); nil when it is
     # not one.
-    def consul_address(text)
-      with_scheme = text.include?('://') ? text : "http://#{text}"
-      m = with_scheme.match(%r{\Ahttp://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]+))?/?\z})
+    def consul_address(text, scheme = 'http')
+      with_scheme = text.include?('://') ? text : "#{scheme}://#{text}"
+      m = with_scheme.match(%r{\Ahttps?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+)(?::([0-9]+))?/?\z})
       return nil unless m && (m[2].nil? || m[2].to_i.between?(1, 65_535))
 
       with_scheme.chomp('/')

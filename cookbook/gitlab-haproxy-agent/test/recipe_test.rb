@@ -136,7 +136,7 @@ class RecipeTest < Minitest::Test
     env = settings[:variables][:environment]
     assert_includes env, ['GITLAB_HAPROXY_AGENT_LISTEN', '127.0.0.1:9777']
     assert_includes env, ['GITLAB_HAPROXY_AGENT_PREFIX', 'gitlab-haproxy-agent/state/']
-    refute(env.any? { |name, _| name == 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS' }, 'none by default')
+    refute(env.any? { |name, _| name == 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS' }, 'left out: the agent finds them')
 
     service = r.find(:service, 'gitlab-haproxy-agent')
     assert_equal %i[enable start], service.properties[:action]

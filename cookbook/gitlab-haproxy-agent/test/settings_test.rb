@@ -24,21 +24,22 @@ class SettingsTest < Minitest::Test
     FILE
   end
 
-  def test_variable_names_are_those_of_docs_interfaces
-    doc = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs', 'interfaces.md')
-    skip 'docs/interfaces.md not found' unless File.exist?(doc)
+  def test_variable_names_are_those_of_docs_options
+    docs = File.join(ChefStandIn::COOKBOOK, '..', '..', 'docs')
+    doc = File.join(docs, 'options.md')
+    skip 'docs/options.md not found' unless File.exist?(doc)
 
-    # The daemon's options: the first section's table. The writer's
-    # Prometheus URL, which the writer reads from the same file, is
-    # documented under the writer CLI.
+    # The daemon's options: the table under "Defaults and ranges". The
+    # writer's Prometheus URL, which the writer reads from the same file,
+    # is documented on the writer's page.
     text = File.read(doc)
-    daemon = text[/^## Binary and options\n(.*?)(?=^## )/m, 1]
+    daemon = text[/^## Defaults and ranges\n(.*?)(?=^## |\z)/m, 1]
     documented = daemon.scan(/`(GITLAB_HAPROXY_AGENT_[A-Z_]+)`/).flatten.uniq.sort
     writer = %w[GITLAB_HAPROXY_AGENT_PROMETHEUS_URL]
     ours = (GitlabHaproxyAgent::Settings::VARIABLES.values - writer +
             %w[GITLAB_HAPROXY_AGENT_LISTEN GITLAB_HAPROXY_AGENT_PREFIX]).sort
     assert_equal documented, ours
-    writer_section = text[/^## Writer CLI\n(.*?)(?=^## )/m, 1]
+    writer_section = File.read(File.join(docs, 'writer.md'))
     writer.each { |name| assert_includes writer_section, "`#{name}`" }
   end
 
@@ -87,6 +88,19 @@ class SettingsTest < Minitest::Test
     assert_includes text, "\nGITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS=#{addrs.join(',')}\n"
   end
 
+  def test_consul_fallback_addrs_none_alone_turns_them_off_and_empty_finds_them
+    refute_includes env.map(&:first), 'GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS'
+    assert_includes env(settings: { 'consul_fallback_addrs' => ['none'] }),
+                    %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS none]
+    attr = "#{ATTR}.settings.consul_fallback_addrs"
+    assert_refused(attr, /alone/) do
+      env(settings: { 'consul_fallback_addrs' => ['none', 'http://10.0.0.11:8500'] })
+    end
+    set = env(settings: { 'consul_fallback_port' => 8501, 'consul_fallback_refresh' => '10s' })
+    assert_includes set, %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_PORT 8501]
+    assert_includes set, %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_REFRESH 10s]
+  end
+
   def test_consul_datacenter_renders_only_when_set_and_must_be_a_consul_name
     refute_includes env.map(&:first), 'GITLAB_HAPROXY_AGENT_CONSUL_DATACENTER'
     set = env(settings: { 'consul_datacenter' => 'gprd-us_east1' })
@@ -99,16 +113,17 @@ class SettingsTest < Minitest::Test
 
   # The agent exits 64 at every start on a fallback address it refuses:
   # another scheme, a path or query, one given twice or equal to
-  # --consul-addr (after adding http:// and dropping a trailing slash).
+  # --consul-addr (after adding its scheme and dropping a trailing slash),
+  # plain http:// when --consul-addr is https://.
   def test_refuses_consul_fallback_addrs_the_agent_refuses
     attr = "#{ATTR}.settings.consul_fallback_addrs"
     assert_refused(attr, /list/) { env(settings: { 'consul_fallback_addrs' => 'http://10.0.0.11:8500' }) }
     {
-      ['https://10.0.0.11:8501'] => /plain http/,
+      ['ftp://10.0.0.11:8501'] => /http\(s\)/,
       ['http://10.0.0.11:8500/v1/kv'] => /no path/,
       ['http://10.0.0.11:8500?dc=x'] => /no path/,
-      ['http://10.0.0.11:99999'] => /plain http/,
-      ['http://'] => /plain http/,
+      ['http://10.0.0.11:99999'] => /http\(s\)/,
+      ['http://'] => /http\(s\)/,
       ['10.0.0.11:8500,10.0.0.12:8500'] => /no commas/,
       [''] => /empty/,
       ['http://10.0.0.11:8500 $(id)'] => /shell/,
@@ -118,6 +133,16 @@ class SettingsTest < Minitest::Test
     }.each do |addrs, pattern|
       error = assert_refused(attr, pattern) { env(settings: { 'consul_fallback_addrs' => addrs }) }
       assert_includes error.message, addrs.last.inspect, addrs.inspect unless addrs.last.empty?
+    end
+    # https:// beside an http:// consul_addr (the servers' HTTPS API); with an
+    # https:// consul_addr an address without a scheme is https:// and plain
+    # http:// is refused.
+    servers = { 'consul_fallback_addrs' => ['https://10.0.0.11:8501'] }
+    assert_includes env(settings: servers), %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS https://10.0.0.11:8501]
+    tls = { 'consul_addr' => 'https://127.0.0.1:8501', 'consul_fallback_addrs' => ['10.0.0.11:8501'] }
+    assert_includes env(settings: tls), %w[GITLAB_HAPROXY_AGENT_CONSUL_FALLBACK_ADDRS 10.0.0.11:8501]
+    assert_refused(attr, /plain http while settings.consul_addr is https/) do
+      env(settings: tls.merge('consul_fallback_addrs' => ['http://10.0.0.11:8500']))
     end
     # Compared with the consul_addr actually set.
     moved = { 'consul_addr' => 'http://10.0.0.5:8500', 'consul_fallback_addrs' => ['http://127.0.0.1:8500'] }

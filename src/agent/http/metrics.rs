@@ -27,6 +27,11 @@ pub struct HttpMetrics {
     /// because every serving slot stayed taken for
     /// [`super::SLOT_WAIT`].
     pub busy: IntCounter,
+    /// `gitlab_haproxy_agent_http_forbidden_total`: requests for `/status`
+    /// or `/debug/pprof/` answered 403 because the client was not at
+    /// 127.0.0.1 or ::1 ([`super::DebugAccess::Loopback`]): a mesh peer, a
+    /// node-local proxy or a remote client.
+    pub forbidden: IntCounter,
 }
 
 impl HttpMetrics {
@@ -54,12 +59,17 @@ impl HttpMetrics {
             "http_busy_total",
             "HTTP requests answered 503 because every serving slot stayed taken for 2 s.",
         );
+        let forbidden = f.int_counter(
+            "http_forbidden_total",
+            "Requests for /status or /debug/pprof/ answered 403: the client was not at 127.0.0.1 or ::1.",
+        );
         HttpMetrics {
             profiles,
             idle_closed,
             bad_requests,
             write_timeouts,
             busy,
+            forbidden,
         }
     }
 }

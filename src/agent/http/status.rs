@@ -216,6 +216,13 @@ pub fn status(shared: &Shared) -> Value {
             "state": f.state,
             "detail": f.detail,
         })).collect::<Vec<_>>(),
+        "consul_fallbacks_from": sync.fallbacks_from,
+        "consul_fallback_discovery": sync.discovery.as_ref().map(|d| json!({
+            "found_through": d.through,
+            "found_at": d.at.map(unix),
+            "peers": d.peers,
+            "last_error": d.error,
+        })),
         "prefix": shared.prefix,
         "records": shared.records.status_json(),
         "consul_index": snapshot.as_ref().map(|s| s.index),

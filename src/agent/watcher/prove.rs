@@ -278,7 +278,11 @@ impl Watcher {
         }
         self.judge_all(observed);
         self.beat();
-        fresh.into_iter().find(|r| self.routes.usable(*r))
+        let found = fresh.into_iter().find(|r| self.routes.usable(*r));
+        if found.is_none() {
+            self.find_soon();
+        }
+        found
     }
 
     /// Records each proof observed, judged against our datacenter and the

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use super::config::Rules;
+use super::config::{Rule, Rules};
 use super::protocol::Note;
 use super::served::{AnswerView, HoldCause, Probe, ServedState};
 use crate::model::generation::Lineage;
@@ -55,7 +55,7 @@ pub(super) fn judge(
     };
     let mut lost = false;
     if view.index < state.index {
-        let reaped = rules.reap && shows_the_same(served, view);
+        let reaped = rules.on(Rule::Reap) && shows_the_same(served, view);
         notes.push(Note::IndexReset {
             previous: state.index,
             index: view.index,
@@ -63,13 +63,13 @@ pub(super) fn judge(
         });
         lost = !reaped;
     }
-    if rules.generation {
+    if rules.on(Rule::Generation) {
         if let Some(note) = generation_lost(state, view) {
             notes.push(note);
             lost = true;
         }
     }
-    if rules.store_id {
+    if rules.on(Rule::StoreId) {
         if let Some(previous) = state.store_id.clone() {
             if view.store_id.as_ref() != Some(&previous) {
                 notes.push(Note::StoreChanged {

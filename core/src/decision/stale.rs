@@ -27,7 +27,7 @@
 
 use std::time::Duration;
 
-use crate::consul::types::ReadMeta;
+use crate::model::answer::ReadMeta;
 
 /// Default `--max-stale`: 5 s. A follower that has not heard from the
 /// leader for that long is cut off (Consul's election timeout is 1 s at

@@ -2,7 +2,8 @@
 //! that a console node configured once (by the cookbook or by hand) confirms
 //! writes and checks groups without options: `--prometheus` >
 //! `$GITLAB_HAPROXY_AGENT_PROMETHEUS_URL` > the file > none, and the same
-//! for the selector.
+//! for the selector. The file's values become the options' defaults
+//! ([`with_file_defaults`]): the process environment is never changed.
 
 /// The defaults file the package installs and the systemd unit reads
 /// (`EnvironmentFile=`); `$GITLAB_HAPROXY_AGENT_DEFAULTS_FILE` names another.
@@ -46,6 +47,33 @@ pub fn from_defaults(text: &str, is_set: impl Fn(&str) -> bool) -> Vec<(String, 
     out
 }
 
+/// `cmd` with each of `values` (variable, value; from [`from_defaults`])
+/// as the default value of every argument of `cmd` and its subcommands
+/// that clap reads from that variable, so that a flag, then the
+/// environment, then the file decide. A global argument takes it before
+/// clap copies it to the subcommands.
+pub fn with_file_defaults(mut cmd: clap::Command, values: &[(String, String)]) -> clap::Command {
+    let ids: Vec<(clap::Id, String)> = cmd
+        .get_arguments()
+        .filter_map(|arg| {
+            let env = arg.get_env()?;
+            let (_, value) = values.iter().find(|(name, _)| env == name.as_str())?;
+            Some((arg.get_id().clone(), value.clone()))
+        })
+        .collect();
+    for (id, value) in ids {
+        cmd = cmd.mut_arg(id, |arg| arg.default_value(value));
+    }
+    let subcommands: Vec<String> = cmd
+        .get_subcommands()
+        .map(|sub| sub.get_name().to_string())
+        .collect();
+    for name in subcommands {
+        cmd = cmd.mut_subcommand(name, |sub| with_file_defaults(sub, values));
+    }
+    cmd
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -72,5 +100,41 @@ mod tests {
         let set = from_defaults(text, |n| n == "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL");
         assert_eq!(set.len(), 1);
         assert_eq!(set[0].0, "GITLAB_HAPROXY_AGENT_PROMETHEUS_SELECTOR");
+    }
+
+    #[test]
+    fn the_file_gives_defaults_a_flag_overrides_in_every_subcommand() {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+
+        use crate::cli::{Cli, Command, StateCommand};
+        let values = [(
+            "GITLAB_HAPROXY_AGENT_PROMETHEUS_URL".to_string(),
+            "http://file:9090".to_string(),
+        )];
+        let prometheus = |args: &[&str]| {
+            let cmd = with_file_defaults(Cli::command(), &values);
+            let matches = cmd.try_get_matches_from(args).unwrap();
+            let cli = Cli::from_arg_matches(&matches).unwrap();
+            let Some(Command::State(state)) = cli.command else {
+                panic!("not state: {args:?}");
+            };
+            assert!(matches!(state.command, StateCommand::Get { .. }));
+            state.prometheus
+        };
+        let base = ["gitlab-haproxy-agent", "state"];
+        assert_eq!(
+            prometheus(&[&base[..], &["get", "web/web-01"]].concat()).as_deref(),
+            Some("http://file:9090")
+        );
+        for flag in [
+            &[&base[..], &["--prometheus", "http://flag:9090", "get", "k"]].concat(),
+            &[&base[..], &["get", "k", "--prometheus", "http://flag:9090"]].concat(),
+        ] {
+            assert_eq!(
+                prometheus(flag).as_deref(),
+                Some("http://flag:9090"),
+                "{flag:?}"
+            );
+        }
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::served::{Change, ServedState};
 use super::stale::HoldReason;
 use super::*;
-use crate::consul::types::{PrefixAnswer, ReadMeta};
+use crate::model::answer::{PrefixAnswer, ReadMeta};
 use crate::model::snapshot::Answer;
 use crate::model::snapshot::KvPair;
 use crate::model::value::AdminState::{self, Drain, Maint, Ready, Weight};
@@ -568,10 +568,7 @@ fn a_store_that_lost_its_data_keeps_the_lower_side_of_the_order_of_traffic() {
         assert_eq!((served(&c, key), hold(&c, key)), (want, want_hold), "{key}");
     }
     // Before weights were in the order, only drain and maint were held.
-    let c = lose_data_under_weights(Rules {
-        traffic_order: false,
-        ..Rules::default()
-    });
+    let c = lose_data_under_weights(Rules::default().without(Rule::TrafficOrder));
     assert_eq!(served(&c, "web/s1"), Some(Ready));
     assert_eq!(served(&c, "web/s2"), None);
     assert_eq!(served(&c, "web/s3"), Some(Drain));
@@ -681,7 +678,7 @@ fn a_real_delete_with_the_store_id_in_place_applies() {
 #[test]
 fn without_the_store_id_rule_a_rebuilt_store_undrains() {
     let mut cfg = config(false);
-    cfg.rules.store_id = false;
+    cfg.rules = cfg.rules.without(Rule::StoreId);
     let mut c = Core::new(cfg, None);
     c.start();
     step(&mut c, Response::Acl { enabled: false });
@@ -1765,7 +1762,7 @@ fn a_reissued_read_left_unanswered_while_checks_pass_is_replaced_by_a_full_read(
 
     // With the rule off, the re-issued read is left to its timeout.
     let mut config = config(false);
-    config.rules.replace_unanswered = false;
+    config.rules = config.rules.without(Rule::ReplaceUnanswered);
     let mut c = Core::new(config, None);
     c.start();
     step(&mut c, Response::Acl { enabled: false });
@@ -1874,7 +1871,7 @@ fn an_index_check_below_the_parked_index_reads_again_from_0_by_default() {
 
     // With the rule off, the lower index is taken for current.
     let mut config = config(false);
-    config.rules.reset_below = false;
+    config.rules = config.rules.without(Rule::ResetBelow);
     let mut c = Core::new(config, None);
     c.start();
     step(&mut c, Response::Acl { enabled: false });

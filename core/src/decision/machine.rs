@@ -1,89 +1,23 @@
-//! The core as a state machine: one [`Phase`] says what it waits for, and
-//! each response is matched against it. Every transition has a row in the
-//! table tests (`tests.rs`).
+//! The core as a state machine: one phase (`phase.rs`) says what it waits
+//! for, and each response is matched against it. Every transition has a
+//! row in the table tests (`tests.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::config::CoreConfig;
+use super::config::{CoreConfig, Rule};
 use super::loss;
+use super::phase::{
+    Acl, Behind, ChecksServer, ConfirmStep, Consistency, Judged, Pending, Phase, PrefixAsk,
+    PrefixRead, Read, ReadCheck, Refusal, Sent, StaleReads, StoreCheck,
+};
 use super::protocol::{
     BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,
     Response, Unconfirmed,
 };
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
-use crate::consul::types::{PrefixAnswer, ReadMeta};
 use crate::model::identity::STORE_ID_KEY;
-
-/// What the core waits for: the answer to the one request it has out.
-#[derive(Debug)]
-enum Phase {
-    /// Nothing asked yet.
-    Idle,
-    /// The ACL probe. `held`: a prefix answer that came while the ACL state
-    /// was unknown (the first read after a failure), judged once it
-    /// answers.
-    Acl { held: Option<PrefixRead> },
-    /// A prefix read.
-    Prefix(PrefixAsk),
-    /// A check of an answer before it is merged: its read check, its direct
-    /// reads, the store id after them.
-    Confirming {
-        pending: Box<Pending>,
-        step: ConfirmStep,
-    },
-}
-
-/// A prefix read out.
-#[derive(Debug, Clone, Copy)]
-struct PrefixAsk {
-    /// The index blocked on; 0 for a full read.
-    index: u64,
-    /// A `?stale` read.
-    stale: bool,
-    /// Why it was sent.
-    sent: Sent,
-    /// What index checks found of it (a blocking read's).
-    behind: Behind,
-}
-
-/// Why a prefix read was sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sent {
-    /// The next read: after an answer, a failure or the ACL probe, or
-    /// re-issued for being behind.
-    Next,
-    /// A full read replacing an answer refused for hiding writes (which is
-    /// not refused again).
-    Refresh,
-    /// Re-issued as a default read because an index check showed its
-    /// server cut off: left to fail, not re-issued again for that.
-    CutOff,
-    /// A full default read because an index check showed the prefix below
-    /// `parked`, the index the read it replaces waited on.
-    Reset { parked: u64 },
-}
-
-/// How far index checks have found a blocking read behind Consul's index.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Behind {
-    /// No check showed Consul past it.
-    No,
-    /// One did: its own answer may be on its way (in a fleet whose write
-    /// takes longer than a check to reach every agent, re-issuing then
-    /// would add a full read per agent to a fan-out already slow).
-    Once,
-    /// Re-issued because two in a row did: Consul is known to be past
-    /// `index`, so the read is answered as soon as its server gets to it.
-    /// `checks` have shown Consul past it since. It is not re-issued for
-    /// that again: in a fleet whose servers take longer than two checks to
-    /// answer a full read, each re-issue would drop an answer on its way
-    /// and ask again, for ever (measured at 1,000 agents on 919 keys). At
-    /// [`REPLACE_UNANSWERED_AFTER`] it is replaced, once, by a full read,
-    /// which is not parked and so never replaced again.
-    Reissued { checks: u32 },
-}
 
 /// How many index checks that show Consul past a read re-issued for being
 /// behind it waits before it is replaced by a full read (index 0): 3, six
@@ -94,50 +28,6 @@ enum Behind {
 /// request's own timeout (`--wait` and more).
 pub const REPLACE_UNANSWERED_AFTER: u32 = 3;
 
-/// The request out while an answer is confirmed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum ConfirmStep {
-    /// `~read-check`.
-    ReadCheck,
-    /// A direct read of the key last in `to_probe`.
-    Key { stale: bool },
-    /// The store id, after the direct reads.
-    StoreId { stale: bool },
-}
-
-/// An answer being confirmed.
-#[derive(Debug)]
-struct Pending {
-    view: AnswerView,
-    rolled_back: bool,
-    /// The answer came from a full read (no index).
-    full: bool,
-    /// The answer came from a default-consistency read.
-    default_read: bool,
-    /// A read check is due; with the token load to mark checked when it
-    /// passes (`None`: due after a 403, after which the next answer is
-    /// checked again).
-    read_check: Option<Option<u64>>,
-    to_probe: Vec<Box<str>>,
-    probes: BTreeMap<Box<str>, Probe>,
-    /// A direct read showed a key present or absent: the store id is read
-    /// after them, to know they came from the store that gave the answer.
-    store_check: bool,
-    /// The answer moved past the index blocked on and was not itself a
-    /// fresh read: once its direct reads are in, it is refused if it may
-    /// hide writes.
-    may_refuse: bool,
-}
-
-/// A prefix answer with what the core needs to judge it.
-#[derive(Debug)]
-struct PrefixRead {
-    answer: PrefixAnswer,
-    meta: ReadMeta,
-    token_load: u64,
-    ask: PrefixAsk,
-}
-
 /// The decision core of one agent. See the module documentation.
 #[derive(Debug)]
 pub struct Core {
@@ -146,25 +36,19 @@ pub struct Core {
     /// Shared with the daemon, which publishes it without a copy.
     served: Option<Arc<ServedState>>,
     synced: bool,
-    /// `None` until the ACL probe answers (again after a failure).
-    acl: Option<bool>,
+    /// What the ACL probe answered (unknown again after a failure).
+    acl: Acl,
     /// The token load whose read access was last checked.
     token_checked: Option<u64>,
-    /// Stale mode: the next read is a default one (the first read, and
-    /// after a held answer or a cut-off server).
-    confirm_default: bool,
+    /// Whether reads may go to any server (`--consistency stale`).
+    stale_reads: StaleReads,
     failures: u32,
     /// Writer records (`~meta/<key>`) whose key a direct read found absent,
     /// with the record's ModifyIndex: not read again until the record
     /// changes (a key deleted by hand leaves its record behind).
     records_read: BTreeMap<Box<str>, u64>,
-    /// A read from 0 after an index check below the parked index answered
-    /// exactly the parked index: nothing went back, nothing new, so the
-    /// checks' server lags the leader (a follower that has not applied the
-    /// latest writes). Checks below do not read from 0 again until one
-    /// answers at the parked index or past it: a follower lagging for long
-    /// would otherwise cost a full read every check.
-    checks_lag: bool,
+    /// Whether the index checks' server is known to lag the leader.
+    checks: ChecksServer,
 }
 
 impl Core {
@@ -177,12 +61,12 @@ impl Core {
             phase: Phase::Idle,
             served: restored.map(Arc::new),
             synced: false,
-            acl: None,
+            acl: Acl::Unknown,
             token_checked: None,
-            confirm_default: true,
+            stale_reads: StaleReads::ConfirmFirst,
             failures: 0,
             records_read: BTreeMap::new(),
-            checks_lag: false,
+            checks: ChecksServer::InStep,
         }
     }
 
@@ -221,24 +105,31 @@ impl Core {
     /// Whether the request out is a blocking read, which the daemon watches
     /// with an index check every `--index-check`.
     pub fn parked(&self) -> bool {
-        matches!(self.phase, Phase::Prefix(ask) if ask.index > 0)
+        matches!(
+            self.phase,
+            Phase::Prefix(PrefixAsk {
+                read: Read::Blocking { .. },
+                ..
+            })
+        )
     }
 
-    fn stale_now(&self) -> bool {
-        self.config.stale && !self.confirm_default
+    /// Which servers the next request may go to.
+    fn consistency_now(&self) -> Consistency {
+        Consistency::of(self.config.stale && self.stale_reads == StaleReads::Allowed)
     }
 
     /// A prefix read: a full one (no index), or a blocking one on the
     /// served index.
     fn read(&mut self, full: bool, sent: Sent, delay: Delay) -> Next {
         let index = if full { 0 } else { self.current().unwrap_or(0) };
-        let stale = self.stale_now();
+        let consistency = self.consistency_now();
         self.phase = Phase::Prefix(PrefixAsk {
-            index,
-            stale,
+            read: Read::on(index),
+            consistency,
             sent,
-            behind: Behind::No,
         });
+        let stale = consistency.is_stale();
         next(Request::Prefix { index, stale }, delay)
     }
 
@@ -282,11 +173,14 @@ impl Core {
         let Phase::Prefix(ask) = self.phase else {
             return out;
         };
-        if ask.index == 0 {
+        let Read::Blocking {
+            index: parked,
+            behind: was_behind,
+        } = ask.read
+        else {
             return out;
-        }
+        };
         let rules = self.config.rules;
-        let parked = ask.index;
         let act = match check {
             IndexCheck::Failed => {
                 out.notes.push(Note::Unconfirmed {
@@ -306,33 +200,33 @@ impl Core {
                             Act::CutOff
                         }
                     }
-                    None if index < parked && rules.reset_below => {
+                    None if index < parked && rules.on(Rule::ResetBelow) => {
                         out.notes.push(Note::IndexBelow { parked, index });
-                        if self.checks_lag {
+                        if self.checks == ChecksServer::Lags {
                             Act::Keep
                         } else {
                             Act::Reset
                         }
                     }
                     None if index > parked => {
-                        self.checks_lag = false;
-                        let (behind, then) = match ask.behind {
+                        self.checks = ChecksServer::InStep;
+                        let (behind, then) = match was_behind {
                             Behind::No => (Behind::Once, BehindStep::Waits),
-                            Behind::Reissued { checks } if rules.reissue_behind_once => {
+                            Behind::Reissued { checks } if rules.on(Rule::ReissueBehindOnce) => {
                                 let checks = checks.saturating_add(1);
-                                if checks >= REPLACE_UNANSWERED_AFTER && rules.replace_unanswered {
-                                    (ask.behind, BehindStep::Replaced)
+                                if checks >= REPLACE_UNANSWERED_AFTER
+                                    && rules.on(Rule::ReplaceUnanswered)
+                                {
+                                    (was_behind, BehindStep::Replaced)
                                 } else {
                                     (Behind::Reissued { checks }, BehindStep::Waits)
                                 }
                             }
                             // Without the rule, as a read sent afresh.
                             Behind::Reissued { .. } => (Behind::Once, BehindStep::Waits),
-                            Behind::Once => (ask.behind, BehindStep::Reissued),
+                            Behind::Once => (was_behind, BehindStep::Reissued),
                         };
-                        if let Phase::Prefix(ask) = &mut self.phase {
-                            ask.behind = behind;
-                        }
+                        self.set_behind(behind);
                         out.notes.push(Note::ParkedBehind {
                             parked,
                             index,
@@ -346,7 +240,7 @@ impl Core {
                     }
                     None => {
                         if index >= parked {
-                            self.checks_lag = false;
+                            self.checks = ChecksServer::InStep;
                         }
                         out.notes.push(Note::Confirmed {
                             last_contact: meta.last_contact.unwrap_or_default(),
@@ -359,27 +253,24 @@ impl Core {
         let next = match act {
             Act::Keep => return out,
             // Re-issues that the index-check rule turns off.
-            Act::CutOff | Act::Behind if !rules.index_check => return out,
+            Act::CutOff | Act::Behind if !rules.on(Rule::IndexCheck) => return out,
             Act::CutOff => {
-                self.confirm_default = true;
+                self.stale_reads = StaleReads::ConfirmFirst;
                 let next = self.read(false, Sent::CutOff, Delay::None);
                 // A read re-issued for being behind stays so, with its
                 // own checks before it is replaced.
-                if let (Phase::Prefix(new), Behind::Reissued { .. }) = (&mut self.phase, ask.behind)
-                {
-                    new.behind = Behind::Reissued { checks: 0 };
+                if let Behind::Reissued { .. } = was_behind {
+                    self.set_behind(Behind::Reissued { checks: 0 });
                 }
                 next
             }
             Act::Behind => {
                 let next = self.read(false, Sent::Next, Delay::None);
-                if let Phase::Prefix(new) = &mut self.phase {
-                    new.behind = Behind::Reissued { checks: 0 };
-                }
+                self.set_behind(Behind::Reissued { checks: 0 });
                 next
             }
             Act::Reset => {
-                self.confirm_default = true;
+                self.stale_reads = StaleReads::ConfirmFirst;
                 self.read(true, Sent::Reset { parked }, Delay::None)
             }
             Act::Replace => {
@@ -389,6 +280,17 @@ impl Core {
         };
         out.reissue = Some(next);
         out
+    }
+
+    /// Records what index checks found of the blocking read out.
+    fn set_behind(&mut self, found: Behind) {
+        if let Phase::Prefix(PrefixAsk {
+            read: Read::Blocking { behind, .. },
+            ..
+        }) = &mut self.phase
+        {
+            *behind = found;
+        }
     }
 
     /// Takes the response to the request out and decides what comes next.
@@ -406,7 +308,7 @@ impl Core {
         out.next = match (phase, response) {
             (_, Response::Failed { forbidden }) => self.fail(forbidden, &mut out),
             (Phase::Acl { held }, Response::Acl { enabled }) => {
-                self.acl = Some(enabled);
+                self.acl = Acl::of(enabled);
                 out.notes.push(Note::Acl { enabled });
                 match held {
                     Some(read) => self.on_prefix(read, now, &mut out),
@@ -442,8 +344,9 @@ impl Core {
                 } else {
                     // A check after a 403 passes for this answer only: the
                     // next one is checked again.
-                    if let Some(load) = pending.read_check.take() {
-                        self.token_checked = load;
+                    if pending.read_check != ReadCheck::NotDue {
+                        self.token_checked = pending.read_check.checked();
+                        pending.read_check = ReadCheck::NotDue;
                     }
                     self.proceed(pending, now, &mut out)
                 }
@@ -451,20 +354,20 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
-                    step: ConfirmStep::Key { stale },
+                    step: ConfirmStep::Key { consistency },
                 },
                 Response::Key { read, index },
-            ) => self.on_key(pending, stale, read, index, now, &mut out),
+            ) => self.on_key(pending, consistency, read, index, now, &mut out),
             (
                 Phase::Confirming {
                     pending,
-                    step: ConfirmStep::StoreId { stale },
+                    step: ConfirmStep::StoreId { consistency },
                 },
                 Response::Key { read, index },
-            ) => self.on_store_check(pending, stale, read, index, now, &mut out),
+            ) => self.on_store_check(pending, consistency, read, index, now, &mut out),
             // An ACL answer says what it says whatever was asked.
             (_, Response::Acl { enabled }) => {
-                self.acl = Some(enabled);
+                self.acl = Acl::of(enabled);
                 out.notes.push(Note::Acl { enabled });
                 self.read(true, Sent::Next, Delay::None)
             }
@@ -480,8 +383,8 @@ impl Core {
     /// request per retry, and the recovery one more.
     fn fail(&mut self, forbidden: bool, out: &mut Output) -> Next {
         self.failures = self.failures.saturating_add(1);
-        if self.config.rules.acl_reprobe {
-            self.acl = None;
+        if self.config.rules.on(Rule::AclReprobe) {
+            self.acl = Acl::Unknown;
         }
         if forbidden {
             out.reload_token = true;
@@ -491,7 +394,7 @@ impl Core {
     }
 
     fn on_prefix(&mut self, read: PrefixRead, now: u64, out: &mut Output) -> Next {
-        if self.acl.is_none() {
+        if self.acl == Acl::Unknown {
             self.phase = Phase::Acl { held: Some(read) };
             return next(Request::AclProbe, Delay::None);
         }
@@ -501,9 +404,12 @@ impl Core {
             token_load,
             ask,
         } = read;
-        let full = ask.index == 0;
+        let full = ask.read == Read::Full;
         if let Sent::Reset { parked } = ask.sent {
-            self.checks_lag = answer.index == parked;
+            self.checks = match answer.index == parked {
+                true => ChecksServer::Lags,
+                false => ChecksServer::InStep,
+            };
         }
         let view = AnswerView::new(&self.config.prefix, answer.index, &answer.pairs);
         let (raw_index, empty) = (answer.index, answer.pairs.is_empty());
@@ -512,7 +418,7 @@ impl Core {
         drop(answer);
 
         // A stale answer that could move the state backwards is held.
-        if ask.stale {
+        if ask.consistency.is_stale() {
             if let Some(reason) =
                 hold_reason(self.current(), raw_index, &meta, self.config.max_stale)
             {
@@ -521,11 +427,11 @@ impl Core {
                     index: raw_index,
                     served_index: self.current().unwrap_or(0),
                 });
-                self.confirm_default = true;
+                self.stale_reads = StaleReads::ConfirmFirst;
                 return self.read(true, Sent::Next, Delay::MinInterval);
             }
         }
-        let acl_on = self.acl != Some(false) || meta.filtered_by_acls == Some(true);
+        let acl_on = self.acl != Acl::Disabled || meta.filtered_by_acls == Some(true);
         if meta.filtered_by_acls == Some(true) {
             out.notes.push(Note::FilteredByAcls);
         }
@@ -542,7 +448,7 @@ impl Core {
 
         // Keys the state holds that the answer lacks, and keys only a
         // writer record names, are read directly (ACLs on).
-        let probe = acl_on && self.config.rules.probe_missing;
+        let probe = acl_on && self.config.rules.on(Rule::ProbeMissing);
         let missing = if rolled_back {
             Vec::new()
         } else {
@@ -565,18 +471,27 @@ impl Core {
             self.token_checked = None;
             return self.read(true, Sent::Refresh, Delay::None);
         }
-        let read_check = (acl_on && (empty || self.token_checked != Some(token_load)))
-            .then_some(Some(token_load));
+        let read_check = match acl_on && (empty || self.token_checked != Some(token_load)) {
+            true => ReadCheck::Due { token_load },
+            false => ReadCheck::NotDue,
+        };
+        let refusal = match acl_on && !rolled_back && ask.sent != Sent::Refresh && moved {
+            true => Refusal::IfHidesWrites,
+            false => Refusal::Never,
+        };
         let pending = Box::new(Pending {
             view,
-            rolled_back,
-            full,
-            default_read: !ask.stale,
+            judged: match rolled_back {
+                true => Judged::RolledBack,
+                false => Judged::Kept,
+            },
+            read: ask.read,
+            consistency: ask.consistency,
             read_check,
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
-            store_check: false,
-            may_refuse: acl_on && !rolled_back && ask.sent != Sent::Refresh && moved,
+            store_check: StoreCheck::NotDue,
+            refusal,
         });
         self.proceed(pending, now, out)
     }
@@ -584,15 +499,22 @@ impl Core {
     /// The next step of a pending answer: its read check, its direct reads,
     /// the store id, then the merge.
     fn proceed(&mut self, mut p: Box<Pending>, now: u64, out: &mut Output) -> Next {
-        let stale = self.stale_now();
-        let (step, request) = if p.read_check.is_some() {
+        let consistency = self.consistency_now();
+        let stale = consistency.is_stale();
+        let (step, request) = if p.read_check != ReadCheck::NotDue {
             (ConfirmStep::ReadCheck, Request::ReadCheck { stale })
         } else if let Some(key) = p.to_probe.last().cloned() {
-            (ConfirmStep::Key { stale }, Request::Key { key, stale })
-        } else if p.store_check {
-            p.store_check = false;
+            (
+                ConfirmStep::Key { consistency },
+                Request::Key { key, stale },
+            )
+        } else if p.store_check == StoreCheck::Due {
+            p.store_check = StoreCheck::NotDue;
             let key = STORE_ID_KEY.into();
-            (ConfirmStep::StoreId { stale }, Request::Key { key, stale })
+            (
+                ConfirmStep::StoreId { consistency },
+                Request::Key { key, stale },
+            )
         } else {
             // After the direct reads: keys the answer lacked that a direct
             // read shows present were filtered, not deleted (a query parked
@@ -601,7 +523,7 @@ impl Core {
             // asks for: if its index moved past every ModifyIndex it and the
             // direct reads show, with no 404 to explain it, read once more,
             // fresh.
-            if p.may_refuse && loss::hides_writes(&p.view, &p.probes) {
+            if p.refusal == Refusal::IfHidesWrites && loss::hides_writes(&p.view, &p.probes) {
                 out.notes.push(Note::Refused(Refused::HidesWrites));
                 return self.read(true, Sent::Refresh, Delay::None);
             }
@@ -621,7 +543,7 @@ impl Core {
     fn on_store_check(
         &mut self,
         p: Box<Pending>,
-        stale: bool,
+        consistency: Consistency,
         read: KeyRead,
         index: Option<u64>,
         now: u64,
@@ -643,10 +565,12 @@ impl Core {
         };
         // A stale server behind the answer may not have the store id yet:
         // ask the leader before judging.
-        if !same && stale && read != KeyRead::Forbidden {
+        if !same && consistency.is_stale() && read != KeyRead::Forbidden {
             self.phase = Phase::Confirming {
                 pending: p,
-                step: ConfirmStep::StoreId { stale: false },
+                step: ConfirmStep::StoreId {
+                    consistency: Consistency::Default,
+                },
             };
             let key = STORE_ID_KEY.into();
             return next(Request::Key { key, stale: false }, Delay::None);
@@ -662,7 +586,7 @@ impl Core {
     fn on_key(
         &mut self,
         mut p: Box<Pending>,
-        stale: bool,
+        consistency: Consistency,
         read: KeyRead,
         index: Option<u64>,
         now: u64,
@@ -673,10 +597,15 @@ impl Core {
         };
         // A stale server behind the answer may not have the key yet, or
         // still have it: ask the leader.
-        if stale && read != KeyRead::Forbidden && index.is_none_or(|i| i < p.view.index) {
+        if consistency.is_stale()
+            && read != KeyRead::Forbidden
+            && index.is_none_or(|i| i < p.view.index)
+        {
             self.phase = Phase::Confirming {
                 pending: p,
-                step: ConfirmStep::Key { stale: false },
+                step: ConfirmStep::Key {
+                    consistency: Consistency::Default,
+                },
             };
             return next(Request::Key { key, stale: false }, Delay::None);
         }
@@ -698,9 +627,9 @@ impl Core {
             // The token's policy changed: read the token file again (a
             // rotated token), and check its read access before applying.
             out.reload_token = true;
-            p.read_check = Some(None);
+            p.read_check = ReadCheck::AfterForbidden;
         } else {
-            p.store_check = true;
+            p.store_check = StoreCheck::Due;
         }
         let already_hidden = self
             .served
@@ -719,13 +648,13 @@ impl Core {
 
     fn finish(&mut self, p: Pending, now: u64, out: &mut Output) -> Next {
         let input = MergeInput {
-            weights_unprotected: !self.config.rules.traffic_order,
-            rolled_back: p.rolled_back,
+            weights_unprotected: !self.config.rules.on(Rule::TrafficOrder),
+            rolled_back: p.judged == Judged::RolledBack,
             probes: p.probes,
             now,
         };
         let backwards = self.current().is_some_and(|c| p.view.index < c);
-        let p_full = p.full;
+        let p_full = p.read == Read::Full;
         let (next_state, changes) = match self.served.as_deref() {
             Some(base) => base.merge(p.view, &input),
             None => ServedState::default().merge(p.view, &input),
@@ -741,8 +670,8 @@ impl Core {
             out.notes.push(Note::FirstSync);
         }
         self.failures = 0;
-        if p.default_read {
-            self.confirm_default = false;
+        if p.consistency == Consistency::Default {
+            self.stale_reads = StaleReads::Allowed;
         }
         // Consul's rule: after the index went backwards on a blocking read,
         // read again from 0; a full read that shows it needs no second one.

@@ -449,6 +449,40 @@ impl Routes {
         self.switch(0)
     }
 
+    /// The fallbacks changed (found again from Consul,
+    /// [`crate::agent::discovery::update`]): `keep[i]` is, for address `i`
+    /// of the new list (0 the primary), the index it had in the old one,
+    /// whose proof it keeps, or `None` for a new address, unproven. Reads
+    /// through a fallback no longer listed go back to the primary
+    /// ([`Step::Switch`]); through one kept, they stay on it at its new
+    /// index ([`Routes::current`]).
+    pub fn refit(&mut self, keep: &[Option<usize>]) -> Step {
+        let old = |r: &Option<usize>| r.filter(|o| *o < self.count());
+        let proofs: Vec<Proof> = keep
+            .iter()
+            .map(|r| old(r).map_or(Proof::Unproven, |o| self.proofs[o]))
+            .collect();
+        let since: Vec<u32> = keep
+            .iter()
+            .map(|r| old(r).map_or(0, |o| self.since_proof[o]))
+            .collect();
+        let current = keep.iter().position(|r| old(r) == Some(self.current));
+        self.proofs = proofs;
+        self.since_proof = since;
+        if self.proofs.is_empty() {
+            self.proofs.push(Proof::Proven);
+            self.since_proof.push(0);
+        }
+        self.proofs[0] = Proof::Proven;
+        match current {
+            Some(now) => {
+                self.current = now;
+                Step::Stay
+            }
+            None => self.switch(0),
+        }
+    }
+
     fn switch(&mut self, to: usize) -> Step {
         self.current = to;
         self.checks = 0;
@@ -626,6 +660,29 @@ mod tests {
         assert_eq!(r.on_check(1, false), Step::Stay);
         assert_eq!(r.on_check(1, true), Step::Stay);
         assert_eq!(r.current(), 2);
+    }
+
+    #[test]
+    fn a_new_list_keeps_the_proofs_and_reads_through_a_fallback_still_listed() {
+        let mut r = proven(4);
+        r.on_proof(3, Proof::OtherStore);
+        r.on_probes(Some(2));
+        // Fallback 1 gone, 2 and 3 kept (now 1 and 2), one new (3).
+        assert_eq!(r.refit(&[Some(0), Some(2), Some(3), None]), Step::Stay);
+        assert_eq!(r.current(), 1, "reads stay on the same fallback");
+        assert_eq!(
+            (1..4).map(|f| r.proof(f)).collect::<Vec<_>>(),
+            vec![Proof::Proven, Proof::OtherStore, Proof::Unproven]
+        );
+        assert!(!r.usable(3), "a new address is proven before use");
+        // The fallback in use gone: reads go back to the primary.
+        assert_eq!(r.refit(&[Some(0), Some(3)]), Step::Switch(0));
+        assert_eq!(r.count(), 2);
+        assert_eq!(r.proof(0), Proof::Proven);
+        assert_eq!(r.proof(1), Proof::Unproven);
+        // Every fallback gone: the primary alone never moves.
+        assert_eq!(r.refit(&[Some(0)]), Step::Stay);
+        assert_eq!(r.on_check(0, false), Step::Stay);
     }
 
     const DC1: Expected<'static> = Expected {

@@ -19,59 +19,107 @@ pub struct CoreConfig {
     pub rules: Rules,
 }
 
-/// Switches for single rules, all on by default; turned off only by tests
-/// that show the simulation finds what each rule prevents.
+/// One rule of the core that tests turn off, one at a time or a few
+/// together, to show the simulation finds what it prevents
+/// ([`Rules::without`]). The daemon keeps every rule on.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rules {
+pub enum Rule {
     /// Read a key the state holds that an answer lacks (ACLs on).
-    pub probe_missing: bool,
+    ProbeMissing,
     /// Treat a vanished or changed [`STORE_ID_KEY`] as lost data.
-    pub store_id: bool,
+    ///
+    /// [`STORE_ID_KEY`]: crate::model::identity::STORE_ID_KEY
+    StoreId,
     /// Ask about ACLs again after a failure (Consul may have restarted with
     /// ACLs turned on).
-    pub acl_reprobe: bool,
+    AclReprobe,
     /// Treat a write generation the served one is not in the history of
     /// as lost data.
-    pub generation: bool,
+    Generation,
     /// Take an index that went back with nothing moved for a reaped
     /// tombstone, not lost data.
-    pub reap: bool,
+    Reap,
     /// Re-issue a parked blocking read that an index check shows behind or
     /// cut off.
-    pub index_check: bool,
+    IndexCheck,
     /// Re-issue a read for being behind only once: the re-issued read asks
     /// at an index Consul is known to be past, so it answers at once, or
     /// slowly, but it is not parked (the daemon's give-up deadline still
     /// bounds it).
-    pub reissue_behind_once: bool,
+    ReissueBehindOnce,
     /// Holds keep the lower side of the order of traffic
     /// ([`crate::model::value::Traffic`]), weights included: a weight that
     /// rises or vanishes in an answer from a store that lost data is held
     /// like a drain that is left.
-    pub traffic_order: bool,
+    TrafficOrder,
     /// Re-issue a parked read from 0 when an index check shows the prefix
     /// below its index (Consul's reset rule: a snapshot restored under it).
-    pub reset_below: bool,
+    ResetBelow,
     /// Replace a read re-issued for being behind that checks keep showing
     /// behind by a full read, after
     /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) checks.
-    pub replace_unanswered: bool,
+    ReplaceUnanswered,
 }
 
-impl Default for Rules {
-    fn default() -> Self {
+/// The rules in force: every [`Rule`] by default, which is what the daemon
+/// runs; a test turns single rules off with [`Rules::without`]. Which are
+/// off is private: no setting of the agent reaches it.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rules {
+    /// The rules turned off, one bit per [`Rule`] (`1 << rule as u16`).
+    off: u16,
+}
+
+impl Rules {
+    /// These rules with `rule` turned off (tests only: without it the
+    /// agent can give a server more traffic than the newest write allows).
+    pub fn without(self, rule: Rule) -> Rules {
         Rules {
-            probe_missing: true,
-            store_id: true,
-            acl_reprobe: true,
-            generation: true,
-            reap: true,
-            index_check: true,
-            reissue_behind_once: true,
-            traffic_order: true,
-            reset_below: true,
-            replace_unanswered: true,
+            off: self.off | Rules::bit(rule),
+        }
+    }
+
+    /// Whether `rule` is in force.
+    pub(crate) fn on(self, rule: Rule) -> bool {
+        self.off & Rules::bit(rule) == 0
+    }
+
+    fn bit(rule: Rule) -> u16 {
+        1 << rule as u16
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: [Rule; 10] = [
+        Rule::ProbeMissing,
+        Rule::StoreId,
+        Rule::AclReprobe,
+        Rule::Generation,
+        Rule::Reap,
+        Rule::IndexCheck,
+        Rule::ReissueBehindOnce,
+        Rule::TrafficOrder,
+        Rule::ResetBelow,
+        Rule::ReplaceUnanswered,
+    ];
+
+    #[test]
+    fn every_rule_is_on_by_default_and_turns_off_alone() {
+        for rule in ALL {
+            assert!(Rules::default().on(rule), "{rule:?} on by default");
+            let without = Rules::default().without(rule);
+            for other in ALL {
+                assert_eq!(
+                    without.on(other),
+                    other != rule,
+                    "{other:?} without {rule:?}"
+                );
+            }
         }
     }
 }

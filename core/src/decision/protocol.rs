@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::stale::HoldReason;
-use crate::consul::types::{PrefixAnswer, ReadMeta};
+use crate::model::answer::{PrefixAnswer, ReadMeta};
 use crate::model::generation::GenerationMark;
 use crate::model::snapshot::KvPair;
 
@@ -89,7 +89,7 @@ pub enum Response {
         /// Its freshness headers.
         meta: ReadMeta,
         /// How many times the token file has been read
-        /// ([`crate::consul::TokenSource::loads`]).
+        /// (the daemon's `TokenSource::loads`).
         token_load: u64,
     },
     /// A direct key read.

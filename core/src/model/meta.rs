@@ -367,23 +367,6 @@ pub fn parse_rfc3339(text: &str) -> Result<u64, String> {
         .map_err(|_| neither.to_string())
 }
 
-/// Who wrote, when no login is known (`USER`, `LOGNAME` and `SUDO_USER`
-/// unset, as under cron or a CI runner): `uid N on host H`, from the
-/// process's own `/proc` entry and the kernel's host name, so the record
-/// still tells where to look.
-pub fn process_author() -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
-    let uid = std::fs::metadata("/proc/self").ok()?.uid();
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty());
-    Some(match host {
-        Some(h) => format!("uid {uid} on host {h}"),
-        None => format!("uid {uid}"),
-    })
-}
-
 fn time_text(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
 }
@@ -663,12 +646,6 @@ mod tests {
         assert_eq!(parse_until("2h", now), Ok(now + 7200));
         let e = parse_until("2020-01-01T00:00:00+01:00", now).unwrap_err();
         assert!(e.contains("not in the future"), "{e}");
-    }
-
-    #[test]
-    fn an_author_without_a_login_is_named_by_uid_and_host() {
-        let by = process_author().unwrap();
-        assert!(by.starts_with("uid "), "{by}");
     }
 
     #[test]

@@ -150,7 +150,7 @@ pub fn parse_line(line: &[u8]) -> Result<Vec<&str>, BadLine> {
 /// Checks an agent-send line as [`parse_line`] does, without collecting the
 /// identities: returns the line's text (CR dropped), whose [`identities`]
 /// are then all valid.
-pub(crate) fn check_line(line: &[u8]) -> Result<&str, BadLine> {
+pub fn check_line(line: &[u8]) -> Result<&str, BadLine> {
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let text = std::str::from_utf8(line).map_err(|_| BadLine::NotUtf8)?;
     let mut count = 0;
@@ -168,13 +168,13 @@ pub(crate) fn check_line(line: &[u8]) -> Result<&str, BadLine> {
 }
 
 /// The identities of a line, in order.
-pub(crate) fn identities(text: &str) -> impl Iterator<Item = &str> {
+pub fn identities(text: &str) -> impl Iterator<Item = &str> {
     text.split([' ', '\t']).filter(|s| !s.is_empty())
 }
 
 /// The first `max_chars` characters of `text`, for error messages that
 /// quote what was refused.
-pub(crate) fn truncate(text: &str, max_chars: usize) -> String {
+pub fn truncate(text: &str, max_chars: usize) -> String {
     text.chars().take(max_chars).collect()
 }
 

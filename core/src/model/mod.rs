@@ -5,8 +5,10 @@
 //! what a key's Flags say about who wrote it, [`meta`] who wrote a key, why
 //! and until when, [`generation`] how far the writer's transactions went;
 //! [`haproxy_config`] which servers an HAProxy
-//! configuration (or `show servers state` answer) declares.
+//! configuration (or `show servers state` answer) declares, and [`answer`]
+//! what one Consul read answers (its keys and freshness headers).
 
+pub mod answer;
 pub mod generation;
 pub mod haproxy_config;
 pub mod identity;

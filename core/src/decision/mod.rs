@@ -1,6 +1,6 @@
 //! The decision core: every rule that decides what the agent serves, in one
 //! place with no I/O, no clock and no runtime (the shape of ntpd-rs's
-//! `ntp-proto`). The daemon ([`crate::agent::watcher`]) performs the
+//! `ntp-proto`). The daemon (the agent's `watcher`) performs the
 //! [`Request`] the core asks for, hands back the [`Response`], publishes the
 //! [`served::ServedState`] when it changed, and writes it to disk.
 //!
@@ -62,8 +62,13 @@
 //! The core is a state machine (`machine.rs`): one phase says what it waits
 //! for (the ACL probe, a prefix read, or a check of an answer before it is
 //! merged: its read check, direct reads, the store id), and each response
-//! is matched against it. `protocol.rs` holds what the core and the daemon
-//! say to each other; [`served`] the state served, its merge rules and its
+//! is matched against it. Each phase carries typed state (`phase.rs`), not
+//! flags: a read is full or blocking (with what index checks found of it:
+//! not behind, behind once, re-issued) and knows why it was sent (the next
+//! read, a fresh read after a refusal, re-issued for a cut-off server, a
+//! reset); an answer being confirmed knows what the loss rules found of it
+//! and which checks are still due. `protocol.rs` holds what the core and
+//! the daemon say to each other; [`served`] the state served, its merge rules and its
 //! file.
 //!
 //! The served state survives restarts: a core built with the state read
@@ -73,11 +78,12 @@
 mod config;
 mod loss;
 mod machine;
+mod phase;
 mod protocol;
 pub mod served;
 pub mod stale;
 
-pub use config::{CoreConfig, Rules};
+pub use config::{CoreConfig, Rule, Rules};
 pub use machine::{Core, REPLACE_UNANSWERED_AFTER};
 pub use protocol::{
     BehindStep, CheckOutput, Delay, IndexCheck, KeyRead, Next, Note, Output, Refused, Request,

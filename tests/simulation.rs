@@ -847,6 +847,19 @@ impl Sim {
             Request::ReadCheck { .. } => Response::ReadCheck {
                 allowed: !(self.acl && self.policy.prefix_denied),
             },
+            // The model's writes are the writer's: each key has its record
+            // beside the prefix, which the token may read (keys only).
+            Request::RecordNames => Response::RecordNames {
+                names: Some(
+                    self.leader
+                        .kv
+                        .keys()
+                        .filter_map(|k| k.strip_prefix(PREFIX))
+                        .filter(|k| !k.starts_with('~'))
+                        .map(Into::into)
+                        .collect(),
+                ),
+            },
         })
     }
 

@@ -669,7 +669,10 @@ impl Watcher {
 /// True for the requests the core makes while it confirms an answer (its
 /// read check and direct reads), false for those that start the next one.
 fn confirming(request: &Request) -> bool {
-    matches!(request, Request::Key { .. } | Request::ReadCheck { .. })
+    matches!(
+        request,
+        Request::Key { .. } | Request::ReadCheck { .. } | Request::RecordNames
+    )
 }
 
 /// Performs one request of the core, with owned inputs so that the watcher
@@ -710,6 +713,9 @@ async fn perform(
         }
         Request::ReadCheck { stale } => Response::ReadCheck {
             allowed: client.read_check(prefix, *stale).await?,
+        },
+        Request::RecordNames => Response::RecordNames {
+            names: client.record_names(prefix).await?,
         },
     })
 }

@@ -543,6 +543,27 @@ impl ConsulClient {
         Ok((status, body.to_vec()))
     }
 
+    /// The full names of the keys under `prefix` (`GET
+    /// /v1/kv/<prefix>?keys`, default consistency, within
+    /// [`REQUEST_TIMEOUT`]): empty for a 404, `None` for a 403.
+    ///
+    /// # Errors
+    ///
+    /// Transport errors, a timeout, other error statuses, a body that is not
+    /// a JSON list of strings.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Option<Vec<String>>, ConsulError> {
+        let url = format!("{}/v1/kv/{}?keys", self.addr, encode_key(prefix));
+        let (status, body) = self.send(self.http.get(&url)).await?;
+        match status {
+            StatusCode::NOT_FOUND => Ok(Some(Vec::new())),
+            StatusCode::FORBIDDEN => Ok(None),
+            StatusCode::OK => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| ConsulError::Decode(format!("key list: {e}"))),
+            _ => Err(status_error(status, &body)),
+        }
+    }
+
     /// Reads one key (the full key, prefix included) with its ModifyIndex;
     /// `None` when it does not exist.
     ///

@@ -17,7 +17,7 @@ use super::protocol::{
 };
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
-use crate::model::identity::STORE_ID_KEY;
+use crate::model::identity::{validate_identity, STORE_ID_KEY};
 
 /// How many index checks that show Consul past a read re-issued for being
 /// behind it waits before it is replaced by a full read (index 0): 3, six
@@ -354,6 +354,13 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
+                    step: ConfirmStep::RecordNames,
+                },
+                Response::RecordNames { names },
+            ) => self.on_record_names(pending, names, now, &mut out),
+            (
+                Phase::Confirming {
+                    pending,
                     step: ConfirmStep::Key { consistency },
                 },
                 Response::Key { read, index },
@@ -471,6 +478,18 @@ impl Core {
             self.token_checked = None;
             return self.read(true, Sent::Refresh, Delay::None);
         }
+        // The writer keeps its records beside the prefix, out of the
+        // answer: a key the token may not read that a writer transaction
+        // wrote since the state served shows in no answer (its index is
+        // the generation's, written in the same transaction). With ACLs
+        // on, the names of the records are listed after each writer
+        // transaction (and at the first answer), and the keys they name
+        // that nothing shows are read directly.
+        let list_records = probe
+            && !rolled_back
+            && self.config.rules.on(Rule::ListRecords)
+            && view.generation_index > 0
+            && self.current().is_none_or(|c| view.generation_index > c);
         let read_check = match acl_on && (empty || self.token_checked != Some(token_load)) {
             true => ReadCheck::Due { token_load },
             false => ReadCheck::NotDue,
@@ -488,6 +507,7 @@ impl Core {
             read: ask.read,
             consistency: ask.consistency,
             read_check,
+            list_records,
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
             store_check: StoreCheck::NotDue,
@@ -503,6 +523,9 @@ impl Core {
         let stale = consistency.is_stale();
         let (step, request) = if p.read_check != ReadCheck::NotDue {
             (ConfirmStep::ReadCheck, Request::ReadCheck { stale })
+        } else if p.list_records {
+            p.list_records = false;
+            (ConfirmStep::RecordNames, Request::RecordNames)
         } else if let Some(key) = p.to_probe.last().cloned() {
             (
                 ConfirmStep::Key { consistency },
@@ -581,6 +604,37 @@ impl Core {
         out.notes.push(Note::StoreMoved);
         // Not at once: a store that keeps moving cannot make the loop spin.
         self.read(true, Sent::Next, Delay::MinInterval)
+    }
+
+    /// The names of the writer's records: those the answer does not show
+    /// and the state served does not hold (a key hidden from the token, or
+    /// a record left by a key deleted by hand) are read directly, like a
+    /// key the state holds that the answer lacks.
+    fn on_record_names(
+        &mut self,
+        mut p: Box<Pending>,
+        names: Option<Vec<Box<str>>>,
+        now: u64,
+        out: &mut Output,
+    ) -> Next {
+        let denied = names.is_none();
+        let served = self.served.as_deref();
+        let unknown: Vec<Box<str>> = names
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|k| {
+                validate_identity(k).is_ok()
+                    && !p.view.keys.contains_key(k)
+                    && !served.is_some_and(|s| s.keys.contains_key(k))
+                    && !p.to_probe.contains(k)
+            })
+            .collect();
+        out.notes.push(Note::RecordsListed {
+            unknown: unknown.len(),
+            denied,
+        });
+        p.to_probe.extend(unknown);
+        self.proceed(p, now, out)
     }
 
     fn on_key(

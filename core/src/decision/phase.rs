@@ -134,6 +134,8 @@ pub(super) enum Behind {
 pub(super) enum ConfirmStep {
     /// `~read-check`.
     ReadCheck,
+    /// The names of the writer's records.
+    RecordNames,
     /// A direct read of the key last in `to_probe`.
     Key { consistency: Consistency },
     /// The store id, after the direct reads.
@@ -152,6 +154,9 @@ pub(super) struct Pending {
     pub(super) consistency: Consistency,
     /// The token's read check, if one is due before it is applied.
     pub(super) read_check: ReadCheck,
+    /// Whether the names of the writer's records are listed before the
+    /// direct reads.
+    pub(super) list_records: bool,
     pub(super) to_probe: Vec<Box<str>>,
     pub(super) probes: BTreeMap<Box<str>, Probe>,
     /// Whether the store id is read after the direct reads.

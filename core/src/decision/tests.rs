@@ -2056,3 +2056,119 @@ fn in_stale_mode_a_check_from_a_cut_off_server_reissues_a_default_read() {
     let out = c.on_index_check(check(10, old));
     assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
 }
+
+#[test]
+fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_name() {
+    let g = |n: u64| format!("{n} {:016x}", n);
+    let names = |ks: &[&str]| Response::RecordNames {
+        names: Some(ks.iter().map(|k| (*k).into()).collect()),
+    };
+    // (ACLs, rule on, the writer's transaction also wrote the visible x)
+    for (acl, rule, with_x) in [
+        (true, true, false),
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let case = format!("acl {acl}, rule {rule}, x {with_x}");
+        let mut cfg = config(false);
+        if !rule {
+            cfg.rules = cfg.rules.without(Rule::ListRecords);
+        }
+        let mut c = Core::new(cfg, None);
+        c.start();
+        c.on_response(Response::Acl { enabled: acl }, 0);
+        // The first answer (the writer's first transaction at 3): with
+        // ACLs on, the records are listed; none names an unknown key.
+        let first = [
+            ("~store-id", "a1", 2),
+            ("~generation", g(1).leak() as &str, 3),
+            ("canary", "ready", 3),
+        ];
+        let out = step(&mut c, prefix(3, &first));
+        let out = if acl {
+            assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+            let out = step(&mut c, Response::ReadCheck { allowed: true });
+            match rule {
+                true => {
+                    assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+                    step(&mut c, names(&["canary"]))
+                }
+                false => out,
+            }
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &blocks_on(3), "{case}");
+        // The new writer drains web/s2, which the token may not read, in
+        // one transaction with its record (beside the prefix, in no answer)
+        // and the generation: the answer's index is the generation's.
+        let g2 = g(2);
+        let mut second = vec![
+            ("~store-id", "a1", 2),
+            ("~generation", g2.as_str(), 7),
+            ("canary", "ready", 3),
+        ];
+        if with_x {
+            second.push(("x", "ready", 7));
+        }
+        let out = step(&mut c, prefix(7, &second));
+        if !(acl && rule) {
+            // ACLs off: nothing is hidden, and nothing is listed (one
+            // request a change). Rule off: web/s2 is never found.
+            assert_eq!(asks(&out), &blocks_on(7), "{case}");
+            assert_eq!(hold(&c, "web/s2"), None, "{case}");
+            continue;
+        }
+        assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+        let listed: &[&str] = match with_x {
+            true => &["canary", "web/s2", "x"],
+            false => &["canary", "web/s2"],
+        };
+        let out = step(&mut c, names(listed));
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 7);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        let out = step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(asks(&out), &blocks_on(7), "{case}");
+        assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "{case}");
+        assert_eq!(
+            c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
+            Answer::Invalid { decided_by: 0 },
+            "{case}: no answer, HAProxy keeps the server's state"
+        );
+        // A change by hand (no writer transaction) lists nothing; the
+        // hidden key is read again as every held hidden key is.
+        let mut third = second.clone();
+        third[2] = ("canary", "ready", 9);
+        let out = step(&mut c, prefix(9, &third));
+        let out = if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            step(&mut c, Response::ReadCheck { allowed: true })
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+    }
+}
+
+#[test]
+fn records_the_token_may_not_list_are_noted_and_the_answer_applies() {
+    let mut c = started(true, false, None);
+    let out = step(
+        &mut c,
+        prefix(
+            3,
+            &[("~generation", "1 0000000000000001", 3), ("a", "drain", 3)],
+        ),
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &Request::RecordNames);
+    let out = step(&mut c, Response::RecordNames { names: None });
+    assert!(out.notes.contains(&Note::RecordsListed {
+        unknown: 0,
+        denied: true
+    }));
+    assert_eq!(asks(&out), &blocks_on(3));
+    assert_eq!(served(&c, "a"), Some(Drain));
+}

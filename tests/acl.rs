@@ -603,11 +603,10 @@ key_prefix "{p}web/" {{ policy = "deny" }}"#
 /// `deny` on the key) shows in no answer, whose index is the write
 /// generation's (written in the same transaction): only the record's name
 /// tells. The agent lists the records' names after the writer's
-/// transaction, reads the key (403) and holds it hidden, so the line it
-/// decides gets no answer (HAProxy keeps the server's state) rather than
-/// the next identity's `ready`.
+/// transaction, reads the key (403), then its record, and holds it hidden
+/// at the drain the record names, not the next identity's `ready`.
 #[test]
-fn a_drain_the_writer_writes_to_a_key_the_token_may_not_read_is_held_hidden() {
+fn a_drain_the_writer_writes_to_a_key_the_token_may_not_read_is_held_from_its_record() {
     let consul = Consul::start_acl(MASTER);
     policies(&consul);
     let p = support::PREFIX;
@@ -646,11 +645,15 @@ key "{p}web/web-01" {{ policy = "deny" }}"#
 
     let hidden = || agent.metric("gitlab_haproxy_agent_held_keys{cause=\"hidden\"}");
     let held = wait_for(Duration::from_secs(20), || (hidden() >= 1.0).then_some(()));
-    assert!(held.is_some(), "the hidden drain was not found\n{}", agent.log());
+    assert!(
+        held.is_some(),
+        "the hidden drain was not found\n{}",
+        agent.log()
+    );
     assert_eq!(
         agent.ask("web/web-01 canary"),
-        "",
-        "no answer: HAProxy keeps the server's state\n{}",
+        "drain 100%\n",
+        "the drain its record names, not canary's ready\n{}",
         agent.log()
     );
     assert_eq!(agent.ask("canary"), "ready 100%\n");

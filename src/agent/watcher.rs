@@ -671,7 +671,10 @@ impl Watcher {
 fn confirming(request: &Request) -> bool {
     matches!(
         request,
-        Request::Key { .. } | Request::ReadCheck { .. } | Request::RecordNames
+        Request::Key { .. }
+            | Request::ReadCheck { .. }
+            | Request::RecordNames
+            | Request::Record { .. }
     )
 }
 
@@ -714,6 +717,11 @@ async fn perform(
         Request::ReadCheck { stale } => Response::ReadCheck {
             allowed: client.read_check(prefix, *stale).await?,
         },
+        Request::Record { key } => {
+            let full = crate::model::meta::record_key(prefix, key);
+            let (read, index) = client.read_key(&full, Consistency::Default).await?;
+            Response::Key { read, index }
+        }
         Request::RecordNames => Response::RecordNames {
             names: client.record_names(prefix).await?,
         },

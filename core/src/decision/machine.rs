@@ -18,6 +18,8 @@ use super::protocol::{
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
 use crate::model::identity::{validate_identity, STORE_ID_KEY};
+use crate::model::meta::{parse_meta, KeyMeta};
+use crate::model::value::{parse_value, AdminState};
 
 /// How many index checks that show Consul past a read re-issued for being
 /// behind it waits before it is replaced by a full read (index 0): 3, six
@@ -361,6 +363,13 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
+                    step: ConfirmStep::Record { key },
+                },
+                Response::Key { read, .. },
+            ) => self.on_record(pending, key, read, now, &mut out),
+            (
+                Phase::Confirming {
+                    pending,
                     step: ConfirmStep::Key { consistency },
                 },
                 Response::Key { read, index },
@@ -510,6 +519,7 @@ impl Core {
             list_records,
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
+            written: BTreeMap::new(),
             store_check: StoreCheck::NotDue,
             refusal,
         });
@@ -696,7 +706,56 @@ impl Core {
             result,
             already_hidden,
         });
-        p.probes.insert(key, probe);
+        let never_held = self
+            .served
+            .as_deref()
+            .is_none_or(|s| !s.keys.contains_key(&key));
+        let read_record = probe == Probe::Forbidden && never_held;
+        p.probes.insert(key.clone(), probe);
+        if read_record {
+            // A key the state never held, hidden: found by a record. An
+            // earlier writer's record below the prefix is in the answer;
+            // one beside it is read.
+            if let Some(state) = p.view.meta.get(&key).and_then(|(m, _)| record_state(m)) {
+                p.written.insert(key, state);
+            } else if self.config.rules.on(Rule::ListRecords) {
+                self.phase = Phase::Confirming {
+                    pending: p,
+                    step: ConfirmStep::Record { key: key.clone() },
+                };
+                return next(Request::Record { key }, Delay::None);
+            }
+        }
+        self.proceed(p, now, out)
+    }
+
+    /// The writer's record of a key probed 403 that the state never held:
+    /// the state it names is held for the key. Without one (the writer
+    /// deleted the key and its record since the names were listed, or the
+    /// store changed) nothing is known of the key: it is left out, as a
+    /// key no record names, rather than held with no value (which answers
+    /// nothing and would keep HAProxy's state, a `ready` say, over the
+    /// next identity's drain).
+    fn on_record(
+        &mut self,
+        mut p: Box<Pending>,
+        key: Box<str>,
+        read: KeyRead,
+        now: u64,
+        out: &mut Output,
+    ) -> Next {
+        let state = match read {
+            KeyRead::Present(pair) => parse_meta(&pair.value).ok().as_ref().and_then(record_state),
+            KeyRead::Absent | KeyRead::Forbidden => None,
+        };
+        match state {
+            Some(state) => {
+                p.written.insert(key, state);
+            }
+            None => {
+                p.probes.remove(&key);
+            }
+        }
         self.proceed(p, now, out)
     }
 
@@ -705,6 +764,7 @@ impl Core {
             weights_unprotected: !self.config.rules.on(Rule::TrafficOrder),
             rolled_back: p.judged == Judged::RolledBack,
             probes: p.probes,
+            written: p.written,
             now,
         };
         let backwards = self.current().is_some_and(|c| p.view.index < c);
@@ -731,6 +791,11 @@ impl Core {
         // read again from 0; a full read that shows it needs no second one.
         self.read(backwards && !p_full, Sent::Next, Delay::MinInterval)
     }
+}
+
+/// The state a writer record names (its `value`), if valid.
+fn record_state(meta: &KeyMeta) -> Option<AdminState> {
+    parse_value(meta.value.as_bytes()).ok()
 }
 
 /// What an index check does with the read out.

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::value::AdminState;
+
 use super::served::{AnswerView, Probe};
 use crate::model::answer::{PrefixAnswer, ReadMeta};
 
@@ -136,6 +138,8 @@ pub(super) enum ConfirmStep {
     ReadCheck,
     /// The names of the writer's records.
     RecordNames,
+    /// The writer's record of a key probed 403.
+    Record { key: Box<str> },
     /// A direct read of the key last in `to_probe`.
     Key { consistency: Consistency },
     /// The store id, after the direct reads.
@@ -159,6 +163,9 @@ pub(super) struct Pending {
     pub(super) list_records: bool,
     pub(super) to_probe: Vec<Box<str>>,
     pub(super) probes: BTreeMap<Box<str>, Probe>,
+    /// The states the writer's records name for keys probed 403 that the
+    /// state never held.
+    pub(super) written: BTreeMap<Box<str>, AdminState>,
     /// Whether the store id is read after the direct reads.
     pub(super) store_check: StoreCheck,
     /// Whether it is refused once its direct reads are in, if it may hide

@@ -38,6 +38,14 @@ pub enum Request {
     /// asked with ACLs on when a writer transaction came since the state
     /// served: the record of a key the token may not read names it.
     RecordNames,
+    /// `GET /v1/kv/<records prefix><key>` (default consistency): the
+    /// writer's record of a key the token may not read (403) that the
+    /// state never held, for the state it names (answered as
+    /// [`Response::Key`]).
+    Record {
+        /// The key, relative to the prefix.
+        key: Box<str>,
+    },
     /// `GET /v1/kv/<prefix>~read-check` (a key that never exists): 404 for
     /// a token that may read the whole prefix, 403 for one that may not.
     ReadCheck {

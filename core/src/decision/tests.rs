@@ -1251,7 +1251,8 @@ fn a_held_key_keeps_its_record_and_its_since() {
 }
 
 #[test]
-fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() {
+fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_held_at_the_state_the_record_names()
+{
     let rec = record("alice", "maint", 500, None);
     let answer = |index| {
         prefix(
@@ -1285,8 +1286,11 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
     let snapshot = c.served().unwrap().snapshot();
     assert_eq!(
         snapshot.lookup(["web/s2", "canary"]),
-        Answer::Invalid { decided_by: 0 },
-        "no answer: HAProxy keeps the server's state"
+        Answer::State {
+            state: Maint,
+            decided_by: Some(0)
+        },
+        "the maint its record names"
     );
     assert_eq!(
         snapshot.lookup(["web/s1", "canary"]),
@@ -1323,7 +1327,10 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
         assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "at {index}");
         assert_eq!(
             c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
-            Answer::Invalid { decided_by: 0 },
+            Answer::State {
+                state: Maint,
+                decided_by: Some(0)
+            },
             "at {index}"
         );
     }
@@ -1371,7 +1378,8 @@ fn a_token_denied_the_store_id_checks_direct_reads_without_it() {
 }
 
 #[test]
-fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that_lost_data() {
+fn a_hidden_key_known_by_its_record_keeps_its_state_through_an_answer_from_a_store_that_lost_data()
+{
     let rec = record("alice", "maint", 500, None);
     let mut c = started(true, false, None);
     let out = step(
@@ -1407,10 +1415,13 @@ fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert!(out.notes.iter().any(|n| matches!(n, Note::Applied { .. })));
-    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    assert!(hold(&c, "web/s2").is_some());
     assert_eq!(
         c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
-        Answer::Invalid { decided_by: 0 }
+        Answer::State {
+            state: Maint,
+            decided_by: Some(0)
+        }
     );
 }
 
@@ -2128,14 +2139,27 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
         let out = step(&mut c, names(listed));
         assert_eq!(asks(&out), &key("web/s2"), "{case}");
         let out = key_read(&mut c, KeyRead::Forbidden, 7);
+        // Its record says what the writer wrote.
+        assert_eq!(
+            asks(&out),
+            &Request::Record {
+                key: "web/s2".into()
+            },
+            "{case}"
+        );
+        let rec = record("alice", "drain", 500, None);
+        let out = key_read(&mut c, KeyRead::Present(pair("web/s2", &rec, 7)), 7);
         assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
         let out = step(&mut c, Response::ReadCheck { allowed: true });
         assert_eq!(asks(&out), &blocks_on(7), "{case}");
         assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "{case}");
         assert_eq!(
             c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
-            Answer::Invalid { decided_by: 0 },
-            "{case}: no answer, HAProxy keeps the server's state"
+            Answer::State {
+                state: Drain,
+                decided_by: Some(0)
+            },
+            "{case}: the drain written, not canary's ready"
         );
         // A change by hand (no writer transaction) lists nothing; the
         // hidden key is read again as every held hidden key is.
@@ -2171,4 +2195,42 @@ fn records_the_token_may_not_list_are_noted_and_the_answer_applies() {
     }));
     assert_eq!(asks(&out), &blocks_on(3));
     assert_eq!(served(&c, "a"), Some(Drain));
+}
+
+#[test]
+fn a_hidden_key_whose_record_is_gone_when_read_is_left_out() {
+    // The writer deleted the key and its record between the listing and
+    // the record's read: nothing is known of it, and it is not held with
+    // no value (which would answer nothing and keep HAProxy's state).
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(
+            3,
+            &[
+                ("~generation", "1 0000000000000001", 3),
+                ("canary", "drain", 3),
+            ],
+        ),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(
+        &mut c,
+        Response::RecordNames {
+            names: Some(vec!["web/s2".into()]),
+        },
+    );
+    assert_eq!(asks(&out), &key("web/s2"));
+    let out = key_read(&mut c, KeyRead::Forbidden, 3);
+    assert_eq!(
+        asks(&out),
+        &Request::Record {
+            key: "web/s2".into()
+        }
+    );
+    let out = key_read(&mut c, KeyRead::Absent, 4);
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(hold(&c, "web/s2"), None);
+    assert_eq!(answers(&c, &["web/s2", "canary"]), Some(Drain));
 }

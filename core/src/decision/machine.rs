@@ -17,9 +17,9 @@ use super::protocol::{
 };
 use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedState};
 use super::stale::hold_reason;
-use crate::model::identity::{validate_identity, STORE_ID_KEY};
-use crate::model::meta::{parse_meta, KeyMeta};
-use crate::model::value::{parse_value, AdminState};
+use crate::model::identity::STORE_ID_KEY;
+
+mod records;
 
 /// How many index checks that show Consul past a read re-issued for being
 /// behind it waits before it is replaced by a full read (index 0): 3, six
@@ -616,37 +616,6 @@ impl Core {
         self.read(true, Sent::Next, Delay::MinInterval)
     }
 
-    /// The names of the writer's records: those the answer does not show
-    /// and the state served does not hold (a key hidden from the token, or
-    /// a record left by a key deleted by hand) are read directly, like a
-    /// key the state holds that the answer lacks.
-    fn on_record_names(
-        &mut self,
-        mut p: Box<Pending>,
-        names: Option<Vec<Box<str>>>,
-        now: u64,
-        out: &mut Output,
-    ) -> Next {
-        let denied = names.is_none();
-        let served = self.served.as_deref();
-        let unknown: Vec<Box<str>> = names
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|k| {
-                validate_identity(k).is_ok()
-                    && !p.view.keys.contains_key(k)
-                    && !served.is_some_and(|s| s.keys.contains_key(k))
-                    && !p.to_probe.contains(k)
-            })
-            .collect();
-        out.notes.push(Note::RecordsListed {
-            unknown: unknown.len(),
-            denied,
-        });
-        p.to_probe.extend(unknown);
-        self.proceed(p, now, out)
-    }
-
     fn on_key(
         &mut self,
         mut p: Box<Pending>,
@@ -716,7 +685,12 @@ impl Core {
             // A key the state never held, hidden: found by a record. An
             // earlier writer's record below the prefix is in the answer;
             // one beside it is read.
-            if let Some(state) = p.view.meta.get(&key).and_then(|(m, _)| record_state(m)) {
+            if let Some(state) = p
+                .view
+                .meta
+                .get(&key)
+                .and_then(|(m, _)| Core::record_state(m))
+            {
                 p.written.insert(key, state);
             } else if self.config.rules.on(Rule::ListRecords) {
                 self.phase = Phase::Confirming {
@@ -724,36 +698,6 @@ impl Core {
                     step: ConfirmStep::Record { key: key.clone() },
                 };
                 return next(Request::Record { key }, Delay::None);
-            }
-        }
-        self.proceed(p, now, out)
-    }
-
-    /// The writer's record of a key probed 403 that the state never held:
-    /// the state it names is held for the key. Without one (the writer
-    /// deleted the key and its record since the names were listed, or the
-    /// store changed) nothing is known of the key: it is left out, as a
-    /// key no record names, rather than held with no value (which answers
-    /// nothing and would keep HAProxy's state, a `ready` say, over the
-    /// next identity's drain).
-    fn on_record(
-        &mut self,
-        mut p: Box<Pending>,
-        key: Box<str>,
-        read: KeyRead,
-        now: u64,
-        out: &mut Output,
-    ) -> Next {
-        let state = match read {
-            KeyRead::Present(pair) => parse_meta(&pair.value).ok().as_ref().and_then(record_state),
-            KeyRead::Absent | KeyRead::Forbidden => None,
-        };
-        match state {
-            Some(state) => {
-                p.written.insert(key, state);
-            }
-            None => {
-                p.probes.remove(&key);
             }
         }
         self.proceed(p, now, out)
@@ -791,11 +735,6 @@ impl Core {
         // read again from 0; a full read that shows it needs no second one.
         self.read(backwards && !p_full, Sent::Next, Delay::MinInterval)
     }
-}
-
-/// The state a writer record names (its `value`), if valid.
-fn record_state(meta: &KeyMeta) -> Option<AdminState> {
-    parse_value(meta.value.as_bytes()).ok()
 }
 
 /// What an index check does with the read out.

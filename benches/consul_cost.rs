@@ -128,18 +128,40 @@ fn record_of(value: &str) -> String {
     .to_string()
 }
 
-/// Writes `value` at `key` (relative), with its record in one transaction
-/// when `records` says so, or deletes both (`None`).
+/// The next write generation (`~generation`) as the writer advances it in
+/// each of its transactions: the number and the ids of the last ones,
+/// newest first (at most 64).
+fn next_generation() -> (String, String) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NUMBER: AtomicU64 = AtomicU64::new(0);
+    let n = NUMBER.fetch_add(1, Ordering::Relaxed) + 1;
+    let ids: Vec<String> = (n.saturating_sub(63).max(1)..=n)
+        .rev()
+        .map(|i| format!("{i:016x}"))
+        .collect();
+    (format!("{PREFIX}~generation"), format!("{n} {}", ids.join(" ")))
+}
+
+/// Writes `value` at `key` (relative), with its record and the write
+/// generation in one transaction when `records` says so (as the writer
+/// does), or deletes both (`None`).
 fn write(consul: &Consul, records: Records, key: &str, value: Option<&str>) {
     let full = format!("{PREFIX}{key}");
     match (records.key(key), value) {
         (None, Some(v)) => consul.put(&full, v),
         (None, None) => consul.delete(&full),
-        (Some(r), Some(v)) => consul.put_many(&[(full, v.to_string()), (r, record_of(v))]),
+        (Some(r), Some(v)) => consul.put_many(&[
+            (full, v.to_string()),
+            (r, record_of(v)),
+            next_generation(),
+        ]),
         (Some(r), None) => {
+            let (g, gv) = next_generation();
+            let gv = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, gv);
             let ops = serde_json::json!([
                 {"KV": {"Verb": "delete", "Key": full}},
                 {"KV": {"Verb": "delete", "Key": r}},
+                {"KV": {"Verb": "set", "Key": g, "Value": gv}},
             ]);
             let (status, _, body) = consul.request("PUT", "/v1/txn", ops.to_string().as_bytes());
             assert_eq!(status, 200, "txn: {}", String::from_utf8_lossy(&body));
@@ -392,13 +414,18 @@ fn run(args: &Args, acl: Acl) -> AclRun {
     };
     let dir = TempDir::new("consul-cost");
     let read_rule = format!("key_prefix \"{PREFIX}\" {{ policy = \"read\" }}");
+    // The agent's token also reads the records beside the prefix, as the
+    // runbook's policy does.
+    let agent_rule = format!(
+        "{read_rule}\nkey_prefix \"gitlab-haproxy-agent/state~meta/\" {{ policy = \"read\" }}"
+    );
     // The agent's token reads the prefix, as the cookbook's does. `consul
     // watch` first asks /v1/agent/self (its connectivity check), which
     // needs agent:read; nothing after that does.
     let (agent_token, watch_token) = match acl {
         Acl::Off => (None, None),
         Acl::On => (
-            Some(token(&consul, "agent-read", &read_rule)),
+            Some(token(&consul, "agent-read", &agent_rule)),
             Some(token(
                 &consul,
                 "watch-read",

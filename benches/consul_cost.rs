@@ -139,7 +139,10 @@ fn next_generation() -> (String, String) {
         .rev()
         .map(|i| format!("{i:016x}"))
         .collect();
-    (format!("{PREFIX}~generation"), format!("{n} {}", ids.join(" ")))
+    (
+        format!("{PREFIX}~generation"),
+        format!("{n} {}", ids.join(" ")),
+    )
 }
 
 /// Writes `value` at `key` (relative), with its record and the write
@@ -150,11 +153,9 @@ fn write(consul: &Consul, records: Records, key: &str, value: Option<&str>) {
     match (records.key(key), value) {
         (None, Some(v)) => consul.put(&full, v),
         (None, None) => consul.delete(&full),
-        (Some(r), Some(v)) => consul.put_many(&[
-            (full, v.to_string()),
-            (r, record_of(v)),
-            next_generation(),
-        ]),
+        (Some(r), Some(v)) => {
+            consul.put_many(&[(full, v.to_string()), (r, record_of(v)), next_generation()])
+        }
         (Some(r), None) => {
             let (g, gv) = next_generation();
             let gv = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, gv);

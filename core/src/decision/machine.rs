@@ -363,10 +363,10 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
-                    step: ConfirmStep::Record { key },
+                    step: ConfirmStep::Record { key, never_held },
                 },
                 Response::Key { read, .. },
-            ) => self.on_record(pending, key, read, now, &mut out),
+            ) => self.on_record(pending, key, never_held, read, now, &mut out),
             (
                 Phase::Confirming {
                     pending,
@@ -517,6 +517,8 @@ impl Core {
             consistency: ask.consistency,
             read_check,
             list_records,
+            listed: false,
+            named: Vec::new(),
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
             written: BTreeMap::new(),
@@ -643,6 +645,18 @@ impl Core {
             return next(Request::Key { key, stale: false }, Delay::None);
         }
         p.to_probe.pop();
+        // A key only a record names that the token may read, yet the answer
+        // lacked: a query parked under an older policy, or a store changed
+        // under the answer (a snapshot restored keeps the store id). The
+        // answer is read afresh, once (a fresh read, or the first answer,
+        // takes the key as read).
+        if matches!(read, KeyRead::Present(_))
+            && p.named.contains(&key)
+            && p.refusal == Refusal::IfHidesWrites
+        {
+            out.notes.push(Note::Refused(Refused::HidesWrites));
+            return self.read(true, Sent::Refresh, Delay::None);
+        }
         let (probe, result) = match read {
             KeyRead::Present(pair) => (
                 Probe::Present(ConsulKey::parse(&key, &pair.value, pair.modify_index)),
@@ -679,11 +693,13 @@ impl Core {
             .served
             .as_deref()
             .is_none_or(|s| !s.keys.contains_key(&key));
-        let read_record = probe == Probe::Forbidden && never_held;
+        // A key the state never held, hidden: found by a record; or one held
+        // hidden when a writer transaction came since (its record names
+        // what the writer wrote last, which may be this key).
+        let read_record = probe == Probe::Forbidden && (never_held || p.listed);
         p.probes.insert(key.clone(), probe);
         if read_record {
-            // A key the state never held, hidden: found by a record. An
-            // earlier writer's record below the prefix is in the answer;
+            // An earlier writer's record below the prefix is in the answer;
             // one beside it is read.
             if let Some(state) = p
                 .view
@@ -695,7 +711,10 @@ impl Core {
             } else if self.config.rules.on(Rule::ListRecords) {
                 self.phase = Phase::Confirming {
                     pending: p,
-                    step: ConfirmStep::Record { key: key.clone() },
+                    step: ConfirmStep::Record {
+                        key: key.clone(),
+                        never_held,
+                    },
                 };
                 return next(Request::Record { key }, Delay::None);
             }

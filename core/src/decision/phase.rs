@@ -138,8 +138,9 @@ pub(super) enum ConfirmStep {
     ReadCheck,
     /// The names of the writer's records.
     RecordNames,
-    /// The writer's record of a key probed 403.
-    Record { key: Box<str> },
+    /// The writer's record of a key probed 403 (`never_held`: one the
+    /// state did not hold).
+    Record { key: Box<str>, never_held: bool },
     /// A direct read of the key last in `to_probe`.
     Key { consistency: Consistency },
     /// The store id, after the direct reads.
@@ -161,6 +162,11 @@ pub(super) struct Pending {
     /// Whether the names of the writer's records are listed before the
     /// direct reads.
     pub(super) list_records: bool,
+    /// Whether they were listed (a writer transaction since the state
+    /// served).
+    pub(super) listed: bool,
+    /// Keys only the listed record names named: read for a 403.
+    pub(super) named: Vec<Box<str>>,
     pub(super) to_probe: Vec<Box<str>>,
     pub(super) probes: BTreeMap<Box<str>, Probe>,
     /// The states the writer's records name for keys probed 403 that the

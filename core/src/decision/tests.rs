@@ -2172,6 +2172,36 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
             out
         };
         assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 9);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        step(&mut c, Response::ReadCheck { allowed: true });
+        // The writer writes the hidden key again (maint): its record, read
+        // after the listing, names the new state.
+        let g3 = g(3);
+        let mut fourth = third.clone();
+        fourth[1] = ("~generation", g3.as_str(), 11);
+        let out = step(&mut c, prefix(11, &fourth));
+        let out = if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            step(&mut c, Response::ReadCheck { allowed: true })
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+        let out = step(&mut c, names(listed));
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 11);
+        assert_eq!(
+            asks(&out),
+            &Request::Record {
+                key: "web/s2".into()
+            },
+            "{case}"
+        );
+        let rec = record("alice", "maint", 600, None);
+        let out = key_read(&mut c, KeyRead::Present(pair("web/s2", &rec, 11)), 11);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(answers(&c, &["web/s2", "canary"]), Some(Maint), "{case}");
     }
 }
 

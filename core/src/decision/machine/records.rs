@@ -34,10 +34,12 @@ impl Core {
                     && !p.to_probe.contains(k)
             })
             .collect();
+        p.listed = true;
         out.notes.push(Note::RecordsListed {
             unknown: unknown.len(),
             denied,
         });
+        p.named.extend(unknown.iter().cloned());
         p.to_probe.extend(unknown);
         self.proceed(p, now, out)
     }
@@ -53,6 +55,7 @@ impl Core {
         &mut self,
         mut p: Box<Pending>,
         key: Box<str>,
+        never_held: bool,
         read: KeyRead,
         now: u64,
         out: &mut Output,
@@ -68,6 +71,8 @@ impl Core {
             Some(state) => {
                 p.written.insert(key, state);
             }
+            // A key held hidden keeps what it holds.
+            None if !never_held => {}
             None => {
                 p.probes.remove(&key);
             }

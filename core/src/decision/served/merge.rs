@@ -322,22 +322,27 @@ fn merge_key(
         }
     }
     if forbidden {
-        // Hidden from the token, never seen (known by its writer record):
-        // the state the record names is held as if last seen (a drain or
-        // maint held, a `ready` or weight capping the next identity); with
-        // no record read, no value known, answered by no answer.
+        // The state the writer's record names (a key never seen, or one
+        // held hidden when a writer transaction came): held as the key's
+        // last value (a drain or maint held, a `ready` or weight capping
+        // the next identity); for a key held already, the lower of it and
+        // what was held (a record does not show a write by hand after it).
+        if let Some(&written) = input.written.get(key) {
+            let before = prev.and_then(|p| p.served.or(p.cap).or(valid(p.consul.as_ref())));
+            let state = lower_cap(before, Some(written)).unwrap_or(written);
+            let keeps_out = state.keeps_out();
+            return Some(KeyRecord {
+                consul: None,
+                served: keeps_out.then_some(state),
+                hold: hold(HoldCause::Hidden),
+                cap: (!keeps_out).then_some(state),
+                meta: None,
+                since: 0,
+            });
+        }
+        // Hidden from the token, never seen (known by its writer record),
+        // with no record read: no value known, answered by no answer.
         let Some(p) = prev else {
-            if let Some(&state) = input.written.get(key) {
-                let keeps_out = state.keeps_out();
-                return Some(KeyRecord {
-                    consul: None,
-                    served: keeps_out.then_some(state),
-                    hold: hold(HoldCause::Hidden),
-                    cap: (!keeps_out).then_some(state),
-                    meta: None,
-                    since: 0,
-                });
-            }
             return Some(KeyRecord {
                 consul: None,
                 served: None,

@@ -631,6 +631,7 @@ impl Sim {
             Request::Prefix { stale: true, .. }
                 | Request::Key { stale: true, .. }
                 | Request::ReadCheck { stale: true }
+                | Request::RecordNames { stale: true }
         )
     }
 
@@ -854,15 +855,10 @@ impl Sim {
                 allowed: !(self.acl && self.policy.prefix_denied),
             },
             // The writer's records beside the prefix, which the token may
-            // read (default consistency: the leader's).
-            Request::RecordNames => Response::RecordNames {
-                names: Some(
-                    self.leader
-                        .records
-                        .keys()
-                        .map(|k| k.as_str().into())
-                        .collect(),
-                ),
+            // read, from the server asked (the records' index: the store's).
+            Request::RecordNames { .. } => Response::RecordNames {
+                names: Some(store.records.keys().map(|k| k.as_str().into()).collect()),
+                index: Some(store.index),
             },
             Request::Record { key } => {
                 let read = match self.leader.records.get(&*key) {

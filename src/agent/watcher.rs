@@ -673,7 +673,7 @@ fn confirming(request: &Request) -> bool {
         request,
         Request::Key { .. }
             | Request::ReadCheck { .. }
-            | Request::RecordNames
+            | Request::RecordNames { .. }
             | Request::Record { .. }
     )
 }
@@ -722,9 +722,10 @@ async fn perform(
             let (read, index) = client.read_key(&full, Consistency::Default).await?;
             Response::Key { read, index }
         }
-        Request::RecordNames => Response::RecordNames {
-            names: client.record_names(prefix).await?,
-        },
+        Request::RecordNames { stale } => {
+            let (names, index) = client.record_names(prefix, *stale).await?;
+            Response::RecordNames { names, index }
+        }
     })
 }
 

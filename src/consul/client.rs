@@ -544,24 +544,44 @@ impl ConsulClient {
     }
 
     /// The full names of the keys under `prefix` (`GET
-    /// /v1/kv/<prefix>?keys`, default consistency, within
-    /// [`REQUEST_TIMEOUT`]): empty for a 404, `None` for a 403.
+    /// /v1/kv/<prefix>?keys`, `&stale` when `stale`, asking gzip, within
+    /// [`REQUEST_TIMEOUT`]) and the answer's `X-Consul-Index`: empty for a
+    /// 404, `None` for a 403.
     ///
     /// # Errors
     ///
     /// Transport errors, a timeout, other error statuses, a body that is not
     /// a JSON list of strings.
-    pub async fn list_keys(&self, prefix: &str) -> Result<Option<Vec<String>>, ConsulError> {
-        let url = format!("{}/v1/kv/{}?keys", self.addr, encode_key(prefix));
-        let (status, body) = self.send(self.http.get(&url)).await?;
-        match status {
-            StatusCode::NOT_FOUND => Ok(Some(Vec::new())),
-            StatusCode::FORBIDDEN => Ok(None),
-            StatusCode::OK => serde_json::from_slice(&body)
-                .map(Some)
-                .map_err(|e| ConsulError::Decode(format!("key list: {e}"))),
-            _ => Err(status_error(status, &body)),
-        }
+    pub async fn list_keys(
+        &self,
+        prefix: &str,
+        stale: bool,
+    ) -> Result<(Option<Vec<String>>, Option<u64>), ConsulError> {
+        let stale = if stale { "&stale" } else { "" };
+        let url = format!("{}/v1/kv/{}?keys{stale}", self.addr, encode_key(prefix));
+        let request = (self.http.get(&url)).header(reqwest::header::ACCEPT_ENCODING, "gzip");
+        let response = (request.headers(self.headers()?).timeout(REQUEST_TIMEOUT))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let (status, index) = (
+            response.status(),
+            consul_index(response.headers()).flatten(),
+        );
+        let gzipped = (response.headers().get(reqwest::header::CONTENT_ENCODING))
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+        let raw = (response.bytes().await).map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let body = if gzipped { gunzip(&raw)? } else { raw.to_vec() };
+        let keys = match status {
+            StatusCode::NOT_FOUND => Some(Vec::new()),
+            StatusCode::FORBIDDEN => None,
+            StatusCode::OK => Some(
+                serde_json::from_slice(&body)
+                    .map_err(|e| ConsulError::Decode(format!("key list: {e}")))?,
+            ),
+            _ => return Err(status_error(status, &body)),
+        };
+        Ok((keys, index))
     }
 
     /// Reads one key (the full key, prefix included) with its ModifyIndex;

@@ -46,28 +46,31 @@ pub struct Migration {
 
 impl ConsulClient {
     /// The names of the records under [`records_prefix`]`(prefix)`, relative
-    /// to it (the state keys they describe): `GET /v1/kv/<records
-    /// prefix>?keys`, default consistency, keys only (no values: a few
-    /// dozen bytes a record), bounded by the client's request timeout.
-    /// `Ok(Some(empty))` for a 404 (no record the token may see), `Ok(None)`
-    /// for a 403.
+    /// to it (the state keys they describe), with the records prefix's
+    /// `X-Consul-Index`: `GET /v1/kv/<records prefix>?keys` (`&stale` when
+    /// `stale`), keys only (no values: a few dozen bytes a record, gzipped),
+    /// within the client's request timeout. Empty for a 404 (no record the
+    /// token may see), `None` for a 403.
     ///
     /// # Errors
     ///
     /// Transport errors, a timeout, other error statuses, a body that is not
     /// a JSON list of strings.
-    pub async fn record_names(&self, prefix: &str) -> Result<Option<Vec<Box<str>>>, ConsulError> {
+    pub async fn record_names(
+        &self,
+        prefix: &str,
+        stale: bool,
+    ) -> Result<(Option<Vec<Box<str>>>, Option<u64>), ConsulError> {
         let sibling = records_prefix(prefix);
-        let Some(keys) = self.list_keys(&sibling).await? else {
-            return Ok(None);
-        };
-        Ok(Some(
+        let (keys, index) = self.list_keys(&sibling, stale).await?;
+        let names = keys.map(|keys| {
             keys.iter()
                 .filter_map(|k| k.strip_prefix(&sibling))
                 .filter(|k| !k.is_empty())
                 .map(Into::into)
-                .collect(),
-        ))
+                .collect()
+        });
+        Ok((names, index))
     }
 
     /// Every record under [`records_prefix`]`(prefix)` (full keys), in a

@@ -356,10 +356,10 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
-                    step: ConfirmStep::RecordNames,
+                    step: ConfirmStep::RecordNames { consistency },
                 },
-                Response::RecordNames { names },
-            ) => self.on_record_names(pending, names, now, &mut out),
+                Response::RecordNames { names, index },
+            ) => self.on_record_names(pending, consistency, names, index, now, &mut out),
             (
                 Phase::Confirming {
                     pending,
@@ -537,7 +537,10 @@ impl Core {
             (ConfirmStep::ReadCheck, Request::ReadCheck { stale })
         } else if p.list_records {
             p.list_records = false;
-            (ConfirmStep::RecordNames, Request::RecordNames)
+            (
+                ConfirmStep::RecordNames { consistency },
+                Request::RecordNames { stale },
+            )
         } else if let Some(key) = p.to_probe.last().cloned() {
             (
                 ConfirmStep::Key { consistency },

@@ -137,7 +137,7 @@ pub(super) enum ConfirmStep {
     /// `~read-check`.
     ReadCheck,
     /// The names of the writer's records.
-    RecordNames,
+    RecordNames { consistency: Consistency },
     /// The writer's record of a key probed 403 (`never_held`: one the
     /// state did not hold).
     Record { key: Box<str>, never_held: bool },

@@ -32,12 +32,15 @@ pub enum Request {
         /// Any server may answer.
         stale: bool,
     },
-    /// `GET /v1/kv/<records prefix>?keys` (default consistency): the names
-    /// of the writer's records beside the prefix
+    /// `GET /v1/kv/<records prefix>?keys` (gzip, `&stale` when `stale`):
+    /// the names of the writer's records beside the prefix
     /// ([`records_prefix`](crate::model::meta::records_prefix)), keys only,
     /// asked with ACLs on when a writer transaction came since the state
     /// served: the record of a key the token may not read names it.
-    RecordNames,
+    RecordNames {
+        /// Any server may answer.
+        stale: bool,
+    },
     /// `GET /v1/kv/<records prefix><key>` (default consistency): the
     /// writer's record of a key the token may not read (403) that the
     /// state never held, for the state it names (answered as
@@ -119,6 +122,8 @@ pub enum Response {
     RecordNames {
         /// The names.
         names: Option<Vec<Box<str>>>,
+        /// Its `X-Consul-Index` (the records prefix's), if sent.
+        index: Option<u64>,
     },
     /// The read check: `false` for 403.
     ReadCheck {

@@ -2073,6 +2073,7 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
     let g = |n: u64| format!("{n} {:016x}", n);
     let names = |ks: &[&str]| Response::RecordNames {
         names: Some(ks.iter().map(|k| (*k).into()).collect()),
+        index: None,
     };
     // (ACLs, rule on, the writer's transaction also wrote the visible x)
     for (acl, rule, with_x) in [
@@ -2102,7 +2103,7 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
             let out = step(&mut c, Response::ReadCheck { allowed: true });
             match rule {
                 true => {
-                    assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+                    assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
                     step(&mut c, names(&["canary"]))
                 }
                 false => out,
@@ -2131,7 +2132,7 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
             assert_eq!(hold(&c, "web/s2"), None, "{case}");
             continue;
         }
-        assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+        assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
         let listed: &[&str] = match with_x {
             true => &["canary", "web/s2", "x"],
             false => &["canary", "web/s2"],
@@ -2186,7 +2187,7 @@ fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_n
         } else {
             out
         };
-        assert_eq!(asks(&out), &Request::RecordNames, "{case}");
+        assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
         let out = step(&mut c, names(listed));
         assert_eq!(asks(&out), &key("web/s2"), "{case}");
         let out = key_read(&mut c, KeyRead::Forbidden, 11);
@@ -2217,8 +2218,14 @@ fn records_the_token_may_not_list_are_noted_and_the_answer_applies() {
     );
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
-    assert_eq!(asks(&out), &Request::RecordNames);
-    let out = step(&mut c, Response::RecordNames { names: None });
+    assert_eq!(asks(&out), &Request::RecordNames { stale: false });
+    let out = step(
+        &mut c,
+        Response::RecordNames {
+            names: None,
+            index: Some(3),
+        },
+    );
     assert!(out.notes.contains(&Note::RecordsListed {
         unknown: 0,
         denied: true
@@ -2248,6 +2255,7 @@ fn a_hidden_key_whose_record_is_gone_when_read_is_left_out() {
         &mut c,
         Response::RecordNames {
             names: Some(vec!["web/s2".into()]),
+            index: None,
         },
     );
     assert_eq!(asks(&out), &key("web/s2"));
@@ -2263,4 +2271,67 @@ fn a_hidden_key_whose_record_is_gone_when_read_is_left_out() {
     step(&mut c, Response::ReadCheck { allowed: true });
     assert_eq!(hold(&c, "web/s2"), None);
     assert_eq!(answers(&c, &["web/s2", "canary"]), Some(Drain));
+}
+
+#[test]
+fn a_stale_listing_behind_the_writers_transaction_is_asked_of_the_leader() {
+    // (the stale listing's index, asked of the leader after)
+    for (index, again) in [
+        (Some(2), true),
+        (None, true),
+        (Some(3), false),
+        (Some(9), false),
+    ] {
+        let mut c = started(true, true, None);
+        step(
+            &mut c,
+            prefix(
+                3,
+                &[("~generation", "1 0000000000000001", 3), ("a", "drain", 3)],
+            ),
+        );
+        let out = step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(
+            asks(&out),
+            &Request::RecordNames { stale: false },
+            "first: default"
+        );
+        step(
+            &mut c,
+            Response::RecordNames {
+                names: Some(vec![]),
+                index: Some(3),
+            },
+        );
+        let out = step(
+            &mut c,
+            prefix(
+                7,
+                &[
+                    ("~generation", "2 0000000000000002 0000000000000001", 7),
+                    ("a", "drain", 7),
+                ],
+            ),
+        );
+        assert_eq!(
+            asks(&out),
+            &Request::RecordNames { stale: true },
+            "{index:?}"
+        );
+        let out = step(
+            &mut c,
+            Response::RecordNames {
+                names: Some(vec![]),
+                index: index.map(|i| i + 4),
+            },
+        );
+        match again {
+            true => assert_eq!(
+                asks(&out),
+                &Request::RecordNames { stale: false },
+                "{index:?}"
+            ),
+            false => assert!(matches!(asks(&out), Request::Prefix { .. }), "{index:?}"),
+        }
+    }
 }

@@ -3,7 +3,8 @@
 //! key the token may not read, whose state is held for it.
 
 use crate::decision::phase::Pending;
-use crate::decision::protocol::Next;
+use crate::decision::phase::{ConfirmStep, Consistency, Phase};
+use crate::decision::protocol::{Delay, Next, Request};
 use crate::decision::protocol::{KeyRead, Note, Output};
 use crate::decision::Core;
 use crate::model::identity::validate_identity;
@@ -18,10 +19,27 @@ impl Core {
     pub(super) fn on_record_names(
         &mut self,
         mut p: Box<Pending>,
+        consistency: Consistency,
         names: Option<Vec<Box<str>>>,
+        index: Option<u64>,
         now: u64,
         out: &mut Output,
     ) -> Next {
+        // A stale server that has not applied the writer's transaction yet
+        // (the records' index below the generation's; also a transaction
+        // that wrote no record): ask the leader.
+        if consistency.is_stale() && index.is_none_or(|i| i < p.view.generation_index) {
+            self.phase = Phase::Confirming {
+                pending: p,
+                step: ConfirmStep::RecordNames {
+                    consistency: Consistency::Default,
+                },
+            };
+            return Next {
+                request: Request::RecordNames { stale: false },
+                delay: Delay::None,
+            };
+        }
         let denied = names.is_none();
         let served = self.served.as_deref();
         let unknown: Vec<Box<str>> = names

@@ -24,6 +24,13 @@ mod source {
 /// The binary's name: the man page's and the completions'.
 const BIN: &str = "gitlab-haproxy-agent";
 
+/// The manual the pages belong to, centred in their header line.
+const MANUAL: &str = "gitlab-haproxy-agent Manual";
+
+/// The width `man` formats for on an 80-column terminal; a header line
+/// wider than that runs its three parts together (groff 1.22).
+const HEADER_WIDTH: usize = 80;
+
 fn main() -> io::Result<()> {
     println!("cargo::rerun-if-changed=src/cli.rs");
     println!("cargo::rerun-if-changed=src/cli");
@@ -51,7 +58,7 @@ fn write_assets(dir: &Path) -> io::Result<()> {
         }
     }
     let cmd = source::cli::Cli::command();
-    clap_mangen::generate_to(cmd.clone(), &man)?;
+    write_pages(cmd.clone(), &man)?;
     // Gzipped here, at the highest level, as Debian policy 12.1 wants:
     // cargo-deb does not compress what it takes from the target folder.
     for entry in fs::read_dir(&man)? {
@@ -71,6 +78,46 @@ fn write_assets(dir: &Path) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Writes the page of `cmd` and of each of its subcommands under `dir`, as
+/// `clap_mangen::generate_to` does, with a header line that reads apart:
+/// `TITLE(1)  MANUAL  TITLE(1)` and the footer `gitlab-haproxy-agent
+/// VERSION` (clap_mangen's defaults give a subcommand's page the source
+/// `drain ` and groff's "General Commands Manual", which a long title
+/// overruns). A page whose title leaves no room for [`MANUAL`] within
+/// [`HEADER_WIDTH`] gets a blank middle.
+fn write_pages(cmd: clap::Command, dir: &Path) -> io::Result<()> {
+    fn write(cmd: clap::Command, dir: &Path, source: &str) -> io::Result<()> {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned() {
+            write(sub, dir, source)?;
+        }
+        let title = cmd
+            .get_display_name()
+            .unwrap_or_else(|| cmd.get_name())
+            .to_uppercase();
+        // `TITLE(1)` on both sides, two spaces at least each side of the middle.
+        let manual = if 2 * (title.len() + 3) + MANUAL.len() + 4 <= HEADER_WIDTH {
+            MANUAL
+        } else {
+            " "
+        };
+        clap_mangen::Man::new(cmd)
+            .title(title)
+            .section("1")
+            // No date (the build stays reproducible), but its place kept:
+            // roff writes an empty argument as nothing, which shifted the
+            // source into the date's place and left the manual to groff.
+            .date("\"\"")
+            .source(source)
+            .manual(manual)
+            .generate_to(dir)?;
+        Ok(())
+    }
+    let source = format!("{BIN} {}", env!("CARGO_PKG_VERSION"));
+    let mut cmd = cmd.disable_help_subcommand(true);
+    cmd.build();
+    write(cmd, dir, &source)
 }
 
 /// The bash script with its `case "${cmd}"` arms spelled as its loop

@@ -626,30 +626,58 @@ fn the_watchdog_keeps_beating_while_confirming_reads_are_slow() {
     agent.wait_answer("web/s1 canary", "ready 100%\n");
 }
 
-/// A state-file write fails (the disk full, the folder unwritable: here its
-/// temporary file's path is taken by a folder, which stops root too) while
-/// `web/s1` goes ready -> maint. The agent is killed and starts again while
-/// Consul is down, from the file that still says ready: it answers nothing
-/// for s1 (HAProxy keeps it MAINT) until Consul answers maint. Once the
-/// path is freed the write is retried without a new change.
+/// Moves the state folder `state` to `aside` and puts a file at its path,
+/// which stops writes (no temporary file can be made in it, root too) and
+/// reads (`ENOTDIR`).
+fn block_folder(state: &Path, aside: &Path) {
+    std::fs::rename(state, aside).unwrap();
+    std::fs::write(state, "not a folder").unwrap();
+}
+
+/// Undoes [`block_folder`]: the folder back at its path, as it was.
+fn unblock_folder(state: &Path, aside: &Path) {
+    std::fs::remove_file(state).unwrap();
+    std::fs::rename(aside, state).unwrap();
+}
+
+/// The state file's JSON.
+fn saved_state(file: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+/// A state-file write fails (the disk full, the folder unwritable: here the
+/// state folder is moved aside and a file put at its path, which stops root
+/// too) while `web/s1` goes ready -> maint. The agent is killed and starts
+/// again while Consul is down, from the file that still says ready (the
+/// folder back in place): it answers nothing for s1 (HAProxy keeps it
+/// MAINT) until Consul answers maint. A write that fails so is retried once
+/// the folder is back, without a new change.
 #[test]
 fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     let consul = Consul::start();
     write_store_marker(&consul);
     consul.put("web/s1", "ready");
     consul.put("web/s2", "drain");
-    let state = TempDir::new("served-state");
-    let dir_args = state_dir_args(state.path());
+    // The state folder inside a folder of the test's, so that it can be
+    // moved aside.
+    let root = TempDir::new("served-state");
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let dir_args = state_dir_args(&state);
     let (port, http_port) = (free_port(), free_port());
     let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
     agent.wait_ready();
     let haproxy = haproxy(port, &[("s1", &["web/s1"]), ("s2", &["web/s2"])]);
     haproxy.wait_server("web", "s2", Duration::from_secs(10), ServerState::is_drain);
-    let file = state.path().join("served-state.json");
+    let file = state.join("served-state.json");
     assert!(std::fs::read_to_string(&file).unwrap().contains("web/s1"));
 
-    let blocker = state.path().join(".served-state.json.tmp");
-    std::fs::create_dir(&blocker).unwrap();
+    // The folder's path taken by a file: no temporary file can be made in
+    // it. `block` and `unblock` swap the folder and the file.
+    let aside = root.path().join("aside");
+    let block = || block_folder(&state, &aside);
+    let unblock = || unblock_folder(&state, &aside);
+    block();
     consul.put("web/s1", "maint");
     haproxy.wait_server("web", "s1", Duration::from_secs(10), ServerState::is_maint);
     let behind = || agent.metric("gitlab_haproxy_agent_state_file_behind");
@@ -660,6 +688,7 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
     // listens).
     agent.proc().kill();
     drop(agent);
+    unblock();
     let nowhere = format!("http://127.0.0.1:{}", free_port());
     let mut agent = Agent::spawn_on(&nowhere, port, http_port, &args(&dir_args, &[]));
     let answering = wait_for(Duration::from_secs(10), || {
@@ -673,28 +702,128 @@ fn a_lagging_state_file_keeps_drained_servers_out_and_its_write_is_retried() {
         r.is_maint()
     });
 
-    // Consul again: maint applies (its write fails again, the path still
-    // taken).
+    // Consul again: maint applies and is written.
     agent.proc().kill();
     drop(agent);
     let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
     agent.wait_ready();
     agent.wait_answer("web/s1", "maint 100%\n");
+    let behind = |want: f64| {
+        wait_for(Duration::from_secs(15), || {
+            (agent.metric("gitlab_haproxy_agent_state_file_behind") == want).then_some(())
+        })
+        .is_some()
+    };
+    assert!(behind(0.0), "{}", agent.log());
+    // The next change's write fails (the folder's path taken again), and
+    // is retried once the folder is back, with no change after it.
+    block();
+    consul.put("web/s2", "maint");
+    agent.wait_answer("web/s2", "maint 100%\n");
+    assert!(behind(1.0), "{}", agent.log());
+    assert!(status(&agent)["state_file"]["write_error"].is_string());
+    unblock();
+    assert!(behind(0.0), "{}", agent.log());
+    let saved = saved_state(&file);
+    assert_eq!(saved["keys"]["web/s1"]["value"], "maint", "{saved}");
+    assert_eq!(saved["keys"]["web/s2"]["value"], "maint", "{saved}");
+    assert!(status(&agent)["state_file"]["write_error"].is_null());
+}
+
+/// A previous agent leaves a state file with `web/s1` = ready; the next one
+/// starts while its state folder cannot be read (a file at its path), so
+/// it knows no serial of it; s1 goes to maint; the folder comes back with
+/// the old file. The agent must write maint over it (its serials come from
+/// the clock, above the old file's), and the gauge `state_file_behind` may
+/// read 0 only once the file holds maint. Restarted with Consul stopped, the
+/// agent answers maint for s1 from the file.
+#[test]
+fn a_state_file_left_by_a_previous_agent_is_written_over_after_an_unreadable_start() {
+    previous_agents_file_written_over(None);
+}
+
+/// As above, the previous agent's clock an hour ahead of this one's (or
+/// stepped back since): its file's serial is above this agent's serials
+/// from the clock. The agent finds the higher serial when it writes, and
+/// writes the state served again above it.
+#[test]
+fn a_state_file_from_an_agent_whose_clock_ran_ahead_is_written_over_too() {
+    let hour_ahead = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        + 3_600_000_000;
+    previous_agents_file_written_over(Some(u64::try_from(hour_ahead).unwrap()));
+}
+
+/// The two tests above: `serial`, when given, replaces the previous
+/// agent's serial in its file.
+fn previous_agents_file_written_over(serial: Option<u64>) {
+    let mut consul = Consul::start();
+    write_store_marker(&consul);
+    consul.put("web/s1", "ready");
+    let root = TempDir::new("served-state");
+    let state = root.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let file = state.join("served-state.json");
+    let dir_args = state_dir_args(&state);
+    let (port, http_port) = (free_port(), free_port());
+
+    // The previous agent: a few changes, so that its serial counted from 1
+    // is above the next agent's first ones.
+    let mut agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    for weight in ["10%", "20%", "30%", "40%", "50%", "60%"] {
+        consul.put("web/s2", weight);
+        agent.wait_answer("web/s2", &format!("ready {weight}\n"));
+    }
+    assert!(agent.terminate().is_some_and(|s| s.success()));
+    drop(agent);
+    let mut old = saved_state(&file);
+    assert_eq!(old["keys"]["web/s1"]["value"], "ready", "{old}");
+    if let Some(serial) = serial {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let (head, rest) = text.split_once(',').unwrap();
+        assert!(head.starts_with("{\"serial\":"), "{text}");
+        std::fs::write(&file, format!("{{\"serial\":{serial},{rest}")).unwrap();
+        old = saved_state(&file);
+    }
+    let old_serial = old["serial"].as_u64().expect("a serial");
+
+    // The next agent starts with the folder unreadable.
+    let aside = root.path().join("aside");
+    block_folder(&state, &aside);
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    agent.wait_ready();
+    consul.put("web/s1", "maint");
+    agent.wait_answer("web/s1", "maint 100%\n");
+    let behind = || agent.metric("gitlab_haproxy_agent_state_file_behind");
+    assert_eq!(behind(), 1.0, "{}", agent.log());
+
+    // The folder back, with the previous agent's file: the retry (every
+    // 5 s) writes maint over it; only then is the file not behind.
+    unblock_folder(&state, &aside);
+    let caught_up = wait_for(Duration::from_secs(20), || (behind() == 0.0).then_some(()));
+    assert!(caught_up.is_some(), "{}", agent.log());
+    let saved = saved_state(&file);
     assert_eq!(
-        agent.metric("gitlab_haproxy_agent_state_file_behind"),
-        1.0,
-        "{}",
+        saved["keys"]["web/s1"]["value"], "maint",
+        "state_file_behind is 0 while the file holds the previous agent's state (serial {old_serial}): {saved}\n{}",
         agent.log()
     );
-    // The write that failed is retried once the path is free again.
-    std::fs::remove_dir(&blocker).unwrap();
-    let written = wait_for(Duration::from_secs(15), || {
-        (agent.metric("gitlab_haproxy_agent_state_file_behind") == 0.0).then_some(())
+    assert!(saved["serial"].as_u64().unwrap() > old_serial, "{saved}");
+
+    // Restarted while Consul is down: maint, from the file.
+    let mut agent = agent;
+    assert!(agent.terminate().is_some_and(|s| s.success()));
+    drop(agent);
+    consul.stop();
+    let agent = Agent::spawn_on(&consul.url(), port, http_port, &args(&dir_args, &[]));
+    let answering = wait_for(Duration::from_secs(10), || {
+        (agent.http_get("/-/answering").map(|r| r.0) == Some(200)).then_some(())
     });
-    assert!(written.is_some(), "{}", agent.log());
-    let saved = std::fs::read_to_string(&file).unwrap();
-    assert!(saved.contains("maint"), "{saved}");
-    assert!(status(&agent)["state_file"]["write_error"].is_null());
+    assert!(answering.is_some(), "{}", agent.log());
+    keeps_answering(&agent, "web/s1", "maint 100%\n", Duration::from_secs(1));
 }
 
 /// Creates a client token with the one policy `policy`; returns its secret.

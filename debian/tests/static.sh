@@ -145,7 +145,7 @@ check "unit: no capabilities" directive CapabilityBoundingSet ""
 check "unit: syscall filter" directive SystemCallFilter "@system-service"
 
 # --- /etc/default against docs/options.md -----------------------------------
-# Every env var of the options table ("Defaults and ranges") is in the file, commented out, with the
+# Every env var of the options table (before "## check-ready") is in the file, commented out, with the
 # default the table gives (in backticks), so uncommenting changes nothing.
 default_file=$root/etc/default/$pkg
 options_md=$repo/docs/options.md
@@ -162,7 +162,7 @@ if [ -f "$options_md" ]; then
 		else
 			check "/etc/default: #$name=" grep -q "^#$name=" "$default_file"
 		fi
-	done < <(sed -n '/^## Defaults and ranges/,/^## [^D]/p' "$options_md")
+	done < <(sed -n '/^# Options/,/^## check-ready/p' "$options_md")
 	check "docs/options.md lists options ($rows)" test "$rows" -gt 0
 else
 	fail "docs/options.md not found"

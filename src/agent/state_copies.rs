@@ -1,7 +1,11 @@
 //! Keeping the copies of the served state ([`crate::agent::state_file`])
 //! without ever holding a change back.
 //!
-//! Each new state gets the next serial. The runtime copy (`--runtime-dir`,
+//! Each new state gets the next serial ([`Copies::before_serving`]): the
+//! higher of the last one plus 1 and the wall clock in microseconds since
+//! the Unix epoch, so that serials grow across agent lifetimes, not only
+//! within one (see [`clock_micros`] for what the clock is trusted for).
+//! The runtime copy (`--runtime-dir`,
 //! a tmpfs) is written before the state is served, bounded by
 //! [`RUNTIME_COPY_TIMEOUT`]; then the state is served; then it is handed to
 //! the state file's writer, which writes the newest state it was handed
@@ -32,7 +36,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::agent::shared::Shared;
-use crate::agent::state_file::{file_text, Saved, StateFile};
+use crate::agent::state_file::{file_text, renumbered, Saved, StateFile};
 use crate::decision::served::ServedState;
 
 /// `argv[0]` of the state file's writer process.
@@ -46,6 +50,25 @@ pub const RUNTIME_COPY_TIMEOUT: Duration = Duration::from_secs(1);
 /// change, until it succeeds: 5 s.
 pub const STATE_FILE_RETRY: Duration = Duration::from_secs(5);
 
+/// The wall clock in microseconds since the Unix epoch (0 before 1970):
+/// the floor of every serial handed out.
+///
+/// Trusted only to have moved forward between two agent lifetimes on one
+/// node, so that an agent that could not read its state folder at start (a
+/// file at its path, an I/O error) still numbers its states above any state
+/// file a previous agent left there, and writes over it once the folder is
+/// back (the file's serial is otherwise taken for newer:
+/// [`Saved::AlreadyNewer`]). Within one agent the serials grow by at least
+/// 1 whatever the clock does; a clock stepped back between two lifetimes is
+/// still bounded by the serials read at start ([`Copies::start`]) when the
+/// copies are readable. About 1.8e15 today: exact in JSON readers that use
+/// doubles (up to 2^53, the year 2255).
+pub fn clock_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
 /// A state serialised for its copies: its serial and the file's text.
 #[derive(Clone)]
 pub struct Job {
@@ -58,6 +81,9 @@ pub struct Copies {
     prefix: String,
     /// The last serial handed out.
     serial: AtomicU64,
+    /// The serial before the first one this agent gave: a job at or below
+    /// it is a state read at start ([`Copies::catch_up`]).
+    first_below: u64,
     runtime: Option<(StateFile, Arc<Mutex<()>>)>,
     disk: Option<Disk>,
 }
@@ -74,9 +100,9 @@ struct Disk {
 
 impl Copies {
     /// The copies of `prefix`'s state: in `runtime` and in `disk` (either
-    /// may be absent), serials following `serial` (the higher of the two
-    /// read at start), the state file holding `disk_serial`. The state
-    /// file's writer runs as a task from here on.
+    /// may be absent), serials above `serial` (the higher of the two read
+    /// at start) and above [`clock_micros`] now, the state file holding
+    /// `disk_serial`. The state file's writer runs as a task from here on.
     pub fn start(
         prefix: &str,
         runtime: Option<StateFile>,
@@ -84,9 +110,11 @@ impl Copies {
         (serial, disk_serial): (u64, u64),
         shared: &Arc<Shared>,
     ) -> Arc<Copies> {
+        let base = serial.max(clock_micros());
         let copies = Arc::new(Copies {
             prefix: prefix.to_string(),
-            serial: AtomicU64::new(serial),
+            serial: AtomicU64::new(base),
+            first_below: base,
             runtime: runtime.map(|f| (f, Arc::new(Mutex::new(())))),
             disk: disk.map(|file| Disk {
                 file,
@@ -101,12 +129,13 @@ impl Copies {
         copies
     }
 
-    /// Writes the runtime copy of `state` under a new serial (bounded by
+    /// Writes the runtime copy of `state` under a new serial (the higher of
+    /// the last one plus 1 and [`clock_micros`]; bounded by
     /// [`RUNTIME_COPY_TIMEOUT`]; a failure is counted and logged, and the
     /// state is served all the same), and returns the job for
     /// [`Copies::to_disk`], to be handed over once the state is served.
     pub async fn before_serving(&self, shared: &Shared, state: &ServedState) -> Job {
-        let serial = self.serial.fetch_add(1, Ordering::Relaxed) + 1;
+        let serial = self.next_serial();
         let job = Job {
             serial,
             text: Arc::new(file_text(&self.prefix, state, serial)),
@@ -135,6 +164,47 @@ impl Copies {
             }
         }
         job
+    }
+
+    /// A new serial: the higher of the last one plus 1 and
+    /// [`clock_micros`].
+    fn next_serial(&self) -> u64 {
+        let now = clock_micros();
+        let next = |last: u64| last.saturating_add(1).max(now);
+        let last = self
+            .serial
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+                Some(next(last))
+            })
+            .unwrap_or_else(|last| last);
+        next(last)
+    }
+
+    /// After the state file was found holding `on_disk`, a serial above
+    /// any this agent gave (an earlier agent's, whose clock ran ahead):
+    /// serials from now on are above it, and the newest state handed to
+    /// the writer is renumbered so, unless a newer one came meanwhile
+    /// (numbered above it already).
+    fn renumber_above(&self, on_disk: u64) {
+        let Some(disk) = &self.disk else { return };
+        self.serial.fetch_max(on_disk, Ordering::Relaxed);
+        let Some(old) = disk.pending.borrow().as_ref().map(|j| j.serial) else {
+            return;
+        };
+        if old > on_disk {
+            return;
+        }
+        let serial = self.next_serial();
+        disk.pending.send_if_modified(|pending| match pending {
+            Some(job) if job.serial == old => {
+                *job = Job {
+                    serial,
+                    text: Arc::new(renumbered(&job.text, serial)),
+                };
+                true
+            }
+            _ => false,
+        });
     }
 
     /// Hands `job` to the state file's writer, which writes it unless a
@@ -193,6 +263,7 @@ impl Copies {
         let mut pending = disk.pending.subscribe();
         let mut child: Option<WriterChild> = None;
         let mut failing = false;
+        let mut newer_in_a_row = 0u32;
         loop {
             let job = loop {
                 let newest = pending.borrow_and_update().clone();
@@ -211,8 +282,29 @@ impl Copies {
                 },
             };
             let metrics = &shared.metrics;
+            // A state read at start, found older than the file (the
+            // previous agent's writer finished a newer one since): the file
+            // holds a newer state than this job, as it should.
+            let result = match result {
+                Ok(Reply::Newer(_)) if job.serial <= self.first_below => Ok(Reply::Written),
+                other => other,
+            };
+            if !matches!(result, Ok(Reply::Newer(_))) {
+                newer_in_a_row = 0;
+            }
             match result {
-                Ok(()) => {
+                Ok(Reply::Newer(on_disk)) => {
+                    warn!(path = %disk.file.path().display(), serial = job.serial, state_file_serial = on_disk, "the state file holds a higher serial than this agent ever gave: written by an earlier agent whose clock ran ahead of this one's; writing the state served again above it");
+                    self.renumber_above(on_disk);
+                    newer_in_a_row += 1;
+                    if newer_in_a_row > 1 {
+                        tokio::select! {
+                            _ = tokio::time::sleep(STATE_FILE_RETRY) => {}
+                            _ = pending.changed() => {}
+                        }
+                    }
+                }
+                Ok(Reply::Written) => {
                     metrics.state_file_writes.with_label_values(&["ok"]).inc();
                     disk.written.send_replace(job.serial);
                     let newest = disk.pending.borrow().as_ref().map_or(0, |j| j.serial);
@@ -248,6 +340,18 @@ impl Copies {
     }
 }
 
+/// What the writer process did with a job.
+enum Reply {
+    /// The file holds the job's state (written now, or before under the
+    /// same serial by a writer whose reply was lost).
+    Written,
+    /// The file holds a higher serial than the job's, left as it was. For
+    /// a job numbered by this agent, not a serial of this agent's (its
+    /// writers only ever hold serials up to the newest job's) but one from
+    /// an earlier agent whose clock ran ahead.
+    Newer(u64),
+}
+
 /// The state file's writer process and its pipes.
 struct WriterChild {
     _child: Child,
@@ -280,7 +384,7 @@ impl WriterChild {
     }
 
     /// Sends `job` and waits, however long the disk takes, for the reply.
-    async fn write(&mut self, job: &Job) -> Result<(), String> {
+    async fn write(&mut self, job: &Job) -> Result<Reply, String> {
         let result = async {
             let head = format!("{} {}\n", job.serial, job.text.len());
             self.stdin.write_all(head.as_bytes()).await?;
@@ -294,7 +398,15 @@ impl WriterChild {
         }
         .await;
         match result {
-            Ok(reply) if reply.trim_end() == "ok" => Ok(()),
+            Ok(reply) if reply.trim_end() == "ok" => Ok(Reply::Written),
+            Ok(reply) if reply.starts_with("newer ") => {
+                match reply["newer ".len()..].trim_end().parse() {
+                    Ok(on_disk) => Ok(Reply::Newer(on_disk)),
+                    Err(_) => Err(format!(
+                        "unexpected reply from the state file's writer: {reply:?}"
+                    )),
+                }
+            }
             Ok(reply) => Err(reply
                 .trim_end()
                 .strip_prefix("error ")
@@ -310,8 +422,9 @@ impl WriterChild {
 
 /// The state file's writer process ([`STATE_WRITER_ARG0`]): for each frame
 /// on standard input (`<serial> <length>\n` and the file's text) writes
-/// the file in `dir` ([`StateFile::save`]) and answers `ok` or
-/// `error <why>` on a line; exits 0 at the end of its input.
+/// the file in `dir` ([`StateFile::save`]) and answers on a line `ok` (the
+/// file holds this serial), `newer <serial>` (it holds a higher one, left
+/// as it was) or `error <why>`; exits 0 at the end of its input.
 pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
     let file = StateFile::in_dir(&dir);
     let mut input = std::io::stdin().lock();
@@ -332,7 +445,9 @@ pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
         let reply = match file.save(&text, serial) {
-            Ok(Saved::Written | Saved::AlreadyNewer(_)) => "ok".to_string(),
+            Ok(Saved::Written) => "ok".to_string(),
+            Ok(Saved::AlreadyNewer(on_disk)) if on_disk == serial => "ok".to_string(),
+            Ok(Saved::AlreadyNewer(on_disk)) => format!("newer {on_disk}"),
             Err(e) => format!("error {e}"),
         };
         if writeln!(output, "{reply}")
@@ -341,5 +456,30 @@ pub fn writer_main(dir: PathBuf) -> std::process::ExitCode {
         {
             return std::process::ExitCode::FAILURE;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serials_grow_and_start_above_the_clock_and_the_serials_read() {
+        let shared = Shared::new("http://127.0.0.1:8500", "p/");
+        let before = clock_micros();
+        // Serials read at start that count from 1 (an earlier agent, or a
+        // file from before the clock): the clock is above them.
+        let copies = Copies::start("p/", None, None, (7, 7), &shared);
+        let first = copies.next_serial();
+        assert!(first > before, "{first} <= {before}");
+        let second = copies.next_serial();
+        assert!(second > first);
+        assert!(copies.next_serial() > second);
+        // A serial read at start above the clock (an agent whose clock ran
+        // ahead): the next ones follow it, whatever the clock says.
+        let ahead = clock_micros() + 3_600_000_000;
+        let copies = Copies::start("p/", None, None, (ahead, 0), &shared);
+        assert_eq!(copies.next_serial(), ahead + 1);
+        assert_eq!(copies.next_serial(), ahead + 2);
     }
 }

@@ -8,18 +8,46 @@
 //! Each copy is written atomically (a temporary file in the same folder,
 //! fsync, rename over the old one, fsync of the folder) under an exclusive
 //! `flock` of the folder, and carries a serial that only grows, across
-//! restarts too: a write never puts an older state over a newer one, even
-//! from a process that was stuck on a frozen disk and resumes after a newer
-//! agent wrote; at start the copy with the higher serial is served.
+//! restarts too (each new state takes the higher of the last serial plus 1
+//! and the wall clock in microseconds,
+//! [`crate::agent::state_copies::clock_micros`], so a later agent numbers
+//! its states above an earlier one's even when it could not read their
+//! copies at start): a write never puts an older state over a newer one,
+//! even from a process that was stuck on a frozen disk and resumes after a
+//! newer agent wrote; at start the copy with the higher serial is served.
+//! Files from before serials (none: 0) and with serials counted from 1 load
+//! as they are.
 
 use std::fs::{self, File};
 use std::io::{Read as _, Write as _};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 
 use crate::decision::served::ServedState;
 
 /// The file's name in the state folder.
 pub const FILE_NAME: &str = "served-state.json";
+
+/// The start and end of a temporary file's name while it is written
+/// (`.served-state.json.XXXXXX.tmp`, the middle random, from `tempfile`).
+const TMP_PREFIX: &str = ".served-state.json.";
+const TMP_SUFFIX: &str = ".tmp";
+
+/// Removes the temporary files a writer killed mid-write left in `dir`
+/// (an OOM kill, a watchdog kill); called under the folder's lock, so none
+/// is being written. Errors are ignored: the next save tries again.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten().take(1000) {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(TMP_PREFIX) && name.ends_with(TMP_SUFFIX) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
 
 /// Where the served state lives.
 #[derive(Debug, Clone)]
@@ -44,7 +72,9 @@ pub enum Saved {
     /// The file holds the text given.
     Written,
     /// The file already held this serial or a higher one, written by this
-    /// agent or by a newer one: left as it was.
+    /// agent or by a newer one: left as it was. (The same serial: this
+    /// state, written by this agent's writer before; a higher one: a newer
+    /// state, or one from an earlier agent whose clock ran ahead.)
     AlreadyNewer(u64),
 }
 
@@ -58,6 +88,22 @@ pub fn file_text(prefix: &str, state: &ServedState, serial: u64) -> Vec<u8> {
     let _ = state.write_file(prefix, &mut json);
     let mut out = format!("{{\"serial\":{serial},").into_bytes();
     out.extend_from_slice(json.strip_prefix(b"{").unwrap_or(&json));
+    out
+}
+
+/// `text` ([`file_text`]) numbered `serial` instead: its leading
+/// `"serial"` member replaced (or added, in a text without one).
+pub fn renumbered(text: &[u8], serial: u64) -> Vec<u8> {
+    let rest = text
+        .strip_prefix(b"{\"serial\":")
+        .map(|r| {
+            let digits = r.iter().take_while(|b| b.is_ascii_digit()).count();
+            r[digits..].strip_prefix(b",").unwrap_or(&r[digits..])
+        })
+        .or_else(|| text.strip_prefix(b"{"))
+        .unwrap_or(text);
+    let mut out = format!("{{\"serial\":{serial},").into_bytes();
+    out.extend_from_slice(rest);
     out
 }
 
@@ -127,7 +173,10 @@ impl StateFile {
 
     /// Writes `text` ([`file_text`] of number `serial`) atomically, unless
     /// the file holds `serial` or a higher one already: under an exclusive
-    /// `flock` of the folder, a temporary file, fsync, rename, fsync of the folder.
+    /// `flock` of the folder, a temporary file in the folder
+    /// (`tempfile::NamedTempFile`), fsync, rename over the file
+    /// (`NamedTempFile::persist`), fsync of the folder, so that the rename
+    /// itself survives a power loss.
     ///
     /// # Errors
     ///
@@ -140,18 +189,22 @@ impl StateFile {
         if on_disk >= serial && serial > 0 {
             return Ok(Saved::AlreadyNewer(on_disk));
         }
-        // One writer at a time holds the lock, so one temporary name will do.
-        let tmp = dir.join(format!(".{FILE_NAME}.tmp"));
+        // One writer at a time holds the lock: a temporary file of ours
+        // found now was left by a writer killed mid-write.
+        remove_stale_temporaries(dir);
         let result = (|| {
-            let mut f = File::create(&tmp)?;
-            f.write_all(text)?;
-            f.sync_all()?;
-            fs::rename(&tmp, &self.path)?;
+            let mut tmp = tempfile::Builder::new()
+                .prefix(TMP_PREFIX)
+                .suffix(TMP_SUFFIX)
+                // As `File::create`: 0666 less the umask.
+                .permissions(fs::Permissions::from_mode(0o666))
+                .tempfile_in(dir)?;
+            tmp.write_all(text)?;
+            tmp.as_file().sync_all()?;
+            // On an error the temporary file is removed when dropped.
+            tmp.persist(&self.path).map_err(|e| e.error)?;
             folder.sync_all()
         })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
         // The lock goes with `folder`.
         result.map(|()| Saved::Written)
     }
@@ -235,6 +288,13 @@ mod tests {
         );
         assert!(matches!(file.load("p/"), Loaded::State(_, 5)));
         assert_eq!(serial_of(b"{\"version\":1}"), 0);
+        // Renumbered, the same state under the new serial.
+        let text = renumbered(&file_text("p/", &state, 5), 1_764_900_000_000_001);
+        assert_eq!(text, file_text("p/", &state, 1_764_900_000_000_001));
+        assert_eq!(
+            renumbered(&state.to_file("p/").into_bytes(), 6),
+            file_text("p/", &state, 6)
+        );
     }
 
     #[test]
@@ -242,5 +302,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = StateFile::in_dir(&dir.path().join("missing-folder"));
         assert!(file.save(b"{}", 1).is_err());
+        // The rename fails (a folder at the file's path): the temporary
+        // file goes, the folder stays.
+        let file = StateFile::in_dir(dir.path());
+        fs::create_dir(file.path()).unwrap();
+        assert!(file.save(b"{}", 1).is_err());
+        assert!(file.path().is_dir());
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn a_temporary_file_left_by_a_killed_writer_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = StateFile::in_dir(dir.path());
+        let left = dir.path().join(".served-state.json.a1B2c3.tmp");
+        fs::write(&left, "{half").unwrap();
+        let other = dir.path().join("served-state.json.unusable");
+        fs::write(&other, "kept").unwrap();
+        let state = ServedState::default();
+        assert_eq!(
+            file.save(&file_text("p/", &state, 1), 1).unwrap(),
+            Saved::Written
+        );
+        assert!(!left.exists());
+        assert!(other.exists());
+        assert!(matches!(file.load("p/"), Loaded::State(_, 1)));
+        // The mode `File::create` gives (0666 less the umask), not
+        // tempfile's 0600.
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode();
+        assert_eq!(mode(file.path()), mode(&other));
     }
 }

@@ -26,7 +26,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use serde_json::Value;
+use prometheus_http_query::response::Data;
 
 use super::{as_index, instant_query, samples, sessions_query, FetchError, Sessions, LOOKBACK};
 
@@ -116,19 +116,18 @@ impl Idle {
 
 /// The Prometheus clock now (`time()`), in seconds.
 async fn prometheus_now(http: &reqwest::Client, base: &str) -> Result<f64, FetchError> {
-    let answer = instant_query(http, base, "time()").await?;
-    let at = &answer["data"]["result"];
-    (at[1].as_str().and_then(|v| v.parse().ok()))
-        .or(at[0].as_f64())
-        .ok_or_else(|| FetchError {
-            message: format!("Prometheus at {base}: time() answered {at}"),
+    match instant_query(http, base, "time()").await? {
+        Data::Scalar(at) => Ok(at.value()),
+        other => Err(FetchError {
+            message: format!("Prometheus at {base}: time() answered {other:?}, not a scalar"),
             lasting: false,
-        })
+        }),
+    }
 }
 
 /// `(server, instance) -> value` of an instant-vector answer of the
 /// sessions query (or one wrapped in a function that keeps its labels).
-fn by_server(answer: &Value) -> Result<BTreeMap<(String, String), f64>, FetchError> {
+fn by_server(answer: &Data) -> Result<BTreeMap<(String, String), f64>, FetchError> {
     let label = |l: &super::Labels, k: &str| l.get(k).cloned().unwrap_or_default();
     Ok(samples(answer, "haproxy_server_current_sessions")
         .map_err(|message| FetchError {

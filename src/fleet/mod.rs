@@ -5,7 +5,8 @@
 //! `gitlab_haproxy_agent_last_sync_timestamp_seconds`,
 //! `gitlab_haproxy_agent_rows_seen`, `gitlab_haproxy_agent_rows_answered`)
 //! and `up`, and how it stands against one index ([`Verdict`]). The
-//! Prometheus HTTP API client is here too. [`groups`] adds what the agents
+//! queries go through the Prometheus HTTP API client `prometheus-http-query`
+//! ([`instant_query`]). [`groups`] adds what the agents
 //! say of the groups their servers name, [`held`] the keys they hold. The
 //! writer ([`crate::writer::confirm`]) waits on this view; it depends on the
 //! model and the core only, as [`crate::consul`] does for Consul.
@@ -19,7 +20,8 @@ pub mod text;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde_json::Value;
+use prometheus_http_query::error::PrometheusErrorType;
+use prometheus_http_query::response::Data;
 
 use crate::model::value::AnswerKind;
 
@@ -342,7 +344,7 @@ impl Fleet {
     /// # Errors
     ///
     /// A text naming the query whose answer is not a Prometheus vector.
-    pub fn from_answers(answers: &[Value]) -> Result<Fleet, String> {
+    pub fn from_answers(answers: &[Data]) -> Result<Fleet, String> {
         let [up, consul_index, answered_index, sync_age, rows_seen, rows_answered] = answers else {
             return Err(format!("{} answers, not 6", answers.len()));
         };
@@ -399,7 +401,7 @@ impl Fleet {
     /// # Errors
     ///
     /// As [`Fleet::from_answers`].
-    pub fn add_health(&mut self, answers: &[Value]) -> Result<(), String> {
+    pub fn add_health(&mut self, answers: &[Data]) -> Result<(), String> {
         let [not_asked, held, store_id, synced] = answers else {
             return Err(format!("{} answers, not 4", answers.len()));
         };
@@ -422,7 +424,7 @@ impl Fleet {
         }
         // The selector picks one job's targets: the instance tells them
         // apart.
-        let mut add = |answer: &Value, what: &str, set: fn(&mut Health, f64)| {
+        let mut add = |answer: &Data, what: &str, set: fn(&mut Health, f64)| {
             for sample in samples(answer, what)? {
                 let instance = sample.labels.get("instance");
                 for agent in self.agents.iter_mut() {
@@ -538,7 +540,7 @@ pub async fn fetch_health(
 /// targets not in `up` are ignored).
 fn fill(
     agents: &mut BTreeMap<(String, String), AgentView>,
-    answer: &Value,
+    answer: &Data,
     what: &str,
     mut set: impl FnMut(&mut AgentView, &Labels, f64),
 ) -> Result<(), String> {
@@ -576,41 +578,28 @@ pub(crate) fn as_index(v: f64) -> u64 {
     }
 }
 
-/// The samples of one instant-vector answer
-/// (`{"status":"success","data":{"resultType":"vector","result":[...]}}`,
+/// The samples of one instant-vector answer (`"resultType": "vector"`,
 /// Prometheus HTTP API): labels and value.
-pub(crate) fn samples(answer: &Value, what: &str) -> Result<Vec<Sample>, String> {
-    if answer["status"] != "success" {
-        return Err(format!(
-            "query for {what} failed: {} {}",
-            answer["errorType"].as_str().unwrap_or("error"),
-            answer["error"].as_str().unwrap_or("(no message)")
-        ));
-    }
-    let data = &answer["data"];
-    if data["resultType"] != "vector" {
+///
+/// # Errors
+///
+/// A text naming `what` when the answer is not an instant vector (a
+/// matrix or a scalar).
+pub(crate) fn samples(answer: &Data, what: &str) -> Result<Vec<Sample>, String> {
+    let Data::Vector(result) = answer else {
         return Err(format!("query for {what}: not an instant vector"));
-    }
-    let Some(result) = data["result"].as_array() else {
-        return Err(format!("query for {what}: no result array"));
     };
-    let mut out = Vec::with_capacity(result.len());
-    for sample in result {
-        let labels: Labels = sample["metric"]
-            .as_object()
-            .map(|m| {
-                m.iter()
-                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let value = sample["value"][1]
-            .as_str()
-            .and_then(|v| v.parse::<f64>().ok())
-            .ok_or_else(|| format!("query for {what}: a sample without a numeric value"))?;
-        out.push(Sample { labels, value });
-    }
-    Ok(out)
+    Ok(result
+        .iter()
+        .map(|v| Sample {
+            labels: v
+                .metric()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            value: v.sample().value(),
+        })
+        .collect())
 }
 
 /// Asks Prometheus at `base` (its URL, e.g. `http://prometheus:9090`) for
@@ -664,63 +653,86 @@ pub fn sessions_query(selector: &str, backends: &[&str]) -> String {
 }
 
 /// One instant query (`/api/v1/query`) to the HTTP API of the Prometheus
-/// at `base`: its answer, with `"status": "success"`.
+/// at `base`, through `prometheus-http-query` over `http`: its data, given
+/// within [`QUERY_TIMEOUT`] (5 s).
 ///
 /// # Errors
 ///
-/// As [`fetch_fleet`].
+/// As [`fetch_fleet`]; which ones are lasting: [`fetch_error`].
 pub(crate) async fn instant_query(
     http: &reqwest::Client,
     base: &str,
     query: &str,
-) -> Result<Value, FetchError> {
-    let endpoint = format!("{}/api/v1/query", base.trim_end_matches('/'));
-    let mut url = reqwest::Url::parse(&endpoint).map_err(|e| FetchError {
-        message: format!("bad Prometheus URL {base:?}: {e}"),
-        lasting: true,
-    })?;
-    url.query_pairs_mut().append_pair("query", query);
-    let passing = |message: String| FetchError {
-        message,
-        lasting: false,
-    };
-    let response = http
-        .get(url)
-        .timeout(QUERY_TIMEOUT)
-        .send()
-        .await
-        .map_err(|e| {
-            passing(format!(
-                "Prometheus at {base} did not answer: {}",
-                error_chain(&e)
-            ))
+) -> Result<Data, FetchError> {
+    // The client joins `api/v1/query` to the base's path with a `/`.
+    let client = prometheus_http_query::Client::from(http.clone(), base.trim_end_matches('/'))
+        .map_err(|e| FetchError {
+            message: format!("bad Prometheus URL {base:?}: {}", error_chain(&e)),
+            lasting: true,
         })?;
-    let status = response.status();
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| passing(format!("Prometheus at {base}: {}", error_chain(&e))))?;
-    // The HTTP API answers 400 (bad_data) to a query it cannot parse
-    // and 404 to a path that is not the API: asking again cannot help.
-    let lasting = status.is_client_error();
-    let value: Value = serde_json::from_slice(&body).map_err(|_| FetchError {
+    match tokio::time::timeout(QUERY_TIMEOUT, client.query(query).get()).await {
+        Ok(Ok(answer)) => Ok(answer.into_inner().0),
+        Ok(Err(e)) => Err(fetch_error(base, query, &e)),
+        Err(_) => Err(FetchError {
+            message: format!(
+                "Prometheus at {base} did not answer: no answer within {} s",
+                QUERY_TIMEOUT.as_secs()
+            ),
+            lasting: false,
+        }),
+    }
+}
+
+/// What an error of the client means for `query` to Prometheus at `base`.
+/// Lasting (asking again cannot help): the error types Prometheus gives a
+/// query it cannot run as asked, `bad_data` (a selector it cannot parse,
+/// HTTP 400), `execution` (422) and `not_found` (404), and an answer that
+/// is not the HTTP API's JSON with a 4xx status (a URL that is not the
+/// API's, a proxy refusing us). Passing: no answer, `timeout`,
+/// `unavailable`, `internal`, `canceled`, a 5xx or a body that is not the
+/// API's (prometheus/prometheus `web/api/v1/api.go`, `returnAPIError`).
+fn fetch_error(base: &str, query: &str, e: &prometheus_http_query::Error) -> FetchError {
+    use prometheus_http_query::Error;
+    let not_api = |status: Option<reqwest::StatusCode>| FetchError {
         message: format!(
-            "Prometheus at {base} answered {status} without the HTTP API's JSON (is the \
-             URL Prometheus's base?)"
+            "Prometheus at {base} answered {}without the HTTP API's JSON (is the URL \
+             Prometheus's base?)",
+            status.map(|s| format!("{s} ")).unwrap_or_default()
         ),
-        lasting,
-    })?;
-    if value["status"] != "success" {
-        return Err(FetchError {
+        lasting: status.is_some_and(|s| s.is_client_error()),
+    };
+    match e {
+        Error::Prometheus(p) => FetchError {
             message: format!(
                 "Prometheus at {base} refused {query:?}: {} {}",
-                value["errorType"].as_str().unwrap_or("error"),
-                value["error"].as_str().unwrap_or("(no message)")
+                p.error_type(),
+                p.message()
             ),
-            lasting,
-        });
+            lasting: matches!(
+                p.error_type(),
+                PrometheusErrorType::BadData
+                    | PrometheusErrorType::Execution
+                    | PrometheusErrorType::NotFound
+            ),
+        },
+        // Not JSON: the client keeps the status when it was an error.
+        Error::Client(c) => match c.inner() {
+            None => not_api(None),
+            Some(r) if r.is_status() || r.is_decode() => not_api(r.status()),
+            Some(r) => FetchError {
+                message: format!("Prometheus at {base} did not answer: {}", error_chain(r)),
+                lasting: false,
+            },
+        },
+        Error::ParseUrl(_) => FetchError {
+            message: format!("bad Prometheus URL {base:?}: {}", error_chain(e)),
+            lasting: true,
+        },
+        other => FetchError {
+            message: format!("Prometheus at {base}: {}", error_chain(other)),
+            lasting: false,
+        },
     }
-    Ok(value)
 }
 
 /// Why Prometheus could not be asked.
@@ -752,141 +764,4 @@ pub(crate) fn http_client() -> Result<reqwest::Client, String> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    /// A canned series: metric name (empty: none), labels, value.
-    pub(crate) type Series<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
-
-    pub(crate) fn vector(samples: &[Series<'_>]) -> Value {
-        let result: Vec<Value> = samples
-            .iter()
-            .map(|(name, labels, value)| {
-                let mut metric = serde_json::Map::new();
-                if !name.is_empty() {
-                    metric.insert("__name__".into(), json!(name));
-                }
-                for (k, v) in *labels {
-                    metric.insert((*k).into(), json!(v));
-                }
-                json!({"metric": metric, "value": [1_700_000_000.5, value]})
-            })
-            .collect();
-        json!({"status": "success", "data": {"resultType": "vector", "result": result}})
-    }
-
-    pub(crate) const JOB: (&str, &str) = ("job", "gitlab-haproxy-agent");
-
-    /// Three agents: lb-01 caught up, lb-02 down since before the write,
-    /// lb-03 synced but with one row last answered from an older snapshot.
-    pub(crate) fn answers() -> Vec<Value> {
-        let a = [JOB, ("instance", "10.0.0.1:9101"), ("fqdn", "lb-01")];
-        let b = [JOB, ("instance", "10.0.0.2:9101"), ("fqdn", "lb-02")];
-        let c = [JOB, ("instance", "10.0.0.3:9101"), ("fqdn", "lb-03")];
-        let with = |l: &[(&'static str, &'static str)], s: &'static str| {
-            let mut v = l.to_vec();
-            v.push(("state", s));
-            v
-        };
-        let (ad, bd, cd, cr) = (
-            with(&a, "drain"),
-            with(&b, "drain"),
-            with(&c, "drain"),
-            with(&c, "ready"),
-        );
-        vec![
-            vector(&[("up", &a, "1"), ("up", &b, "0"), ("up", &c, "1")]),
-            vector(&[("", &a, "120"), ("", &b, "90"), ("", &c, "120")]),
-            vector(&[("", &a, "120"), ("", &b, "90"), ("", &c, "100")]),
-            vector(&[("", &a, "1.2"), ("", &b, "75"), ("", &c, "0.4")]),
-            vector(&[("", &a, "2"), ("", &b, "2"), ("", &c, "2")]),
-            vector(&[
-                ("", &ad, "2"),
-                ("", &bd, "0"),
-                ("", &cd, "1"),
-                ("", &cr, "1"),
-            ]),
-        ]
-    }
-
-    #[test]
-    fn builds_the_fleet_from_the_query_answers() {
-        let fleet = Fleet::from_answers(&answers()).unwrap();
-        assert_eq!(fleet.agents.len(), 3);
-        let b = &fleet.agents[1];
-        assert_eq!(b.name(), "10.0.0.2:9101 (lb-02)");
-        assert!(!b.up);
-        assert_eq!(b.consul_index, Some(90));
-        assert_eq!(b.last_sync_age, Some(75.0));
-        assert_eq!(fleet.agents[2].rows_answered["ready"], 1);
-    }
-
-    #[test]
-    fn an_agent_without_rows_or_metrics_lags() {
-        let a = [JOB, ("instance", "10.0.0.1:9101")];
-        let b = [JOB, ("instance", "10.0.0.2:9101")];
-        let answers = vec![
-            vector(&[("up", &a, "1"), ("up", &b, "1")]),
-            vector(&[("", &a, "50")]),
-            vector(&[("", &a, "0")]),
-            vector(&[("", &a, "1")]),
-            vector(&[("", &a, "0")]),
-            vector(&[]),
-        ];
-        let fleet = Fleet::from_answers(&answers).unwrap();
-        let verdict = fleet.verdict(50, Some(AnswerKind::Maint));
-        let lags: Vec<Lag> = verdict.lagging.iter().map(|(_, l)| *l).collect();
-        assert_eq!(lags, [Lag::NotAsked, Lag::NoMetrics]);
-    }
-
-    #[test]
-    fn no_target_is_never_confirmed() {
-        let empty = vector(&[]);
-        let fleet = Fleet::from_answers(&vec![empty; 6]).unwrap();
-        assert!(!fleet.verdict(1, None).all_confirmed());
-    }
-
-    #[test]
-    fn refuses_answers_that_are_not_vectors() {
-        let mut answers = answers();
-        answers[2] = json!({"status": "error", "errorType": "bad_data", "error": "parse error"});
-        let e = Fleet::from_answers(&answers).unwrap_err();
-        assert_eq!(e, "query for answered_index failed: bad_data parse error");
-        answers[2] = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
-        assert!(Fleet::from_answers(&answers).is_err());
-    }
-
-    #[test]
-    fn only_plain_http_urls_are_taken() {
-        assert!(check_url("http://127.0.0.1:9090").is_ok());
-        assert!(check_url("http://prometheus.gprd:9090/prometheus/").is_ok());
-        // `prometheus:9090` parses as scheme `prometheus`.
-        assert!(check_url("prometheus:9090").is_err());
-        assert!(check_url("https://prometheus:9090").is_err());
-        assert!(check_url("http//prometheus").is_err());
-    }
-
-    #[test]
-    fn sessions_query_selects_the_backends_escaped() {
-        assert_eq!(
-            sessions_query(" job=\"haproxy\" ", &["web", "api.v2"]),
-            r#"haproxy_server_current_sessions{job="haproxy",proxy=~"web|api.v2"}"#
-        );
-        assert_eq!(
-            sessions_query("", &["web"]),
-            r#"haproxy_server_current_sessions{proxy=~"web"}"#
-        );
-    }
-
-    #[test]
-    fn queries_select_the_targets() {
-        let q = queries(r#"job="gitlab-haproxy-agent",environment="gprd""#);
-        assert_eq!(q[0], r#"up{job="gitlab-haproxy-agent",environment="gprd"}"#);
-        assert_eq!(
-            q[3],
-            r#"time() - last_over_time(gitlab_haproxy_agent_last_sync_timestamp_seconds{job="gitlab-haproxy-agent",environment="gprd"}[1h])"#
-        );
-    }
-}
+pub(crate) mod tests;

@@ -29,11 +29,11 @@ class SettingsTest < Minitest::Test
     doc = File.join(docs, 'options.md')
     skip 'docs/options.md not found' unless File.exist?(doc)
 
-    # The daemon's options: the table under "Defaults and ranges". The
+    # The daemon's options: the table before "## check-ready". The
     # writer's Prometheus URL, which the writer reads from the same file,
     # is documented on the writer's page.
     text = File.read(doc)
-    daemon = text[/^## Defaults and ranges\n(.*?)(?=^## |\z)/m, 1]
+    daemon = text[/\A(.*?)(?=^## check-ready)/m, 1]
     documented = daemon.scan(/`(GITLAB_HAPROXY_AGENT_[A-Z_]+)`/).flatten.uniq.sort
     writer = %w[GITLAB_HAPROXY_AGENT_PROMETHEUS_URL]
     ours = (GitlabHaproxyAgent::Settings::VARIABLES.values - writer +

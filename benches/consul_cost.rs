@@ -33,7 +33,8 @@
 //! Targets are checked and printed (PASS or MISS); a miss does not fail the
 //! run. The table is recorded in BENCHMARKS.md under "Consul cost per
 //! change". Options (after `--`): `--agent-bin PATH`, `--keys N`,
-//! `--no-record`.
+//! `--no-record`, `--records none|sibling|below` (each key written with
+//! its writer record, as the writer CLI does).
 
 mod support;
 
@@ -92,6 +93,81 @@ struct Args {
     /// (0: not measured).
     #[arg(long, default_value_t = 120)]
     idle_secs: u64,
+    /// Where each key's writer record (who, why, until when; about 110
+    /// bytes of JSON) is written, in the key's own transaction, as the
+    /// writer CLI does: `none`, `sibling` (`gitlab-haproxy-agent/state~meta/`,
+    /// where the writer keeps them) or `below` (`<prefix>~meta/`, where
+    /// writers up to 0.1 kept them, downloaded by every agent).
+    #[arg(long, value_enum, default_value_t = Records::None)]
+    records: Records,
+}
+
+/// Where the writer records go ([`Args::records`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+enum Records {
+    None,
+    Sibling,
+    Below,
+}
+
+impl Records {
+    /// The full key of `key`'s record, if records are written.
+    fn key(self, key: &str) -> Option<String> {
+        match self {
+            Records::None => None,
+            Records::Sibling => Some(format!("gitlab-haproxy-agent/state~meta/{key}")),
+            Records::Below => Some(format!("{PREFIX}~meta/{key}")),
+        }
+    }
+}
+
+/// A writer's record of a write of `value`.
+fn record_of(value: &str) -> String {
+    serde_json::json!({"by": "alice", "reason": "kernel upgrade CHG-1234",
+        "at": 1_764_921_600u64, "until": 1_764_928_800u64, "value": value})
+    .to_string()
+}
+
+/// The next write generation (`~generation`) as the writer advances it in
+/// each of its transactions: the number and the ids of the last ones,
+/// newest first (at most 64).
+fn next_generation() -> (String, String) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NUMBER: AtomicU64 = AtomicU64::new(0);
+    let n = NUMBER.fetch_add(1, Ordering::Relaxed) + 1;
+    let ids: Vec<String> = (n.saturating_sub(63).max(1)..=n)
+        .rev()
+        .map(|i| format!("{i:016x}"))
+        .collect();
+    (
+        format!("{PREFIX}~generation"),
+        format!("{n} {}", ids.join(" ")),
+    )
+}
+
+/// Writes `value` at `key` (relative), with its record and the write
+/// generation in one transaction when `records` says so (as the writer
+/// does), or deletes both (`None`).
+fn write(consul: &Consul, records: Records, key: &str, value: Option<&str>) {
+    let full = format!("{PREFIX}{key}");
+    match (records.key(key), value) {
+        (None, Some(v)) => consul.put(&full, v),
+        (None, None) => consul.delete(&full),
+        (Some(r), Some(v)) => {
+            consul.put_many(&[(full, v.to_string()), (r, record_of(v)), next_generation()])
+        }
+        (Some(r), None) => {
+            let (g, gv) = next_generation();
+            let gv = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, gv);
+            let ops = serde_json::json!([
+                {"KV": {"Verb": "delete", "Key": full}},
+                {"KV": {"Verb": "delete", "Key": r}},
+                {"KV": {"Verb": "set", "Key": g, "Value": gv}},
+            ]);
+            let (status, _, body) = consul.request("PUT", "/v1/txn", ops.to_string().as_bytes());
+            assert_eq!(status, 200, "txn: {}", String::from_utf8_lossy(&body));
+        }
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -339,13 +415,18 @@ fn run(args: &Args, acl: Acl) -> AclRun {
     };
     let dir = TempDir::new("consul-cost");
     let read_rule = format!("key_prefix \"{PREFIX}\" {{ policy = \"read\" }}");
+    // The agent's token also reads the records beside the prefix, as the
+    // runbook's policy does.
+    let agent_rule = format!(
+        "{read_rule}\nkey_prefix \"gitlab-haproxy-agent/state~meta/\" {{ policy = \"read\" }}"
+    );
     // The agent's token reads the prefix, as the cookbook's does. `consul
     // watch` first asks /v1/agent/self (its connectivity check), which
     // needs agent:read; nothing after that does.
     let (agent_token, watch_token) = match acl {
         Acl::Off => (None, None),
         Acl::On => (
-            Some(token(&consul, "agent-read", &read_rule)),
+            Some(token(&consul, "agent-read", &agent_rule)),
             Some(token(
                 &consul,
                 "watch-read",
@@ -359,7 +440,12 @@ fn run(args: &Args, acl: Acl) -> AclRun {
     // compresses (a transaction would give them all one).
     consul.put(&format!("{PREFIX}~store-id"), "5f0c2b1e9a7d4c3b");
     for i in 0..args.keys {
-        consul.put(&format!("{PREFIX}web/web-{i:04}"), &seed_value(i));
+        write(
+            &consul,
+            args.records,
+            &format!("web/web-{i:04}"),
+            Some(&seed_value(i)),
+        );
     }
 
     let token_file = dir.path().join("consul-token");
@@ -431,11 +517,7 @@ fn run(args: &Args, acl: Acl) -> AclRun {
     let first = before.clone();
     let changes_began = Instant::now();
     for (n, step) in MIX.iter().enumerate() {
-        let key = format!("{PREFIX}{}", step.key);
-        match step.value {
-            Some(value) => consul.put(&key, value),
-            None => consul.delete(&key),
-        }
+        write(&consul, args.records, step.key, step.value);
         let (line, want) = (probe_line(step.key), reply_for(step.value));
         let t0 = Instant::now();
         let settled = wait_every(CHANGE_TIMEOUT, Duration::from_millis(20), || {
@@ -919,8 +1001,13 @@ fn main() {
     let load_after = load_average();
     let unsettled: Vec<&String> = runs.iter().flat_map(|r| &r.unsettled).collect();
     let mut notes = format!(
-        "{} keys under the prefix before the changes; ACLs off took {} s, on {} s.\n",
+        "{} keys under the prefix before the changes, writer records {}; ACLs off took {} s, on {} s.\n",
         args.keys,
+        match args.records {
+            Records::None => "none",
+            Records::Sibling => "in each key's transaction under gitlab-haproxy-agent/state~meta/",
+            Records::Below => "in each key's transaction under the prefix's ~meta/",
+        },
         runs[0].took.as_secs(),
         runs[1].took.as_secs()
     );

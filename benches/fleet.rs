@@ -18,7 +18,8 @@
 //! With `--gprd`, instead: gprd's keyspace at each fleet size, 919 row keys
 //! under one prefix without writer records and, in the same run on the same
 //! cluster, under another prefix with each key's writer record
-//! (`~meta/<key>`, written in the key's transaction as the writer does),
+//! (beside the prefix, `<prefix without its />~meta/<key>`, written in the
+//! key's transaction as the writer does),
 //! default and stale reads: write apply times, and the servers' CPU and bytes
 //! per write (recorded under its own section of BENCHMARKS.md).
 //!
@@ -388,12 +389,19 @@ fn put_fleet(node: &Node, fleet: &Fleet, key: &str, value: &str) -> bool {
         .is_some_and(|(s, _, _)| s == 200)
 }
 
+/// `set` operations of `pairs` (keys relative to `prefix`); a writer record
+/// (`~meta/<key>`) goes beside the prefix (`<prefix without its />~meta/<key>`),
+/// where the writer CLI writes it, out of the agents' answers.
 fn txn_ops(prefix: &str, pairs: &[(String, String)]) -> Vec<serde_json::Value> {
     use base64::Engine as _;
+    let full = |k: &str| match k.strip_prefix("~meta/") {
+        Some(rec) => format!("{}~meta/{rec}", prefix.trim_end_matches('/')),
+        None => format!("{prefix}{k}"),
+    };
     pairs
         .iter()
         .map(|(k, v)| {
-            serde_json::json!({"KV": {"Verb": "set", "Key": format!("{prefix}{k}"),
+            serde_json::json!({"KV": {"Verb": "set", "Key": full(k),
                 "Value": base64::engine::general_purpose::STANDARD.encode(v)}})
         })
         .collect()

@@ -158,6 +158,25 @@ if $quick; then
   summary
   exit
 fi
+# The agent of 89740e7, the last writer that kept its records below the
+# prefix, for tests/upgrade.rs (GITLAB_HAPROXY_AGENT_OLD_BIN; without it
+# that test says it is skipped): a debug build of the commit's tree, in a
+# target folder of its own under target/ (about 2 minutes the first time,
+# nothing after). A clone without the commit (shallow) skips it.
+old_rev=89740e7
+old_dir=target/old-$old_rev
+build_old_agent() {
+  git cat-file -e "$old_rev^{commit}" 2>/dev/null || {
+    echo "commit $old_rev is not in this clone (shallow?): tests/upgrade.rs is skipped"
+    return 0
+  }
+  rm -rf "$old_dir/src" && mkdir -p "$old_dir/src" &&
+    git archive "$old_rev" | tar -x -C "$old_dir/src" &&
+    (cd "$old_dir/src" && CARGO_INCREMENTAL=0 CARGO_TARGET_DIR="$PWD/../target" \
+      cargo build --locked --bin gitlab-haproxy-agent) &&
+    export GITLAB_HAPROXY_AGENT_OLD_BIN="$PWD/$old_dir/target/debug/gitlab-haproxy-agent"
+}
+suite "build the agent of $old_rev (upgrade test)" build_old_agent
 # Every test of the workspace, the core crate's too (the benches,
 # harness = false, are built by clippy above).
 suite "cargo nextest" rust_tests --workspace --lib --bins --tests

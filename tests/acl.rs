@@ -597,3 +597,64 @@ key_prefix "{p}web/" {{ policy = "deny" }}"#
     assert_eq!(lines.count(), PER_KEY_LIMIT + 1, "{log}");
     assert_eq!(hidden(), DENIED as f64);
 }
+
+/// The writer keeps its records beside the prefix, out of the agents'
+/// answer. A drain it writes to a key the agent's token may not read (a
+/// `deny` on the key) shows in no answer, whose index is the write
+/// generation's (written in the same transaction): only the record's name
+/// tells. The agent lists the records' names after the writer's
+/// transaction, reads the key (403), then its record, and holds it hidden
+/// at the drain the record names, not the next identity's `ready`.
+#[test]
+fn a_drain_the_writer_writes_to_a_key_the_token_may_not_read_is_held_from_its_record() {
+    let consul = Consul::start_acl(MASTER);
+    policies(&consul);
+    let p = support::PREFIX;
+    set_agent_read(
+        &consul,
+        &format!(
+            r#"key_prefix "{p}" {{ policy = "read" }}
+key_prefix "gitlab-haproxy-agent/state~meta/" {{ policy = "read" }}
+key "{p}web/web-01" {{ policy = "deny" }}"#
+        ),
+    );
+    consul.put("canary", "ready");
+    let (agent, _token) = agent_with_token(&consul, "agent-read");
+    wait_answer(&agent, "web/web-01 canary", "ready 100%\n");
+
+    let dir = TempDir::new("writer-token");
+    let token = dir.path().join("token");
+    std::fs::write(&token, MASTER).unwrap();
+    let args = [
+        "set",
+        "web/web-01",
+        "drain",
+        "--consul-token-file",
+        token.to_str().unwrap(),
+    ];
+    let out = support::state_command(&consul.url(), &args)
+        .output()
+        .expect("run the writer");
+    assert!(out.status.success(), "{out:?}");
+    let (status, _, _) = consul.request(
+        "GET",
+        "/v1/kv/gitlab-haproxy-agent/state~meta/web/web-01",
+        b"",
+    );
+    assert_eq!(status, 200, "the record beside the prefix");
+
+    let hidden = || agent.metric("gitlab_haproxy_agent_held_keys{cause=\"hidden\"}");
+    let held = wait_for(Duration::from_secs(20), || (hidden() >= 1.0).then_some(()));
+    assert!(
+        held.is_some(),
+        "the hidden drain was not found\n{}",
+        agent.log()
+    );
+    assert_eq!(
+        agent.ask("web/web-01 canary"),
+        "drain 100%\n",
+        "the drain its record names, not canary's ready\n{}",
+        agent.log()
+    );
+    assert_eq!(agent.ask("canary"), "ready 100%\n");
+}

@@ -1,5 +1,6 @@
 //! Who drained a key, why and until when, against a real Consul and the
-//! real agent: the writer's record beside a key (`~meta/<key>`) shows on the
+//! real agent: the writer's record of a key (`gitlab-haproxy-agent/state~meta/<key>`,
+//! or below the prefix, `~meta/<key>`, as earlier writers kept it) shows on the
 //! agent's metrics and `/status`; a key written by hand shows as written
 //! outside the writer, its age counted from when the agent first served it,
 //! and that count survives a restart of the agent (`--state-dir`).
@@ -133,9 +134,19 @@ fn writer(consul: &Consul, envs: &[(&str, &str)], args: &[&str]) -> Run {
     Run::from(out)
 }
 
+/// The writer's record of `key`, beside the prefix, `None` when absent.
+fn record(consul: &Consul, key: &str) -> Option<Value> {
+    kv_at(consul, &format!("gitlab-haproxy-agent/state~meta/{key}"))
+}
+
 /// The raw value at `PREFIX + key`, `None` when absent.
 fn kv(consul: &Consul, key: &str) -> Option<Value> {
-    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{}{key}", support::PREFIX), b"");
+    kv_at(consul, &format!("{}{key}", support::PREFIX))
+}
+
+/// The raw value at `key` (full), `None` when absent.
+fn kv_at(consul: &Consul, key: &str) -> Option<Value> {
+    let (status, _, body) = consul.request("GET", &format!("/v1/kv/{key}"), b"");
     if status == 404 {
         return None;
     }
@@ -212,7 +223,7 @@ fn a_drain_with_reason_and_until_shows_in_get_list_and_the_agents_metrics() {
     );
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     assert_eq!(kv(&consul, "zone-b"), None);
-    assert_eq!(kv(&consul, "~meta/zone-b"), None);
+    assert_eq!(record(&consul, "zone-b"), None);
     wait_for(CONVERGE, || {
         series(&agent, &key_since).is_none().then_some(())
     })
@@ -234,8 +245,9 @@ fn a_hand_write_shows_as_written_outside_the_writer() {
         "the sudo user, not root: {get}"
     );
     // The record and the key share one ModifyIndex.
-    let record = kv(&consul, "~meta/canary").expect("a record");
-    assert_eq!(record["ModifyIndex"], get["modify_index"]);
+    let written = record(&consul, "canary").expect("a record");
+    assert_eq!(written["ModifyIndex"], get["modify_index"]);
+    assert_eq!(kv(&consul, "~meta/canary"), None, "off the agents' path");
 
     // Break glass.
     consul.put("canary", "maint");
@@ -338,8 +350,8 @@ fn a_drain_of_many_row_keys_writes_every_record_in_its_key_transaction() {
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     for n in &names {
         let key = kv(&consul, &format!("web/{n}")).expect("key written");
-        let record = kv(&consul, &format!("~meta/web/{n}")).expect("record written");
-        assert_eq!(record["ModifyIndex"], key["ModifyIndex"], "{n}");
+        let written = record(&consul, &format!("web/{n}")).expect("record written");
+        assert_eq!(written["ModifyIndex"], key["ModifyIndex"], "{n}");
     }
     let list = writer(&consul, &[], &["list", "--json"]).json();
     let keys = list["keys"].as_array().unwrap();

@@ -17,8 +17,12 @@ use std::path::{Path, PathBuf};
 /// and the reports that name a key's Consul session, 253: a write releases
 /// the session holding its key, so that the session ending cannot delete
 /// the write; plus `writer::author::process_author`, 18, which reads
-/// `/proc` and so left the pure core's `model::meta`).
-const WRITER_LINE_BUDGET: usize = 5_165;
+/// `/proc` and so left the pure core's `model::meta`; plus 78 for the
+/// records beside the prefix: `get`, `list` and `status` read both places,
+/// a token refused the sibling prefix gets them below the prefix with a
+/// warning, and `state migrate-records`; their Consul side is in
+/// `consul/records.rs`).
+const WRITER_LINE_BUDGET: usize = 5_243;
 
 /// Most lines a file of `src/` may hold outside `#[cfg(test)]` items: 800.
 const FILE_LINE_BUDGET: usize = 800;

@@ -834,12 +834,12 @@ fn token_for(consul: &Consul, policy: &str) -> String {
 /// A key denied to the token (`key ".../web/s2" deny` under a readable
 /// prefix, which the read check cannot see) that the agent never saw: a new
 /// load balancer, or an agent that lost its state file. The writer's record
-/// of the key (`~meta/web/s2`) names it: the agent reads it directly (403),
-/// holds it as hidden with no value known and answers nothing for the line
-/// it decides, so HAProxy keeps s2 in MAINT rather than taking `canary`'s
-/// ready.
+/// of the key (`~meta/web/s2`, an earlier writer's, below the prefix)
+/// names it: the agent reads it directly (403) and holds it as hidden at
+/// the maint the record names, so s2 stays in MAINT rather than taking
+/// `canary`'s ready.
 #[test]
-fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
+fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_held_at_its_maint() {
     let consul = Consul::start_acl(MASTER);
     let read = format!(r#"key_prefix "{PREFIX}" {{ policy = "read" }}"#);
     consul.put_policy("all-read", &read);
@@ -871,7 +871,12 @@ fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
     let agent = Agent::spawn_on(&consul.url(), port, http_port, &token_args);
     agent.wait_ready();
     wait_held(&agent, "web/s2", "hidden");
-    keeps_answering(&agent, "web/s2 canary", "", Duration::from_secs(1));
+    keeps_answering(
+        &agent,
+        "web/s2 canary",
+        "maint 100%\n",
+        Duration::from_secs(1),
+    );
     server_stays(&haproxy, "s2", "MAINT", Duration::from_secs(1), |r| {
         r.is_maint()
     });
@@ -880,7 +885,12 @@ fn a_key_denied_to_a_fresh_agent_is_found_by_its_record_and_gets_no_answer() {
     for weight in ["50%", "60%", "70%"] {
         consul.put("web/s3", weight);
         agent.wait_answer("web/s3", &format!("ready {weight}\n"));
-        assert_eq!(agent.ask("web/s2 canary"), "", "{}", agent.log());
+        assert_eq!(
+            agent.ask("web/s2 canary"),
+            "maint 100%\n",
+            "{}",
+            agent.log()
+        );
     }
     wait_held(&agent, "web/s2", "hidden");
     server_stays(&haproxy, "s2", "MAINT", Duration::from_secs(1), |r| {

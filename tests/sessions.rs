@@ -116,7 +116,8 @@ fn maint_written_over_a_session_held_drain_outlives_the_session() {
     run.warns("name \"deploy-automation\"");
     run.warns("behavior delete");
     // The write's record says so too.
-    let (_, _, record) = consul.request("GET", &format!("/v1/kv/{PREFIX}~meta/web/s1?raw"), b"");
+    let records = "gitlab-haproxy-agent/state~meta/";
+    let (_, _, record) = consul.request("GET", &format!("/v1/kv/{records}web/s1?raw"), b"");
     let record: Value = serde_json::from_slice(&record).unwrap();
     assert_eq!(record["value"], "maint", "{record}");
     assert_eq!(record["released_session"]["id"], id.as_str(), "{record}");
@@ -292,4 +293,9 @@ fn a_token_with_key_write_only_releases_and_names_the_session_by_id() {
     run.warns(&format!(
         "released web/s1 from Consul session {id} (gone, or not readable with this token)"
     ));
+    // A token that may not write the records beside the prefix (granted
+    // before they moved there) still writes, its records below the prefix.
+    run.warns("warning: records written below the prefix");
+    let (status, _, _) = consul.request("GET", &format!("/v1/kv/{PREFIX}~meta/web/s1"), b"");
+    assert_eq!(status, 200, "the record below the prefix");
 }

@@ -229,6 +229,9 @@ struct Store {
     index: u64,
     /// Data-loss generation.
     generation: u64,
+    /// The writer's records beside the prefix: the value it last wrote to
+    /// each key (writes and deletes by hand leave them as they are).
+    records: BTreeMap<String, String>,
 }
 
 impl Store {
@@ -628,6 +631,7 @@ impl Sim {
             Request::Prefix { stale: true, .. }
                 | Request::Key { stale: true, .. }
                 | Request::ReadCheck { stale: true }
+                | Request::RecordNames { stale: true }
         )
     }
 
@@ -665,6 +669,9 @@ impl Sim {
         }
         self.leader.set(key, value);
         if by_writer {
+            self.leader
+                .records
+                .insert(key.to_string(), value.to_string());
             self.advance_generation();
         }
         let parsed = gitlab_haproxy_agent::model::value::parse_value(value.as_bytes()).ok();
@@ -847,6 +854,34 @@ impl Sim {
             Request::ReadCheck { .. } => Response::ReadCheck {
                 allowed: !(self.acl && self.policy.prefix_denied),
             },
+            // The writer's records beside the prefix, which the token may
+            // read, from the server asked (the records' index: the store's).
+            Request::RecordNames { .. } => Response::RecordNames {
+                names: Some(store.records.keys().map(|k| k.as_str().into()).collect()),
+                index: Some(store.index),
+            },
+            Request::Record { key } => {
+                let read = match self.leader.records.get(&*key) {
+                    Some(value) => KeyRead::Present(KvPair {
+                        key: format!("p~meta/{key}"),
+                        value: serde_json::to_vec(&gitlab_haproxy_agent::model::meta::KeyMeta {
+                            by: "sim".into(),
+                            reason: String::new(),
+                            at: 0,
+                            until: None,
+                            value: value.clone(),
+                        })
+                        .unwrap(),
+                        modify_index: self.leader.index,
+                        flags: 0,
+                    }),
+                    None => KeyRead::Absent,
+                };
+                Response::Key {
+                    read,
+                    index: Some(self.leader.index),
+                }
+            }
         })
     }
 

@@ -15,6 +15,7 @@ pub mod logging;
 pub mod metrics;
 pub mod notify;
 pub mod old_workers;
+pub mod records;
 pub mod responder;
 pub use gitlab_haproxy_agent_core::{discovery, route};
 pub mod seen;
@@ -116,6 +117,7 @@ pub async fn run(config: AgentConfig) -> anyhow::Result<()> {
                 .context("cannot build the Consul client")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    shared.records.set_client(clients[0].clone());
     tracker.spawn(old_workers::watch(
         config.haproxy_pid_file.clone(),
         shared.metrics.haproxy_old_workers.clone(),

@@ -42,6 +42,9 @@ pub struct Shared {
     pub served: Mutex<Option<Arc<ServedState>>>,
     /// The state file, for `/status`.
     pub state_file: Mutex<StateFileStatus>,
+    /// The writer's records of the keys served, read when `/status` or a
+    /// scrape asks, off the path from a write to HAProxy.
+    pub records: crate::agent::records::RecordCache,
 }
 
 /// What `/status` says of the state file.
@@ -77,6 +80,7 @@ impl Shared {
             prefix: prefix.to_string(),
             served: Mutex::new(None),
             state_file: Mutex::new(StateFileStatus::default()),
+            records: crate::agent::records::RecordCache::new(prefix),
         })
     }
 }

@@ -669,7 +669,13 @@ impl Watcher {
 /// True for the requests the core makes while it confirms an answer (its
 /// read check and direct reads), false for those that start the next one.
 fn confirming(request: &Request) -> bool {
-    matches!(request, Request::Key { .. } | Request::ReadCheck { .. })
+    matches!(
+        request,
+        Request::Key { .. }
+            | Request::ReadCheck { .. }
+            | Request::RecordNames { .. }
+            | Request::Record { .. }
+    )
 }
 
 /// Performs one request of the core, with owned inputs so that the watcher
@@ -711,6 +717,15 @@ async fn perform(
         Request::ReadCheck { stale } => Response::ReadCheck {
             allowed: client.read_check(prefix, *stale).await?,
         },
+        Request::Record { key } => {
+            let full = crate::model::meta::record_key(prefix, key);
+            let (read, index) = client.read_key(&full, Consistency::Default).await?;
+            Response::Key { read, index }
+        }
+        Request::RecordNames { stale } => {
+            let (names, index) = client.record_names(prefix, *stale).await?;
+            Response::RecordNames { names, index }
+        }
     })
 }
 
@@ -758,7 +773,9 @@ pub fn publish(shared: &Shared, served: &Arc<ServedState>, provisional: bool) {
     metrics
         .store_id_present
         .set(i64::from(served.store_id.is_some()));
-    metrics.observe_out_keys(served);
+    // With the records already read (a scrape reads newer ones).
+    let filled = shared.records.fill(served);
+    metrics.observe_out_keys(filled.as_ref().unwrap_or(served));
     *shared.served.lock().unwrap() = Some(Arc::clone(served));
     let mut snapshot = served.snapshot();
     snapshot.provisional = provisional;

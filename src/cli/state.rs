@@ -260,6 +260,22 @@ pub enum StateCommand {
         #[command(flatten)]
         write: WriteOpts,
     },
+    /// Move the writer's records of who wrote each key, why and until when
+    /// from below the prefix (`<prefix>~meta/<key>`, where writers up to
+    /// 0.1 kept them and every agent downloads them with each write) to the
+    /// sibling prefix (`gitlab-haproxy-agent/state~meta/<key>`), unchanged.
+    ///
+    /// Each move writes the record there and deletes it here in one
+    /// transaction (compare-and-set on the record read, advancing the write
+    /// generation), so a writer of either version racing it loses nothing.
+    /// Agents serve the same answers throughout: records are never state.
+    /// Any write of a key moves its record too; this moves them all.
+    #[command(after_help = EXIT_CODES_HELP)]
+    MigrateRecords {
+        /// Dry run.
+        #[command(flatten)]
+        write: WriteOpts,
+    },
 }
 
 /// `state canary` actions.
@@ -459,6 +475,7 @@ impl StateCommand {
             | StateCommand::Drain { write, .. }
             | StateCommand::Undrain { write, .. }
             | StateCommand::ReleaseRollback { write }
+            | StateCommand::MigrateRecords { write }
             | StateCommand::Canary {
                 action: CanaryAction::Disable { write, .. } | CanaryAction::Enable { write, .. },
             } => Some(write),

@@ -504,10 +504,11 @@ pub(crate) fn status_error(status: StatusCode, body: &[u8]) -> ConsulError {
 /// answers 413 beyond it).
 pub const MAX_TXN_OPS: usize = 64;
 
-/// Keys per transaction when each key's record (`~meta/<key>`) and the
-/// write generation (`~generation`, one operation) go in the same
-/// transaction: half of [`MAX_TXN_OPS`] less that one, rounded down.
-pub const KEYS_PER_TXN: usize = (MAX_TXN_OPS - 1) / 2;
+/// Keys per transaction when each key's record, the delete of an earlier
+/// writer's record below the prefix, and the write generation
+/// (`~generation`, one operation) go in the same transaction: a third of
+/// [`MAX_TXN_OPS`] less that one, rounded down.
+pub const KEYS_PER_TXN: usize = (MAX_TXN_OPS - 1) / 3;
 
 /// Time allowed for one KV read or write made by the writer CLI (not a
 /// blocking query): a write goes through the Raft leader.
@@ -540,6 +541,47 @@ impl ConsulClient {
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
         Ok((status, body.to_vec()))
+    }
+
+    /// The full names of the keys under `prefix` (`GET
+    /// /v1/kv/<prefix>?keys`, `&stale` when `stale`, asking gzip, within
+    /// [`REQUEST_TIMEOUT`]) and the answer's `X-Consul-Index`: empty for a
+    /// 404, `None` for a 403.
+    ///
+    /// # Errors
+    ///
+    /// Transport errors, a timeout, other error statuses, a body that is not
+    /// a JSON list of strings.
+    pub async fn list_keys(
+        &self,
+        prefix: &str,
+        stale: bool,
+    ) -> Result<(Option<Vec<String>>, Option<u64>), ConsulError> {
+        let stale = if stale { "&stale" } else { "" };
+        let url = format!("{}/v1/kv/{}?keys{stale}", self.addr, encode_key(prefix));
+        let request = (self.http.get(&url)).header(reqwest::header::ACCEPT_ENCODING, "gzip");
+        let response = (request.headers(self.headers()?).timeout(REQUEST_TIMEOUT))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let (status, index) = (
+            response.status(),
+            consul_index(response.headers()).flatten(),
+        );
+        let gzipped = (response.headers().get(reqwest::header::CONTENT_ENCODING))
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"gzip"));
+        let raw = (response.bytes().await).map_err(|e| self.transport_error(e, REQUEST_TIMEOUT))?;
+        let body = if gzipped { gunzip(&raw)? } else { raw.to_vec() };
+        let keys = match status {
+            StatusCode::NOT_FOUND => Some(Vec::new()),
+            StatusCode::FORBIDDEN => None,
+            StatusCode::OK => Some(
+                serde_json::from_slice(&body)
+                    .map_err(|e| ConsulError::Decode(format!("key list: {e}")))?,
+            ),
+            _ => return Err(status_error(status, &body)),
+        };
+        Ok((keys, index))
     }
 
     /// Reads one key (the full key, prefix included) with its ModifyIndex;

@@ -9,6 +9,7 @@ pub mod client;
 pub mod config;
 pub mod generation;
 pub mod peers;
+pub mod records;
 pub mod session;
 pub mod tls;
 pub mod token;

@@ -14,7 +14,7 @@ use super::confirm::Unconfirmed;
 use super::error::{check_key, exit, refused_invalid, report_failure, Failure};
 use super::haproxy;
 use super::live;
-use super::output::table;
+use super::output::{err_line, table};
 use super::plan::{is_row_key, plan_drain, plan_undrain, plan_write, Change, Current, WaitFor};
 use super::progress::{Run, StepStatus, Stop};
 use super::report::{display_value, key_table, KeyReport, KeyView};
@@ -24,7 +24,7 @@ use crate::cli::{CanaryAction, IdleArgs, Selector, StateArgs, StateCommand};
 use crate::consul::config::{ConsulConfig, Fallbacks};
 use crate::consul::{ConsulError, KvPair, TokenSource};
 use crate::model::identity::parse_line;
-use crate::model::meta::{meta_key, Records};
+use crate::model::meta::Records;
 use crate::model::snapshot::{build_snapshot, Answer, Entry};
 use crate::model::value::parse_value;
 
@@ -185,6 +185,7 @@ pub(super) async fn run(config: ConsulConfig, args: &StateArgs, fallbacks: &Fall
                 .await
         }
         StateCommand::ReleaseRollback { write } => writer.release_rollback(write.dry_run).await,
+        StateCommand::MigrateRecords { write } => writer.migrate_records(write.dry_run).await,
         StateCommand::Status(status) => {
             let status = crate::cli::StatusArgs {
                 prometheus: args.prometheus.clone().unwrap_or_default(),
@@ -252,8 +253,11 @@ impl Writer {
             Some(id) => Some(self.client.holder(&id).await),
             None => None,
         };
-        let record = self.client.get_key(&self.full(&meta_key(key))).await?;
-        let records = Records::read(&self.prefix, record.as_slice(), self.author.at);
+        let (record, errors) = self.client.key_records(&self.prefix, key).await;
+        errors
+            .iter()
+            .for_each(|e| err_line(&format!("warning: {e}")));
+        let records = Records::read(&self.prefix, &record, self.author.at);
         let view = KeyView::new(key, (pair.as_ref(), holder.as_ref()), None, &records);
         let invalid = view.invalid();
         let holds = crate::fleet::held::fleet_holds(self.holds.as_ref()).await;
@@ -284,7 +288,10 @@ impl Writer {
         let (answer, holders) = self.client.list_held(&self.prefix).await?;
         let held = self.held(&holders, None).await;
         let snapshot = build_snapshot(&self.prefix, answer.index, &answer.pairs);
-        let records = Records::read(&self.prefix, &answer.pairs, self.author.at);
+        let with_records: Vec<KvPair> = (answer.pairs.iter().cloned())
+            .chain(self.records().await)
+            .collect();
+        let records = Records::read(&self.prefix, &with_records, self.author.at);
         let mut rows: Vec<(String, &KvPair)> = answer
             .pairs
             .iter()

@@ -59,7 +59,10 @@ pub enum Unconfirmed {
 pub fn of_command(args: &StateArgs) -> Result<Option<ConfirmArgs>, Failure> {
     // The release mark decides no row's answer by itself: nothing to
     // confirm per row; `state status` shows the fleet after it.
-    let release = matches!(args.command, StateCommand::ReleaseRollback { .. });
+    let release = matches!(
+        args.command,
+        StateCommand::ReleaseRollback { .. } | StateCommand::MigrateRecords { .. }
+    );
     let Some(write) = args.command.write_opts().filter(|_| !release) else {
         return Ok(None);
     };
@@ -368,9 +371,13 @@ impl Writer {
         let store_id = format!("{}{}", self.prefix, crate::model::identity::STORE_ID_KEY);
         let (index, out, consul_failure, consul_has_id) =
             match self.client.list_prefix(&self.prefix).await {
-                Ok(answer) => (
+                Ok(mut answer) => (
                     Some(answer.index),
-                    keys_out(&self.prefix, &answer.pairs, self.author.at, self.json),
+                    {
+                        let records = self.records().await;
+                        answer.pairs.extend(records);
+                        keys_out(&self.prefix, &answer.pairs, self.author.at, self.json)
+                    },
                     None,
                     answer.pairs.iter().any(|p| p.key == store_id),
                 ),

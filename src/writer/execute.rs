@@ -23,8 +23,10 @@ use super::report::Report;
 use super::select::{Target, ASSUMED_ROW_KEYS};
 use super::session::Writer;
 
+use crate::consul::records::record_ops;
+use crate::consul::AdvanceError;
 use crate::consul::{TxnOp, TxnOutcome};
-use crate::model::meta::meta_key;
+use crate::model::meta::records_prefix;
 use crate::model::snapshot::build_snapshot;
 use crate::model::value::AdminState;
 
@@ -429,8 +431,11 @@ impl Writer {
 
     /// One transaction: every key in `chunk` gets `change` (a value with
     /// Consul Flags `flags`), each only if its ModifyIndex is the one last
-    /// seen, and its record is written (or deleted with it), after the keys
-    /// so that a refused operation's position names its key. A value for a
+    /// seen, and its record is written (or deleted with it) under
+    /// [`records_prefix`], an earlier writer's record below the prefix
+    /// deleted, after the keys so that a refused operation's position names
+    /// its key. A token refused the records prefix gets them below the
+    /// prefix, with a warning. A value for a
     /// key a Consul session holds is written with its release
     /// ([`held`]): the index check, then `unlock`.
     pub(super) async fn write_chunk(
@@ -481,14 +486,38 @@ impl Writer {
             }
         }
         let meta = change.state().map(|s| self.author.record(s));
-        ops.extend(chunk.iter().map(|k| {
-            let record = meta.as_ref().map(|meta| Record {
-                meta,
-                released_session: run.held.get(k).filter(|_| releases(&run.held, k, change)),
-            });
-            TxnOp::record(self.full(&meta_key(k)), record.as_ref())
-        }));
-        match self.client.txn_advancing(&self.prefix, &ops).await? {
+        let held = &run.held;
+        let records = |beside: bool| -> Vec<TxnOp> {
+            (chunk.iter())
+                .flat_map(|k| {
+                    let record = meta.as_ref().map(|meta| Record {
+                        meta,
+                        released_session: held.get(k).filter(|_| releases(held, k, change)),
+                    });
+                    record_ops(&self.prefix, k, record.as_ref(), beside)
+                })
+                .collect()
+        };
+        let keys_only = ops.len();
+        ops.extend(records(false));
+        let outcome = match self.client.txn_advancing(&self.prefix, &ops).await {
+            // A token that may write the prefix only (granted before records
+            // moved): the whole transaction was refused, so nothing was
+            // written; the records go below the prefix, as before.
+            Err(AdvanceError::Denied(why)) => {
+                ops.truncate(keys_only);
+                ops.extend(records(true));
+                let outcome = self.client.txn_advancing(&self.prefix, &ops).await?;
+                let sibling = records_prefix(&self.prefix);
+                err_line(&format!(
+                    "warning: records written below the prefix, where every agent downloads \
+                     them: the token may not write {sibling} ({why})"
+                ));
+                outcome
+            }
+            outcome => outcome?,
+        };
+        match outcome {
             TxnOutcome::Committed(results) => {
                 for k in chunk {
                     run.now.insert(k.clone(), change.state());

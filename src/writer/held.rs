@@ -78,14 +78,15 @@ pub(super) fn releases(held: &Held, key: &str, change: Change) -> bool {
 }
 
 /// `keys` cut into transactions of at most [`MAX_TXN_OPS`] operations:
-/// two per key (its write and its record), three for a key released
-/// ([`releases`]: the index check, the unlock, the record), and one for the
-/// write generation.
+/// three per key (its write, its record, and the delete of an earlier
+/// writer's record below the prefix), four for a key released
+/// ([`releases`]: the index check, the unlock, the record, the delete), and
+/// one for the write generation.
 pub(super) fn chunks<'a>(keys: &'a [String], held: &Held, change: Change) -> Vec<&'a [String]> {
     let mut out = Vec::new();
     let (mut start, mut ops) = (0, 1);
     for (i, key) in keys.iter().enumerate() {
-        let cost = if releases(held, key, change) { 3 } else { 2 };
+        let cost = if releases(held, key, change) { 4 } else { 3 };
         if ops + cost > MAX_TXN_OPS {
             out.push(&keys[start..i]);
             (start, ops) = (i, 1);
@@ -207,21 +208,21 @@ mod tests {
                 .map(|c| c.len())
                 .collect()
         };
-        assert_eq!(sizes(&none, set), vec![31, 31, 31, 7]);
+        assert_eq!(sizes(&none, set), vec![21, 21, 21, 21, 16]);
         let all: Held = keys.iter().map(|k| (k.clone(), holder("delete"))).collect();
-        assert_eq!(sizes(&all, set), vec![21, 21, 21, 21, 16]);
+        assert_eq!(sizes(&all, set), vec![15, 15, 15, 15, 15, 15, 10]);
         assert_eq!(
             sizes(&all, Change::Clear),
-            vec![31, 31, 31, 7],
+            vec![21, 21, 21, 21, 16],
             "a removal needs no unlock"
         );
         let some: Held = [("web/s000".to_string(), holder("delete"))].into();
-        assert_eq!(sizes(&some, set), vec![31, 31, 31, 7]);
+        assert_eq!(sizes(&some, set), vec![20, 21, 21, 21, 17]);
         assert!(chunks(&[], &all, set).is_empty());
         for (held, change) in [(&none, set), (&all, set), (&some, set)] {
             for chunk in chunks(&keys, held, change) {
                 let ops: usize = (chunk.iter())
-                    .map(|k| if releases(held, k, change) { 3 } else { 2 })
+                    .map(|k| if releases(held, k, change) { 4 } else { 3 })
                     .sum();
                 assert!(ops < MAX_TXN_OPS, "{ops} and the generation");
             }

@@ -10,6 +10,7 @@ use crate::consul::{TxnOp, TxnOutcome};
 use crate::decision::HoldCause;
 use crate::fleet::held::{agents_text, Holds};
 use crate::model::identity::RELEASE_ROLLBACK_KEY;
+use crate::model::meta::records_prefix;
 
 impl Writer {
     /// Writes `<prefix>`[`RELEASE_ROLLBACK_KEY`] with the time of the
@@ -92,5 +93,26 @@ impl Writer {
             }
         }
         Ok(())
+    }
+
+    /// `state migrate-records` ([`crate::consul::ConsulClient::migrate_records`]).
+    pub(super) async fn migrate_records(&self, dry_run: bool) -> Result<(), Failure> {
+        if !dry_run {
+            self.ensure_store_id().await?;
+        }
+        let m = self.client.migrate_records(&self.prefix, dry_run).await?;
+        let to = records_prefix(&self.prefix);
+        match self.json {
+            true => self.print_json(json!({"ok": m.raced == 0, "records": m.found,
+                "moved": m.moved, "changed_meanwhile": m.raced, "to": to, "dry_run": dry_run})),
+            false if dry_run => println!("dry run: {} records would move to {to}", m.found),
+            false => println!("{} of {} records moved to {to}", m.moved, m.found),
+        }
+        match m.raced {
+            0 => Ok(()),
+            n => Err(Failure::conflict(format!(
+                "{n} records changed meanwhile; run again"
+            ))),
+        }
     }
 }

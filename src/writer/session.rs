@@ -5,11 +5,12 @@
 use serde_json::Value;
 
 use super::error::Failure;
-use super::output::{out_line, Render};
+use super::output::{err_line, out_line, Render};
 use crate::cli::ConfirmArgs;
 use crate::consul::ConsulClient;
 use crate::decision::STORE_ID_KEY;
 use crate::model::meta::Author;
+use crate::model::snapshot::KvPair;
 
 /// One `state` command's connection: the Consul client, the prefix (ending
 /// in `/`), and whether output is `--json`.
@@ -40,6 +41,17 @@ impl Writer {
             .put_cas(&self.full(STORE_ID_KEY), id.as_bytes(), 0)
             .await?;
         Ok(())
+    }
+
+    /// The records under the sibling prefix, or none with a warning.
+    pub(super) async fn records(&self) -> Vec<KvPair> {
+        self.client
+            .read_records(&self.prefix)
+            .await
+            .unwrap_or_else(|e| {
+                err_line(&format!("warning: who wrote the keys is not shown: {e}"));
+                Vec::new()
+            })
     }
 
     /// Prints `report` as JSON with `--json`, else as text.

@@ -60,6 +60,10 @@ pub enum Rule {
     /// behind by a full read, after
     /// [`REPLACE_UNANSWERED_AFTER`](super::REPLACE_UNANSWERED_AFTER) checks.
     ReplaceUnanswered,
+    /// With ACLs on, list the names of the writer's records beside the
+    /// prefix after a writer transaction, and read directly the keys they
+    /// name that the answer does not show.
+    ListRecords,
 }
 
 /// The rules in force: every [`Rule`] by default, which is what the daemon
@@ -95,7 +99,7 @@ impl Rules {
 mod tests {
     use super::*;
 
-    const ALL: [Rule; 10] = [
+    const ALL: [Rule; 11] = [
         Rule::ProbeMissing,
         Rule::StoreId,
         Rule::AclReprobe,
@@ -106,6 +110,7 @@ mod tests {
         Rule::TrafficOrder,
         Rule::ResetBelow,
         Rule::ReplaceUnanswered,
+        Rule::ListRecords,
     ];
 
     #[test]

@@ -19,6 +19,8 @@ use super::served::{AnswerView, ConsulKey, HoldCause, MergeInput, Probe, ServedS
 use super::stale::hold_reason;
 use crate::model::identity::STORE_ID_KEY;
 
+mod records;
+
 /// How many index checks that show Consul past a read re-issued for being
 /// behind it waits before it is replaced by a full read (index 0): 3, six
 /// seconds at the default `--index-check` of 2 s, past the two checks of
@@ -354,6 +356,20 @@ impl Core {
             (
                 Phase::Confirming {
                     pending,
+                    step: ConfirmStep::RecordNames { consistency },
+                },
+                Response::RecordNames { names, index },
+            ) => self.on_record_names(pending, consistency, names, index, now, &mut out),
+            (
+                Phase::Confirming {
+                    pending,
+                    step: ConfirmStep::Record { key, never_held },
+                },
+                Response::Key { read, .. },
+            ) => self.on_record(pending, key, never_held, read, now, &mut out),
+            (
+                Phase::Confirming {
+                    pending,
                     step: ConfirmStep::Key { consistency },
                 },
                 Response::Key { read, index },
@@ -471,6 +487,18 @@ impl Core {
             self.token_checked = None;
             return self.read(true, Sent::Refresh, Delay::None);
         }
+        // The writer keeps its records beside the prefix, out of the
+        // answer: a key the token may not read that a writer transaction
+        // wrote since the state served shows in no answer (its index is
+        // the generation's, written in the same transaction). With ACLs
+        // on, the names of the records are listed after each writer
+        // transaction (and at the first answer), and the keys they name
+        // that nothing shows are read directly.
+        let list_records = probe
+            && !rolled_back
+            && self.config.rules.on(Rule::ListRecords)
+            && view.generation_index > 0
+            && self.current().is_none_or(|c| view.generation_index > c);
         let read_check = match acl_on && (empty || self.token_checked != Some(token_load)) {
             true => ReadCheck::Due { token_load },
             false => ReadCheck::NotDue,
@@ -488,8 +516,12 @@ impl Core {
             read: ask.read,
             consistency: ask.consistency,
             read_check,
+            list_records,
+            listed: false,
+            named: Vec::new(),
             to_probe: if probe { missing } else { Vec::new() },
             probes: BTreeMap::new(),
+            written: BTreeMap::new(),
             store_check: StoreCheck::NotDue,
             refusal,
         });
@@ -503,6 +535,12 @@ impl Core {
         let stale = consistency.is_stale();
         let (step, request) = if p.read_check != ReadCheck::NotDue {
             (ConfirmStep::ReadCheck, Request::ReadCheck { stale })
+        } else if p.list_records {
+            p.list_records = false;
+            (
+                ConfirmStep::RecordNames { consistency },
+                Request::RecordNames { stale },
+            )
         } else if let Some(key) = p.to_probe.last().cloned() {
             (
                 ConfirmStep::Key { consistency },
@@ -610,6 +648,18 @@ impl Core {
             return next(Request::Key { key, stale: false }, Delay::None);
         }
         p.to_probe.pop();
+        // A key only a record names that the token may read, yet the answer
+        // lacked: a query parked under an older policy, or a store changed
+        // under the answer (a snapshot restored keeps the store id). The
+        // answer is read afresh, once (a fresh read, or the first answer,
+        // takes the key as read).
+        if matches!(read, KeyRead::Present(_))
+            && p.named.contains(&key)
+            && p.refusal == Refusal::IfHidesWrites
+        {
+            out.notes.push(Note::Refused(Refused::HidesWrites));
+            return self.read(true, Sent::Refresh, Delay::None);
+        }
         let (probe, result) = match read {
             KeyRead::Present(pair) => (
                 Probe::Present(ConsulKey::parse(&key, &pair.value, pair.modify_index)),
@@ -642,7 +692,36 @@ impl Core {
             result,
             already_hidden,
         });
-        p.probes.insert(key, probe);
+        let never_held = self
+            .served
+            .as_deref()
+            .is_none_or(|s| !s.keys.contains_key(&key));
+        // A key the state never held, hidden: found by a record; or one held
+        // hidden when a writer transaction came since (its record names
+        // what the writer wrote last, which may be this key).
+        let read_record = probe == Probe::Forbidden && (never_held || p.listed);
+        p.probes.insert(key.clone(), probe);
+        if read_record {
+            // An earlier writer's record below the prefix is in the answer;
+            // one beside it is read.
+            if let Some(state) = p
+                .view
+                .meta
+                .get(&key)
+                .and_then(|(m, _)| Core::record_state(m))
+            {
+                p.written.insert(key, state);
+            } else if self.config.rules.on(Rule::ListRecords) {
+                self.phase = Phase::Confirming {
+                    pending: p,
+                    step: ConfirmStep::Record {
+                        key: key.clone(),
+                        never_held,
+                    },
+                };
+                return next(Request::Record { key }, Delay::None);
+            }
+        }
         self.proceed(p, now, out)
     }
 
@@ -651,6 +730,7 @@ impl Core {
             weights_unprotected: !self.config.rules.on(Rule::TrafficOrder),
             rolled_back: p.judged == Judged::RolledBack,
             probes: p.probes,
+            written: p.written,
             now,
         };
         let backwards = self.current().is_some_and(|c| p.view.index < c);

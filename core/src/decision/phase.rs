@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::value::AdminState;
+
 use super::served::{AnswerView, Probe};
 use crate::model::answer::{PrefixAnswer, ReadMeta};
 
@@ -134,6 +136,11 @@ pub(super) enum Behind {
 pub(super) enum ConfirmStep {
     /// `~read-check`.
     ReadCheck,
+    /// The names of the writer's records.
+    RecordNames { consistency: Consistency },
+    /// The writer's record of a key probed 403 (`never_held`: one the
+    /// state did not hold).
+    Record { key: Box<str>, never_held: bool },
     /// A direct read of the key last in `to_probe`.
     Key { consistency: Consistency },
     /// The store id, after the direct reads.
@@ -152,8 +159,19 @@ pub(super) struct Pending {
     pub(super) consistency: Consistency,
     /// The token's read check, if one is due before it is applied.
     pub(super) read_check: ReadCheck,
+    /// Whether the names of the writer's records are listed before the
+    /// direct reads.
+    pub(super) list_records: bool,
+    /// Whether they were listed (a writer transaction since the state
+    /// served).
+    pub(super) listed: bool,
+    /// Keys only the listed record names named: read for a 403.
+    pub(super) named: Vec<Box<str>>,
     pub(super) to_probe: Vec<Box<str>>,
     pub(super) probes: BTreeMap<Box<str>, Probe>,
+    /// The states the writer's records name for keys probed 403 that the
+    /// state never held.
+    pub(super) written: BTreeMap<Box<str>, AdminState>,
     /// Whether the store id is read after the direct reads.
     pub(super) store_check: StoreCheck,
     /// Whether it is refused once its direct reads are in, if it may hide

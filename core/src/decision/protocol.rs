@@ -32,6 +32,23 @@ pub enum Request {
         /// Any server may answer.
         stale: bool,
     },
+    /// `GET /v1/kv/<records prefix>?keys` (gzip, `&stale` when `stale`):
+    /// the names of the writer's records beside the prefix
+    /// ([`records_prefix`](crate::model::meta::records_prefix)), keys only,
+    /// asked with ACLs on when a writer transaction came since the state
+    /// served: the record of a key the token may not read names it.
+    RecordNames {
+        /// Any server may answer.
+        stale: bool,
+    },
+    /// `GET /v1/kv/<records prefix><key>` (default consistency): the
+    /// writer's record of a key the token may not read (403) that the
+    /// state never held, for the state it names (answered as
+    /// [`Response::Key`]).
+    Record {
+        /// The key, relative to the prefix.
+        key: Box<str>,
+    },
     /// `GET /v1/kv/<prefix>~read-check` (a key that never exists): 404 for
     /// a token that may read the whole prefix, 403 for one that may not.
     ReadCheck {
@@ -97,6 +114,15 @@ pub enum Response {
         /// What it said.
         read: KeyRead,
         /// Its `X-Consul-Index`, if sent.
+        index: Option<u64>,
+    },
+    /// The names of the records (keys relative to the records prefix, so
+    /// the state keys they describe; none for a 404); `None` for a 403 (a
+    /// token that may not read them).
+    RecordNames {
+        /// The names.
+        names: Option<Vec<Box<str>>>,
+        /// Its `X-Consul-Index` (the records prefix's), if sent.
         index: Option<u64>,
     },
     /// The read check: `false` for 403.
@@ -240,6 +266,15 @@ pub enum Note {
         /// The key was held hidden before this answer: it is read again at
         /// every answer that lacks it, and a 403 tells nothing new.
         already_hidden: bool,
+    },
+    /// The names of the writer's records were listed.
+    RecordsListed {
+        /// Names the answer and the state served do not hold: each is read
+        /// directly.
+        unknown: usize,
+        /// The token may not list them (403): a key hidden from it is found
+        /// only by its records, so none is.
+        denied: bool,
     },
     /// The read check answered 403.
     ReadCheckDenied,

@@ -1251,7 +1251,8 @@ fn a_held_key_keeps_its_record_and_its_since() {
 }
 
 #[test]
-fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() {
+fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_held_at_the_state_the_record_names()
+{
     let rec = record("alice", "maint", 500, None);
     let answer = |index| {
         prefix(
@@ -1285,8 +1286,11 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
     let snapshot = c.served().unwrap().snapshot();
     assert_eq!(
         snapshot.lookup(["web/s2", "canary"]),
-        Answer::Invalid { decided_by: 0 },
-        "no answer: HAProxy keeps the server's state"
+        Answer::State {
+            state: Maint,
+            decided_by: Some(0)
+        },
+        "the maint its record names"
     );
     assert_eq!(
         snapshot.lookup(["web/s1", "canary"]),
@@ -1323,7 +1327,10 @@ fn a_key_only_its_writer_record_names_is_read_and_if_forbidden_gets_no_answer() 
         assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "at {index}");
         assert_eq!(
             c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
-            Answer::Invalid { decided_by: 0 },
+            Answer::State {
+                state: Maint,
+                decided_by: Some(0)
+            },
             "at {index}"
         );
     }
@@ -1371,7 +1378,8 @@ fn a_token_denied_the_store_id_checks_direct_reads_without_it() {
 }
 
 #[test]
-fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that_lost_data() {
+fn a_hidden_key_known_by_its_record_keeps_its_state_through_an_answer_from_a_store_that_lost_data()
+{
     let rec = record("alice", "maint", 500, None);
     let mut c = started(true, false, None);
     let out = step(
@@ -1407,10 +1415,13 @@ fn a_key_hidden_with_no_value_known_stays_so_through_an_answer_from_a_store_that
     assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
     let out = step(&mut c, Response::ReadCheck { allowed: true });
     assert!(out.notes.iter().any(|n| matches!(n, Note::Applied { .. })));
-    assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden));
+    assert!(hold(&c, "web/s2").is_some());
     assert_eq!(
         c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
-        Answer::Invalid { decided_by: 0 }
+        Answer::State {
+            state: Maint,
+            decided_by: Some(0)
+        }
     );
 }
 
@@ -2055,4 +2066,272 @@ fn in_stale_mode_a_check_from_a_cut_off_server_reissues_a_default_read() {
     };
     let out = c.on_index_check(check(10, old));
     assert_eq!(out.reissue.map(|n| n.request), Some(blocks_on(10)));
+}
+
+#[test]
+fn a_writer_transaction_with_acls_on_lists_the_records_and_reads_the_keys_they_name() {
+    let g = |n: u64| format!("{n} {:016x}", n);
+    let names = |ks: &[&str]| Response::RecordNames {
+        names: Some(ks.iter().map(|k| (*k).into()).collect()),
+        index: None,
+    };
+    // (ACLs, rule on, the writer's transaction also wrote the visible x)
+    for (acl, rule, with_x) in [
+        (true, true, false),
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+    ] {
+        let case = format!("acl {acl}, rule {rule}, x {with_x}");
+        let mut cfg = config(false);
+        if !rule {
+            cfg.rules = cfg.rules.without(Rule::ListRecords);
+        }
+        let mut c = Core::new(cfg, None);
+        c.start();
+        c.on_response(Response::Acl { enabled: acl }, 0);
+        // The first answer (the writer's first transaction at 3): with
+        // ACLs on, the records are listed; none names an unknown key.
+        let first = [
+            ("~store-id", "a1", 2),
+            ("~generation", g(1).leak() as &str, 3),
+            ("canary", "ready", 3),
+        ];
+        let out = step(&mut c, prefix(3, &first));
+        let out = if acl {
+            assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+            let out = step(&mut c, Response::ReadCheck { allowed: true });
+            match rule {
+                true => {
+                    assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
+                    step(&mut c, names(&["canary"]))
+                }
+                false => out,
+            }
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &blocks_on(3), "{case}");
+        // The new writer drains web/s2, which the token may not read, in
+        // one transaction with its record (beside the prefix, in no answer)
+        // and the generation: the answer's index is the generation's.
+        let g2 = g(2);
+        let mut second = vec![
+            ("~store-id", "a1", 2),
+            ("~generation", g2.as_str(), 7),
+            ("canary", "ready", 3),
+        ];
+        if with_x {
+            second.push(("x", "ready", 7));
+        }
+        let out = step(&mut c, prefix(7, &second));
+        if !(acl && rule) {
+            // ACLs off: nothing is hidden, and nothing is listed (one
+            // request a change). Rule off: web/s2 is never found.
+            assert_eq!(asks(&out), &blocks_on(7), "{case}");
+            assert_eq!(hold(&c, "web/s2"), None, "{case}");
+            continue;
+        }
+        assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
+        let listed: &[&str] = match with_x {
+            true => &["canary", "web/s2", "x"],
+            false => &["canary", "web/s2"],
+        };
+        let out = step(&mut c, names(listed));
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 7);
+        // Its record says what the writer wrote.
+        assert_eq!(
+            asks(&out),
+            &Request::Record {
+                key: "web/s2".into()
+            },
+            "{case}"
+        );
+        let rec = record("alice", "drain", 500, None);
+        let out = key_read(&mut c, KeyRead::Present(pair("web/s2", &rec, 7)), 7);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        let out = step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(asks(&out), &blocks_on(7), "{case}");
+        assert_eq!(hold(&c, "web/s2"), Some(HoldCause::Hidden), "{case}");
+        assert_eq!(
+            c.served().unwrap().snapshot().lookup(["web/s2", "canary"]),
+            Answer::State {
+                state: Drain,
+                decided_by: Some(0)
+            },
+            "{case}: the drain written, not canary's ready"
+        );
+        // A change by hand (no writer transaction) lists nothing; the
+        // hidden key is read again as every held hidden key is.
+        let mut third = second.clone();
+        third[2] = ("canary", "ready", 9);
+        let out = step(&mut c, prefix(9, &third));
+        let out = if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            step(&mut c, Response::ReadCheck { allowed: true })
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 9);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        step(&mut c, Response::ReadCheck { allowed: true });
+        // The writer writes the hidden key again (maint): its record, read
+        // after the listing, names the new state.
+        let g3 = g(3);
+        let mut fourth = third.clone();
+        fourth[1] = ("~generation", g3.as_str(), 11);
+        let out = step(&mut c, prefix(11, &fourth));
+        let out = if asks(&out) == &(Request::ReadCheck { stale: false }) {
+            step(&mut c, Response::ReadCheck { allowed: true })
+        } else {
+            out
+        };
+        assert_eq!(asks(&out), &Request::RecordNames { stale: false }, "{case}");
+        let out = step(&mut c, names(listed));
+        assert_eq!(asks(&out), &key("web/s2"), "{case}");
+        let out = key_read(&mut c, KeyRead::Forbidden, 11);
+        assert_eq!(
+            asks(&out),
+            &Request::Record {
+                key: "web/s2".into()
+            },
+            "{case}"
+        );
+        let rec = record("alice", "maint", 600, None);
+        let out = key_read(&mut c, KeyRead::Present(pair("web/s2", &rec, 11)), 11);
+        assert_eq!(asks(&out), &Request::ReadCheck { stale: false }, "{case}");
+        step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(answers(&c, &["web/s2", "canary"]), Some(Maint), "{case}");
+    }
+}
+
+#[test]
+fn records_the_token_may_not_list_are_noted_and_the_answer_applies() {
+    let mut c = started(true, false, None);
+    let out = step(
+        &mut c,
+        prefix(
+            3,
+            &[("~generation", "1 0000000000000001", 3), ("a", "drain", 3)],
+        ),
+    );
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    let out = step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(asks(&out), &Request::RecordNames { stale: false });
+    let out = step(
+        &mut c,
+        Response::RecordNames {
+            names: None,
+            index: Some(3),
+        },
+    );
+    assert!(out.notes.contains(&Note::RecordsListed {
+        unknown: 0,
+        denied: true
+    }));
+    assert_eq!(asks(&out), &blocks_on(3));
+    assert_eq!(served(&c, "a"), Some(Drain));
+}
+
+#[test]
+fn a_hidden_key_whose_record_is_gone_when_read_is_left_out() {
+    // The writer deleted the key and its record between the listing and
+    // the record's read: nothing is known of it, and it is not held with
+    // no value (which would answer nothing and keep HAProxy's state).
+    let mut c = started(true, false, None);
+    step(
+        &mut c,
+        prefix(
+            3,
+            &[
+                ("~generation", "1 0000000000000001", 3),
+                ("canary", "drain", 3),
+            ],
+        ),
+    );
+    step(&mut c, Response::ReadCheck { allowed: true });
+    let out = step(
+        &mut c,
+        Response::RecordNames {
+            names: Some(vec!["web/s2".into()]),
+            index: None,
+        },
+    );
+    assert_eq!(asks(&out), &key("web/s2"));
+    let out = key_read(&mut c, KeyRead::Forbidden, 3);
+    assert_eq!(
+        asks(&out),
+        &Request::Record {
+            key: "web/s2".into()
+        }
+    );
+    let out = key_read(&mut c, KeyRead::Absent, 4);
+    assert_eq!(asks(&out), &Request::ReadCheck { stale: false });
+    step(&mut c, Response::ReadCheck { allowed: true });
+    assert_eq!(hold(&c, "web/s2"), None);
+    assert_eq!(answers(&c, &["web/s2", "canary"]), Some(Drain));
+}
+
+#[test]
+fn a_stale_listing_behind_the_writers_transaction_is_asked_of_the_leader() {
+    // (the stale listing's index, asked of the leader after)
+    for (index, again) in [
+        (Some(2), true),
+        (None, true),
+        (Some(3), false),
+        (Some(9), false),
+    ] {
+        let mut c = started(true, true, None);
+        step(
+            &mut c,
+            prefix(
+                3,
+                &[("~generation", "1 0000000000000001", 3), ("a", "drain", 3)],
+            ),
+        );
+        let out = step(&mut c, Response::ReadCheck { allowed: true });
+        assert_eq!(
+            asks(&out),
+            &Request::RecordNames { stale: false },
+            "first: default"
+        );
+        step(
+            &mut c,
+            Response::RecordNames {
+                names: Some(vec![]),
+                index: Some(3),
+            },
+        );
+        let out = step(
+            &mut c,
+            prefix(
+                7,
+                &[
+                    ("~generation", "2 0000000000000002 0000000000000001", 7),
+                    ("a", "drain", 7),
+                ],
+            ),
+        );
+        assert_eq!(
+            asks(&out),
+            &Request::RecordNames { stale: true },
+            "{index:?}"
+        );
+        let out = step(
+            &mut c,
+            Response::RecordNames {
+                names: Some(vec![]),
+                index: index.map(|i| i + 4),
+            },
+        );
+        match again {
+            true => assert_eq!(
+                asks(&out),
+                &Request::RecordNames { stale: false },
+                "{index:?}"
+            ),
+            false => assert!(matches!(asks(&out), Request::Prefix { .. }), "{index:?}"),
+        }
+    }
 }

@@ -1,10 +1,16 @@
-//! Who wrote a key, why and until when: the record the writer CLI keeps
-//! beside each state key, under `<prefix>~meta/<key>`, written in the same
-//! Consul transaction as the key (so both carry one ModifyIndex) and deleted
-//! with it. The agent's one blocking query reads it with the state; the
-//! value grammar of the state keys does not change, and `consul kv put`
-//! keeps working: a key whose record does not describe its current write
-//! was written outside the writer.
+//! Who wrote a key, why and until when: the record the writer CLI keeps of
+//! each state key under a sibling prefix ([`records_prefix`]:
+//! `gitlab-haproxy-agent/state~meta/<key>` for the keys under
+//! `gitlab-haproxy-agent/state/`), written in the same Consul transaction as
+//! the key (so both carry one ModifyIndex) and deleted with it. The agents'
+//! blocking query never carries records: an agent reads them only when
+//! asked (`/status`, a scrape), bounded and cached. Earlier writers kept
+//! them below the prefix (`<prefix>~meta/<key>`, [`legacy_record_key`]):
+//! those are still read, and the writer's next write of a key moves its
+//! record (`state migrate-records` moves them all). The value grammar of
+//! the state keys does not change, and `consul kv put` keeps working: a key
+//! whose record does not describe its current write was written outside
+//! the writer.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, UNIX_EPOCH};
@@ -48,9 +54,38 @@ pub struct KeyMeta {
     pub value: String,
 }
 
-/// The record's key, relative to the prefix, for one identity.
+/// The record's key below the prefix where earlier writers kept it
+/// (`~meta/<identity>`), relative to the prefix; every agent downloads it
+/// with the state.
 pub fn meta_key(identity: &str) -> String {
     format!("{META_PREFIX}{identity}")
+}
+
+/// What follows the prefix, less its final `/`, in [`records_prefix`].
+pub const RECORDS_SUFFIX: &str = "~meta/";
+
+/// The prefix of the writer's records of the keys below `prefix` (which
+/// ends in `/`): `prefix` without its final `/`, then [`RECORDS_SUFFIX`]
+/// (`gitlab-haproxy-agent/state~meta/` for `gitlab-haproxy-agent/state/`).
+/// A sibling, not below `prefix`: the agents' `?recurse` read of `prefix`
+/// (with its `/`) never carries it, and an ACL rule
+/// `key_prefix "gitlab-haproxy-agent/state"` (no `/`) covers both.
+pub fn records_prefix(prefix: &str) -> String {
+    format!(
+        "{}{RECORDS_SUFFIX}",
+        prefix.strip_suffix('/').unwrap_or(prefix)
+    )
+}
+
+/// The full key of `identity`'s record ([`records_prefix`]).
+pub fn record_key(prefix: &str, identity: &str) -> String {
+    format!("{}{identity}", records_prefix(prefix))
+}
+
+/// The full key where earlier writers kept `identity`'s record, below the
+/// prefix ([`meta_key`]): still read, and deleted by every write of the key.
+pub fn legacy_record_key(prefix: &str, identity: &str) -> String {
+    format!("{prefix}{}", meta_key(identity))
 }
 
 /// Why a record was not used.
@@ -180,31 +215,45 @@ impl Author {
 /// show of who wrote each key, why and until when.
 #[derive(Debug, Default)]
 pub struct Records<'a> {
-    by_key: BTreeMap<&'a str, (KeyMeta, u64)>,
+    /// Both places a record may be ([`records_prefix`] and, from earlier
+    /// writers, below the prefix), at most one each.
+    by_key: BTreeMap<&'a str, Vec<(KeyMeta, u64)>>,
     now: u64,
 }
 
 impl<'a> Records<'a> {
-    /// The usable records among `pairs` (full keys below `prefix`), with
-    /// their ModifyIndex.
+    /// The usable records among `pairs` (full keys below `prefix`, or
+    /// below [`records_prefix`]), with their ModifyIndex.
     pub fn read(prefix: &str, pairs: &'a [KvPair], now: u64) -> Records<'a> {
-        let by_key = pairs.iter().filter_map(|p| {
-            let key = p.key.strip_prefix(prefix)?.strip_prefix(META_PREFIX)?;
-            Some((key, (parse_meta(&p.value).ok()?, p.modify_index)))
-        });
-        Records {
-            by_key: by_key.collect(),
-            now,
+        let sibling = records_prefix(prefix);
+        let mut by_key: BTreeMap<&'a str, Vec<(KeyMeta, u64)>> = BTreeMap::new();
+        for p in pairs {
+            let key = match p.key.strip_prefix(sibling.as_str()) {
+                Some(key) => key,
+                None => match p.key.strip_prefix(prefix) {
+                    Some(rel) => match rel.strip_prefix(META_PREFIX) {
+                        Some(key) => key,
+                        None => continue,
+                    },
+                    None => continue,
+                },
+            };
+            if let Ok(meta) = parse_meta(&p.value) {
+                by_key.entry(key).or_default().push((meta, p.modify_index));
+            }
         }
+        Records { by_key, now }
     }
 
-    /// The record of `key` when it describes the write `pair` shows
-    /// ([`KeyMeta::describes`]).
+    /// The record of `key` that describes the write `pair` shows
+    /// ([`KeyMeta::describes`]), the later one when both places hold one.
     pub fn of(&self, key: &str, pair: &KvPair) -> Option<&KeyMeta> {
         let state = parse_value(&pair.value).ok()?;
-        let (meta, index) = self.by_key.get(key)?;
-        meta.describes(*index, state, pair.modify_index)
-            .then_some(meta)
+        let found = self.by_key.get(key)?.iter();
+        found
+            .filter(|(meta, index)| meta.describes(*index, state, pair.modify_index))
+            .max_by_key(|(_, index)| *index)
+            .map(|(meta, _)| meta)
     }
 
     /// [`describe`] of that record, at `now`.
@@ -218,7 +267,8 @@ impl<'a> Records<'a> {
     }
 }
 
-/// The state keys among `pairs` (full keys below `prefix`) at drain, maint
+/// The state keys among `pairs` (full keys below `prefix`, with the
+/// records below [`records_prefix`] beside them) at drain, maint
 /// or a weight, in their order, with who wrote them, why and until when at
 /// `now`: one line each (`KEY STATE: ...`, [`describe`]), or with `json`
 /// `[{"key", "state", "written"}]` ([`written_json`]). What `state status`
@@ -596,6 +646,65 @@ mod tests {
         assert_eq!(parse_until("2h", now), Ok(now + 7200));
         let e = parse_until("2020-01-01T00:00:00+01:00", now).unwrap_err();
         assert!(e.contains("not in the future"), "{e}");
+    }
+
+    #[test]
+    fn records_lie_beside_the_prefix_and_the_later_of_both_places_describes() {
+        let prefix = "gitlab-haproxy-agent/state/";
+        assert_eq!(records_prefix(prefix), "gitlab-haproxy-agent/state~meta/");
+        assert_eq!(
+            record_key(prefix, "web/a"),
+            "gitlab-haproxy-agent/state~meta/web/a"
+        );
+        assert!(!record_key(prefix, "web/a").starts_with(prefix));
+        assert_eq!(
+            legacy_record_key(prefix, "web/a"),
+            "gitlab-haproxy-agent/state/~meta/web/a"
+        );
+        let pair = |key: String, m: &KeyMeta, modify_index| KvPair {
+            key,
+            value: serde_json::to_vec(m).unwrap(),
+            modify_index,
+            flags: 0,
+        };
+        let (old, new) = (
+            meta("drain"),
+            KeyMeta {
+                by: "bob".into(),
+                ..meta("drain")
+            },
+        );
+        let key = KvPair {
+            key: format!("{prefix}web/a"),
+            value: b"drain".to_vec(),
+            modify_index: 5,
+            flags: 0,
+        };
+        // An earlier writer's record alone still describes the key.
+        let pairs = [
+            key.clone(),
+            pair(legacy_record_key(prefix, "web/a"), &old, 5),
+        ];
+        let r = Records::read(prefix, &pairs, 0);
+        assert_eq!(r.of("web/a", &key).map(|m| m.by.as_str()), Some("alice"));
+        // Both: the later that describes the write.
+        let pairs = [
+            pair(legacy_record_key(prefix, "web/a"), &old, 5),
+            pair(record_key(prefix, "web/a"), &new, 7),
+        ];
+        let r = Records::read(prefix, &pairs, 0);
+        assert_eq!(r.of("web/a", &key).map(|m| m.by.as_str()), Some("bob"));
+        let pairs = [
+            pair(legacy_record_key(prefix, "web/a"), &old, 8),
+            pair(record_key(prefix, "web/a"), &new, 7),
+        ];
+        let r = Records::read(prefix, &pairs, 0);
+        assert_eq!(r.of("web/a", &key).map(|m| m.by.as_str()), Some("alice"));
+        // A sibling record is no key of the prefix.
+        let pairs = [key.clone(), pair(record_key(prefix, "web/a"), &new, 5)];
+        let out = keys_out(prefix, &pairs, 0, true);
+        assert_eq!(out.as_array().unwrap().len(), 1, "{out}");
+        assert_eq!(out[0]["written"]["by"], "bob", "{out}");
     }
 
     #[test]

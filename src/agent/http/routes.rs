@@ -63,9 +63,29 @@ pub(super) async fn answer(
         return Answer::plain(405, "GET only\n").with_header("Allow", "GET, HEAD".into());
     }
     if request.path == "/status" {
+        refresh_records(shared).await;
         return status.answer(shared).await;
     }
+    if request.path == "/metrics" {
+        // Who wrote the keys out and until when, for the until alerts:
+        // read when asked, bounded, never on the way to HAProxy.
+        if let Some(served) = refresh_records(shared).await {
+            let filled = shared.records.fill(&served);
+            shared
+                .metrics
+                .observe_out_keys(filled.as_ref().unwrap_or(&served));
+        }
+    }
     route(&request.path, shared)
+}
+
+/// Reads the writer's records if the state served has keys they may
+/// describe and the cache does not ([`crate::agent::records`]); the state
+/// served.
+async fn refresh_records(shared: &Shared) -> Option<Arc<crate::decision::served::ServedState>> {
+    let served = shared.served.lock().unwrap().clone()?;
+    shared.records.refresh(&served).await;
+    Some(served)
 }
 
 fn route(path: &str, shared: &Shared) -> Answer {

@@ -146,6 +146,8 @@ pub fn status(shared: &Shared) -> Value {
     let mut keys = serde_json::Map::new();
     let mut invalid = serde_json::Map::new();
     let served = shared.served.lock().unwrap().clone();
+    // The writer's records read for this request, beside the state's own.
+    let served = served.map(|s| shared.records.fill(&s).map_or(s, Arc::new));
     if let Some(snap) = &snapshot {
         let mut sorted: Vec<_> = snap.keys.iter().collect();
         sorted.sort_by(|a, b| a.0.cmp(b.0));
@@ -222,6 +224,7 @@ pub fn status(shared: &Shared) -> Value {
             "last_error": d.error,
         })),
         "prefix": shared.prefix,
+        "records": shared.records.status_json(),
         "consul_index": snapshot.as_ref().map(|s| s.index),
         "last_sync": sync.last_sync.map(unix),
         "last_sync_age_seconds": sync.last_sync.and_then(|t| now.duration_since(t).ok()).map(|d| d.as_secs_f64()),

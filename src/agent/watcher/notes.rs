@@ -211,6 +211,16 @@ impl Watcher {
                     warn!(key = %key, "the token may no longer read this key: answering its last state (held, hidden)");
                 }
             }
+            Note::RecordsListed { unknown, denied } => match denied {
+                true => warn!(
+                    "the token may not list the writer's records beside the prefix (403): a key it may not read that the writer wrote is not found; grant it read on the records prefix"
+                ),
+                false if *unknown > 0 => info!(
+                    unknown,
+                    "writer records name keys no answer shows: reading them directly"
+                ),
+                false => {}
+            },
             Note::StoreMoved => warn!(
                 "the store id changed while keys an answer lacked were read: Consul lost data; reading the prefix again"
             ),

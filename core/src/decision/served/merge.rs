@@ -81,6 +81,10 @@ pub struct MergeInput {
     /// (on only in tests that show what the order prevents: then a weight
     /// rising or vanishing from a store that lost data applies).
     pub weights_unprotected: bool,
+    /// The state the writer's record names for a key the token may not
+    /// read and the state never held (found by its record): held as the
+    /// key's last value, so it caps what the line answers.
+    pub written: BTreeMap<Box<str>, AdminState>,
 }
 
 impl ServedState {
@@ -145,8 +149,8 @@ impl ServedState {
                 Some(Probe::Present(k)) => Some(k.clone()),
                 _ => None,
             });
-            let record =
-                merge_key(prev, shown, forbidden, release_all, self.index, input).map(|mut r| {
+            let record = merge_key(prev, shown, forbidden, release_all, self.index, input, &key)
+                .map(|mut r| {
                     r.meta = pick_meta(prev, &r, meta.remove(&key), from_answer);
                     r.since = match prev {
                         Some(p) if p.served == r.served && p.since != 0 => p.since,
@@ -257,6 +261,7 @@ fn merge_key(
     release_all: bool,
     served_index: u64,
     input: &MergeInput,
+    key: &str,
 ) -> Option<KeyRecord> {
     let prev_served = prev.and_then(|p| p.served);
     let prev_hold = prev.and_then(|p| p.hold);
@@ -317,8 +322,26 @@ fn merge_key(
         }
     }
     if forbidden {
-        // Hidden from the token, never seen (known by its writer record):
-        // no value known, answered by no answer.
+        // The state the writer's record names (a key never seen, or one
+        // held hidden when a writer transaction came): held as the key's
+        // last value (a drain or maint held, a `ready` or weight capping
+        // the next identity); for a key held already, the lower of it and
+        // what was held (a record does not show a write by hand after it).
+        if let Some(&written) = input.written.get(key) {
+            let before = prev.and_then(|p| p.served.or(p.cap).or(valid(p.consul.as_ref())));
+            let state = lower_cap(before, Some(written)).unwrap_or(written);
+            let keeps_out = state.keeps_out();
+            return Some(KeyRecord {
+                consul: None,
+                served: keeps_out.then_some(state),
+                hold: hold(HoldCause::Hidden),
+                cap: (!keeps_out).then_some(state),
+                meta: None,
+                since: 0,
+            });
+        }
+        // Hidden from the token, never seen (known by its writer record),
+        // with no record read: no value known, answered by no answer.
         let Some(p) = prev else {
             return Some(KeyRecord {
                 consul: None,

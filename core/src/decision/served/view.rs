@@ -65,6 +65,10 @@ pub struct AnswerView {
     /// The write generation ([`GENERATION_KEY`]), as it parsed: `None` when
     /// absent, an error for a value that does not parse (written by hand).
     pub generation: Option<Result<Generation, BadGeneration>>,
+    /// The ModifyIndex of [`GENERATION_KEY`], 0 when absent: the index of
+    /// the writer's last transaction, which also wrote the records of the
+    /// keys it wrote.
+    pub generation_index: u64,
     /// The writer's records (`~meta/<key>`) by key, with their ModifyIndex.
     pub meta: BTreeMap<Box<str>, (KeyMeta, u64)>,
     /// Records that could not be used.
@@ -98,6 +102,7 @@ impl AnswerView {
             }
             if rel == GENERATION_KEY {
                 view.generation = Some(Generation::parse(&pair.value));
+                view.generation_index = pair.modify_index;
                 continue;
             }
             if let Some(key) = rel.strip_prefix(META_PREFIX) {

@@ -44,6 +44,31 @@ fn answers_from_the_first_identity_with_a_key() {
     assert_eq!(agent.metric("gitlab_haproxy_agent_keys"), 3.0);
 }
 
+/// A host or image without CA certificates (a minimal Debian, the
+/// sidecar's `FROM scratch` image) runs the agent against a plain
+/// `http://` Consul: only an `https://` address needs the system's roots.
+/// The system's roots are hidden here with the variables rustls reads them
+/// by (`SSL_CERT_FILE`, `SSL_CERT_DIR`).
+#[test]
+fn a_host_without_ca_certificates_reads_a_plain_http_consul() {
+    let consul = Consul::start();
+    let empty = support::TempDir::new("no-ca-certificates");
+    let none = empty.path().join("none.pem");
+    let agent = Agent::spawn_env(
+        &consul.url(),
+        support::free_port(),
+        support::free_port(),
+        &[
+            ("SSL_CERT_FILE", none.to_str().unwrap()),
+            ("SSL_CERT_DIR", empty.path().to_str().unwrap()),
+        ],
+        &[],
+    );
+    agent.wait_ready();
+    consul.put("canary", "drain");
+    wait_answer(&agent, "web/web-cny-01 canary", "drain 100%\n");
+}
+
 #[test]
 fn bad_lines_get_no_answer_and_are_counted() {
     let consul = Consul::start();

@@ -96,12 +96,45 @@ impl Tls {
         addr: &str,
         builder: reqwest::ClientBuilder,
     ) -> reqwest::ClientBuilder {
-        let builder = builder.https_only(addr.starts_with("https://"));
-        match &self.0 {
-            Some(config) => builder.tls_backend_preconfigured(config.as_ref().clone()),
-            None => builder,
+        let https = addr.starts_with("https://");
+        let builder = builder.https_only(https);
+        match (&self.0, https) {
+            (Some(config), _) => builder.tls_backend_preconfigured(config.as_ref().clone()),
+            (None, true) => builder,
+            (None, false) => builder.tls_backend_preconfigured(plain_http().as_ref().clone()),
         }
     }
+}
+
+/// The TLS configuration of a client for a plain `http://` address: it
+/// never speaks TLS (a redirect to `https://` is refused at the first
+/// certificate), so it reads no system roots, and an agent on a host or in
+/// an image without CA certificates (a minimal Debian, `FROM scratch`)
+/// starts. reqwest's default would load the system's roots and fail to
+/// build the client without any.
+fn plain_http() -> &'static Arc<rustls::ClientConfig> {
+    static CONFIG: std::sync::OnceLock<Arc<rustls::ClientConfig>> = std::sync::OnceLock::new();
+    CONFIG.get_or_init(|| {
+        let provider = default_provider();
+        let verifier = Arc::new(AnyCertificate {
+            provider: provider.clone(),
+            refuse: true,
+        });
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("the default provider supports the default protocol versions")
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
+            .with_no_client_auth();
+        Arc::new(config)
+    })
+}
+
+/// The process's default crypto provider, else aws-lc-rs's.
+fn default_provider() -> Arc<CryptoProvider> {
+    CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
 }
 
 impl TlsSettings {
@@ -118,11 +151,12 @@ impl TlsSettings {
         if *self == TlsSettings::default() {
             return Ok(Tls::default());
         }
-        let provider = CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+        let provider = default_provider();
         let verifier: Arc<dyn ServerCertVerifier> = if !self.verify {
-            Arc::new(AnyCertificate(provider.clone()))
+            Arc::new(AnyCertificate {
+                provider: provider.clone(),
+                refuse: false,
+            })
         } else {
             let roots: Arc<dyn ServerCertVerifier> = match &self.ca_file {
                 Some(file) => {
@@ -259,8 +293,13 @@ impl ServerCertVerifier for CheckedAs {
 
 /// `CONSUL_HTTP_SSL_VERIFY=false`: any certificate is taken (Go's
 /// `InsecureSkipVerify`); the handshake's signatures are still checked.
+/// With `refuse`, for a plain `http://` client, every certificate is
+/// refused instead, without a root store to read.
 #[derive(Debug)]
-struct AnyCertificate(Arc<CryptoProvider>);
+struct AnyCertificate {
+    provider: Arc<CryptoProvider>,
+    refuse: bool,
+}
 
 impl ServerCertVerifier for AnyCertificate {
     fn verify_server_cert(
@@ -271,6 +310,11 @@ impl ServerCertVerifier for AnyCertificate {
         _ocsp_response: &[u8],
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
+        if self.refuse {
+            return Err(rustls::Error::General(
+                "a client for a plain http:// Consul address speaks no TLS".into(),
+            ));
+        }
         Ok(ServerCertVerified::assertion())
     }
 
@@ -284,7 +328,7 @@ impl ServerCertVerifier for AnyCertificate {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
@@ -298,12 +342,14 @@ impl ServerCertVerifier for AnyCertificate {
             message,
             cert,
             dss,
-            &self.0.signature_verification_algorithms,
+            &self.provider.signature_verification_algorithms,
         )
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
